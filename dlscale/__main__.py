@@ -1,0 +1,5 @@
+import sys
+
+from dlscale.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Command line: one subcommand per verb.
+
+Subcommands live beside the code they drive: each module in ``COMMAND_MODULES`` has
+``register(subparsers)`` which adds its parser(s) and sets ``func(args) -> exit code``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dlscale import ConfigError, DlscaleError, __version__
+
+COMMAND_MODULES = (
+    "dlscale.commands.run",      # run, env
+    "dlscale.commands.sweep",    # sweep
+    "dlscale.report.cli",        # report, compare
+    "dlscale.micro.cli",         # micro ...
+    "dlscale.commands.slurm",    # slurm
+)
+
+# Exit codes (README and docs/metrics.md list them too)
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_OOM = 3
+EXIT_TIMEOUT = 4
+EXIT_FAILED = 5
+EXIT_UNSUPPORTED = 6
+STATUS_EXIT = {"ok": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT, "failed": EXIT_FAILED,
+               "unsupported": EXIT_UNSUPPORTED}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit code 2 (its default code, kept explicit)."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(EXIT_BAD_INPUT, f"dlscale: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dlscale", description="Benchmark deep-learning training at scale on torch.distributed.",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # a verb not built yet; anything else missing is a real error
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"dlscale: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except DlscaleError as e:
+        print(f"dlscale: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("dlscale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

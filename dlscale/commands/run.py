@@ -1,0 +1,128 @@
+"""`dlscale run` (one case, repeated) and `dlscale env` (a paste-ready environment report)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dlscale import ConfigError, envinfo
+from dlscale.config import PRECISIONS, RunConfig
+
+DEFAULTS = RunConfig()
+
+
+def parse_options(items: list[str] | None) -> dict[str, Any]:
+    """--option KEY=VALUE pairs -> dict, values parsed as JSON where they parse (ints, bools)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option must look like KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def add_case_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that describe one case (shared by run and the multi-node verbs)."""
+    from dlscale.models import FLAVORS
+
+    p.add_argument("--model", default=DEFAULTS.model, help="registered model name (see `dlscale run --list`)")
+    p.add_argument("--flavor", default=DEFAULTS.flavor, choices=FLAVORS,
+                   help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
+    p.add_argument("--strategy", default=DEFAULTS.strategy, help="registered parallel strategy name")
+    p.add_argument("--nproc-per-node", type=int, default=DEFAULTS.nproc_per_node,
+                   help="processes (devices) per machine")
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="per-device micro-batch size")
+    p.add_argument("--precision", default=DEFAULTS.precision, help=f"one of {', '.join(PRECISIONS)} "
+                   "(fp32 uses TF32 tensor cores on GPUs, recorded as such)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the analogue of XLA)")
+    p.add_argument("--clip-grad-norm", type=float, default=None, help="clip gradients to this global norm")
+    p.add_argument("--grad-accum", type=int, default=DEFAULTS.grad_accum,
+                   help="micro-batches accumulated per optimizer step")
+    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup, help="untimed steps before the window")
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="timed optimizer steps per repeat")
+    p.add_argument("--repeats", type=int, default=DEFAULTS.repeats,
+                   help="independent runs (fresh processes) of the case; the median is reported")
+    p.add_argument("--device", default=DEFAULTS.device, choices=("auto", "cuda", "cpu"),
+                   help="auto picks CUDA when a GPU is visible, else the CPU with gloo")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of weights and synthetic data")
+    p.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit,
+                   help="wall-clock seconds for each repeat; a case past it is killed and recorded timeout")
+    p.add_argument("--collective-timeout", type=float, default=DEFAULTS.collective_timeout,
+                   help="seconds before a stalled collective raises in the workers")
+    p.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                   help="strategy option, repeatable (e.g. -o bucket_cap_mb=50)")
+    p.add_argument("--label", default=None, help="free-form label stored with the record (for compare)")
+    p.add_argument("--inject-failure", default=None, metavar="KIND@STEP[:RANK]",
+                   help="testing: make a rank crash, oom or hang at a step (crash|oom|hang)")
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
+    fields = dict(model=args.model, flavor=args.flavor, strategy=args.strategy,
+                  nproc_per_node=args.nproc_per_node, batch_size=args.batch_size, precision=args.precision,
+                  compile=args.compile, clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
+                  warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
+                  time_limit=args.time_limit, collective_timeout=args.collective_timeout,
+                  strategy_options=parse_options(args.option), label=args.label,
+                  inject_failure=args.inject_failure)
+    fields.update(overrides)
+    return RunConfig(**fields)
+
+
+def register(sub) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = sub.add_parser("run", help="measure one training case (repeated) and store the record",
+                       formatter_class=fmt, description="Train a model under a parallel strategy with "
+                       "synthetic data: W warm-up steps, N timed steps, R repeats; report the median.")
+    add_case_arguments(p)
+    p.add_argument("--store", default="results", help="result store directory (JSONL files)")
+    p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
+    p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output")
+    p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
+    p.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("env", help="print a paste-ready environment report", formatter_class=fmt)
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
+    e.set_defaults(func=cmd_env)
+
+
+def cmd_env(args) -> int:
+    env = envinfo.capture()
+    print(json.dumps(env, indent=2) if args.json else envinfo.format_env(env))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from dlscale import console
+    from dlscale.cli import STATUS_EXIT
+    from dlscale.launch import run_case
+    from dlscale.models import get_model, model_names
+    from dlscale.store import ResultStore
+    from dlscale.strategies import get_strategy, strategy_names
+
+    if args.list:
+        for m in model_names():
+            spec = get_model(m, "full")
+            print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
+        for s in strategy_names():
+            print(f"strategy  {s:12s} {get_strategy(s).description}")
+        return 0
+    cfg = config_from_args(args)
+    store = ResultStore(args.store)
+    quiet = args.json
+    if not quiet:
+        console.print_header(cfg)
+    rec = run_case(cfg, store, verbose=args.verbose,
+                   on_event=None if quiet else console.progress_printer(cfg))
+    if quiet:
+        print(json.dumps(rec, indent=1, default=str))
+    else:
+        console.print_result(rec)
+        print(f"record {rec['id'][:12]} appended to {store.file}")
+    if rec["status"] != "ok":
+        print(f"dlscale: case {rec['status']}: {rec['error']}", file=sys.stderr)
+    return STATUS_EXIT[rec["status"]]

@@ -1,0 +1,123 @@
+"""Environment capture: what a record must say about where it was measured."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import dlscale
+
+
+def _run(cmd: list[str], timeout: float = 10.0) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_sha() -> str | None:
+    root = Path(dlscale.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    sha = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    if sha and _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]):
+        sha += "-dirty"
+    return sha
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU names, memory, driver via NVML where present; nulls where not."""
+    info: dict[str, Any] = {"driver": None, "gpus": [], "nvml": False}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return info
+    try:
+        info["nvml"] = True
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        info["driver"] = drv.decode() if isinstance(drv, bytes) else drv
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            info["gpus"].append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                                 "memory_total_bytes": int(mem.total)})
+    except Exception as e:  # a partial answer is still worth recording
+        info["error"] = str(e)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return info
+
+
+def capture(include_topology: bool = True) -> dict[str, Any]:
+    """Environment of this host: versions, devices, host, CPU, topology."""
+    import psutil
+    import torch
+
+    env: dict[str, Any] = {
+        "dlscale": dlscale.__version__,
+        "git_sha": git_sha(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        try:
+            env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:
+            pass
+    env.update(gpu_info())
+    if torch.cuda.is_available() and not env["gpus"]:
+        env["gpus"] = [{"index": i, "name": torch.cuda.get_device_name(i),
+                        "memory_total_bytes": torch.cuda.get_device_properties(i).total_memory}
+                       for i in range(torch.cuda.device_count())]
+    env["topology"] = None
+    if include_topology and shutil.which("nvidia-smi"):
+        env["topology"] = _run(["nvidia-smi", "topo", "-m"])
+    return env
+
+
+def format_env(env: dict[str, Any]) -> str:
+    """Paste-ready text of an environment dict."""
+    lines = []
+    for k, v in env.items():
+        if k == "topology" and v:
+            lines.append("topology:")
+            lines.extend("    " + line for line in str(v).splitlines())
+        elif k == "gpus":
+            if not v:
+                lines.append("gpus: none")
+            for g in v:
+                lines.append(f"gpu {g['index']}: {g['name']} ({g['memory_total_bytes'] / 2**30:.1f} GiB)")
+        else:
+            lines.append(f"{k}: {v}")
+    return "\n".join(lines)

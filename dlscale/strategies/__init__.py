@@ -1,0 +1,119 @@
+"""Strategy registry.
+
+A strategy is one function in one file, registered by name:
+
+    @register_strategy("ddp", description="DistributedDataParallel")
+    def parallelize(model, spec, cfg, dist) -> Parallelized: ...
+
+It receives the model already on its device, and returns what the worker trains: the module
+to call (``module(*batch) -> loss``), its optimizer, the data-parallel degree (how many
+different micro-batches one step consumes), and optionally its own ``step`` for strategies
+whose step is not forward/backward/optimizer (pipelining).
+
+``check(cfg, env)`` returns None when the strategy can run, or the reason it cannot: the
+launcher records such a case ``unsupported`` without starting processes.
+``validate(cfg)`` raises ConfigError for impossible degrees, before any process starts.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dlscale import ConfigError
+
+
+@dataclass
+class DistEnv:
+    """What a worker knows about its place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str  # "nccl" or "gloo"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Parallelized:
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    dp_size: int  # micro-batches consumed per step across the job
+    dp_group: Any = None  # process group of the data-parallel replicas (None: the whole world)
+    # context manager that suppresses gradient synchronisation (grad accumulation, no_sync runs)
+    no_sync: Callable[[], Any] = contextlib.nullcontext
+    # optional custom step(batch) -> loss tensor (pipeline schedules); None = standard step
+    step: Callable[[tuple], torch.Tensor] | None = None
+    # does this rank compute the loss value the worker reports? (pipeline: last stage only)
+    reports_loss: bool = True
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StrategyInfo:
+    name: str
+    fn: Callable[..., Parallelized]
+    description: str
+    check: Callable[[Any, dict], str | None] | None = None
+    validate: Callable[[Any], None] | None = None
+    min_world: int = 1
+
+
+_REGISTRY: dict[str, StrategyInfo] = {}
+_LOADED = False
+
+
+def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1):
+    """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``."""
+
+    def deco(fn):
+        if name in _REGISTRY:
+            raise RuntimeError(f"strategy {name!r} registered twice")
+        _REGISTRY[name] = StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
+                                       check, validate, min_world)
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    _LOADED = True
+
+
+def strategy_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_strategy(name: str) -> StrategyInfo:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def make_optimizer(params, spec, cfg, device: torch.device) -> torch.optim.Optimizer:
+    """The model's default optimizer: fused AdamW on CUDA (foreach on CPU), or SGD with momentum."""
+    params = [p for p in params if p.requires_grad]
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
+                               foreach=True)
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95),
+                             fused=fused or None, foreach=None if fused else True)

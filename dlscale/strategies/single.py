@@ -1,0 +1,15 @@
+"""`single`: one process, one device, no parallelism (the 1-device baseline)."""
+from dlscale import ConfigError
+from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+
+
+def _validate(cfg) -> None:
+    if cfg.world_size != 1:
+        raise ConfigError(f"strategy single runs one process, got {cfg.world_size} "
+                          f"(nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}); use ddp for more")
+
+
+@register_strategy("single", description="one process on one device", validate=_validate)
+def parallelize(model, spec, cfg, dist):
+    return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
+                        dp_size=1, info={"dp_rank": 0})

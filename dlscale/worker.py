@@ -1,0 +1,324 @@
+"""What torchrun starts on every rank: build -> parallelize -> warm up -> timed window -> record.
+
+This is the only code in the timed region. Between the two synchronisations of the window
+(device sync + barrier at both ends) only the training step runs; per-step boundaries are
+marked with CUDA events (asynchronous, no host sync) or host clocks on the CPU, and read after
+the window. Each rank writes ``rank<R>.json`` into the output directory; the launcher merges.
+
+Exit codes: 0 ok, 3 out of memory, 1 any other failure (the rank file says why).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import os
+import resource
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dlscale.config import RunConfig, parse_injection, resolve_device
+from dlscale.models import count_parameters, get_model
+from dlscale.strategies import DistEnv, Parallelized, get_strategy
+
+EXIT_OOM = 3
+
+
+def dist_env_from_environ(device_type: str) -> DistEnv:
+    """Rank layout from torchrun's variables (or Slurm's, when started by srun)."""
+    e = os.environ
+    if "RANK" in e:
+        rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+        local_rank = int(e.get("LOCAL_RANK", 0))
+        local_world = int(e.get("LOCAL_WORLD_SIZE", world))
+    elif "SLURM_PROCID" in e:
+        rank, world = int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"])
+        local_rank = int(e.get("SLURM_LOCALID", 0))
+        local_world = int(e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE", "1").split("(")[0]))
+    else:
+        rank, world, local_rank, local_world = 0, 1, 0, 1
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    return DistEnv(rank, world, local_rank, local_world, device, backend)
+
+
+class _Injected:
+    """Test hook: raise/hang at a given global step on a given rank (config.inject_failure)."""
+
+    def __init__(self, spec: str | None, rank: int):
+        self.kind = None
+        if spec:
+            kind, step, target = parse_injection(spec)
+            if target is None or target == rank:
+                self.kind, self.step = kind, step
+
+    def check(self, step: int) -> None:
+        if self.kind is None or step != self.step:
+            return
+        if self.kind == "oom":
+            raise torch.OutOfMemoryError("injected out-of-memory (inject_failure)")
+        if self.kind == "crash":
+            raise RuntimeError("injected crash (inject_failure)")
+        while True:  # hang: only the case's time limit or a collective timeout ends this
+            time.sleep(1)
+
+
+def _autocast(cfg: RunConfig, device: torch.device):
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches: list[tuple]):
+    """The training step: grad_accum micro-batches forward/backward, clip, optimizer step.
+
+    Returns step() -> loss tensor (not synchronised: the value is read after the window).
+    """
+    if par.step is not None:
+        micro = batches
+        return lambda: par.step(micro)
+    module, opt = par.module, par.optimizer
+    autocast = _autocast(cfg, device)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "amp-fp16" else None
+    accum = cfg.grad_accum
+    clip = cfg.clip_grad_norm
+    params = [p for g in opt.param_groups for p in g["params"]]
+    no_sync = par.no_sync
+
+    def step():
+        loss = None
+        for i in range(accum):
+            ctx = no_sync() if i < accum - 1 else contextlib.nullcontext()
+            with ctx:
+                with autocast():
+                    loss = module(*batches[i])
+                scaled = loss / accum if accum > 1 else loss
+                (scaler.scale(scaled) if scaler else scaled).backward()
+        if clip is not None:
+            if scaler:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:
+    """grad_accum micro-batches for this rank: its slice of the global synthetic batch.
+
+    The global batch is drawn from a fixed seed and sliced by data-parallel rank, so any
+    strategy sees exactly the data a single process would see for the same global batch.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed + 12345)
+    out = []
+    b = cfg.batch_size
+    for _ in range(cfg.grad_accum):
+        full = spec.make_batch(b * par.dp_size, torch.device("cpu"), gen)
+        mine = []
+        for t in full:
+            t = t[dp_rank * b:(dp_rank + 1) * b].to(device)
+            if spec.channels_last and device.type == "cuda" and t.dim() == 4:
+                mine.append(t.contiguous(memory_format=torch.channels_last))
+            else:
+                mine.append(t.contiguous())
+        out.append(tuple(mine))
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory(device: torch.device) -> dict[str, int | None]:
+    if device.type == "cuda":
+        return {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    # On the CPU the closest honest figure is the process's peak resident set.
+    return {"peak_mem_allocated_bytes": None,
+            "peak_mem_reserved_bytes": None,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _loss_value(loss: torch.Tensor | None) -> float | None:
+    if loss is None:
+        return None
+    v = float(loss.detach().float().item())
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any]) -> None:
+    """Everything between process-group start and the rank's result (filled into ``result``)."""
+    device = denv.device
+    spec = get_model(cfg.model, cfg.flavor)
+    if device.type == "cuda":
+        # fp32 means TF32 tensor cores on GPU (recorded), as the DLPerf fp32 runs on Ampere+.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+        result["tf32"] = True
+        result["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        result["tf32"] = False
+        result["device_name"] = "cpu"
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    with torch.device(device):
+        model = spec.build()
+    if spec.channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    result["params"] = count_parameters(model)
+
+    par = get_strategy(cfg.strategy).fn(model, spec, cfg, denv)
+    eager_module = par.module  # for the correctness check: no recompilation for inference
+    if cfg.compile:
+        par.module = torch.compile(par.module)
+    result["dp_size"] = par.dp_size
+    result["strategy_info"] = par.info
+    batches = make_batches(spec, cfg, par, par.info.get("dp_rank", denv.rank), device)
+    step = build_step(par, cfg, device, batches)
+    inject = _Injected(cfg.inject_failure, denv.rank)
+
+    # Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read
+    # here (a host sync per step is harmless outside the window) for correctness checks.
+    losses = []
+    t_w = time.perf_counter()
+    for i in range(cfg.warmup):
+        inject.check(i)
+        loss = step()
+        losses.append(_loss_value(loss) if par.reports_loss else None)
+    result["warmup_s"] = time.perf_counter() - t_w
+    result["warmup_losses"] = losses
+
+    n = cfg.steps
+    cuda = device.type == "cuda"
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
+    host_marks = [0.0] * (n + 1)
+    pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
+
+    _sync(device)
+    pg_barrier()
+    # ---- timed window: nothing but training steps between here and the closing sync ----
+    wall_start = time.time()
+    t0 = time.perf_counter()
+    if cuda:
+        events[0].record()
+        for i in range(n):
+            inject.check(cfg.warmup + i)
+            loss = step()
+            events[i + 1].record()
+    else:
+        host_marks[0] = t0
+        for i in range(n):
+            inject.check(cfg.warmup + i)
+            loss = step()
+            host_marks[i + 1] = time.perf_counter()
+    _sync(device)
+    pg_barrier()
+    t1 = time.perf_counter()
+    wall_end = time.time()
+    # ---- end of timed window ----
+
+    window = t1 - t0
+    if cuda:
+        step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
+    else:
+        step_ms = [(host_marks[i + 1] - host_marks[i]) * 1e3 for i in range(n)]
+    # the slowest rank defines the window
+    w = torch.tensor([window], dtype=torch.float64, device=device)
+    dist.all_reduce(w, op=dist.ReduceOp.MAX)
+    result.update({
+        "status": "ok",
+        "window_s": float(w.item()),
+        "local_window_s": window,
+        "window_wall": [wall_start, wall_end],
+        "step_times_ms": step_ms,
+        "loss_last": _loss_value(loss) if par.reports_loss else None,
+        "loss_after": _loss_after(par, eager_module, batches[0], cfg, device, denv),
+    })
+    result.update(_peak_memory(device))
+
+
+def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv) -> float | None:
+    """Loss of the trained model on micro-batch 0, averaged over data-parallel ranks.
+
+    Correctness check only (outside the window): equal for any strategy that trains the same
+    global batch as a single process does.
+    """
+    if par.step is not None or not par.info.get("eval_loss", True):
+        return None
+    module.eval()  # dropout off, so the check is deterministic
+    with torch.no_grad(), _autocast(cfg, device)():
+        loss = module(*batch).detach().float().reshape(1)
+    if denv.world_size > 1:
+        loss = loss / par.dp_size
+        dist.all_reduce(loss, group=par.dp_group)
+    return _loss_value(loss)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="dlscale training worker (started by torchrun)")
+    ap.add_argument("--config", required=True, help="path of the RunConfig JSON")
+    ap.add_argument("--out", required=True, help="directory for rank<R>.json results")
+    args = ap.parse_args(argv)
+    cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
+    device_type = resolve_device(cfg.device)
+    denv = dist_env_from_environ(device_type)
+    result: dict[str, Any] = {
+        "rank": denv.rank, "local_rank": denv.local_rank, "world_size": denv.world_size,
+        "host": socket.gethostname(), "device": str(denv.device), "pid": os.getpid(),
+        "status": "failed", "error": None,
+    }
+    out = Path(args.out) / f"rank{denv.rank}.json"
+    code = 0
+    try:
+        dist.init_process_group(denv.backend, rank=denv.rank, world_size=denv.world_size,
+                                timeout=_dt.timedelta(seconds=cfg.collective_timeout),
+                                device_id=denv.device if denv.backend == "nccl" else None)
+        train(cfg, denv, result)
+    except torch.OutOfMemoryError as e:
+        result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
+    except Exception as e:
+        result["status"], result["error"], code = "failed", _one_line(e), 1
+        result["traceback"] = traceback.format_exc(limit=20)
+    finally:
+        result.update({k: v for k, v in _peak_memory(denv.device).items() if k not in result})
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, default=str))
+        os.replace(tmp, out)
+    if code:
+        print(f"dlscale worker rank {denv.rank}: {result['status']}: {result['error']}", file=sys.stderr,
+              flush=True)
+        # Peers may be blocked in a collective with us; exit without a teardown that could hang.
+        os._exit(code)
+    dist.destroy_process_group()
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0][:500] if text else type(e).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
