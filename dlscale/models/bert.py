@@ -55,7 +55,8 @@ class BertConfig:
 _CONFIGS = {
     "full": BertConfig(),
     "tiny": BertConfig(
-        vocab=1000, hidden=64, n_layers=2, n_heads=4, intermediate=256, max_positions=64, seq_len=32
+        vocab=1000, hidden=64, n_layers=2, n_heads=4, intermediate=256, max_positions=64, seq_len=32,
+        dropout=0.0,  # deterministic, so strategies can be checked against a single process
     ),
 }
 
