@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name == name:  # a verb not built yet; anything else missing is a real error
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                # this verb's module is not installed; anything else missing is a real error
                 continue
             raise
         mod.register(sub)
