@@ -14,6 +14,7 @@ done
 [ ${#NPROCS[@]} -gt 0 ] || NPROCS=(1 2)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# BARE_AFTER=0 skips the second bare run (saves a compile per case)
 W=${W:-15}; S=${S:-40}; R=${R:-3}
 CF=(); [ "$MODE" = compiled ] && CF=(--compile)
 mkdir -p "$OUTDIR"
@@ -31,7 +32,7 @@ for c in "${CASES[@]}"; do
     python -m dlscale run --model "$model" --strategy $strat --nproc-per-node "$n" --batch-size "$batch" \
       --precision amp-bf16 "${CF[@]}" --warmup $W --steps $S --repeats $R --store "$OUTDIR/store" \
       --label "core-$MODE" 2>&1 | grep -E 'repeat|samples/s|^ +[a-z]|error' 
-    bare "$model" "$batch" "$n"
+    [ "${BARE_AFTER:-1}" = 1 ] && bare "$model" "$batch" "$n"
     tail -n 2 "$OUTDIR/bare.jsonl"
   done
 done
