@@ -1,0 +1,368 @@
+"""Shared pieces of the micro-benchmarks: input parsing, timing, errors, statuses, output."""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from dlscale import ConfigError
+
+DEVICES = ("auto", "cuda", "cpu")
+ROW_STATUSES = ("ok", "unsupported", "oom", "failed")
+
+# ---------------------------------------------------------------------------------------------
+# input parsing (every failure is a ConfigError: one line, exit code 2)
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+          "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
+          "tib": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int, name: str = "size") -> int:
+    """"8" -> 8, "64K" -> 65536, "1M" -> 1048576, "1G"/"1GiB"/"1GB" -> 2**30 (binary multiples,
+    as nccl-tests' -b/-e). Raises ConfigError on anything else or on a size < 1 byte."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise ConfigError(f"bad {name} {text!r}; use a byte count with an optional binary suffix "
+                              f"K, M, G or T (e.g. 8, 64K, 1M, 1G)")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1 byte, got {text!r}")
+    return value
+
+
+def split_list(values: str | Sequence[str] | None) -> list[str]:
+    """Comma-separated and/or repeated option values -> flat list of non-empty items."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    out: list[str] = []
+    for v in values:
+        out.extend(p.strip() for p in str(v).split(",") if p.strip())
+    return out
+
+
+def parse_choices(values: str | Sequence[str] | None, choices: Sequence[str], name: str) -> list[str]:
+    """Validated list of names from ``choices`` (order kept, duplicates dropped)."""
+    out: list[str] = []
+    for v in split_list(values):
+        key = v.lower()
+        if key not in choices:
+            raise ConfigError(f"unknown {name} {v!r}; choose from: {', '.join(choices)}")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def parse_positive_ints(values: str | Sequence[str] | None, name: str) -> list[int]:
+    out = []
+    for v in split_list(values):
+        try:
+            n = int(v)
+        except ValueError:
+            raise ConfigError(f"bad {name} {v!r}; expected a positive integer") from None
+        if n < 1:
+            raise ConfigError(f"{name} must be >= 1, got {n}")
+        out.append(n)
+    return out
+
+
+def int_or_auto(text: str) -> str | int:
+    """argparse type for --warmup/--iters: "auto" or a non-negative integer (checked later)."""
+    if str(text).lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def resolve_count(value: str | int | None, name: str, gpu_default: int, cpu_default: int,
+                  device: str, minimum: int) -> int:
+    if value in (None, "auto"):
+        return gpu_default if device == "cuda" else cpu_default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer or 'auto', got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_nproc(nproc: int, what: str) -> None:
+    """matmul, bandwidth and layer run in this process, on one device."""
+    if nproc < 1:
+        raise ConfigError(f"nproc-per-node must be >= 1, got {nproc}")
+    if nproc != 1:
+        raise ConfigError(f"nproc-per-node {nproc} is not supported by micro {what}: it measures one "
+                          f"device in this process (only micro comm starts several); use 1")
+
+
+def resolve_device(requested: str) -> str:
+    """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda" without a GPU -> ConfigError."""
+    import torch
+
+    if requested not in DEVICES:
+        raise ConfigError(f"unknown device {requested!r}; choose one of: {', '.join(DEVICES)}")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda requested but no CUDA GPU is visible; use --device cpu")
+    return requested
+
+
+def torch_device(device: str):
+    import torch
+
+    if device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device)
+
+
+def device_name(device) -> str:
+    """GPU name (what the peak tables match on) or the CPU model."""
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    from dlscale.envinfo import cpu_model
+
+    return cpu_model()
+
+
+def cache_bytes(device) -> int:
+    """Last-level cache size: L2 of a GPU, the largest CPU cache from sysfs (32 MiB if unknown)."""
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    if dev.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)
+        return int(size) if size else 50 * 2**20
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (idx / "size").read_text().strip()
+            best = max(best, parse_bytes(text))
+        except (OSError, ConfigError):
+            continue
+    return best or 32 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+def synchronize(device) -> None:
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def measure(fn: Callable[[], Any], device, warmup: int, iters: int,
+            min_sample_s: float = 0.0) -> dict[str, float | int]:
+    """Time ``fn``: ``warmup`` untimed calls, then ``iters`` samples; seconds per call.
+
+    CUDA: a pair of CUDA events around each sample, one synchronisation at the end (the GPU
+    stays busy between samples). CPU: ``time.perf_counter`` around each sample. A sample is
+    ``inner`` back-to-back calls divided by ``inner``; with ``min_sample_s`` > 0 ``inner`` is
+    raised (after warm-up, from one extra timed call) so that a sample lasts about that long,
+    which hides the launch latency of tiny kernels. With ``min_sample_s`` = 0 exactly
+    ``warmup + iters`` calls are made (what collectives need: every rank the same count).
+    Returns median/min/max seconds per call, the sample count and ``inner``.
+    """
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    for _ in range(warmup):
+        fn()
+    synchronize(dev)
+    inner = 1
+    if min_sample_s > 0:
+        t0 = time.perf_counter()
+        fn()
+        synchronize(dev)
+        one = time.perf_counter() - t0
+        if one < min_sample_s:
+            inner = int(min(1000, math.ceil(min_sample_s / max(one, 1e-7))))
+    times: list[float] = []
+    if dev.type == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            for _ in range(inner):
+                fn()
+            ends[i].record()
+        ends[-1].synchronize()
+        times = [s.elapsed_time(e) / 1e3 / inner for s, e in zip(starts, ends)]
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "samples": len(times), "inner": inner}
+
+
+def timing_fields(t: dict[str, float | int]) -> dict[str, Any]:
+    """Row fields of a ``measure`` result, in microseconds."""
+    return {"time_us": t["median_s"] * 1e6, "time_us_min": t["min_s"] * 1e6,
+            "time_us_max": t["max_s"] * 1e6, "samples": t["samples"], "inner": t["inner"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# errors and statuses
+
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
+_UNSUPPORTED_TEXT = ("not implemented", "not supported", "unsupported", "no kernel", "does not support")
+
+
+def classify_error(exc: BaseException) -> str:
+    """"oom" for an allocation failure, "unsupported" for a missing kernel, else "failed"."""
+    import torch
+
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", None)
+    if isinstance(exc, MemoryError) or (oom_type is not None and isinstance(exc, oom_type)):
+        return "oom"
+    text = str(exc).lower()
+    if any(t in text for t in _OOM_TEXT):
+        return "oom"
+    if isinstance(exc, (RuntimeError, NotImplementedError, TypeError)) and any(
+            t in text for t in _UNSUPPORTED_TEXT):
+        return "unsupported"
+    return "failed"
+
+
+def error_reason(exc: BaseException, limit: int = 300) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def free_memory(device) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    dev = torch.device(device) if isinstance(device, str) else device
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def record_status(rows: Iterable[dict[str, Any]]) -> str:
+    """Record status from row statuses: failed > oom > ok > unsupported (all rows unsupported)."""
+    statuses = [r.get("status", "ok") for r in rows]
+    if not statuses:
+        return "failed"
+    for s in ("failed", "oom"):
+        if s in statuses:
+            return s
+    if "ok" in statuses:
+        return "ok"
+    return "unsupported"
+
+
+def exit_code(status: str) -> int:
+    """0 for ok and all-unsupported (the device lacks it: not an error of the run)."""
+    from dlscale.cli import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_TIMEOUT
+
+    return {"ok": EXIT_OK, "unsupported": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT}.get(
+        status, EXIT_FAILED)
+
+
+def pct(value: float | None, peak: float | None) -> float | None:
+    return None if not peak or value is None else 100.0 * value / peak
+
+
+# ---------------------------------------------------------------------------------------------
+# records and console output
+
+def args_config(args: Any) -> dict[str, Any]:
+    """Every CLI option as given (the parser's own bookkeeping fields dropped)."""
+    return {k: v for k, v in vars(args).items() if k not in ("func", "command", "micro_command")}
+
+
+def make_record(micro: str, status: str, error: str | None, config: dict[str, Any],
+                rows: list[dict[str, Any]], plot: dict[str, Any], device: str,
+                dev_name: str | None, env: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    from dlscale import envinfo
+    from dlscale.store import new_record
+
+    return new_record("micro", micro=micro, status=status, error=error, config=config,
+                      env=env if env is not None else envinfo.capture(), results=rows, plot=plot,
+                      device=device, device_name=dev_name, **extra)
+
+
+def append_record(store_dir: str, record: dict[str, Any]) -> str:
+    from dlscale.store import ResultStore
+
+    store = ResultStore(store_dir)
+    store.append(record)
+    return str(store.file)
+
+
+def check_store(store_dir: str) -> None:
+    from dlscale.store import ResultStore
+
+    ResultStore(store_dir).check_writable()
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -digits):
+            return f"{value:.3g}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{n} B"
+
+
+def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[dict[str, Any]],
+                formatters: dict[str, Callable[[Any], str]] | None = None) -> None:
+    """A rich table: ``columns`` = [(row field, header with unit)]; a row's reason goes last."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    formatters = formatters or {}
+    table = Table(title=title, title_justify="left")
+    for _, header in columns:
+        table.add_column(header, justify="right")
+    table.add_column("status", justify="left")
+    for row in rows:
+        cells = [formatters.get(key, fmt)(row.get(key)) for key, _ in columns]
+        status = row.get("status", "ok")
+        if row.get("reason"):
+            status += f" ({row['reason']})"
+        table.add_row(*cells, status)
+    console.print(table)
+
+
+def print_done(record: dict[str, Any], path: str) -> None:
+    print(f"record {record['id']} appended to {path} (status {record['status']})")

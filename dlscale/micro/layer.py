@@ -1,0 +1,326 @@
+"""One transformer layer (BERT, GPT-2, T5 encoder or decoder shapes) in plain torch.
+
+The layers are compact re-implementations with the original models' shapes, not the models
+themselves: attention through ``F.scaled_dot_product_attention``, a two-matmul MLP and the
+norms of each family (BERT post-LayerNorm + GELU; GPT-2 pre-LayerNorm + tanh-GELU, causal; T5
+pre-RMSNorm, no biases, ReLU, no relative position bias). FLOPs: ``layer_flops``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Sequence
+
+from dlscale import ConfigError
+from dlscale.micro import common
+
+KINDS = ("bert", "gpt2", "t5-encoder", "t5-decoder")
+SIZES = ("base", "large")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# (d_model, d_ff, heads) per family and size
+SHAPES: dict[str, dict[str, tuple[int, int, int]]] = {
+    "bert": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},
+    "gpt2": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},  # large = gpt2-medium shapes
+    "t5-encoder": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},
+    "t5-decoder": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},
+}
+PASSES = ("forward", "forward+backward")
+GPU_BATCH, GPU_SEQ = 8, 512
+CPU_BATCH, CPU_SEQ = 2, 128
+
+
+def layer_flops(kind: str, batch: int, seq: int, d_model: int, d_ff: int,
+                enc_seq: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs of one layer (norms, softmax, activations and dropout are not counted).
+
+    With b = batch, s = seq, h = d_model, f = d_ff (a multiply-add = 2 FLOPs):
+
+    * self-attention projections (Q, K, V and output, four h x h matmuls): 8·b·s·h²
+    * self-attention scores Q·Kᵀ and context P·V: 2·b·s²·h each, 4·b·s²·h together
+      (causal GPT-2 and T5-decoder self-attention are counted in full, as usual in MFU)
+    * feed-forward (h -> f -> h): 4·b·s·h·f, which is 16·b·s·h² for f = 4h
+    * T5 decoder only, cross-attention over an encoder output of length e (default e = s):
+      Q and output projections on decoder tokens 4·b·s·h², K and V projections on encoder
+      tokens 4·b·e·h², scores + context 4·b·s·e·h; with e = s: 8·b·s·h² + 4·b·s²·h.
+
+    forward = the sum above; BERT/GPT-2/T5 encoder: 24·b·s·h² + 4·b·s²·h when f = 4h;
+    T5 decoder (e = s): 32·b·s·h² + 8·b·s²·h when f = 4h.
+    forward_backward = 3 x forward (the backward pass computes input and weight gradients:
+    two matmuls per forward matmul).
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"unknown layer kind {kind!r}; choose from: {', '.join(KINDS)}")
+    b, s, h, f = batch, seq, d_model, d_ff
+    parts = {"attn_proj": 8 * b * s * h * h, "attn_core": 4 * b * s * s * h, "ffn": 4 * b * s * h * f,
+             "cross_proj": 0, "cross_core": 0}
+    if kind == "t5-decoder":
+        e = s if enc_seq is None else enc_seq
+        parts["cross_proj"] = 4 * b * s * h * h + 4 * b * e * h * h
+        parts["cross_core"] = 4 * b * s * e * h
+    fwd = sum(parts.values())
+    return {**parts, "forward": fwd, "forward_backward": 3 * fwd}
+
+
+# ---------------------------------------------------------------------------------------------
+# modules (built lazily so that importing this file does not import torch)
+
+def build_layer(kind: str, size: str, dropout: float = 0.0):
+    """The nn.Module of one layer; forward(x) or, for t5-decoder, forward(x, memory)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    if kind not in KINDS:
+        raise ConfigError(f"unknown layer kind {kind!r}; choose from: {', '.join(KINDS)}")
+    if size not in SIZES:
+        raise ConfigError(f"unknown layer size {size!r}; choose from: {', '.join(SIZES)}")
+    d, ff, heads = SHAPES[kind][size]
+    t5 = kind.startswith("t5")
+    bias = not t5
+
+    class Attention(nn.Module):
+        def __init__(self, cross: bool):
+            super().__init__()
+            self.cross = cross
+            if cross:
+                self.q = nn.Linear(d, d, bias=bias)
+                self.kv = nn.Linear(d, 2 * d, bias=bias)
+            else:
+                self.qkv = nn.Linear(d, 3 * d, bias=bias)
+            self.out = nn.Linear(d, d, bias=bias)
+
+        def forward(self, x, memory=None, causal: bool = False):
+            b, s, _ = x.shape
+            dh = d // heads
+            if self.cross:
+                e = memory.shape[1]
+                q = self.q(x).view(b, s, heads, dh).transpose(1, 2)
+                k, v = self.kv(memory).view(b, e, 2, heads, dh).permute(2, 0, 3, 1, 4)
+            else:
+                q, k, v = self.qkv(x).view(b, s, 3, heads, dh).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout if self.training else 0.0,
+                                               is_causal=causal)
+            return self.out(o.transpose(1, 2).reshape(b, s, d))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(d, ff, bias=bias)
+            self.fc2 = nn.Linear(ff, d, bias=bias)
+            self.act = nn.ReLU() if t5 else nn.GELU(approximate="tanh" if kind == "gpt2" else "none")
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x)))
+
+    def norm():
+        return nn.RMSNorm(d, eps=1e-6) if t5 else nn.LayerNorm(d, eps=1e-12 if kind == "bert" else 1e-5)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attention(cross=False)
+            self.norm1 = norm()
+            self.mlp = MLP()
+            self.norm2 = norm()
+            if kind == "t5-decoder":
+                self.cross = Attention(cross=True)
+                self.norm3 = norm()
+            self.drop = nn.Dropout(dropout)
+
+        def forward(self, x, memory=None):
+            if kind == "bert":  # post-LN
+                x = self.norm1(x + self.drop(self.attn(x)))
+                return self.norm2(x + self.drop(self.mlp(x)))
+            x = x + self.drop(self.attn(self.norm1(x), causal=kind in ("gpt2", "t5-decoder")))
+            if kind == "t5-decoder":
+                x = x + self.drop(self.cross(self.norm3(x), memory))
+            return x + self.drop(self.mlp(self.norm2(x)))
+
+    return Layer()
+
+
+def precision_support(precision: str, dev) -> str | None:
+    import torch
+
+    if precision == "tf32" and dev.type != "cuda":
+        return "tf32 is a CUDA tensor-core mode; there is no tf32 on CPU"
+    if dev.type == "cuda" and precision in ("tf32", "bf16"):
+        major, minor = torch.cuda.get_device_capability(dev)
+        if major < 8:
+            return f"{precision} needs compute capability >= 8.0 (Ampere), device has {major}.{minor}"
+    return None
+
+
+@contextlib.contextmanager
+def precision_context(precision: str, dev):
+    """fp32/tf32: fp32 math with TF32 off/on; bf16/fp16: autocast (fp32 weights, AMP-style)."""
+    import torch
+
+    from dlscale.micro.matmul import float32_precision
+
+    with float32_precision("tf32" if precision == "tf32" else "fp32"):
+        if precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+            with torch.autocast(device_type=dev.type, dtype=dtype):
+                yield
+        else:
+            yield
+
+
+def run_layer(kind: str, size: str, batches: Sequence[int], seqs: Sequence[int], precision: str = "auto",
+              device: str = "auto", warmup: int = 5, iters: int = 20, dropout: float = 0.0,
+              min_sample_s: float | None = None) -> list[dict[str, Any]]:
+    """Forward and forward+backward TFLOPS of one layer for each (batch, seq); two rows each.
+
+    ``precision`` "auto" = bf16 autocast on GPU, fp32 on CPU. Rows: kind, size, d_model, d_ff,
+    heads, batch, seq, precision, pass ("forward" | "forward+backward"), flops, time_us,
+    tflops, tokens_per_s, peak_tflops, pct_of_peak, status, reason.
+    """
+    import torch
+
+    dev = common.torch_device(common.resolve_device(device))
+    if precision == "auto":
+        precision = "bf16" if dev.type == "cuda" else "fp32"
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
+    if min_sample_s is None:
+        min_sample_s = 1e-3 if dev.type == "cuda" else 0.0
+    d, ff, heads = SHAPES[kind][size] if kind in SHAPES and size in SIZES else (0, 0, 0)
+    layer = build_layer(kind, size, dropout)  # validates kind and size
+    from dlscale.metrics import peak_flops
+
+    peak, peak_src = peak_flops(common.device_name(dev), precision)
+    unsupported = precision_support(precision, dev)
+    torch.manual_seed(0)
+    layer = layer.to(dev).train()
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        for seq in seqs:
+            flops = layer_flops(kind, batch, seq, d, ff)
+            base = {"kind": kind, "size": size, "d_model": d, "d_ff": ff, "heads": heads, "batch": batch,
+                    "seq": seq, "precision": precision, "status": "ok", "reason": None,
+                    "time_us": None, "tflops": None, "tokens_per_s": None,
+                    "peak_tflops": peak / 1e12 if peak else None, "pct_of_peak": None,
+                    "peak_source": peak_src}
+            pair = [{**base, "pass": p, "flops": flops["forward" if p == "forward" else "forward_backward"]}
+                    for p in PASSES]
+            if unsupported:
+                for r in pair:
+                    r.update(status="unsupported", reason=unsupported)
+            else:
+                for r in pair:
+                    try:
+                        r.update(_time_pass(layer, kind, r["pass"], batch, seq, d, precision, dev,
+                                            warmup, iters, min_sample_s))
+                        secs = r["time_us"] * 1e-6
+                        r.update(tflops=r["flops"] / secs / 1e12, tokens_per_s=batch * seq / secs)
+                        r["pct_of_peak"] = common.pct(r["tflops"] * 1e12, peak)
+                    except Exception as e:  # noqa: BLE001
+                        r.update(status=common.classify_error(e), reason=common.error_reason(e))
+                    layer.zero_grad(set_to_none=True)
+                    if r["status"] == "oom":
+                        common.free_memory(dev)
+            rows.extend(pair)
+    return rows
+
+
+def _time_pass(layer, kind: str, which: str, batch: int, seq: int, d: int, precision: str, dev,
+               warmup: int, iters: int, min_sample_s: float) -> dict[str, Any]:
+    import torch
+
+    x = torch.randn(batch, seq, d, device=dev, requires_grad=True)
+    inputs = [x]
+    if kind == "t5-decoder":  # encoder output of the same length, part of the graph like in training
+        inputs.append(torch.randn(batch, seq, d, device=dev, requires_grad=True))
+    if which == "forward":
+        # as in training: autograd records the graph, the output is dropped
+        def step() -> None:
+            with precision_context(precision, dev):
+                layer(*inputs)
+    else:
+        with precision_context(precision, dev):
+            grad_out = torch.randn_like(layer(*inputs))
+
+        def step() -> None:
+            layer.zero_grad(set_to_none=True)
+            for t in inputs:
+                t.grad = None
+            with precision_context(precision, dev):
+                out = layer(*inputs)
+            out.backward(grad_out)
+    return common.timing_fields(common.measure(step, dev, warmup, iters, min_sample_s))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+def add_parser(sub) -> None:
+    from dlscale.micro.cli import HelpFormatter, add_common_options
+
+    p = sub.add_parser(
+        "layer", help="forward and forward+backward TFLOPS of one transformer layer",
+        description="Time one transformer layer with BERT, GPT-2 or T5 shapes (plain torch: SDPA "
+                    "attention, MLP, norms) in forward and forward+backward; TFLOPS from the analytic "
+                    "matmul FLOPs (docs/micro.md: forward 24*b*s*h^2 + 4*b*s^2*h for d_ff = 4h, "
+                    "T5 decoder adds cross-attention, forward+backward = 3 x forward).",
+        formatter_class=HelpFormatter)
+    p.add_argument("--kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
+    p.add_argument("--size", default="base",
+                   help="base (d_model 768, d_ff 3072, 12 heads) or large (1024, 4096, 16 heads; for "
+                        "gpt2 the gpt2-medium shapes)")
+    p.add_argument("--batch", action="append", default=None, metavar="B[,B...]",
+                   help=f"batch sizes, comma-separated or repeated (default: auto = {GPU_BATCH} on GPU, "
+                        f"{CPU_BATCH} on CPU)")
+    p.add_argument("--seq", action="append", default=None, metavar="S[,S...]",
+                   help=f"sequence lengths, comma-separated or repeated (the T5 decoder attends to an "
+                        f"encoder output of the same length) (default: auto = {GPU_SEQ} on GPU, {CPU_SEQ} on CPU)")
+    p.add_argument("--precision", default="auto",
+                   help=f"one of {', '.join(PRECISIONS)} (bf16/fp16 = autocast over fp32 weights; fp32 "
+                        "= TF32 off); auto = bf16 on GPU, fp32 on CPU")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout probability on attention and residual branches (0 = off)")
+    add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    kind = args.kind.lower()
+    if kind not in KINDS:
+        raise ConfigError(f"unknown layer kind {args.kind!r}; choose from: {', '.join(KINDS)}")
+    size = args.size.lower()
+    if size not in SIZES:
+        raise ConfigError(f"unknown layer size {args.size!r}; choose from: {', '.join(SIZES)}")
+    precision = args.precision.lower()
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {args.precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {args.dropout}")
+    device = common.resolve_device(args.device)
+    common.check_nproc(args.nproc_per_node, "layer")
+    warmup = common.resolve_count(args.warmup, "warmup", 5, 2, device, 0)
+    iters = common.resolve_count(args.iters, "iters", 20, 10, device, 1)
+    batches = common.parse_positive_ints([b for b in common.split_list(args.batch) if b.lower() != "auto"],
+                                         "batch") or [GPU_BATCH if device == "cuda" else CPU_BATCH]
+    seqs = common.parse_positive_ints([s for s in common.split_list(args.seq) if s.lower() != "auto"],
+                                      "seq") or [GPU_SEQ if device == "cuda" else CPU_SEQ]
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" else "fp32"
+    common.check_store(args.store)
+
+    rows = run_layer(kind, size, batches, seqs, precision, device, warmup, iters, args.dropout)
+    status = common.record_status(rows)
+    config = common.args_config(args)
+    config.update(resolved={"device": device, "kind": kind, "size": size, "batches": batches, "seqs": seqs,
+                            "precision": precision, "warmup": warmup, "iters": iters})
+    x = "seq" if len(seqs) > 1 or len(batches) == 1 else "batch"
+    plot = {"x": x, "y": "tflops", "series": "pass", "xlabel": "sequence length" if x == "seq" else "batch size",
+            "ylabel": f"TFLOPS ({precision})", "logx": True}
+    dev_name = common.device_name(common.torch_device(device))
+    errors = [f"b={r['batch']} s={r['seq']} {r['pass']}: {r['reason']}" for r in rows if r["status"] == "failed"]
+    record = common.make_record("layer", status, "; ".join(errors) or None, config, rows, plot, device, dev_name)
+    common.print_table(f"{kind}-{size} layer on {dev_name} ({device}, {precision}), median of {iters}",
+                       [("batch", "batch"), ("seq", "seq"), ("pass", "pass"), ("flops", "GFLOP"),
+                        ("time_us", "time (us)"), ("tflops", "TFLOPS"), ("tokens_per_s", "tokens/s"),
+                        ("pct_of_peak", "% of peak")],
+                       rows, formatters={"flops": lambda v: f"{v / 1e9:.2f}" if v else "-"})
+    path = common.append_record(args.store, record)
+    common.print_done(record, path)
+    return common.exit_code(status)

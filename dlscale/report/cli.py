@@ -1,0 +1,172 @@
+"""`dlscale report` and `dlscale compare`: read-only views of a result store."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dlscale import ConfigError
+from dlscale.report.data import Filters, Loaded, build_report, load_records
+
+FORMATS = ("md", "csv", "json", "html")
+COMPARE_FORMATS = ("md", "csv", "json")
+DEFAULT_STORE = "results"
+DEFAULT_HTML = "report.html"
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows '(default: X)' except where the default is None: those help texts say it in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", metavar="NAME",
+                   help="only these models; repeat or comma-separate (default: all models)")
+    p.add_argument("--label", action="append", metavar="LABEL",
+                   help="only records with these labels; repeat or comma-separate (default: all labels)")
+    p.add_argument("--precision", action="append", metavar="P",
+                   help="only these precisions (fp32, amp-bf16, amp-fp16) (default: all)")
+    p.add_argument("--strategy", action="append", metavar="NAME",
+                   help="only tables of these strategies; baselines of other strategies are still used "
+                        "(default: all)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report", formatter_class=_Help,
+        help="DLPerf-style scaling tables, plots and HTML from a result store",
+        description="Report a result store: per model, precision, compile flag, strategy and per-device "
+                    "batch, the DLPerf table (node_num, gpu_num, median samples/s, speedup, scaling "
+                    "efficiency, MFU, peak memory, spread over repeats). Each row is the newest ok record of "
+                    "its case. Speedup is computed here against the 1-device ok record of the same workload; "
+                    "without one it is shown as missing. Reads the store only; never writes to it. "
+                    "Unreadable lines are skipped with a warning on stderr. An empty or missing store, or "
+                    "filters matching nothing, exit with code 2.")
+    p.add_argument("store", nargs="?", default=DEFAULT_STORE, metavar="STORE",
+                   help="result store: a directory of .jsonl files, or one .jsonl file")
+    p.add_argument("--format", choices=FORMATS, default="md",
+                   help="md: Markdown tables; csv: one row per case; json: DLPerf-shaped "
+                        "{dlperf, groups, records, skipped_lines}; html: one self-contained page with plots")
+    p.add_argument("--output", "-o", metavar="FILE",
+                   help=f"write the report to FILE, '-' for stdout (default: stdout; for --format html "
+                        f"{DEFAULT_HTML} in the current directory)")
+    p.add_argument("--plots-dir", metavar="DIR",
+                   help="also write every plot as PNG and SVG into DIR, created if needed (default: none; "
+                        "the HTML report inlines its plots anyway)")
+    p.add_argument("--no-plots", action="store_true", help="leave the plots out of the HTML report")
+    _add_filters(p)
+    p.set_defaults(func=cmd_report)
+
+    c = subparsers.add_parser(
+        "compare", formatter_class=_Help,
+        help="compare the same cases in two stores (or two labels of one store), with noise tests",
+        description="Side by side, the cases (matched on case_key) of A and B: median A, median B, ratio "
+                    "B/A, a bootstrap confidence interval of the ratio of medians over the repeats, and an "
+                    "exact Mann-Whitney U test. Verdict per case: faster, slower, or no change (within "
+                    "noise); inconclusive when there are too few repeats to tell. Exit 0, or 1 with "
+                    "--fail-on-regression when a significant slowdown exceeds the given percentage.")
+    c.add_argument("store_a", metavar="A", help="store A (the reference)")
+    c.add_argument("store_b", nargs="?", metavar="B",
+                   help="store B (default: A again; then --label-a and --label-b pick the two sides)")
+    c.add_argument("--label-a", metavar="LABEL", help="only records of A with this label (default: any label)")
+    c.add_argument("--label-b", metavar="LABEL", help="only records of B with this label (default: any label)")
+    c.add_argument("--format", choices=COMPARE_FORMATS, default="md", help="output format")
+    c.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
+    c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    c.add_argument("--confidence", type=float, default=95.0,
+                   help="confidence level in percent, for the CI and (as 1 - level) the test's p threshold")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    c.add_argument("--min-change", type=float, default=0.0, metavar="PCT",
+                   help="changes smaller than PCT %% count as no change even when significant")
+    c.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                   help="exit 1 when a case is significantly slower by more than PCT %% (default: off)")
+    _add_filters(c)
+    c.set_defaults(func=cmd_compare)
+
+
+def _store_files(loaded: Loaded) -> set[str]:
+    from dlscale.store import ResultStore
+
+    return {os.path.realpath(f) for f in ResultStore(loaded.store).files()}
+
+
+def _write(output: str, text: str, loaded: list[Loaded]) -> None:
+    if output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    real = os.path.realpath(output)
+    for ld in loaded:
+        if real in _store_files(ld):
+            raise ConfigError(f"refusing to write the report over result store file {output}")
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot write {output}: {e.strerror or e}") from None
+    print(f"dlscale: wrote {output}", file=sys.stderr)
+
+
+def _warn(lines: list[str]) -> None:
+    for w in lines:
+        print(f"dlscale: warning: {w}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dlscale.report import render
+
+    loaded = load_records(args.store)
+    _warn(loaded.warnings())
+    report = build_report(loaded, Filters.from_args(args))
+    output = args.output or (DEFAULT_HTML if args.format == "html" else "-")
+    plots, links = [], {}
+    if args.plots_dir or (args.format == "html" and not args.no_plots):
+        from dlscale.report.plots import render_plots, write_plots
+
+        plots = render_plots(report, ("png", "svg") if args.plots_dir else ("png",))
+        if args.plots_dir:
+            links = write_plots(plots, args.plots_dir)
+    if args.format == "md":
+        links = {k: [(t, render.relpath_for(p, output)) for t, p in v] for k, v in links.items()}
+        text = render.to_markdown(report, links)
+    elif args.format == "csv":
+        text = render.to_csv(report)
+    elif args.format == "json":
+        text = render.to_json(report)
+    else:
+        from dlscale.report.html import to_html
+
+        text = to_html(report, [] if args.no_plots else plots)
+    _write(output, text, [loaded])
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from dlscale.report import compare as cmp
+
+    if args.store_b is None and (args.label_a is None or args.label_b is None):
+        raise ConfigError("compare needs two stores (A B), or one store with --label-a and --label-b")
+    if args.resamples < 100:
+        raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
+    if not 50.0 <= args.confidence < 100.0:
+        raise ConfigError(f"--confidence must be a percentage in [50, 100), got {args.confidence:g}")
+    if args.min_change < 0 or (args.fail_on_regression is not None and args.fail_on_regression < 0):
+        raise ConfigError("--min-change and --fail-on-regression must be >= 0")
+    loaded_a = load_records(args.store_a)
+    same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
+    loaded_b = loaded_a if same else load_records(args.store_b)
+    opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
+    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts)
+    _warn(result.warnings())
+    _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
+    if args.fail_on_regression is not None:
+        bad = result.regressions(args.fail_on_regression)
+        if bad:
+            print(f"dlscale: regression: {cmp.describe_regressions(bad, args.fail_on_regression)}",
+                  file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,188 @@
+"""One self-contained HTML file: inline CSS, plots as base64 PNG, no scripts, no network fetches."""
+from __future__ import annotations
+
+import base64
+from html import escape
+from typing import Any, Sequence
+
+import dlscale
+from dlscale.report.data import SELECTION_RULE, Report
+from dlscale.report.plots import Plot
+from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, commands, env_value, environments,
+                                   group_notes, micro_cell, micro_columns, micro_title, table_cells,
+                                   table_columns)
+
+CSS = """
+:root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
+* { box-sizing: border-box; }
+body { margin:0; background:#f4f5f7; color:var(--fg);
+       font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif; }
+main { max-width:1200px; margin:0 auto; padding:24px 36px 48px; background:#fff; min-height:100vh; }
+h1 { font-size:26px; margin:0 0 4px; }
+h2 { font-size:20px; margin:36px 0 8px; padding-bottom:4px; border-bottom:2px solid var(--line); }
+h3 { font-size:15px; margin:26px 0 4px; }
+a { color:var(--accent); }
+.meta, .sub { color:var(--muted); }
+.sub { margin:0 0 6px; font-size:13px; }
+.method { font-size:13px; color:var(--muted); max-width:900px; }
+.warn { background:#fff4e5; border:1px solid #f0c36d; border-radius:4px; padding:8px 12px; margin:12px 0; }
+table { border-collapse:collapse; margin:6px 0 4px; font-size:13px; font-variant-numeric:tabular-nums; }
+th, td { border:1px solid var(--line); padding:4px 9px; text-align:right; vertical-align:top; }
+table.dlperf td { white-space:nowrap; }
+th { background:var(--head); font-weight:600; }
+th.l, td.l { text-align:left; }
+tbody tr:nth-child(even) { background:#fafbfc; }
+tr.borrowed td { color:var(--muted); font-style:italic; }
+td.status { font-weight:700; color:#b00020; text-align:center; }
+td.status-oom { color:#b35c00; }
+td.status-unsupported { color:#6b6b6b; }
+ul.notes { color:var(--muted); font-size:12.5px; margin:4px 0 10px; padding-left:20px; }
+.plots { display:flex; flex-wrap:wrap; gap:12px; margin:8px 0; }
+figure { margin:0; padding:4px; border:1px solid var(--line); border-radius:4px; background:#fff; }
+figure img { display:block; width:520px; max-width:100%; height:auto; }
+figcaption { font-size:12px; color:var(--muted); text-align:center; }
+pre, code { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace; }
+pre { background:#f3f4f6; border-radius:4px; padding:8px 10px; overflow-x:auto; font-size:12px; }
+td code { font-size:12px; white-space:pre-wrap; overflow-wrap:anywhere; }
+nav ol { margin:4px 0; padding-left:22px; font-size:13px; columns:2; }
+details > summary { cursor:pointer; color:var(--accent); }
+footer { margin-top:40px; font-size:12px; color:var(--muted); }
+"""
+
+
+def _e(v: Any) -> str:
+    return escape(str(v), quote=True)
+
+
+def _anchor(name: str) -> str:
+    return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left_cols: int = 0,
+           row_classes: Sequence[str] | None = None, cell_classes: Sequence[Sequence[str]] | None = None,
+           cell_titles: Sequence[Sequence[str]] | None = None, cls: str = "") -> str:
+    out = [f'<table class="{_e(cls)}"><thead><tr>']
+    out += [f'<th class="{"l" if i < left_cols else ""}">{_e(h)}</th>' for i, h in enumerate(headers)]
+    out.append("</tr></thead><tbody>")
+    for i, row in enumerate(rows):
+        rc = row_classes[i] if row_classes else ""
+        out.append(f'<tr class="{_e(rc)}">')
+        for j, c in enumerate(row):
+            classes = ["l"] if j < left_cols else []
+            if cell_classes and cell_classes[i][j]:
+                classes.append(cell_classes[i][j])
+            title = cell_titles[i][j] if cell_titles else ""
+            tattr = f' title="{_e(title)}"' if title else ""
+            out.append(f'<td class="{" ".join(classes)}"{tattr}>{_e(c)}</td>')
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _figures(plots: Sequence[Plot]) -> str:
+    if not plots:
+        return ""
+    out = ['<div class="plots">']
+    for p in plots:
+        b64 = base64.b64encode(p.data["png"]).decode("ascii")
+        out.append(f'<figure><img alt="{_e(p.title)}" src="data:image/png;base64,{b64}">'
+                   f"<figcaption>{_e(p.title)}</figcaption></figure>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def to_html(report: Report, plots: Sequence[Plot] = ()) -> str:
+    by_key: dict[str, list[Plot]] = {}
+    for p in plots:
+        if "png" in p.data:
+            by_key.setdefault(p.key, []).append(p)
+    n_runs = sum(1 for r in report.records if r.get("kind") == "run")
+    n_cases = sum(len(g.own_rows) for g in report.groups)
+    body: list[str] = ["<h1>dlscale report</h1>"]
+    meta = (f"Store <code>{_e(report.store)}</code> · generated {_e(report.generated)} · {n_runs} run "
+            f"record(s), {n_cases} case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
+    if report.filters.describe():
+        meta += f" · filters <code>{_e(report.filters.describe())}</code>"
+    body.append(f'<p class="meta">{meta}</p>')
+    body.append(f'<p class="method">{_e(SELECTION_RULE[0].upper() + SELECTION_RULE[1:])}. {_e(METHOD_TEXT)}</p>')
+    for w in report.warnings():
+        body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
+
+    toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
+    if report.micro:
+        toc.append('<li><a href="#micro">Micro-benchmarks</a></li>')
+    toc += ['<li><a href="#environment">Environment</a></li>', '<li><a href="#commands">Commands</a></li>']
+    body.append(f"<nav><ol>{''.join(toc)}</ol></nav>")
+
+    if report.groups:
+        body.append("<h2>Scaling (DLPerf tables)</h2>")
+    for g in report.groups:
+        rows, rclasses, cclasses, titles = [], [], [], []
+        for r in g.rows:
+            cells = table_cells(g, r)
+            rows.append(cells)
+            rclasses.append("borrowed" if r.borrowed else "")
+            cc = [""] * len(cells)
+            tt = [""] * len(cells)
+            if not r.ok:
+                cc[2] = f"status status-{r.status}"
+                tt[2] = r.error or ""
+            cclasses.append(cc)
+            titles.append(tt)
+        body.append(f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>')
+        body.append(f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
+                    f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>")
+        body.append(_table(table_columns(g), rows, row_classes=rclasses, cell_classes=cclasses,
+                           cell_titles=titles, cls="dlperf"))
+        body.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in group_notes(g)) + "</ul>")
+        body.append(_figures(by_key.get(g.name, [])))
+        body.append("</section>")
+
+    if report.micro:
+        body.append('<h2 id="micro">Micro-benchmarks</h2>')
+    for m in report.micro:
+        body.append(f"<section><h3>{_e(micro_title(m))}</h3>")
+        if m.get("status", "ok") != "ok":
+            body.append(f'<p><strong>{_e(STATUS_TEXT.get(str(m.get("status")), m.get("status")))}</strong> '
+                        f'{_e(m.get("error") or "")}</p>')
+        body.append(_figures(by_key.get(f"micro:{m.get('id')}", [])))
+        cols = micro_columns(m)
+        if cols:
+            res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
+            body.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
+        body.append("</section>")
+
+    body.append('<h2 id="environment">Environment</h2>')
+    envs = environments(report.selected_records())
+    if not envs:
+        body.append("<p>No environment recorded.</p>")
+    for e in envs:
+        body.append(f"<h3>host {_e(e['host'])} <span class=\"meta\">({e['records']} record(s))</span></h3>")
+        rows = [[k, env_value(k, e["env"].get(k))] for k in ENV_KEYS if k != "topology"]
+        extra = sorted(k for k in e["env"] if k not in ENV_KEYS and k != "host")
+        rows += [[k, env_value(k, e["env"].get(k))] for k in extra]
+        others = sorted(set(e["rank_hosts"]) - {e["host"]})
+        if others:
+            rows.append(["other hosts in these runs", ", ".join(others)])
+        body.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
+        if e["env"].get("topology"):
+            body.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
+
+    body.append('<h2 id="commands">Commands</h2>')
+    cmds = commands(report)
+    body.append(_commands_table(cmds) if cmds else "<p>No commands recorded.</p>")
+    body.append(f"<footer>dlscale {_e(dlscale.__version__)} · self-contained report (no external resources)</footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>dlscale report · {_e(report.store)}</title><style>{CSS}</style></head>"
+            f"<body><main>{''.join(body)}</main></body></html>\n")
+
+
+def _commands_table(cmds: Sequence[tuple[str, str, str]]) -> str:
+    out = ['<table class="commands"><thead><tr><th class="l">case</th><th class="l">status</th>'
+           '<th class="l">command</th></tr></thead><tbody>']
+    for what, status, cmd in cmds:
+        out.append(f'<tr><td class="l">{_e(what)}</td><td class="l">{_e(status)}</td>'
+                   f'<td class="l"><code>{_e(cmd)}</code></td></tr>')
+    out.append("</tbody></table>")
+    return "".join(out)

@@ -1,0 +1,364 @@
+"""Text renderings of a Report: Markdown, CSV and DLPerf-shaped JSON (HTML lives in html.py)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections import Counter
+from typing import Any, Sequence
+
+from dlscale.report.data import SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label
+
+MISSING = "—"
+STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
+GIB, MIB = 2.0 ** 30, 2.0 ** 20
+METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record of the same workload "
+               "(same model, flavor, precision, compile, per-device batch; any strategy); scaling "
+               "efficiency = speedup ÷ devices. Both are computed from the stored records at report time.")
+
+
+def fmt(v: Any, nd: int = 2) -> str:
+    x = num(v)
+    return MISSING if x is None else f"{x:.{nd}f}"
+
+
+def mem_unit(group: Group) -> tuple[str, float]:
+    peaks = [r.peak_mem for r in group.rows if r.peak_mem is not None]
+    return ("GiB", GIB) if peaks and max(peaks) >= GIB else ("MiB", MIB)
+
+
+def count_header(group: Group) -> str:
+    return "gpu_num" if group.device_type == "cuda" else "proc_num"
+
+
+def table_columns(group: Group) -> list[str]:
+    u = group.unit
+    mu, _ = mem_unit(group)
+    mem = f"peak mem / device ({mu})" if group.device_type == "cuda" else f"peak RSS / process ({mu})"
+    return ["node_num", count_header(group), f"throughput median ({u}/s)", "speedup (×)",
+            "scaling efficiency (%)", "MFU (%)", mem, f"min–max ({u}/s)",
+            f"stdev ({u}/s)", "n (repeats)"]
+
+
+def table_cells(group: Group, row: Row) -> list[str]:
+    """The DLPerf row: status words replace the numbers of a non-ok case."""
+    head = [str(row.nnodes), str(row.devices)]
+    if not row.ok:
+        word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
+        return head + [word] + [MISSING] * 7
+    _, scale = mem_unit(group)
+    eff = None if row.efficiency is None else row.efficiency * 100
+    mfu = None if row.mfu is None else row.mfu * 100
+    mem = None if row.peak_mem is None else row.peak_mem / scale
+    lo, hi = row.stat("min"), row.stat("max")
+    spread = MISSING if lo is None or hi is None else f"{lo:.2f}–{hi:.2f}"
+    n = row.stat("n")
+    return head + [fmt(row.median), fmt(row.speedup), fmt(eff, 1), fmt(mfu, 1), fmt(mem),
+                   spread, fmt(row.stat("stdev")), MISSING if n is None else str(int(n))]
+
+
+def group_notes(group: Group) -> list[str]:
+    notes = [group.baseline_note()]
+    for r in group.rows:
+        if r.borrowed:
+            notes.append(f"{r.node_gpu} row: the {r.strategy} baseline run, shown for reference")
+        sn = r.supersede_note()
+        if sn and not r.borrowed:
+            notes.append(f"{r.node_gpu}: {sn}")
+        if r.status != "ok" and r.error:
+            notes.append(f"{r.node_gpu} {r.status}: {_one_line(r.error, 200)}")
+        elif r.status == "ok" and not r.ok:
+            notes.append(f"{r.node_gpu}: status ok but no samples/s recorded")
+    return notes
+
+
+def _one_line(s: str, limit: int) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def _md_cell(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 0,
+             numeric_to: int | None = None) -> str:
+    """A Markdown table; columns numeric_from..numeric_to-1 are right-aligned."""
+    end = len(headers) if numeric_to is None else numeric_to
+    out = ["| " + " | ".join(_md_cell(h) for h in headers) + " |",
+           "|" + "|".join("---:" if numeric_from <= i < end else "---" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- environment
+
+ENV_KEYS = ("dlscale", "git_sha", "python", "torch", "cuda", "cudnn", "nccl", "driver", "os", "cpu",
+            "cpu_count", "memory_total_bytes", "gpus", "topology")
+
+
+def gpu_summary(gpus: Any) -> str:
+    if not gpus:
+        return "none"
+    c = Counter()
+    for g in gpus:
+        if isinstance(g, dict):
+            mem = num(g.get("memory_total_bytes"))
+            c[(str(g.get("name")), f" ({mem / GIB:.1f} GiB)" if mem else "")] += 1
+    return ", ".join(f"{n} × {name}{mem}" for (name, mem), n in c.items()) or "none"
+
+
+def env_value(key: str, v: Any) -> str:
+    if key == "gpus":
+        return gpu_summary(v)
+    if key == "memory_total_bytes" and num(v) is not None:
+        return f"{v / GIB:.1f} GiB"
+    return MISSING if v is None or v == "" else str(v)
+
+
+def environments(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Distinct environments, per host: [{host, env, records: n, hosts_in_runs: [...]}]."""
+    seen: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        env = rec.get("env")
+        if not isinstance(env, dict):
+            continue
+        key = json.dumps(env, sort_keys=True, default=str)
+        item = seen.setdefault(key, {"host": str(env.get("host") or "unknown host"), "env": env,
+                                     "records": 0, "rank_hosts": set()})
+        item["records"] += 1
+        for r in rec.get("ranks") or []:
+            if isinstance(r, dict) and r.get("host"):
+                item["rank_hosts"].add(str(r["host"]))
+    return sorted(seen.values(), key=lambda e: (e["host"], -e["records"]))
+
+
+def commands(report: Report) -> list[tuple[str, str, str]]:
+    """(what, status, command line) per reported case, in table order, then micro records."""
+    out = []
+    for g in report.groups:
+        for r in g.own_rows:
+            out.append((f"{g.name} {r.node_gpu}", r.status, str(r.record.get("command") or MISSING)))
+    for m in report.micro:
+        out.append((f"micro {m.get('micro')} {str(m.get('id'))[:8]}", str(m.get("status")),
+                    str(m.get("command") or MISSING)))
+    return out
+
+
+# ----------------------------------------------------------------------------- micro tables
+
+def micro_columns(rec: dict[str, Any]) -> list[str]:
+    """Result-row fields, the plot's x, series and y first."""
+    spec = rec.get("plot") if isinstance(rec.get("plot"), dict) else {}
+    present = {k for row in rec.get("results") or [] if isinstance(row, dict) for k in row}
+    cols: list[str] = [k for k in (spec.get("x"), spec.get("series"), spec.get("y")) if k in present]
+    for row in rec.get("results") or []:
+        if isinstance(row, dict):
+            cols += [k for k in row if k not in cols]
+    return cols
+
+
+def micro_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.4e}"
+    return MISSING if v is None else str(v)
+
+
+def micro_title(rec: dict[str, Any]) -> str:
+    env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+    bits = [f"micro {rec.get('micro')}", f"record {str(rec.get('id'))[:8]}"]
+    if env.get("host"):
+        bits.append(str(env["host"]))
+    if rec.get("created"):
+        bits.append(str(rec["created"]))
+    if rec_label(rec):
+        bits.append(f"label {rec_label(rec)}")
+    return " · ".join(bits)
+
+
+# ----------------------------------------------------------------------------- markdown
+
+def header_lines(report: Report) -> list[str]:
+    n_runs = sum(1 for r in report.records if r.get("kind") == "run")
+    n_cases = sum(len(g.own_rows) for g in report.groups)
+    line = (f"Store `{report.store}` · generated {report.generated} · {n_runs} run record(s), {n_cases} "
+            f"case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
+    if report.filters.describe():
+        line += f" · filters: `{report.filters.describe()}`"
+    return [line, "", SELECTION_RULE[0].upper() + SELECTION_RULE[1:] + ". " + METHOD_TEXT]
+
+
+def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | None = None) -> str:
+    plot_links = plot_links or {}
+    out = ["# dlscale report", ""] + header_lines(report) + [""]
+    for w in report.warnings():
+        out += [f"> **Warning:** {w}", ""]
+    if report.groups:
+        out += ["## Scaling (DLPerf tables)", ""]
+    for g in report.groups:
+        out += [f"### {g.title}", "",
+                f"DLPerf key `{g.name}` · per-device batch {g.batch_size} · device {g.device_type}", ""]
+        out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
+        out.append("")
+        out += [f"- {n}" for n in group_notes(g)]
+        out.append("")
+        for title, path in plot_links.get(g.name, []):
+            out.append(f"![{title}]({path})")
+        if plot_links.get(g.name):
+            out.append("")
+    if report.micro:
+        out += ["## Micro-benchmarks", ""]
+    for m in report.micro:
+        out += [f"### {micro_title(m)}", ""]
+        if m.get("status", "ok") != "ok":
+            out += [f"Status **{m.get('status')}**: {_one_line(m.get('error') or '', 300)}", ""]
+        cols = micro_columns(m)
+        if cols:
+            rows = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
+            out += [md_table(cols, rows), ""]
+        for title, path in plot_links.get(f"micro:{m.get('id')}", []):
+            out += [f"![{title}]({path})", ""]
+    envs = environments(report.selected_records())
+    if envs:
+        out += ["## Environment", ""]
+    for e in envs:
+        out += [f"### host {e['host']} ({e['records']} record(s))", ""]
+        for k in ENV_KEYS:
+            if k == "topology":
+                continue
+            out.append(f"- {k}: {env_value(k, e['env'].get(k))}")
+        others = sorted(set(e["rank_hosts"]) - {e["host"]})
+        if others:
+            out.append(f"- other hosts in these runs: {', '.join(others)}")
+        if e["env"].get("topology"):
+            out += ["", "```", str(e["env"]["topology"]), "```"]
+        out.append("")
+    cmds = commands(report)
+    if cmds:
+        out += ["## Commands", "", "```"]
+        for what, status, cmd in cmds:
+            out += [f"# {what} ({status})", cmd]
+        out += ["```", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- csv
+
+CSV_COLUMNS = [
+    "group", "model", "flavor", "precision", "compile", "strategy", "batch_size_per_device", "label",
+    "device_type", "nnodes", "nproc_per_node", "devices", "global_batch", "status", "unit",
+    "median_samples_per_s", "mean_samples_per_s", "min_samples_per_s", "max_samples_per_s",
+    "stdev_samples_per_s", "n_repeats", "samples_per_s_per_device", "tokens_per_s", "speedup",
+    "scaling_efficiency", "baseline_record_id", "baseline_strategy", "mfu", "peak_mem_allocated_bytes",
+    "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90", "grad_accum", "strategy_options",
+    "superseded_records", "error", "case_key", "record_id", "created", "command",
+]
+
+
+def case_dict(group: Group, row: Row) -> dict[str, Any]:
+    cfg = rec_config(row.record)
+    base = group.baseline
+    return {
+        "group": group.name, "model": cfg.get("model"), "flavor": cfg.get("flavor"),
+        "precision": cfg.get("precision"), "compile": cfg.get("compile"), "strategy": cfg.get("strategy"),
+        "batch_size_per_device": cfg.get("batch_size"), "label": rec_label(row.record),
+        "device_type": group.device_type, "nnodes": row.nnodes, "nproc_per_node": row.nproc_per_node,
+        "devices": row.devices, "global_batch": row.record.get("global_batch"), "status": row.status,
+        "unit": group.unit, "median_samples_per_s": row.stat("median"), "mean_samples_per_s": row.stat("mean"),
+        "min_samples_per_s": row.stat("min"), "max_samples_per_s": row.stat("max"),
+        "stdev_samples_per_s": row.stat("stdev"), "n_repeats": row.stat("n"),
+        "samples_per_s_per_device": num(row.summary("samples_per_s_per_device")),
+        "tokens_per_s": num(row.summary("tokens_per_s")), "speedup": row.speedup,
+        "scaling_efficiency": row.efficiency,
+        "baseline_record_id": base.record.get("id") if base else None,
+        "baseline_strategy": base.strategy if base else None, "mfu": row.mfu,
+        "peak_mem_allocated_bytes": num(row.summary("peak_mem_allocated_bytes")),
+        "peak_mem_reserved_bytes": num(row.summary("peak_mem_reserved_bytes")),
+        "peak_rss_bytes": num(row.summary("peak_rss_bytes")),
+        "step_ms_p50": num(row.summary("step_ms_p50")), "step_ms_p90": num(row.summary("step_ms_p90")),
+        "grad_accum": cfg.get("grad_accum"),
+        "strategy_options": json.dumps(cfg.get("strategy_options") or {}, sort_keys=True),
+        "superseded_records": len(row.superseded), "error": row.error, "case_key": row.record.get("case_key"),
+        "record_id": row.record.get("id"), "created": row.record.get("created"),
+        "command": row.record.get("command"),
+    }
+
+
+def to_csv(report: Report) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for g in report.groups:
+        for r in g.own_rows:
+            d = case_dict(g, r)
+            if d["n_repeats"] is not None:
+                d["n_repeats"] = int(d["n_repeats"])
+            w.writerow({k: "" if v is None else v for k, v in d.items()})
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- json
+
+def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
+    n = row.stat("n")
+    return {
+        "average_speed": row.stat("mean"), "median_speed": row.stat("median"), "speedup": row.speedup,
+        "batch_size_per_device": group.batch_size,
+        # extras beyond DLPerf's four keys
+        "scaling_efficiency": row.efficiency, "status": row.status, "min_speed": row.stat("min"),
+        "max_speed": row.stat("max"), "stdev_speed": row.stat("stdev"),
+        "n_repeats": None if n is None else int(n), "unit": f"{group.unit}/s", "mfu": row.mfu,
+        "peak_mem_bytes": row.peak_mem, "global_batch": row.record.get("global_batch"),
+        "strategy": row.strategy, "baseline": row.borrowed, "record_id": row.record.get("id"),
+        "case_key": row.record.get("case_key"), "superseded_records": len(row.superseded),
+        "error": row.error,
+    }
+
+
+def to_json_obj(report: Report) -> dict[str, Any]:
+    dlperf: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    for g in report.groups:
+        entries: dict[str, Any] = {}
+        for r in g.rows:
+            key = r.node_gpu
+            if key in entries:  # a borrowed baseline next to this table's own (non-ok) 1-device case
+                key = f"{key}_{r.strategy}" if r.borrowed else key
+                if key in entries:
+                    continue
+            entries[key] = dlperf_entry(g, r)
+        dlperf[g.name] = entries
+        groups[g.name] = {
+            "title": g.title, "model": g.model, "flavor": g.get("flavor"), "precision": g.get("precision"),
+            "compile": g.get("compile"), "strategy": g.strategy, "batch_size_per_device": g.batch_size,
+            "label": g.label, "device_type": g.device_type, "unit": f"{g.unit}/s", "extras": g.extras,
+            "baseline_record_id": g.baseline.record.get("id") if g.baseline else None,
+            "baseline_strategy": g.baseline.strategy if g.baseline else None,
+        }
+    return {
+        "dlperf": dlperf,
+        "groups": groups,
+        "records": report.records,
+        "skipped_lines": report.loaded.skipped_lines,
+        "skipped": [{"file": f, "line": n, "reason": why} for f, n, why in report.loaded.load.skipped],
+        "malformed_records": report.loaded.malformed,
+        "store": report.store,
+        "generated": report.generated,
+        "filters": report.filters.describe() or None,
+        "selection": SELECTION_RULE,
+    }
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(to_json_obj(report), indent=2, sort_keys=False, default=str) + "\n"
+
+
+def relpath_for(path: str, output: str | None) -> str:
+    """How a Markdown file at ``output`` links to ``path``."""
+    if not output or output == "-":
+        return path
+    try:
+        return os.path.relpath(path, os.path.dirname(os.path.abspath(output)))
+    except ValueError:
+        return path
