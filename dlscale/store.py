@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import fcntl
 import json
+import math
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -65,7 +66,7 @@ class ResultStore:
             raise ConfigError(f"result store {self.root} is not writable: {e.strerror or e}") from None
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, sort_keys=True, default=_json_default, allow_nan=False) + "\n"
+        line = json.dumps(_finite(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n"
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -114,6 +115,17 @@ class ResultStore:
                     if kind is None or rec.get("kind") == kind:
                         out.records.append(rec)
         return out
+
+
+def _finite(o: Any) -> Any:
+    """NaN and infinities are not JSON: store them as null (a diverged loss reads as missing)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:

@@ -1,0 +1,169 @@
+"""Fast unit tests: statistics and formulas against hand-computed values, config validation, store."""
+import json
+import os
+
+import pytest
+
+from dlscale import ConfigError, metrics
+from dlscale.config import RunConfig, parse_injection
+from dlscale.store import SCHEMA, ResultStore, new_record, ok_case_keys
+
+# ../shared/published/mxnet-bert-base-v100.md: MXNet BERT-base fp32 b32, 7 runs per case
+PUBLISHED = {
+    "1n1g": ([149.88, 150.90, 150.04, 149.53, 150.12, 150.14, 150.11], 150.11, 150.10),
+    "1n2g": ([270.28, 268.86, 272.09, 273.02, 269.99, 271.05, 267.29], 270.28, 270.37),
+    "1n4g": ([538.91, 549.75, 536.96, 549.03, 533.45, 538.50, 537.05], 538.50, 540.52),
+    "1n8g": ([1047.02, 1050.76, 1075.79, 1036.56, 1058.60, 1075.74, 1061.91], 1058.60, 1058.05),
+    "4n8g": ([3698.92, 3673.42, 3658.23, 3666.21, 3671.45, 3668.26, 3693.44], 3671.45, 3675.70),
+}
+# the published speedups of the same table
+PUBLISHED_SPEEDUP = {"1n2g": (2, 1.80), "1n4g": (4, 3.59), "1n8g": (8, 7.05), "4n8g": (32, 24.46)}
+
+
+@pytest.mark.parametrize("case", sorted(PUBLISHED))
+def test_summarize_reproduces_published_median_and_mean(case):
+    runs, median, mean = PUBLISHED[case]
+    s = metrics.summarize(runs)
+    assert s["n"] == 7
+    assert round(s["median"], 2) == median
+    assert round(s["mean"], 2) == mean
+    assert s["min"] == min(runs) and s["max"] == max(runs)
+
+
+@pytest.mark.parametrize("case", sorted(PUBLISHED_SPEEDUP))
+def test_speedup_and_efficiency_reproduce_published(case):
+    devices, published = PUBLISHED_SPEEDUP[case]
+    base = metrics.summarize(PUBLISHED["1n1g"][0])["median"]
+    med = metrics.summarize(PUBLISHED[case][0])["median"]
+    sp = metrics.speedup(med, base)
+    assert round(sp, 2) == published
+    assert metrics.scaling_efficiency(sp, devices) == pytest.approx(sp / devices)
+
+
+def test_speedup_without_baseline_is_missing():
+    assert metrics.speedup(100.0, None) is None
+    assert metrics.scaling_efficiency(None, 4) is None
+
+
+def test_stdev_is_sample_stdev():
+    # values 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sum of squares 32, sample variance 32/7
+    s = metrics.summarize([2, 4, 4, 4, 5, 5, 7, 9])
+    assert s["stdev"] == pytest.approx((32 / 7) ** 0.5)
+    assert metrics.summarize([3.0])["stdev"] == 0.0
+    assert metrics.summarize([])["median"] is None
+
+
+def test_percentile_linear_interpolation():
+    xs = [10, 20, 30, 40]
+    assert metrics.percentile(xs, 50) == 25  # halfway between 20 and 30
+    assert metrics.percentile(xs, 90) == pytest.approx(37)  # pos 2.7: 30 + 0.7 * 10
+    assert metrics.percentile(xs, 0) == 10 and metrics.percentile(xs, 100) == 40
+    with pytest.raises(ValueError):
+        metrics.percentile([], 50)
+
+
+def test_throughput_and_mfu_by_hand():
+    # 100 steps x global batch 32 in 8 s = 400 samples/s
+    assert metrics.throughput(100, 32, 8.0) == 400.0
+    # GPT-2 124M: 875.69 GFLOP/sample at 458 seq/s on a 989.4 TFLOP/s device = 40.5 %
+    assert metrics.mfu(875_690_459_136, 458, 989.4e12) == pytest.approx(0.4054, abs=1e-4)
+    assert metrics.mfu(1e9, 100, None) is None
+
+
+def test_peak_table():
+    assert metrics.peak_flops("NVIDIA H200", "bf16")[0] == 989.4e12
+    assert metrics.peak_flops("NVIDIA H100 80GB HBM3", "tf32")[0] == 494.7e12
+    assert metrics.peak_flops("NVIDIA H100 PCIe", "bf16")[0] == 756e12
+    assert metrics.peak_flops("NVIDIA A100-SXM4-80GB", "fp16")[0] == 312e12
+    assert metrics.peak_flops("Tesla V100-SXM2-16GB", "bf16") == (None, None)  # no bf16 on Volta
+    assert metrics.peak_flops("cpu", "fp32") == (None, None)
+    assert metrics.peak_flops(None, "bf16") == (None, None)
+    value, source = metrics.peak_flops("NVIDIA H200", "bf16")
+    assert "datasheet" in source
+    assert metrics.precision_dtype("fp32", "cuda") == "tf32"
+    assert metrics.precision_dtype("fp32", "cpu") == "fp32"
+    assert metrics.precision_dtype("amp-fp16", "cuda") == "fp16"
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("batch_size", 0, "batch-size must be >= 1"),
+    ("steps", 0, "steps must be >= 1"),
+    ("grad_accum", 0, "grad-accum must be >= 1"),
+    ("repeats", -1, "repeats must be >= 1"),
+    ("warmup", -1, "warmup must be >= 0"),
+    ("precision", "fp8", "unknown precision 'fp8'; choose one of: fp32, amp-bf16, amp-fp16"),
+    ("device", "tpu", "unknown device 'tpu'"),
+    ("clip_grad_norm", 0.0, "clip-grad-norm must be > 0"),
+    ("time_limit", 0, "time-limit must be > 0"),
+    ("batch_size", True, "batch-size must be an integer"),
+])
+def test_config_rejects_bad_values(field, value, fragment):
+    with pytest.raises(ConfigError) as e:
+        RunConfig(**{field: value})
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_config_roundtrip_and_case_key():
+    cfg = RunConfig(model="bert-base", batch_size=32, repeats=3)
+    again = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    # repeats and labels do not change what is measured; batch size does
+    assert RunConfig(model="bert-base", batch_size=32, repeats=7, label="x").case_key() == cfg.case_key()
+    assert RunConfig(model="bert-base", batch_size=64).case_key() != cfg.case_key()
+    with pytest.raises(ConfigError, match="unknown config key"):
+        RunConfig.from_dict({"modle": "gpt2"})
+
+
+def test_injection_parsing():
+    assert parse_injection("oom@3:1") == ("oom", 3, 1)
+    assert parse_injection("crash@0") == ("crash", 0, None)
+    for bad in ("boom@1", "oom", "oom@x"):
+        with pytest.raises(ConfigError):
+            parse_injection(bad)
+
+
+def test_store_append_load_and_torn_lines(tmp_path):
+    store = ResultStore(tmp_path / "st")
+    a = new_record("run", status="ok", case_key="k1", value=1)
+    store.append(a)
+    # a killed writer leaves a torn line without newline; a foreign line sneaks in too
+    with open(store.file, "a") as f:
+        f.write('{"not": "ours"}\n')
+        f.write('{"schema": "' + SCHEMA + '", "kind": "run", "trunc')
+    b = new_record("run", status="oom", case_key="k2", value=2)
+    store.append(b)  # must start on a fresh line, leaving only the torn one broken
+    loaded = store.load()
+    assert [r["id"] for r in loaded.records] == [a["id"], b["id"]]
+    assert len(loaded.skipped) == 2
+    assert "skipped 2 unreadable line(s)" in loaded.warning()
+    assert ok_case_keys(loaded.records) == {"k1"}
+    assert store.load(kind="micro").records == []
+
+
+def test_store_never_rewrites(tmp_path):
+    store = ResultStore(tmp_path)
+    store.append(new_record("run", status="ok"))
+    before = store.file.read_bytes()
+    store.append(new_record("run", status="ok"))
+    after = store.file.read_bytes()
+    assert after.startswith(before) and len(after) > len(before)
+
+
+def test_store_unwritable_is_config_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        ResultStore(blocker / "sub").check_writable()
+    if os.geteuid() != 0:  # root ignores permission bits
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ConfigError):
+            ResultStore(ro / "x").check_writable()
+
+
+def test_store_rejects_nan(tmp_path):
+    store = ResultStore(tmp_path)
+    store.append(new_record("run", status="ok", loss=float("nan")))
+    rec = store.load().records[0]
+    assert rec["loss"] is None

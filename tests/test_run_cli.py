@@ -1,0 +1,169 @@
+"""`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dlscale.store import ResultStore
+
+FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1"]
+
+
+def dlscale(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "dlscale", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_record(store_dir):
+    recs = ResultStore(store_dir).load().records
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--model", "resnet51"], "unknown model 'resnet51'; choose one of: bert-base, gpt2"),
+    (["--strategy", "zero9"], "unknown strategy 'zero9'; choose one of:"),
+    (["--precision", "fp8"], "unknown precision 'fp8'; choose one of: fp32, amp-bf16, amp-fp16"),
+    (["--batch-size", "0"], "batch-size must be >= 1"),
+    (["--steps", "0"], "steps must be >= 1"),
+    (["--grad-accum", "0"], "grad-accum must be >= 1"),
+    (["--strategy", "single", "--nproc-per-node", "2"], "strategy single runs one process"),
+    (["--device", "cuda"], "no CUDA GPU is visible"),
+    (["--option", "bucket_cap"], "--option must look like KEY=VALUE"),
+    (["--strategy", "ddp", "-o", "bucket=3"], "unknown ddp option(s) bucket"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_stored(tmp_path, capsys, argv, fragment):
+    from dlscale.cli import main
+
+    store = tmp_path / "store"
+    try:
+        code = main(["run", "--flavor", "tiny", "--store", str(store), *argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlscale: error:"), err
+    assert fragment in lines[0]
+    assert not (store / "results.jsonl").exists() or ResultStore(store).load().records == []
+
+
+def test_unwritable_store_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    t = time.monotonic()
+    p = dlscale("run", "--model", "gpt2", *FAST, "--store", str(blocker / "st"), timeout=60)
+    assert p.returncode == 2 and "not writable" in p.stderr
+    assert "rank 0" not in p.stdout  # no worker was started
+    assert time.monotonic() - t < 30
+
+
+def test_help_lists_every_option_with_default(capsys):
+    from dlscale.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--model", "--strategy", "--nproc-per-node", "--batch-size", "--precision", "--compile",
+                "--clip-grad-norm", "--grad-accum", "--warmup", "--steps", "--repeats", "--time-limit",
+                "--store"):
+        assert opt in out
+    assert "(default: 20)" in out and "(default: 100)" in out and "(default: 5)" in out
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert-base"])
+def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
+    """2-process gloo DDP with batch 4 each trains exactly like one process with batch 8."""
+    common = ["--model", model, *FAST, "--warmup", "3", "--steps", "2", "--json"]
+    single = dlscale("run", *common, "--strategy", "single", "--batch-size", "8", "--store", str(tmp_path / "a"))
+    ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
+                  "--store", str(tmp_path / "b"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    rs, rd = one_record(tmp_path / "a"), one_record(tmp_path / "b")
+    # 3 warm-up + 2 timed optimizer steps, then the loss of the trained model on the same data
+    ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
+    assert ls is not None and ld == pytest.approx(ls, rel=1e-4)
+    # the first step's loss (before any update) averages the same samples
+    assert rd["repeats"][0]["warmup_losses"][0] == pytest.approx(rs["repeats"][0]["warmup_losses"][0], rel=0.05)
+
+    # the record of the DDP run holds what DESIGN.md requires
+    assert rd["status"] == "ok" and rd["error"] is None
+    assert rd["world_size"] == 2 and rd["global_batch"] == 8
+    assert [r["rank"] for r in rd["ranks"]] == [0, 1]
+    assert all(r["device"] == "cpu" and r["host"] for r in rd["ranks"])
+    env = rd["env"]
+    for key in ("dlscale", "git_sha", "torch", "cuda", "nccl", "driver", "gpus", "host", "cpu", "topology"):
+        assert key in env
+    rep = rd["repeats"][0]
+    assert len(rep["step_times_ms"]) == 2 and all(t > 0 for t in rep["step_times_ms"])
+    assert rep["samples_per_s"] == pytest.approx(2 * 8 / rep["window_s"])
+    s = rd["summary"]
+    assert s["samples_per_s"]["median"] == rep["samples_per_s"]
+    assert s["mfu"] is None and s["peak_flops"] is None  # no peak known for a CPU
+    assert s["tokens_per_s"] == pytest.approx(s["samples_per_s"]["median"] * rd["model"]["seq_len"])
+    assert rd["model"]["params"] > 0 and rd["model"]["flops_per_sample"] > 0
+    assert rd["config"]["model"] == model and rd["case_key"]
+
+
+def test_repeats_table_and_grad_accum(tmp_path):
+    p = dlscale("run", "--model", "resnet50", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+                "--strategy", "single", "--batch-size", "4", "--grad-accum", "2", "--clip-grad-norm", "1.0",
+                "--warmup", "1", "--steps", "3", "--repeats", "2", "--store", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "#   grad_accum         : 2" in out  # the header repeats every parameter
+    assert "#   rank 0/1" in out and "repeat 2/2" in out
+    assert "samples/s" in out and "p90 ms" in out and "record " in out
+    rec = one_record(tmp_path)
+    assert rec["global_batch"] == 8
+    assert rec["summary"]["samples_per_s"]["n"] == 2
+    assert len(rec["repeats"]) == 2
+
+
+def test_injected_oom_in_one_rank_records_oom_exit_3(tmp_path):
+    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
+                "--batch-size", "2", "--warmup", "2", "--steps", "2", "--inject-failure", "oom@1:1",
+                "--store", str(tmp_path))
+    assert p.returncode == 3, p.stderr[-2000:]
+    rec = one_record(tmp_path)
+    assert rec["status"] == "oom"
+    assert rec["error"].startswith("rank 1:") and "out-of-memory" in rec["error"]
+    assert rec["summary"] is None
+
+
+def test_crash_records_failed_exit_5(tmp_path):
+    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
+                "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0",
+                "--repeats", "3", "--store", str(tmp_path))
+    assert p.returncode == 5, p.stderr[-2000:]
+    rec = one_record(tmp_path)
+    assert rec["status"] == "failed" and "rank 0" in rec["error"] and "injected crash" in rec["error"]
+    assert len(rec["repeats"]) == 1  # a failed repeat stops the case
+
+
+def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
+    t = time.monotonic()
+    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
+                "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "hang@1:1",
+                "--time-limit", "20", "--store", str(tmp_path))
+    elapsed = time.monotonic() - t
+    assert p.returncode == 4, p.stderr[-2000:]
+    assert elapsed < 60
+    rec = one_record(tmp_path)
+    assert rec["status"] == "timeout" and "time limit" in rec["error"]
+    # nothing of the killed case may survive
+    left = subprocess.run(["pgrep", "-f", "dlscale.worker"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_json_output_and_env_command(tmp_path):
+    p = dlscale("env", "--json", timeout=60)
+    assert p.returncode == 0
+    env = json.loads(p.stdout)
+    assert env["torch"] and env["host"] and env["cpu_count"] >= 1
+    text = dlscale("env", timeout=60).stdout
+    assert "torch:" in text and "gpus:" in text
