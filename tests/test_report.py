@@ -70,12 +70,13 @@ def test_markdown_dlperf_tables(store, capsys):
     rc, out, err = cli(capsys, "report", str(store))
     assert rc == 0, err
     t = md_tables(out)
-    # node_num, gpu_num, median, speedup, efficiency %, MFU %, peak mem GiB, min-max, stdev, n
+    # node_num, gpu_num, median, speedup, efficiency %, MFU %, peak mem GiB, min-max, stdev, n,
+    # then (these records carry utilisation and breakdown) GPU util %, CPU util %, exposed comm %, overlap %
     assert t[DDP] == [
-        ["1", "1", "100.00", "1.00", "100.0", "40.0", "10.00", "98.00–102.00", "1.58", "5"],
-        ["1", "2", "190.00", "1.90", "95.0", "38.0", "10.50", "186.00–194.00", "3.16", "5"],
-        ["1", "4", "360.00", "3.60", "90.0", "36.0", "11.00", "352.00–368.00", "6.32", "5"],
-        ["2", "8", "TIMEOUT"] + ["—"] * 7,
+        ["1", "1", "100.00", "1.00", "100.0", "40.0", "10.00", "98.00–102.00", "1.58", "5", "95.0", "30.0", "—", "—"],
+        ["1", "2", "190.00", "1.90", "95.0", "38.0", "10.50", "186.00–194.00", "3.16", "5", "88.3", "30.0", "5.2", "80.0"],
+        ["1", "4", "360.00", "3.60", "90.0", "36.0", "11.00", "352.00–368.00", "6.32", "5", "80.8", "30.0", "11.1", "80.0"],
+        ["2", "8", "TIMEOUT"] + ["—"] * 11,
     ]
     # OOM batch sizes are listed with their status, never numbers
     assert t[B256] == [["1", "1", "OOM"] + ["—"] * 7, ["1", "2", "OOM"] + ["—"] * 7]

@@ -140,7 +140,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         from dlscale.report.html import to_html
 
-        text = to_html(report, [] if args.no_plots else plots)
+        text = to_html(report, [] if args.no_plots else plots, output=output)
     _write(output, text, [loaded])
     return 0
 

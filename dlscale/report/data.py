@@ -130,6 +130,64 @@ def step_times(rec: dict[str, Any]) -> list[list[float]]:
     return out
 
 
+def median_repeat_entry(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The repeat the record's ``utilisation``/``breakdown``/``trace`` come from.
+
+    ``record["median_repeat"]`` (a repeat number) when the runner stored it; otherwise the ok
+    repeat with the median samples/s (the lower middle one for an even count), as the runner picks it.
+    """
+    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict)]
+    idx = rec.get("median_repeat")
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        for r in reps:
+            if r.get("repeat") == idx:
+                return r
+    ok = sorted((r for r in reps if r.get("status", "ok") == "ok" and num(r.get("samples_per_s")) is not None),
+                key=lambda r: num(r.get("samples_per_s")))
+    return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def series_paths(rec: dict[str, Any]) -> list[str]:
+    """The median repeat's utilisation series files (relative to the store directory), node 0 first."""
+    rep = median_repeat_entry(rec)
+    paths = [p for p in (rep.get("series") or []) if isinstance(p, str) and p] if rep else []
+
+    def rank_of(p: str) -> tuple[int, str]:
+        m = re.search(r"rank(\d+)", Path(p).name)
+        return (int(m.group(1)) if m else 1 << 30, p)
+
+    return sorted(paths, key=rank_of)
+
+
+def resolve_store_path(store_dir: str | Path | None, rel: str) -> Path:
+    """A path the record gives relative to the store directory (absolute paths stay as they are)."""
+    return Path(rel) if store_dir is None else Path(store_dir) / rel
+
+
+def read_series(path: str | Path) -> list[dict[str, Any]]:
+    """The samples of a utilisation series file (JSON lines with a numeric "t"), in time order.
+
+    Never raises: a missing or unreadable file gives [], unreadable lines are skipped.
+    """
+    out = []
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    s = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(s, dict) and num(s.get("t")) is not None:
+                    out.append(s)
+    except OSError:
+        return []
+    out.sort(key=lambda s: s["t"])
+    return out
+
+
 def _check_record(rec: dict[str, Any]) -> str | None:
     """Why a schema-tagged record cannot be reported, or None."""
     kind = rec.get("kind")
@@ -155,6 +213,12 @@ class Loaded:
     records: list[dict[str, Any]]
     load: LoadResult
     malformed: list[str] = field(default_factory=list)
+
+    @property
+    def store_dir(self) -> str:
+        """The directory that record paths (series files, traces) are relative to."""
+        p = Path(self.store)
+        return str(p.parent if p.is_file() else p)
 
     @property
     def skipped_lines(self) -> int:
@@ -301,6 +365,38 @@ class Row:
             v = max(vs) if vs else None
         return v
 
+    def util(self, key: str) -> float | None:
+        """A flat key of the record's ``utilisation`` summary (median repeat, node 0), or None."""
+        u = self.record.get("utilisation")
+        return num(u.get(key)) if isinstance(u, dict) else None
+
+    @property
+    def breakdown(self) -> dict[str, Any] | None:
+        """The record's step-time breakdown when it was measured (``supported`` not false)."""
+        b = self.record.get("breakdown")
+        return b if isinstance(b, dict) and b.get("supported", True) is not False else None
+
+    @property
+    def exposed_comm_pct(self) -> float | None:
+        """Exposed (not overlapped) gradient communication, % of the breakdown's step time."""
+        b = self.breakdown
+        if not b:
+            return None
+        exposed, step = num(b.get("exposed_comm_ms")), num(b.get("step_ms"))
+        return None if exposed is None or not step or step <= 0 else exposed / step * 100.0
+
+    @property
+    def overlap_pct(self) -> float | None:
+        """Share of the all-reduce time hidden behind backward computation, in %."""
+        b = self.breakdown
+        r = num(b.get("overlap_ratio")) if b else None
+        return None if r is None else r * 100.0
+
+    @property
+    def trace(self) -> str | None:
+        t = self.record.get("trace")
+        return t if isinstance(t, str) and t else None
+
     @property
     def error(self) -> str | None:
         e = self.record.get("error")
@@ -340,6 +436,7 @@ class Group:
     baseline: Row | None = None
     name: str = ""  # the DLPerf JSON key
     extras: dict[str, Any] = field(default_factory=dict)  # fields that tell this table from its model's others
+    store_dir: str | None = None  # where the records' relative paths (series, traces) point
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -561,6 +658,8 @@ def build_report(loaded: Loaded, filters: Filters | None = None) -> Report:
     groups.sort(key=_group_sort_key)
     assign_names(groups)
     groups = [g for g in groups if filters.match_group(g)]
+    for g in groups:
+        g.store_dir = loaded.store_dir
     if not groups and not micro:
         what = filters.describe()
         models = sorted({str(rec_config(r).get("model")) for r in loaded.records if r.get("kind") == "run"})

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import base64
+import os
 from html import escape
+from pathlib import Path
 from typing import Any, Sequence
 
 import dlscale
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, commands, env_value, environments,
-                                   group_notes, micro_cell, micro_columns, micro_title, table_cells,
-                                   table_columns)
+from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, commands, env_value,
+                                   environments, extra_columns, group_notes, micro_cell, micro_columns,
+                                   micro_title, table_cells, table_columns, trace_path)
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -29,6 +31,9 @@ a { color:var(--accent); }
 table { border-collapse:collapse; margin:6px 0 4px; font-size:13px; font-variant-numeric:tabular-nums; }
 th, td { border:1px solid var(--line); padding:4px 9px; text-align:right; vertical-align:top; }
 table.dlperf td { white-space:nowrap; }
+.tablewrap { max-width:100%; overflow-x:auto; }
+.wide table { font-size:12px; }
+.wide th, .wide td { padding:3px 5px; }
 th { background:var(--head); font-weight:600; }
 th.l, td.l { text-align:left; }
 tbody tr:nth-child(even) { background:#fafbfc; }
@@ -91,7 +96,31 @@ def _figures(plots: Sequence[Plot]) -> str:
     return "".join(out)
 
 
-def to_html(report: Report, plots: Sequence[Plot] = ()) -> str:
+def _trace_href(path: str, output: str | None) -> str:
+    """A link to a trace file: relative to the HTML file when its location is known, else file://."""
+    absolute = Path(os.path.abspath(path))
+    if output and output != "-":
+        try:
+            return Path(os.path.relpath(absolute, os.path.dirname(os.path.abspath(output)))).as_posix()
+        except ValueError:
+            pass
+    return absolute.as_uri()
+
+
+def _trace_items(g, output: str | None) -> list[str]:
+    out = []
+    for r in g.own_rows:
+        tp = trace_path(g, r) if r.ok else None
+        if not tp:
+            continue
+        gone = "" if os.path.isfile(tp) else "; the file is missing"
+        out.append(f'<li class="trace">{_e(r.node_gpu)}: profiler trace <a href="{_e(_trace_href(tp, output))}">'
+                   f"<code>{_e(tp)}</code></a> ({_e(TRACE_HINT)}{_e(gone)})</li>")
+    return out
+
+
+def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = None) -> str:
+    """The page; ``output`` (where it will be written) makes the links to profiler traces relative."""
     by_key: dict[str, list[Plot]] = {}
     for p in plots:
         if "png" in p.data:
@@ -132,9 +161,12 @@ def to_html(report: Report, plots: Sequence[Plot] = ()) -> str:
         body.append(f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>')
         body.append(f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
                     f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>")
-        body.append(_table(table_columns(g), rows, row_classes=rclasses, cell_classes=cclasses,
-                           cell_titles=titles, cls="dlperf"))
-        body.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in group_notes(g)) + "</ul>")
+        wrap = "tablewrap wide" if extra_columns(g) else "tablewrap"  # utilisation columns: tighter cells
+        body.append(f'<div class="{wrap}">' + _table(table_columns(g), rows, row_classes=rclasses,
+                                                     cell_classes=cclasses, cell_titles=titles, cls="dlperf")
+                    + "</div>")
+        notes = [f"<li>{_e(n)}</li>" for n in group_notes(g, traces=False)] + _trace_items(g, output)
+        body.append('<ul class="notes">' + "".join(notes) + "</ul>")
         body.append(_figures(by_key.get(g.name, [])))
         body.append("</section>")
 

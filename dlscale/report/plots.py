@@ -3,8 +3,9 @@
 Per table: throughput vs devices (with the ideal linear line from the baseline), speedup vs the
 ideal line, scaling-efficiency bars, the per-step time distribution (a box per device count over
 all steps of all repeats, with each repeat's median as a dot), and, only where records carry them,
-a stacked step-time breakdown and utilisation bars. Per micro record: a line plot from its
-``plot`` spec.
+a stacked step-time breakdown, utilisation bars, and the utilisation over time of one case (the
+largest ok case whose median repeat left a readable series file in the store). Per micro record: a
+line plot from its ``plot`` spec.
 """
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlscale import ConfigError
-from dlscale.report.data import Group, Report, num, step_times
-from dlscale.report.render import micro_title
+from dlscale.report.data import (Group, Report, Row, median_repeat_entry, num, read_series,
+                                 resolve_store_path, series_paths, step_times)
+from dlscale.report.render import MB, micro_title
 
-BREAKDOWN_PARTS = (("data_ms", "data"), ("forward_ms", "forward"), ("backward_ms", "backward"),
-                   ("optimizer_ms", "optimizer"), ("exposed_comm_ms", "exposed comm"))
+# stacked bottom to top; backward_ms includes the exposed communication, so it is split in two
+BREAKDOWN_PARTS = ("data", "forward", "backward compute", "exposed comm", "optimizer")
+BREAKDOWN_COLORS = {"data": "#8c564b", "forward": "#1f77b4", "backward compute": "#2ca02c",
+                    "exposed comm": "#d62728", "optimizer": "#ff7f0e"}
 UTIL_PARTS = (("gpu_util_pct_mean", "GPU util (%)"), ("gpu_mem_util_pct_mean", "GPU mem util (%)"),
               ("cpu_util_pct_mean", "CPU util (%)"))
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -64,6 +68,125 @@ def _device_axis(ax, xs: Sequence[int]) -> None:
         ax.minorticks_off()
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel("devices")
+
+
+def breakdown_segments(b: dict[str, Any]) -> list[tuple[str, float]]:
+    """(part, ms) bottom to top: data, forward, backward compute, exposed comm, optimizer.
+
+    The breakdown's ``backward_ms`` includes the exposed communication (``exposed_comm_ms``, null on
+    one device), so the backward bar is split into ``backward_ms - exposed`` and ``exposed``; the
+    stack then sums to ``data + forward + backward + optimizer``, which is the breakdown's ``step_ms``.
+    """
+    data, fwd, bwd, opt = (num(b.get(k)) or 0.0 for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"))
+    exposed = min(max(num(b.get("exposed_comm_ms")) or 0.0, 0.0), max(bwd, 0.0))
+    return list(zip(BREAKDOWN_PARTS, (data, fwd, bwd - exposed, exposed, opt)))
+
+
+def _nan(v: Any) -> float:
+    x = num(v)
+    return float("nan") if x is None else x
+
+
+def _gpus(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    gpus = sample.get("gpus")
+    return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+
+
+def _gpu_stat(sample: dict[str, Any], key: str) -> tuple[float, float, float]:
+    """Mean, min and max over the sample's GPUs of one per-GPU field (NaN when none reports it)."""
+    vals = [num(g.get(key)) for g in _gpus(sample)]
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return float("nan"), float("nan"), float("nan")
+    return sum(vals) / len(vals), min(vals), max(vals)
+
+
+def over_time_plot(g: Group, row: Row, rel: str, samples: list[dict[str, Any]],
+                   formats: Sequence[str]) -> Plot | None:
+    """GPU and CPU utilisation (%) and disk/network MB/s against time, from one series file."""
+    import math
+
+    from matplotlib.figure import Figure
+
+    t0 = samples[0]["t"]
+    x = [s["t"] - t0 for s in samples]
+    gpu = [_gpu_stat(s, "util_pct") for s in samples]
+    gpu_mem = [_gpu_stat(s, "mem_util_pct")[0] for s in samples]
+    cpu = [_nan(s.get("cpu_util_pct")) for s in samples]
+    n_gpus = max((len(_gpus(s)) for s in samples), default=0)
+    # (label, values, colour, line style); a series no sample reports is left out
+    pct = [(f"GPU util (mean of {n_gpus} GPUs)" if n_gpus > 1 else "GPU util", [m for m, _, _ in gpu], COLORS[0], "-"),
+           ("GPU mem util", gpu_mem, COLORS[4], "-"), ("CPU util (host)", cpu, COLORS[1], "-")]
+    pct = [p for p in pct if any(not math.isnan(y) for y in p[1])]
+    # rx dashed: with loopback traffic (one node) tx and rx are the same line
+    rates = [(name, [_nan(s.get(key)) / MB for s in samples], color, ls)
+             for key, name, color, ls in (("net_sent_bps", "net tx", COLORS[2], "-"),
+                                          ("net_recv_bps", "net rx", COLORS[3], "--"),
+                                          ("disk_read_bps", "disk read", COLORS[5], "-"),
+                                          ("disk_write_bps", "disk write", COLORS[6], "--"))]
+    rates = [p for p in rates if any(not math.isnan(y) for y in p[1])]
+    if not pct and not rates:
+        return None
+    panels = [p for p in (pct, rates) if p]
+    fig = Figure(figsize=(5.6, 3.0 + 1.6 * len(panels)), dpi=100)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": [3, 2][:len(panels)]})[:, 0]
+    rep = median_repeat_entry(row.record) or {}
+    ww = rep.get("window_wall")
+    window = None
+    if isinstance(ww, (list, tuple)) and len(ww) == 2 and all(num(v) is not None for v in ww):
+        window = (num(ww[0]) - t0, num(ww[1]) - t0)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        if window:
+            ax.axvspan(*window, color="#999", alpha=0.15, label="timed window" if ax is axes[0] else None)
+    if pct:
+        ax = axes[0]
+        for name, ys, color, ls in pct:
+            ax.plot(x, ys, ls, lw=1.2, color=color, label=name)
+        if n_gpus > 1 and pct[0][0].startswith("GPU util"):
+            ax.fill_between(x, [lo for _, lo, _ in gpu], [hi for _, _, hi in gpu], color=COLORS[0], alpha=0.2,
+                            lw=0, label="GPU util min–max over GPUs")
+        ax.set_ylabel("utilisation (%)")
+        ax.set_ylim(0, 135)  # the legend sits above 100 %
+        ax.set_yticks(range(0, 101, 20))
+        ax.legend(fontsize=7, ncol=2, loc="upper center")
+    if rates:
+        ax = axes[-1]
+        for name, ys, color, ls in rates:
+            ax.plot(x, ys, ls, lw=1.0, color=color, label=name)
+        ax.set_ylabel("MB/s")
+        top = max((y for _, ys, _, _ in rates for y in ys if not math.isnan(y)), default=0.0)
+        ax.set_ylim(0, top * 1.5 if top > 0 else 1.0)
+        ax.legend(fontsize=7, ncol=4, loc="upper center")
+    axes[-1].set_xlabel("seconds since the first sample")
+    which = f"median repeat {rep.get('repeat')}" if rep.get("repeat") is not None else "median repeat"
+    _title(axes[0], f"Utilisation over time: {g.title} · {row.node_gpu}, {which} · {Path(rel).name}")
+    return Plot(g.name, f"{g.slug}__utilisation_over_time", f"utilisation over time ({row.node_gpu}, {which})",
+                _save(fig, formats))
+
+
+def utilisation_over_time(g: Group, formats: Sequence[str]) -> Plot | None:
+    """The over-time plot of the table's largest ok case with a readable series file, or None.
+
+    Series paths are relative to the store directory; a missing or unreadable file is passed over
+    (the table's notes name missing files), never an error.
+    """
+    if g.store_dir is None:
+        return None
+    rows = sorted((r for r in g.own_rows if r.ok), key=lambda r: (-r.devices, -r.nnodes))
+    for r in rows:
+        for rel in series_paths(r.record):
+            samples = read_series(resolve_store_path(g.store_dir, rel))
+            if len(samples) < 2:
+                continue
+            try:
+                p = over_time_plot(g, r, rel, samples, formats)
+            except (TypeError, ValueError, OverflowError):  # odd values in a foreign or damaged file
+                p = None
+            if p is not None:
+                return p
+    return None
 
 
 def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
@@ -147,20 +270,28 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
         _title(ax, f"Per-step time over all repeats: {g.title}")
         plots.append(Plot(g.name, f"{g.slug}__step_times", "per-step time distribution", _save(fig, formats)))
 
-    bd = [(r, r.record.get("breakdown")) for r in ok]
-    bd = [(r, b) for r, b in bd if isinstance(b, dict) and any(num(b.get(k)) for k, _ in BREAKDOWN_PARTS)]
+    bd = [(r, r.breakdown) for r in ok]
+    bd = [(r, b) for r, b in bd if b and any(v > 0 for _, v in breakdown_segments(b))]
     if bd:
         fig, ax = _figure()
         bottom = [0.0] * len(bd)
-        for (key, name), color in zip(BREAKDOWN_PARTS, COLORS):
-            vals = [num(b.get(key)) or 0.0 for _, b in bd]
+        segs = [dict(breakdown_segments(b)) for _, b in bd]
+        for name in BREAKDOWN_PARTS:
+            vals = [sg[name] for sg in segs]
             if any(vals):
-                ax.bar(range(len(bd)), vals, bottom=bottom, label=name, color=color)
+                ax.bar(range(len(bd)), vals, bottom=bottom, label=name, color=BREAKDOWN_COLORS[name])
                 bottom = [x + v for x, v in zip(bottom, vals)]
         steps = [num(b.get("step_ms")) for _, b in bd]
         if any(s is not None for s in steps):
             ax.scatter([i for i, s in enumerate(steps) if s is not None], [s for s in steps if s is not None],
-                       marker="_", s=400, color="black", zorder=3, label="measured step")
+                       marker="_", s=400, color="black", zorder=3, label="breakdown step_ms")
+        timed = [r.summary("step_ms_p50") for r, _ in bd]
+        timed = [num(t) for t in timed]
+        if any(t is not None for t in timed):
+            ax.scatter([i for i, t in enumerate(timed) if t is not None], [t for t in timed if t is not None],
+                       marker="D", s=22, facecolors="none", edgecolors="black", zorder=3,
+                       label="timed-window step (p50)")
+        steps = steps + timed
         ax.set_xticks(range(len(bd)), [r.node_gpu for r, _ in bd])
         ax.set_xlabel("nodes × devices per node")
         ax.set_ylabel("time per step (ms)")
@@ -186,6 +317,10 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
         ax.legend(fontsize=8, ncol=2, loc="upper left")
         _title(ax, f"Utilisation: {g.title}")
         plots.append(Plot(g.name, f"{g.slug}__utilisation", "utilisation", _save(fig, formats)))
+
+    over_time = utilisation_over_time(g, formats)
+    if over_time is not None:
+        plots.append(over_time)
     return plots
 
 

@@ -6,13 +6,16 @@ import io
 import json
 import os
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from dlscale.report.data import SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label
+from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
+                                 resolve_store_path, series_paths)
 
 MISSING = "—"
 STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
+MB = 1e6  # disk and network rates are in MB/s (10^6 bytes/s)
+TRACE_HINT = "open in chrome://tracing or ui.perfetto.dev"
 METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record of the same workload "
                "(same model, flavor, precision, compile, per-device batch; any strategy); scaling "
                "efficiency = speedup ÷ devices. Both are computed from the stored records at report time.")
@@ -32,21 +35,57 @@ def count_header(group: Group) -> str:
     return "gpu_num" if group.device_type == "cuda" else "proc_num"
 
 
+def _scaled(v: float | None, scale: float) -> float | None:
+    return None if v is None else v / scale
+
+
+# Utilisation and breakdown columns: (header, the row's value(s)). A column is shown only when some
+# ok row of the table has a value for it; a pair ("a / b") when either half is known.
+EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...] = (
+    ("GPU util (%)", lambda r: (r.util("gpu_util_pct_mean"),)),
+    ("CPU util (%)", lambda r: (r.util("cpu_util_pct_mean"),)),
+    ("host mem (GiB)", lambda r: (_scaled(r.util("host_mem_used_bytes_mean"), GIB),)),
+    ("disk r/w (MB/s)", lambda r: (_scaled(r.util("disk_read_bps_mean"), MB),
+                                   _scaled(r.util("disk_write_bps_mean"), MB))),
+    ("net tx/rx (MB/s)", lambda r: (_scaled(r.util("net_sent_bps_mean"), MB),
+                                    _scaled(r.util("net_recv_bps_mean"), MB))),
+    ("exposed comm (%)", lambda r: (r.exposed_comm_pct,)),
+    ("overlap (%)", lambda r: (r.overlap_pct,)),
+)
+EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
+              "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
+              "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
+              "all-reduce hidden behind backward, from the step-time breakdown measured after the window")
+
+
+def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float | None, ...]]]]:
+    """The utilisation/breakdown columns some ok row of this table has data for."""
+    ok = [r for r in group.rows if r.ok]
+    return [(h, f) for h, f in EXTRA_COLUMNS if any(v is not None for r in ok for v in f(r))]
+
+
+def _extra_cell(values: tuple[float | None, ...]) -> str:
+    if all(v is None for v in values):
+        return MISSING
+    return " / ".join(fmt(v, 1) for v in values)
+
+
 def table_columns(group: Group) -> list[str]:
     u = group.unit
     mu, _ = mem_unit(group)
     mem = f"peak mem / device ({mu})" if group.device_type == "cuda" else f"peak RSS / process ({mu})"
     return ["node_num", count_header(group), f"throughput median ({u}/s)", "speedup (×)",
             "scaling efficiency (%)", "MFU (%)", mem, f"min–max ({u}/s)",
-            f"stdev ({u}/s)", "n (repeats)"]
+            f"stdev ({u}/s)", "n (repeats)"] + [h for h, _ in extra_columns(group)]
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
     """The DLPerf row: status words replace the numbers of a non-ok case."""
     head = [str(row.nnodes), str(row.devices)]
+    extras = extra_columns(group)
     if not row.ok:
         word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
-        return head + [word] + [MISSING] * 7
+        return head + [word] + [MISSING] * (7 + len(extras))
     _, scale = mem_unit(group)
     eff = None if row.efficiency is None else row.efficiency * 100
     mfu = None if row.mfu is None else row.mfu * 100
@@ -55,11 +94,35 @@ def table_cells(group: Group, row: Row) -> list[str]:
     spread = MISSING if lo is None or hi is None else f"{lo:.2f}–{hi:.2f}"
     n = row.stat("n")
     return head + [fmt(row.median), fmt(row.speedup), fmt(eff, 1), fmt(mfu, 1), fmt(mem),
-                   spread, fmt(row.stat("stdev")), MISSING if n is None else str(int(n))]
+                   spread, fmt(row.stat("stdev")), MISSING if n is None else str(int(n))] + [
+                   _extra_cell(f(row)) for _, f in extras]
 
 
-def group_notes(group: Group) -> list[str]:
+def trace_path(group: Group, row: Row) -> str | None:
+    """Where the row's profiler trace is (the store directory joined with the record's path)."""
+    t = row.trace
+    return None if t is None else str(resolve_store_path(group.store_dir, t))
+
+
+def missing_series(group: Group, row: Row) -> list[str]:
+    """Series files the row's median repeat lists that are not in the store (never raises)."""
+    if group.store_dir is None:
+        return []
+    out = []
+    for p in series_paths(row.record):
+        try:
+            if not resolve_store_path(group.store_dir, p).is_file():
+                out.append(p)
+        except OSError:
+            out.append(p)
+    return out
+
+
+def group_notes(group: Group, traces: bool = True) -> list[str]:
+    """Notes under a table; ``traces=False`` leaves the profiler-trace lines out (HTML links them)."""
     notes = [group.baseline_note()]
+    if extra_columns(group):
+        notes.append(EXTRA_NOTE)
     for r in group.rows:
         if r.borrowed:
             notes.append(f"{r.node_gpu} row: the {r.strategy} baseline run, shown for reference")
@@ -70,6 +133,18 @@ def group_notes(group: Group) -> list[str]:
             notes.append(f"{r.node_gpu} {r.status}: {_one_line(r.error, 200)}")
         elif r.status == "ok" and not r.ok:
             notes.append(f"{r.node_gpu}: status ok but no samples/s recorded")
+        if r.borrowed or not r.ok:
+            continue
+        b = r.record.get("breakdown")
+        if isinstance(b, dict) and b.get("supported") is False:
+            notes.append(f"{r.node_gpu}: no step-time breakdown ({_one_line(b.get('reason') or 'unsupported', 120)})")
+        missing = missing_series(group, r)
+        if missing:
+            notes.append(f"{r.node_gpu}: utilisation series file(s) missing from the store: {', '.join(missing)}")
+        tp = trace_path(group, r)
+        if traces and tp:
+            gone = "" if os.path.isfile(tp) else "; the file is missing"
+            notes.append(f"{r.node_gpu}: profiler trace {tp} ({TRACE_HINT}{gone})")
     return notes
 
 
@@ -251,9 +326,25 @@ CSV_COLUMNS = [
     "median_samples_per_s", "mean_samples_per_s", "min_samples_per_s", "max_samples_per_s",
     "stdev_samples_per_s", "n_repeats", "samples_per_s_per_device", "tokens_per_s", "speedup",
     "scaling_efficiency", "baseline_record_id", "baseline_strategy", "mfu", "peak_mem_allocated_bytes",
-    "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90", "grad_accum", "strategy_options",
+    "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90",
+    "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
+    "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
+    "exposed_comm_pct", "overlap_pct", "trace", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
 ]
+
+
+UTIL_FIELDS = ("gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
+               "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean")
+
+
+def utilisation_fields(row: Row) -> dict[str, Any]:
+    """Raw utilisation/breakdown values of a row (bytes, bytes/s, ms, %) for CSV and JSON."""
+    b = row.breakdown or {}
+    out: dict[str, Any] = {k: row.util(k) for k in UTIL_FIELDS}
+    out.update({"exposed_comm_ms": num(b.get("exposed_comm_ms")), "breakdown_step_ms": num(b.get("step_ms")),
+                "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct, "trace": row.trace})
+    return out
 
 
 def case_dict(group: Group, row: Row) -> dict[str, Any]:
@@ -277,6 +368,7 @@ def case_dict(group: Group, row: Row) -> dict[str, Any]:
         "peak_mem_reserved_bytes": num(row.summary("peak_mem_reserved_bytes")),
         "peak_rss_bytes": num(row.summary("peak_rss_bytes")),
         "step_ms_p50": num(row.summary("step_ms_p50")), "step_ms_p90": num(row.summary("step_ms_p90")),
+        **utilisation_fields(row),
         "grad_accum": cfg.get("grad_accum"),
         "strategy_options": json.dumps(cfg.get("strategy_options") or {}, sort_keys=True),
         "superseded_records": len(row.superseded), "error": row.error, "case_key": row.record.get("case_key"),
@@ -312,7 +404,7 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
         "peak_mem_bytes": row.peak_mem, "global_batch": row.record.get("global_batch"),
         "strategy": row.strategy, "baseline": row.borrowed, "record_id": row.record.get("id"),
         "case_key": row.record.get("case_key"), "superseded_records": len(row.superseded),
-        "error": row.error,
+        "error": row.error, **utilisation_fields(row),
     }
 
 

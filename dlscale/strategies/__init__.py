@@ -67,20 +67,23 @@ class StrategyInfo:
     check: Callable[[Any, dict], str | None] | None = None
     validate: Callable[[Any], None] | None = None
     min_world: int = 1
+    # one process drives all nproc-per-node devices (nn.DataParallel): the launcher starts one
+    single_process: bool = False
 
 
 _REGISTRY: dict[str, StrategyInfo] = {}
 _LOADED = False
 
 
-def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1):
+def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1,
+                      single_process: bool = False):
     """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``."""
 
     def deco(fn):
         if name in _REGISTRY:
             raise RuntimeError(f"strategy {name!r} registered twice")
         _REGISTRY[name] = StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                       check, validate, min_world)
+                                       check, validate, min_world, single_process)
         return fn
 
     return deco

@@ -25,10 +25,12 @@ def options(cfg) -> dict:
                    validate=options)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
+    # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor
+    extra = {} if opts["broadcast_buffers"] else {"broadcast_buffers": False}
     ddp = DDP(model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,
               bucket_cap_mb=float(opts["bucket_cap_mb"]),
               gradient_as_bucket_view=bool(opts["gradient_as_bucket_view"]),
-              broadcast_buffers=bool(opts["broadcast_buffers"]), static_graph=bool(opts["static_graph"]))
+              static_graph=bool(opts["static_graph"]), **extra)
     return Parallelized(module=ddp, optimizer=make_optimizer(ddp.parameters(), spec, cfg, dist.device),
                         dp_size=dist.world_size, no_sync=ddp.no_sync,
                         info={"dp_rank": dist.rank, **opts})

@@ -1,0 +1,108 @@
+"""Helpers shared by the strategy files (not a strategy: names starting with "_" are not registered).
+
+* ``parse_options``: a strategy's ``-o key=value`` knobs, typed from their defaults; unknown
+  names and bad values raise ConfigError (one line, naming what is allowed).
+* ``optimizer_recipe``: the class and keyword arguments of the model's default optimizer, taken
+  from ``make_optimizer`` itself so that wrappers (ZeroRedundancyOptimizer, DeepSpeed) build the
+  very same optimizer.
+* ``autocast``: the worker's autocast, for strategies that run their own step (pipelines).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+
+from dlscale import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(strategy: str, key: str, value: Any, default: Any, choices=None) -> Any:
+    where = f"strategy {strategy} option {key}"
+    if choices is not None:
+        value = str(value).lower() if not isinstance(value, (int, float)) or isinstance(value, bool) else value
+        if value not in choices:
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        s = str(value).lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, int) or (default is None and isinstance(value, int)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    return value
+
+
+def parse_options(strategy: str, cfg, defaults: dict[str, Any],
+                  choices: dict[str, tuple] | None = None) -> dict[str, Any]:
+    """``cfg.strategy_options`` merged over ``defaults``, each value typed like its default.
+
+    Unknown names raise ConfigError listing the allowed ones (or saying there are none).
+    """
+    choices = choices or {}
+    given = dict(cfg.strategy_options or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        allowed = ", ".join(defaults) if defaults else "none (this strategy has no options)"
+        raise ConfigError(f"unknown {strategy} option(s) {', '.join(unknown)}; allowed: {allowed}")
+    out = dict(defaults)
+    for key, value in given.items():
+        out[key] = _coerce(strategy, key, value, defaults[key], choices.get(key))
+    return out
+
+
+def optimizer_recipe(spec, cfg, device: torch.device) -> tuple[type, dict[str, Any]]:
+    """(optimizer class, constructor kwargs) of ``make_optimizer`` for this model and device."""
+    from dlscale.strategies import make_optimizer
+
+    probe = torch.zeros(1, device=device, requires_grad=True)
+    opt = make_optimizer([probe], spec, cfg, device)
+    cls = type(opt)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    kwargs = {k: v for k, v in opt.defaults.items() if k in accepted}
+    return cls, kwargs
+
+
+def autocast(cfg, device: torch.device):
+    """The same autocast context the worker's standard step uses (a no-op for fp32)."""
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def is_transformer(spec) -> bool:
+    """Models with ``blocks[i].attn.qkv/proj`` and ``mlp.fc/proj`` (gpt2, gpt2-vpad, bert-base)."""
+    return "n_heads" in spec.extra
+
+
+def require_divides(what: str, degree: int, of_what: str, total: int) -> None:
+    if degree < 1:
+        raise ConfigError(f"{what} must be >= 1, got {degree}")
+    if total % degree:
+        raise ConfigError(f"{what} {degree} does not divide {of_what} {total}")
+
+
+def unique_params(modules) -> list[torch.nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out

@@ -1,0 +1,46 @@
+"""`hsdp`: hybrid sharded data parallel (FSDP2 on a 2-D device mesh: replicate x shard).
+
+Parameters are sharded within a group of ``shard`` ranks (by default one node: the fast
+links) and replicated across ``replicate`` such groups (by default the nodes): gradients are
+reduce-scattered within the shard group and all-reduced across the replicas. Wrapping and mixed
+precision as for ``fsdp``.
+
+Options: ``replicate`` (default: ``--nnodes``; the mesh is ``(replicate, world / replicate)``, so
+``-o replicate=2`` on one node with 2 processes is a testable (2, 1) mesh: pure replication, and
+``replicate=1`` is plain FSDP); ``shard`` (``zero3`` default, or ``zero2``) and
+``mixed_precision`` (default true) as for fsdp.
+"""
+from __future__ import annotations
+
+from torch.distributed.device_mesh import init_device_mesh
+
+from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies._common import parse_options, require_divides
+from dlscale.strategies.fsdp import CHOICES, apply_fsdp, fsdp_no_sync, mp_policy
+
+OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True}
+
+
+def options(cfg) -> dict:
+    opts = parse_options("hsdp", cfg, OPTIONS, CHOICES)
+    if opts["replicate"] is None:
+        opts["replicate"] = cfg.nnodes
+    require_divides("hsdp replicate degree", opts["replicate"], "the world size", cfg.world_size)
+    return opts
+
+
+@register_strategy("hsdp", description="FSDP2 on a (replicate, shard) mesh: shard within a node, replicate across",
+                   validate=options)
+def parallelize(model, spec, cfg, dist):
+    opts = options(cfg)
+    rep = opts["replicate"]
+    mesh = init_device_mesh(dist.device.type, (rep, dist.world_size // rep),
+                            mesh_dim_names=("replicate", "shard"))
+    apply_fsdp(model, spec, cfg, mesh, opts["shard"], opts["mixed_precision"])
+    mp = mp_policy(cfg, opts["mixed_precision"])
+    return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
+                        dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
+                        info={"dp_rank": dist.rank, "mesh": [rep, dist.world_size // rep],
+                              "mesh_dims": ["replicate", "shard"],
+                              "param_dtype": str(mp.param_dtype).replace("torch.", "") if mp else "float32",
+                              **opts})

@@ -1,0 +1,29 @@
+"""`model`: naive model parallelism: the model split by blocks across devices, no micro-batches.
+
+The baseline that pipelining is measured against: the same stages as ``pipeline`` (stage 0 =
+embed + first blocks, last = last blocks + head; tied weights kept equal by summing their
+gradients), run with the GPipe schedule on a single micro-batch, so at any time exactly one
+device works while the others wait for its activations (forward) or gradients (backward).
+Implemented as ``pipeline -o schedule=gpipe -o microbatches=1``; no options. BatchNorm sees the
+whole batch, so unlike ``pipeline`` this trains resnet50 exactly as ``single`` does.
+"""
+from __future__ import annotations
+
+from dlscale.models import get_model
+from dlscale.strategies import register_strategy
+from dlscale.strategies._common import parse_options
+from dlscale.strategies.pipeline import build_pipeline, check_pipeline, validate_pipeline
+
+
+def options(cfg) -> dict:
+    parse_options("model", cfg, {})
+    validate_pipeline("model", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", 1, 1)
+    return {}
+
+
+@register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
+                   check=check_pipeline, validate=options, min_world=2)
+def parallelize(model, spec, cfg, denv):
+    options(cfg)
+    return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1, pp_group=None,
+                          pp_rank=denv.rank, pp_size=denv.world_size, name="model")

@@ -1,0 +1,382 @@
+"""`pipeline`: pipeline parallelism with ``torch.distributed.pipelining`` schedules.
+
+Stages are built by hand from the model's own pieces, split by blocks: stage 0 runs
+``model.embed`` and the first blocks, the last stage the last blocks; the loss function given to
+the schedule runs ``model.head(h, *labels)`` on the last stage's output, so the loss is exactly
+the model's. Blocks are dealt out in contiguous runs as evenly as possible (the first stages get
+one more when they do not divide). Which of the model's modules ``embed`` and ``head`` use is
+found by running them once (eval mode, one sample) with hooks; everything else is dropped from
+each rank, and the parameters this rank does not own are freed.
+
+Tied weights (GPT-2's ``lm_head``/``wte``, BERT's decoder/word embedding) end up on the first
+and the last stage: as in Megatron-LM, both copies start equal and their gradients are summed
+(all-reduced between the two ranks) before every optimizer step, so they stay equal and the
+training is exactly that of the tied model.
+
+Options:
+
+* ``schedule``: ``gpipe`` (all forwards, then all backwards), ``1f1b`` (default; one forward one
+  backward in the steady state: at most ``pp`` micro-batches of activations in flight), or
+  ``interleaved`` (Interleaved 1F1B: ``virtual`` stages per rank, smaller bubble, more p2p).
+* ``microbatches`` (default 4): micro-batches per optimizer step; they must divide
+  ``--batch-size``; 1f1b needs at least as many micro-batches as stages.
+* ``virtual`` (default 2, interleaved only): stages per rank; ``pp * virtual`` must not exceed
+  the number of blocks.
+
+Data: pipelining does not add data parallelism: every rank is handed the same batch of
+``--batch-size`` samples (dp_size 1), which the schedule cuts into micro-batches; so a pipeline
+run trains exactly what ``single`` trains on ``--batch-size`` (up to BatchNorm, whose statistics
+are per micro-batch: resnet50's results then differ from single's as under any micro-batching).
+
+Loss: the schedule's losses live on the last stage; every step all-reduces their mean to all
+ranks (one scalar, as trainers do for logging), so the reported loss is the global batch's (with
+``--grad-accum``, that of the last accumulated batch, as in the worker's own step).
+``loss_after`` (the worker's post-training evaluation) is not computed for pipelines.
+
+Not supported: amp-fp16 (loss scaling across stages needs a shared inf check), and
+``--compile`` compiles each block instead of the whole model.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dlscale import ConfigError
+from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies._common import autocast, parse_options, unique_params
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2}
+CHOICES = {"schedule": SCHEDULES}
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def num_blocks(spec, model=None) -> int:
+    if "n_layers" in spec.extra:
+        return int(spec.extra["n_layers"])
+    if "layers" in spec.extra:  # resnet: blocks per stage
+        return int(sum(spec.extra["layers"]))
+    if model is not None and spec.blocks:
+        return len(spec.blocks(model))
+    with torch.device("meta"):
+        return len(spec.blocks(spec.build()))
+
+
+def validate_pipeline(name: str, cfg, spec, pp: int, schedule: str, microbatches: int, virtual: int) -> None:
+    """Impossible pipeline shapes, as one-line ConfigErrors before any process starts."""
+    if microbatches < 1:
+        raise ConfigError(f"{name} microbatches must be >= 1, got {microbatches}")
+    if cfg.batch_size % microbatches:
+        raise ConfigError(f"{name} microbatches {microbatches} do not divide the batch size {cfg.batch_size}")
+    if virtual < 1:
+        raise ConfigError(f"{name} virtual must be >= 1, got {virtual}")
+    stages = pp * (virtual if schedule == "interleaved" else 1)
+    blocks = num_blocks(spec)
+    if stages > blocks:
+        what = f"{pp} ranks x {virtual} virtual" if schedule == "interleaved" else f"{pp} ranks"
+        raise ConfigError(f"{name}: {stages} pipeline stages ({what}) but {spec.name} ({spec.flavor}) "
+                          f"has only {blocks} blocks to split")
+    if schedule == "1f1b" and microbatches < pp:
+        raise ConfigError(f"{name} schedule 1f1b needs microbatches >= stages: got {microbatches} "
+                          f"microbatches for {pp} stages")
+    if schedule == "interleaved":
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            raise ConfigError(f"{name} schedule interleaved needs microbatches {microbatches} to be a multiple "
+                              f"of max(1, microbatches // pp) = {rounds} (pp {pp})")
+
+
+def options(cfg) -> dict:
+    from dlscale.models import get_model
+
+    opts = parse_options("pipeline", cfg, OPTIONS, CHOICES)
+    validate_pipeline("pipeline", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, opts["schedule"],
+                      opts["microbatches"], opts["virtual"])
+    return opts
+
+
+def check_pipeline(cfg, env) -> str | None:
+    if cfg.precision == "amp-fp16":
+        return ("pipeline strategies do not implement amp-fp16 loss scaling across stages "
+                "(an inf on one stage must skip the step on all); use amp-bf16 or fp32")
+    return None
+
+
+def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
+    """Contiguous runs of block indices, as even as possible (earlier stages take the extra)."""
+    base, extra = divmod(n_blocks, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        size = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+# ---------------------------------------------------------------- stage modules
+
+
+def _used_children(model: nn.Module, spec, device) -> tuple[set[str], set[str]]:
+    """Names of the model's direct children that ``embed`` and ``head`` call (run once, eval, 1 sample)."""
+    k = spec.extra.get("n_embed_args", 1)
+    batch = spec.make_batch(2, torch.device("cpu"), torch.Generator().manual_seed(0))
+    batch = tuple(t[:2].to(device) for t in batch)
+    called: set[str] = set()
+    hooks = [child.register_forward_pre_hook(lambda m, a, name=name: called.add(name))
+             for name, child in model.named_children()]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            h = model.embed(*batch[:k])
+            embed = set(called)
+            for b in spec.blocks(model):
+                h = b(h)
+            called.clear()
+            model.head(h, *batch[k:])
+            head = set(called)
+    finally:
+        for hk in hooks:
+            hk.remove()
+        model.train(was_training)
+    return embed, head
+
+
+def _shell(model: nn.Module, keep: set[str]) -> nn.Module:
+    """A shallow copy of ``model`` that holds only the children named in ``keep``.
+
+    Its ``embed``/``head`` methods work as long as they use only those children.
+    """
+    shell = copy.copy(model)
+    shell._modules = {name: m for name, m in model._modules.items() if name in keep}
+    shell._parameters = dict(model._parameters)
+    shell._buffers = dict(model._buffers)
+    shell._forward_hooks = type(model._forward_hooks)()
+    shell._forward_pre_hooks = type(model._forward_pre_hooks)()
+    return shell
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: [embed] + a run of blocks; the last stage's head runs in ``loss``."""
+
+    def __init__(self, shell: nn.Module | None, blocks: list[nn.Module], first: bool, last: bool, n_embed: int):
+        super().__init__()
+        self.shell = shell
+        self.blocks = nn.ModuleList(blocks)
+        self.first, self.last, self.n_embed = first, last, n_embed
+
+    def forward(self, *args):
+        h = self.shell.embed(*args) if self.first else args[0]
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+
+@dataclass
+class _Packer:
+    """The label tensors of a batch packed into one (B, K) tensor: the schedule takes one target."""
+
+    shapes: list[tuple] = field(default_factory=list)
+
+    def pack(self, labels: tuple) -> torch.Tensor:
+        if not labels:
+            raise ConfigError("pipeline needs the model's labels after its embed inputs")
+        dtypes = {t.dtype for t in labels}
+        if len(dtypes) != 1:
+            raise ConfigError(f"pipeline packs the labels into one tensor, but they have dtypes {dtypes}")
+        self.shapes = [tuple(t.shape[1:]) for t in labels]
+        return torch.cat([t.reshape(t.shape[0], -1) for t in labels], dim=1)
+
+    def unpack(self, packed: torch.Tensor) -> list[torch.Tensor]:
+        out, start = [], 0
+        for shape in self.shapes:
+            n = 1
+            for d in shape:
+                n *= d
+            out.append(packed[:, start:start + n].reshape(packed.shape[0], *shape))
+            start += n
+        return out
+
+
+# ---------------------------------------------------------------- the builder
+
+
+def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, virtual: int,
+                   pp_group, pp_rank: int, pp_size: int, pp_groups: list[list[int]] | None = None,
+                   dp_group=None, dp_size: int = 1, dp_rank: int = 0, name: str = "pipeline",
+                   extra_info: dict | None = None) -> Parallelized:
+    """Stages of this rank, their schedule and a ``step`` for the worker.
+
+    ``pp_group``: this rank's pipeline (None: the world); ``pp_groups``: the global ranks of every
+    pipeline in the job, each in stage order (None: one pipeline of the whole world), needed to
+    create the tied-weight groups; ``dp_group``/``dp_size``: replicas of this pipeline whose
+    gradients are averaged after each step (hybrid dp x pp).
+    """
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+
+    device = denv.device
+    per_rank = virtual if schedule == "interleaved" else 1
+    n_stages = pp_size * per_rank
+    blocks = spec.blocks(model)
+    if n_stages > len(blocks):
+        raise ConfigError(f"{name}: {n_stages} stages but only {len(blocks)} blocks")
+    runs = split_blocks(len(blocks), n_stages)
+    n_embed = spec.extra.get("n_embed_args", 1)
+    embed_names, head_names = _used_children(model, spec, device)
+    block_ids = {id(b) for b in blocks}
+    for nm in embed_names | head_names:
+        if any(id(m) in block_ids for m in getattr(model, nm).modules()):
+            raise ConfigError(f"{name}: {spec.name}.embed/head use the container {nm!r} of its blocks")
+
+    # looped assignment (torch's default): stage s lives on pp rank s % pp_size
+    my_stages = [s for s in range(n_stages) if s % pp_size == pp_rank]
+    modules: list[StageModule] = []
+    for s in my_stages:
+        first, last = s == 0, s == n_stages - 1
+        keep = (embed_names if first else set()) | (head_names if last else set())
+        shell = _shell(model, keep) if keep else None
+        modules.append(StageModule(shell, [blocks[i] for i in runs[s]], first, last, n_embed))
+
+    # Free what this rank does not run (the worker built the whole model on every device).
+    mine = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in mine:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+
+    # Weights shared by the first and the last stage (tied embeddings): sum their gradients.
+    first_params = {id(p): p for nm in embed_names for p in getattr(model, nm).parameters()}
+    tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
+    tie_ranks = sorted({0, (n_stages - 1) % pp_size})  # pp ranks of the first and the last stage
+    tie_group = None
+    if tied and len(tie_ranks) > 1:
+        # every rank of the world enters new_group for every pipeline's pair, in the same order
+        for ranks in pp_groups or [list(range(dist.get_world_size()))]:
+            g = dist.new_group(ranks=[ranks[r] for r in tie_ranks])
+            if dist.get_rank() in ranks:
+                tie_group = g
+    holds_tied = pp_rank in tie_ranks and bool(tied)
+    # count each tied weight once in the gradient norm: on the first stage's rank
+    norm_skip = {id(p) for p in tied} if (tied and pp_rank != 0) else set()
+
+    if cfg.compile:
+        for m in modules:
+            for b in m.blocks:
+                b.compile()
+
+    stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
+    packer = _Packer()
+    last_module = next((m for m in modules if m.last), None)
+
+    def loss_fn(output, target):
+        return last_module.shell.head(output, *packer.unpack(target))
+
+    cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    kwargs = {"n_microbatches": microbatches, "loss_fn": loss_fn}
+    # The schedules' own scaling divides *all* of .grad by the micro-batch count at the end of each
+    # step, which would also shrink what earlier --grad-accum steps accumulated: scale here instead.
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False
+    sched = cls(stages if schedule == "interleaved" else stages[0], **kwargs)
+
+    params = unique_params(modules)
+    optimizer = make_optimizer(params, spec, cfg, device)
+    has_first = any(m.first for m in modules)
+    has_last = last_module is not None
+    accum = cfg.grad_accum
+    clip = cfg.clip_grad_norm
+    world = dist.get_world_size()
+
+    def step(micro_batches: list[tuple]) -> torch.Tensor:
+        losses_all: list[torch.Tensor] = []
+        with autocast(cfg, device):
+            for batch in micro_batches:
+                args = tuple(batch[:n_embed]) if has_first else ()
+                if has_last:
+                    target = packer.pack(tuple(batch[n_embed:]))
+                    losses: list[torch.Tensor] = []
+                    sched.step(*args, target=target, losses=losses)
+                    losses_all = losses  # as the worker's step: the last accumulation batch's loss
+                else:
+                    sched.step(*args)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:  # mean over micro-batches and accumulation steps (each loss is a micro-batch mean)
+            torch._foreach_div_(grads, float(microbatches * accum))
+        if dp_size > 1:
+            _allreduce_mean(grads, dp_size, dp_group)
+        if holds_tied and tie_group is not None:
+            for p in tied:
+                dist.all_reduce(p.grad, group=tie_group)
+        if clip is not None:
+            _clip_pipeline(params, norm_skip, clip, pp_group)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        # the global batch's loss on every rank: last stages contribute, the rest add zero
+        if has_last and losses_all:
+            loss = torch.stack([x.detach().float() for x in losses_all]).mean().reshape(1)
+        else:
+            loss = torch.zeros(1, device=device)
+        if world > 1:
+            dist.all_reduce(loss)
+            loss = loss / dp_size
+        return loss[0]
+
+    info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
+            "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
+            "blocks_per_stage": [len(r) for r in runs], "embed_modules": sorted(embed_names),
+            "head_modules": sorted(head_names), "tied_params": len(tied),
+            "stage_params": sum(p.numel() for p in params), "eval_loss": False,
+            "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
+    if schedule == "interleaved":
+        info["virtual"] = virtual
+    info.update(extra_info or {})
+    return Parallelized(module=nn.ModuleList(modules), optimizer=optimizer, dp_size=dp_size, dp_group=dp_group,
+                        step=step, reports_loss=True, info=info)
+
+
+def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:
+    """Average gradients over the data-parallel replicas (one flat all-reduce per dtype)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    by_dtype: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group_grads in by_dtype.values():
+        flat = _flatten_dense_tensors(group_grads)
+        dist.all_reduce(flat, group=group)
+        flat.div_(n)
+        for g, f in zip(group_grads, _unflatten_dense_tensors(flat, group_grads)):
+            g.copy_(f)
+
+
+def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
+    """Clip to the global gradient norm across all stages (each weight counted once)."""
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+    device = params[0].device
+    sq = torch.zeros(1, device=device, dtype=torch.float32)
+    if grads:
+        norms = torch._foreach_norm(grads)
+        sq = torch.stack([n.float() for n in norms]).pow(2).sum().reshape(1)
+    dist.all_reduce(sq, group=pp_group)
+    total = sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    all_grads = [p.grad for p in params if p.grad is not None]
+    if all_grads:
+        torch._foreach_mul_(all_grads, coef.reshape(()).to(all_grads[0].dtype))
+
+
+@register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "
+                   "interleaved), stages split by blocks", check=check_pipeline, validate=options, min_world=2)
+def parallelize(model, spec, cfg, denv):
+    opts = options(cfg)
+    return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
+                          virtual=opts["virtual"], pp_group=None, pp_rank=denv.rank, pp_size=denv.world_size,
+                          extra_info={"options": opts})

@@ -1,0 +1,238 @@
+"""`tensor`: Megatron-style tensor parallelism with DTensor plans (``torch.distributed.tensor.parallel``).
+
+In every transformer block ``attn.qkv`` and ``mlp.fc`` are column-parallel (each rank computes
+its slice of the output features: its attention heads, its part of the MLP), ``attn.proj`` and
+``mlp.proj`` row-parallel (partial products all-reduced): two all-reduces per block forward and
+two backward. Embeddings, LayerNorms and heads are replicated (every rank computes them on the
+same data), so the model's outputs and losses are identical on all ranks.
+
+Two adaptations, made here and not in the model files:
+
+* the fused ``qkv`` weight's rows are permuted from ``[q | k | v]`` to ``[q_0 k_0 v_0 | q_1 k_1 v_1 ...]``
+  (rank r's heads together), so a contiguous column shard holds whole heads of q, k and v;
+* each attention module gets a forward that splits its local qkv output in three and runs
+  ``n_heads / tp`` heads (the models split by the full hidden size). Before sharding it is
+  checked against the model's own forward (eval mode, same output), which also decides whether
+  the attention is causal; a model whose attention it cannot reproduce is refused.
+
+Options: ``sequence_parallel`` (default false): LayerNorms and dropout run on sequence shards
+between the blocks' parallel regions (Megatron-SP): the row-parallel outputs are reduce-scattered
+along the sequence and all-gathered before the next column-parallel layer, so activations outside
+the attention/MLP are 1/tp per rank; the sequence length must divide by tp.
+
+Degree: tp = the world size (``hybrid`` combines it with data parallelism); it must divide the
+number of attention heads. Data: every rank gets the same batch (dp_size 1), so the run trains
+exactly what ``single`` trains on ``--batch-size``. resnet50 has no tensor-parallel plan.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlscale import ConfigError
+from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies._common import is_transformer, parse_options
+
+OPTIONS = {"sequence_parallel": False}
+
+
+def validate_tp(name: str, cfg, spec, tp: int, sequence_parallel: bool) -> None:
+    if not is_transformer(spec):
+        return  # check() records it unsupported
+    heads = spec.extra["n_heads"]
+    if tp < 1 or heads % tp:
+        raise ConfigError(f"{name}: tensor parallel degree {tp} does not divide {spec.name}'s {heads} attention heads")
+    inter = spec.extra.get("intermediate", 4 * spec.extra["hidden"])
+    if inter % tp:
+        raise ConfigError(f"{name}: tensor parallel degree {tp} does not divide {spec.name}'s MLP width {inter}")
+    if sequence_parallel and spec.seq_len and spec.seq_len % tp:
+        raise ConfigError(f"{name}: sequence_parallel needs tp {tp} to divide the sequence length {spec.seq_len}")
+
+
+def options(cfg) -> dict:
+    from dlscale.models import get_model
+
+    opts = parse_options("tensor", cfg, OPTIONS)
+    validate_tp("tensor", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, opts["sequence_parallel"])
+    return opts
+
+
+def check_tp(cfg, env) -> str | None:
+    from dlscale.models import get_model
+
+    spec = get_model(cfg.model, cfg.flavor)
+    if not is_transformer(spec):
+        return (f"tensor parallelism splits transformer blocks (attn.qkv/proj, mlp.fc/proj); "
+                f"{cfg.model} has no such plan")
+    return None
+
+
+# ---------------------------------------------------------------- attention rewrite
+
+
+def _attn_dropout(attn: nn.Module) -> float:
+    for name in ("attn_dropout", "dropout"):
+        v = getattr(attn, name, None)
+        if isinstance(v, float):
+            return v
+    return 0.0
+
+
+def _tp_attention_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Attention on this rank's heads: the local qkv output is [q_r | k_r | v_r]."""
+    B, T, _ = x.shape
+    qkv = self.qkv(x)
+    q, k, v = qkv.split(qkv.shape[-1] // 3, dim=2)
+    nh = self.n_heads
+    q = q.view(B, T, nh, -1).transpose(1, 2)
+    k = k.view(B, T, nh, -1).transpose(1, 2)
+    v = v.view(B, T, nh, -1).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=self._tp_dropout if self.training else 0.0,
+                                       is_causal=self._tp_causal)
+    y = self.proj(y.transpose(1, 2).reshape(B, T, -1))
+    drop = getattr(self, "resid_drop", None)
+    return drop(y) if drop is not None else y
+
+
+_CAUSAL_CACHE: dict[type, bool] = {}
+
+
+def _causal_of(attn: nn.Module, hidden: int, device) -> bool:
+    """Whether ``attn`` is causal, by comparing its own forward with the rewrite (both ways)."""
+    cls = type(attn)
+    if cls in _CAUSAL_CACHE:
+        return _CAUSAL_CACHE[cls]
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(2, 8, hidden, generator=g).to(device=device, dtype=attn.qkv.weight.dtype)
+    was = attn.training
+    attn.eval()
+    try:
+        with torch.no_grad():
+            ref = attn(x)
+            scale = ref.abs().max().clamp_min(1e-12)
+            err = {}
+            for causal in (True, False):
+                attn._tp_causal = causal
+                attn._tp_dropout = 0.0
+                err[causal] = float((_tp_attention_forward(attn, x) - ref).abs().max() / scale)
+        best = min(err, key=err.get)
+        # same kernels on the same data: the right variant agrees to rounding (TF32 included)
+        if err[best] < 1e-3 and err[best] < 0.1 * err[not best]:
+            _CAUSAL_CACHE[cls] = best
+            return best
+    finally:
+        attn.train(was)
+        for k in ("_tp_causal", "_tp_dropout"):
+            attn.__dict__.pop(k, None)
+    raise RuntimeError(f"tensor parallel: cannot reproduce the attention of {cls.__name__} with local heads")
+
+
+def _permute_qkv(linear: nn.Linear, tp: int) -> None:
+    """Rows [q | k | v] -> [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (q_r: rank r's heads)."""
+    out, inp = linear.weight.shape
+    c = out // 3
+    with torch.no_grad():
+        w = linear.weight.view(3, tp, c // tp, inp).transpose(0, 1).reshape(out, inp).clone()
+        linear.weight.copy_(w)
+        if linear.bias is not None:
+            b = linear.bias.view(3, tp, c // tp).transpose(0, 1).reshape(out).clone()
+            linear.bias.copy_(b)
+
+
+def apply_tensor_parallel(model: nn.Module, spec, tp_mesh, sequence_parallel: bool = False) -> None:
+    """Shard every block of ``model`` over ``tp_mesh`` (in place)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+
+    tp = tp_mesh.size()
+    heads = spec.extra["n_heads"]
+    blocks = spec.blocks(model)
+    for i, block in enumerate(blocks):
+        attn = block.attn
+        causal = _causal_of(attn, spec.extra["hidden"], attn.qkv.weight.device)
+        attn._tp_causal = causal
+        attn._tp_dropout = _attn_dropout(attn)
+        attn.forward = types.MethodType(_tp_attention_forward, attn)
+        _permute_qkv(attn.qkv, tp)
+        if sequence_parallel:
+            seq_in = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                        use_local_output=True)
+            plan = {
+                "ln1": SequenceParallel(use_local_output=True),
+                "ln2": SequenceParallel(use_local_output=True),
+                "attn": seq_in,
+                "attn.qkv": ColwiseParallel(),
+                "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True),
+                "mlp.fc": ColwiseParallel(),
+                "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        else:
+            plan = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                    "mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()}
+        parallelize_module(block, tp_mesh, plan)
+        attn.n_heads = heads // tp
+        if sequence_parallel and i == 0:  # replicated embeddings -> this rank's sequence shard
+            parallelize_module(block, tp_mesh, PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
+        if sequence_parallel and i == len(blocks) - 1:  # sequence shards -> the full sequence for the head
+            parallelize_module(block, tp_mesh, PrepareModuleOutput(
+                output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
+
+
+def replicate_rest(model: nn.Module, mesh) -> int:
+    """Make every parameter that no plan sharded a replicated DTensor; returns how many.
+
+    The optimizer's foreach/fused kernels and ``clip_grad_norm_`` cannot mix DTensor and plain
+    tensors, so the embeddings, LayerNorms and heads hold ``Replicate()`` DTensors too: their
+    modules take and return plain tensors (hooks wrap the inputs and unwrap the outputs), and
+    weights tied between two modules stay one parameter.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    converted: dict[int, nn.Parameter] = {}
+    count = 0
+
+    def to_dtensor(mod, args):
+        return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                     if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+
+    def to_local(mod, args, out):
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    for mod in list(model.modules()):
+        direct = [(n, p) for n, p in mod.named_parameters(recurse=False) if not isinstance(p, DTensor)]
+        if not direct:
+            continue
+        for name, p in direct:
+            new = converted.get(id(p))
+            if new is None:
+                new = nn.Parameter(distribute_tensor(p.detach(), mesh, [Replicate()]),
+                                   requires_grad=p.requires_grad)
+                converted[id(p)] = new
+                count += 1
+            setattr(mod, name, new)
+        mod.register_forward_pre_hook(to_dtensor)
+        mod.register_forward_hook(to_local)
+    return count
+
+
+@register_strategy("tensor", description="tensor parallel (DTensor column/row-parallel attention and MLP)",
+                   check=check_tp, validate=options, min_world=1)
+def parallelize(model, spec, cfg, dist):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    opts = options(cfg)
+    mesh = init_device_mesh(dist.device.type, (1, dist.world_size), mesh_dim_names=("dp", "tp"))
+    apply_tensor_parallel(model, spec, mesh["tp"], opts["sequence_parallel"])
+    replicated = replicate_rest(model, mesh["tp"])
+    return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
+                        dp_size=1, dp_group=mesh.get_group("dp"),
+                        info={"dp_rank": 0, "tp": dist.world_size, "tp_rank": dist.rank,
+                              "local_heads": spec.extra["n_heads"] // dist.world_size,
+                              "replicated_params": replicated, **opts})

@@ -1,0 +1,355 @@
+"""Parallel strategies: correctness against `single`, bad input, the compatibility matrix, memory model.
+
+Correctness (keeps a fast strategy honest): through the CLI, on the CPU with gloo and tiny
+flavours, the loss after k optimizer steps from a fixed seed must equal the single-process run
+on the same global batch within REL (fp32). Data-parallel strategies are compared on
+``loss_after`` (the trained model's loss on micro-batch 0, averaged over replicas: the global
+batch), model-parallel ones (dp_size 1, the whole batch on every rank) on the per-step
+``warmup_losses``. Measured differences are ~1e-7 relative (float summation order).
+
+AdamW is invariant to a constant gradient scale, so the gpt2/bert comparisons cannot catch a
+wrong averaging factor (sum instead of mean); resnet50 trains with SGD, which can: `model` is
+compared with `single` on it, and so is the interleaved schedule with one micro-batch (BatchNorm
+statistics are per micro-batch, so only then is resnet50 comparable with `single`).
+
+Each multi-process case costs ~10 s of torchrun start-up on 2 cores; the file runs in ~3 min.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import main as cli_main
+
+REL = 1e-5  # fp32 on the CPU, one thread per process: measured <= 2e-7
+WARMUP = 3
+# gpt2 runs accumulate 2 micro-batches per step: exercises every strategy's no_sync / accumulation path
+GRAD_ACCUM = {"gpt2": 2}
+EXPECTED = {"single", "dp", "ddp", "zero1", "fsdp", "hsdp", "pipeline", "model", "tensor", "hybrid", "deepspeed"}
+DOC = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
+
+_RECORDS: dict[tuple, dict] = {}
+
+
+def _cli(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(args)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str) -> dict:
+    """One case through `dlscale run --json` (cached per module); retried once if only torchrun's
+    exit code failed after every rank had reported (a rare gloo abort at process exit)."""
+    accum = GRAD_ACCUM.get(model, 1)
+    key = (model, strategy, nproc, batch, opts)
+    if key in _RECORDS:
+        return _RECORDS[key]
+    args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
+            "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", "fp32", "--warmup", str(WARMUP),
+            "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store), "--json", "--time-limit", "240"]
+    for o in opts:
+        args += ["-o", o]
+    for attempt in range(2):
+        rc, out, err = _cli(args)
+        rec = json.loads(out[out.index("{"):])
+        if rec["status"] == "ok" or "ranks without a result: []" not in (rec.get("error") or ""):
+            break
+    assert rec["status"] == "ok", (rec["error"], (rec["repeats"] or [{}])[0].get("output_tail", "")[-3000:])
+    assert rc == 0
+    _RECORDS[key] = rec
+    return rec
+
+
+def _close(a: float, b: float, rel: float = REL) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+def _assert_losses(got: list, want: list, rel: float = REL) -> None:
+    assert len(got) == len(want) == WARMUP
+    assert all(g is not None for g in got), got
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert _close(g, w, rel), f"step {i}: {g} vs {w} (rel {abs(g - w) / abs(w):.2e})"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("strategies-store")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """torchrun gives each of several workers one thread; give `single` one too, so both sum in the
+    same order (otherwise SGD on resnet50 amplifies the last-bit differences to ~5e-5 in 3 steps)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMP_NUM_THREADS", "1")
+    yield
+    mp.undo()
+
+
+def _rep(rec: dict) -> dict:
+    return rec["repeats"][0]
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_all_strategies_registered():
+    from dlscale.strategies import get_strategy, strategy_names
+
+    assert EXPECTED <= set(strategy_names())
+    assert get_strategy("dp").single_process
+    assert not get_strategy("ddp").single_process
+
+
+# ---------------------------------------------------------------- correctness (CLI, gloo, tiny)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, nproc, opts", [
+    ("zero1", 2, ()),
+    ("fsdp", 2, ()),  # zero3, per-block fully_shard
+    ("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
+    ("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
+])
+def test_data_parallel_matches_single(store, strategy, nproc, opts):
+    # per-rank batch 2 x dp 2 = global 4
+    ref = _rep(_run(store, "gpt2", "single", 1, 4))
+    rec = _run(store, "gpt2", strategy, nproc, 2, *opts)  # hybrid: 2 per replica, its tp ranks share them
+    assert rec["global_batch"] == 4 * GRAD_ACCUM["gpt2"]
+    got, want = _rep(rec)["loss_after"], ref["loss_after"]
+    assert got is not None and _close(got, want), (got, want)
+
+
+@pytest.mark.slow
+def test_pipeline_matches_single(store):
+    ref = _rep(_run(store, "gpt2", "single", 1, 4))
+    rec = _run(store, "gpt2", "pipeline", 2, 4, "microbatches=2")  # 1f1b
+    assert rec["global_batch"] == 4 * GRAD_ACCUM["gpt2"] and rec["strategy_info"]["tied_params"] == 1
+    _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+
+
+@pytest.mark.slow
+def test_tensor_sequence_parallel_matches_single(store):
+    ref = _rep(_run(store, "gpt2", "single", 1, 4))
+    rec = _run(store, "gpt2", "tensor", 2, 4, "sequence_parallel=true")
+    assert rec["strategy_info"]["local_heads"] == 2
+    _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+    assert _close(_rep(rec)["loss_after"], ref["loss_after"])
+
+
+@pytest.mark.slow
+def test_tensor_bert_matches_single(store):
+    ref = _rep(_run(store, "bert-base", "single", 1, 4))
+    rec = _rep(_run(store, "bert-base", "tensor", 2, 4))
+    _assert_losses(rec["warmup_losses"], ref["warmup_losses"])
+    assert _close(rec["loss_after"], ref["loss_after"])
+
+
+@pytest.mark.slow
+def test_model_parallel_resnet_matches_single(store):
+    """SGD (scale-sensitive) and whole-batch BatchNorm: naive model parallel == single."""
+    ref = _rep(_run(store, "resnet50", "single", 1, 4))
+    rec = _rep(_run(store, "resnet50", "model", 2, 4))
+    _assert_losses(rec["warmup_losses"], ref["warmup_losses"])
+
+
+@pytest.mark.slow
+def test_interleaved_resnet_matches_single(store):
+    """4 stages on 2 ranks (virtual 2): with one micro-batch BatchNorm sees the whole batch."""
+    ref = _rep(_run(store, "resnet50", "single", 1, 4))
+    inter = _run(store, "resnet50", "pipeline", 2, 4, "schedule=interleaved", "microbatches=1")
+    assert inter["strategy_info"]["num_stages"] == 4 and inter["strategy_info"]["stages"] == [0, 2]
+    _assert_losses(_rep(inter)["warmup_losses"], ref["warmup_losses"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed (optional extra) not installed")
+def test_deepspeed_zero3_matches_zero1(store):
+    """Rank 0's per-step losses (its half of the batch) as under zero1/ddp."""
+    ref = _rep(_run(store, "gpt2", "zero1", 2, 2))
+    rec = _run(store, "gpt2", "deepspeed", 2, 2, "stage=3")
+    assert rec["strategy_info"]["ds_config"]["gradient_clipping"] == 0.0
+    _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+
+
+# ---------------------------------------------------------------- unsupported (no process started)
+
+
+@pytest.mark.parametrize("model, strategy, reason", [
+    ("gpt2", "dp", "DataParallel"),
+    ("resnet50", "tensor", "resnet50 has no such plan"),
+    ("resnet50", "hybrid", "resnet50 has no such plan"),
+])
+def test_unsupported_recorded(tmp_path, model, strategy, reason):
+    opts = ["-o", "tp=2"] if strategy == "hybrid" else []
+    rc, out, err = _cli(["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", "2",
+                         "--device", "cpu", "--store", str(tmp_path), "--json", *opts])
+    rec = json.loads(out[out.index("{"):])
+    assert rc == 6 and rec["status"] == "unsupported" and reason in rec["error"]
+    assert rec["repeats"] == [] and rec["ranks"] == []
+
+
+def test_deepspeed_unsupported_when_missing(monkeypatch):
+    from dlscale.config import RunConfig
+    from dlscale.strategies import deepspeed as ds
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    ds._import_error.cache_clear()
+    try:
+        reason = ds.check(RunConfig(strategy="deepspeed", nproc_per_node=2), {"device_type": "cpu"})
+    finally:
+        ds._import_error.cache_clear()
+    assert reason and "not installed" in reason
+    assert ds.check(RunConfig(strategy="deepspeed"), {"device_type": "cpu", "assume_extras": True}) is None
+
+
+def test_zero1_overlap_unsupported_on_cpu():
+    from dlscale.config import RunConfig
+    from dlscale.strategies import get_strategy
+
+    cfg = RunConfig(strategy="zero1", nproc_per_node=2, strategy_options={"overlap_with_ddp": True})
+    assert "NCCL" in get_strategy("zero1").check(cfg, {"device_type": "cpu"})
+    assert get_strategy("zero1").check(cfg, {"device_type": "cuda"}) is None
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one line, nothing stored
+
+
+@pytest.mark.parametrize("model, strategy, nproc, batch, opts, expect", [
+    ("gpt2", "hybrid", 2, 4, ["dp=2", "tp=2"], "dp 2 x tp 2 x pp 1 = 4 do not match the world size 2"),
+    ("gpt2", "hybrid", 2, 4, ["tp=3"], "tp 3 x pp 1 = 3 do not divide the world size 2"),
+    ("gpt2", "pipeline", 3, 6, ["microbatches=3"], "3 pipeline stages (3 ranks) but gpt2 (tiny) has only 2 blocks"),
+    ("gpt2", "pipeline", 2, 4, ["schedule=interleaved"], "4 pipeline stages (2 ranks x 2 virtual)"),
+    ("gpt2", "model", 3, 4, [], "3 pipeline stages"),
+    ("gpt2", "hybrid", 2, 4, ["pp=2", "microbatches=3"], "microbatches 3 do not divide the batch size 4"),
+    ("gpt2", "pipeline", 2, 4, ["microbatches=3"], "microbatches 3 do not divide the batch size 4"),
+    ("gpt2", "pipeline", 2, 4, ["schedule=1f1b", "microbatches=1"], "needs microbatches >= stages"),
+    ("gpt2", "tensor", 3, 4, [], "tensor parallel degree 3 does not divide gpt2's 4 attention heads"),
+    ("bert-base", "hybrid", 3, 4, ["tp=3"], "tensor parallel degree 3 does not divide bert-base's 4 attention heads"),
+    ("gpt2", "hsdp", 2, 4, ["replicate=3"], "hsdp replicate degree 3 does not divide the world size 2"),
+    ("gpt2", "fsdp", 2, 4, ["foo=1"], "unknown fsdp option(s) foo; allowed: shard, mixed_precision"),
+    ("gpt2", "fsdp", 2, 4, ["shard=zero4"], "option shard must be one of zero3, zero2"),
+    ("gpt2", "model", 2, 4, ["microbatches=2"], "allowed: none"),
+    ("gpt2", "zero1", 2, 4, ["overlap_with_ddp=maybe"], "must be true or false"),
+    ("gpt2", "deepspeed", 2, 4, ["stage=4"], "option stage must be one of 1, 2, 3"),
+    ("gpt2", "tensor", 2, 4, ["sequence_parallel=true", "tp=2"], "unknown tensor option(s) tp"),
+])
+def test_bad_input(tmp_path, model, strategy, nproc, batch, opts, expect):
+    store = tmp_path / "store"
+    args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
+            "--batch-size", str(batch), "--device", "cpu", "--store", str(store)]
+    for o in opts:
+        args += ["-o", o]
+    rc, out, err = _cli(args)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlscale: error:"), err
+    assert expect in lines[0], lines[0]
+    assert not store.exists() or not any(store.iterdir())
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def test_split_blocks():
+    from dlscale.strategies.pipeline import split_blocks
+
+    assert split_blocks(12, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert split_blocks(5, 2) == [[0, 1, 2], [3, 4]]
+    assert [len(r) for r in split_blocks(16, 3)] == [6, 5, 5]
+
+
+def test_label_packing_roundtrip():
+    import torch
+
+    from dlscale.strategies.pipeline import _Packer
+
+    mlm = torch.arange(12).reshape(3, 4)
+    nsp = torch.tensor([0, 1, 1])
+    p = _Packer()
+    packed = p.pack((mlm, nsp))
+    assert packed.shape == (3, 5)
+    a, b = p.unpack(packed[1:])  # a micro-batch of the packed rows
+    assert torch.equal(a, mlm[1:]) and torch.equal(b, nsp[1:])
+
+
+def test_qkv_permutation_keeps_heads_together():
+    import torch
+    from torch import nn
+
+    from dlscale.strategies.tensor import _permute_qkv
+
+    lin = nn.Linear(2, 3 * 8)  # C = 8, tp = 2: 4 rows of q, k and v per rank
+    with torch.no_grad():
+        lin.weight.copy_(torch.arange(24.0).unsqueeze(1).expand(24, 2))
+        lin.bias.copy_(torch.arange(24.0))
+    _permute_qkv(lin, 2)
+    rank0 = lin.bias[:12].tolist()
+    assert rank0 == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]  # q_0 | k_0 | v_0
+    assert lin.weight[12:, 0].tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+
+
+# ---------------------------------------------------------------- compatibility matrix
+
+
+def test_docs_hold_the_current_matrix():
+    from dlscale.strategies._matrix import BEGIN, END, compat_matrix
+
+    text = DOC.read_text()
+    assert BEGIN in text and END in text
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert block.strip() == compat_matrix().strip(), \
+        "docs/strategies.md is stale: run python -m dlscale.strategies._matrix --write"
+
+
+def test_matrix_covers_every_strategy_and_model():
+    from dlscale.models import model_names
+    from dlscale.strategies import strategy_names
+    from dlscale.strategies._matrix import compat_matrix
+
+    m = compat_matrix()
+    header = m.splitlines()[0]
+    for model in model_names():
+        assert model in header
+    rows = [ln.split("|")[1].strip() for ln in m.splitlines()[2:] if ln.startswith("| ")]
+    for s in strategy_names():
+        assert any(r == s or r.startswith(s + " ") for r in rows), s
+    assert "GPU only" in m and "resnet50 has no such plan" in m
+
+
+# ---------------------------------------------------------------- memory model
+
+
+def test_memory_model_zero_formulas():
+    from dlscale.strategies._memory import bytes_per_param, predicted_model_state_bytes as pred
+
+    P, N = 1_000_000, 4
+    assert pred("ddp", P, N) == pred("single", P, 1) == pred("dp", P, N) == 16 * P
+    assert pred("zero1", P, N) == (8 + 8 / N) * P
+    assert pred("fsdp", P, N, options={"shard": "zero2"}) == (4 + 12 / N) * P
+    assert pred("fsdp", P, N) == 16 / N * P
+    assert pred("deepspeed", P, N, options={"stage": 1}) == pred("zero1", P, N)
+    assert pred("deepspeed", P, N, options={"stage": 3}) == pred("fsdp", P, N)
+    # the ZeRO paper's mixed-precision Adam: 2 + 2 + 12
+    assert bytes_per_param(0, N, mixed=True) == 16
+    assert bytes_per_param(1, N, mixed=True) == 4 + 12 / N
+    assert bytes_per_param(2, N, mixed=True) == 2 + 14 / N
+    assert bytes_per_param(3, N, mixed=True) == 16 / N
+    # SGD with momentum: 4 + 4 + 4
+    assert pred("ddp", P, N, optimizer="sgd") == 12 * P
+    # hsdp shards over world / replicate; model parallel splits the parameters
+    assert pred("hsdp", P, 8, options={"replicate": 2}) == 16 / 4 * P
+    assert pred("tensor", P, N) == pred("pipeline", P, N) == 16 / N * P
+    assert pred("hybrid", P, 8, options={"dp": 2, "tp": 2, "pp": 2}) == 16 * P / 4
+    assert pred("hybrid", P, 8, options={"dp": 2, "tp": 4, "dp_shard": "fsdp"}) == 16 * P / 8
+    with pytest.raises(ValueError):
+        pred("nope", P, N)
+    # ordering that the benchmark should reproduce in peak memory
+    assert pred("ddp", P, N) > pred("zero1", P, N) > pred("fsdp", P, N, options={"shard": "zero2"}) > pred("fsdp", P, N)
