@@ -50,7 +50,14 @@ class RunConfig:
     # strategy-specific knobs (bucket size, shard mode, microbatches, degrees...)
     strategy_options: dict[str, Any] = field(default_factory=dict)
     label: str | None = None
-    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]"
+    # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds
+    monitor: bool = True
+    sample_interval: float = 0.1
+    # after the window: per-phase step breakdown (with a no_sync comparison) / a profiler trace
+    breakdown: bool = False
+    profile: bool = False
+    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
+    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
     inject_failure: str | None = None
 
     def __post_init__(self) -> None:
@@ -69,6 +76,9 @@ class RunConfig:
             raise ConfigError(f"collective-timeout must be > 0 seconds, got {self.collective_timeout}")
         if self.inject_failure is not None:
             parse_injection(self.inject_failure)
+        from dlscale.monitor import validate_interval
+
+        validate_interval(self.sample_interval)
 
     @property
     def world_size(self) -> int:
@@ -92,14 +102,19 @@ class RunConfig:
         left out.
         """
         d = self.to_dict()
-        for k in ("repeats", "time_limit", "collective_timeout", "label", "inject_failure"):
+        for k in ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
+                  "sample_interval", "breakdown", "profile"):
             d.pop(k)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
-    """Parse "kind@step[:rank]" (kind: crash, oom, hang) used by tests to simulate failures."""
+    """Parse "kind@step[:rank]" (kind: crash, oom, hang) used by tests to simulate failures.
+
+    For kind "oom-above" the number is a batch size, not a step: "oom-above@N" makes the worker
+    run out of memory at step 0 whenever the per-device batch size is larger than N.
+    """
     try:
         kind, rest = spec.split("@", 1)
         step_s, _, rank_s = rest.partition(":")
@@ -107,8 +122,8 @@ def parse_injection(spec: str) -> tuple[str, int, int | None]:
         rank = int(rank_s) if rank_s else None
     except ValueError:
         raise ConfigError(f"inject-failure must look like crash@STEP[:RANK], got {spec!r}") from None
-    if kind not in ("crash", "oom", "hang"):
-        raise ConfigError(f"inject-failure kind must be crash, oom or hang, got {kind!r}")
+    if kind not in ("crash", "oom", "hang", "oom-above"):
+        raise ConfigError(f"inject-failure kind must be crash, oom, hang or oom-above, got {kind!r}")
     return kind, step, rank
 
 

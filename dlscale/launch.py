@@ -8,9 +8,12 @@ appended whatever the status, so an OOM batch size is on file like a result.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +48,11 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
         return "oom", f"rank {oom[0]['rank']}: {oom[0].get('error')}"
     if bad:
         return "failed", f"rank {bad[0]['rank']}: {bad[0].get('error')}"
+    if proc_rc != 0 and len(ranks) >= world:
+        # every rank measured and reported ok, then a process died at exit (seen rarely as
+        # "terminate called without an active exception" in torch's teardown): the measurement
+        # stands; the repeat carries a warning.
+        return "ok", None
     if proc_rc != 0 or len(ranks) < world:
         missing = sorted(set(range(world)) - {r["rank"] for r in ranks})
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["no output"]
@@ -56,6 +64,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
                  seconds: float) -> dict[str, Any]:
     entry: dict[str, Any] = {"repeat": i, "status": status, "error": error, "process_s": round(seconds, 3)}
     r0 = next((r for r in ranks if r.get("rank") == 0), None)
+    r0 = r0 or next((r for r in ranks if r.get("status") == "ok"), None)  # multi-node: node without rank 0
     mems = [r.get("peak_mem_allocated_bytes") for r in ranks if r.get("peak_mem_allocated_bytes") is not None]
     res = [r.get("peak_mem_reserved_bytes") for r in ranks if r.get("peak_mem_reserved_bytes") is not None]
     rss = [r.get("peak_rss_bytes") for r in ranks if r.get("peak_rss_bytes") is not None]
@@ -63,6 +72,12 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     entry["peak_mem_reserved_bytes"] = max(res) if res else None
     entry["per_rank_peak_mem_allocated_bytes"] = [r.get("peak_mem_allocated_bytes") for r in ranks]
     entry["peak_rss_bytes"] = max(rss) if rss else None
+    # per node, the local rank 0 samples the hardware; rank 0 measures the breakdown
+    nodes = [r.get("utilisation") for r in ranks if r.get("utilisation") is not None]
+    entry["utilisation"] = nodes[0] if nodes else None
+    if len(nodes) > 1:
+        entry["utilisation_per_node"] = nodes
+    entry["breakdown"] = r0.get("breakdown") if r0 else None
     if status == "ok" and r0 is not None:
         global_batch = cfg.batch_size * cfg.grad_accum * r0["dp_size"]
         entry.update({
@@ -70,6 +85,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "window_s": r0["window_s"],
             "warmup_s": r0.get("warmup_s"),
             "step_times_ms": r0["step_times_ms"],
+            "window_wall": r0.get("window_wall"),
             "loss_first": (r0.get("warmup_losses") or [None])[0],
             "loss_last": r0.get("loss_last"),
             "loss_after": r0.get("loss_after"),
@@ -121,7 +137,7 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     spec = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
     env = envinfo.capture()
-    base = dict(kind="run", case_key=cfg.case_key(), label=cfg.label,
+    base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,
                 command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env)
     reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
@@ -135,18 +151,28 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     ranks_last: list[dict] = []
     status, error = "ok", None
     emit = on_event or (lambda kind, payload: None)
+    env_extra = _thread_env(device_type, strat, cfg, env_extra)
+    base["omp_num_threads"] = env_extra.get("OMP_NUM_THREADS") if device_type == "cpu" else None
+    staging = Path(tempfile.mkdtemp(prefix="dlscale-traces-"))
     for i in range(cfg.repeats):
         with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
             tmp_path = Path(tmp)
             (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+            # nn.DataParallel drives all the node's devices from one process
+            nproc = 1 if strat.single_process else cfg.nproc_per_node
             proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
-                                  cfg.nproc_per_node, cfg.time_limit, env=env_extra, rdzv=rdzv,
+                                  nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
                                   on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
             rank_results = read_rank_files(tmp_path)
-        local_world = cfg.nproc_per_node if (rdzv and rdzv.nnodes > 1) else cfg.world_size
-        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results,
-                                     cfg.world_size if not (rdzv and rdzv.nnodes > 1) else local_world, proc.output_tail)
+            series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
+        # the ranks this launcher's torchrun started (its node's share of the world)
+        local_world = nproc if (strat.single_process or (rdzv and rdzv.nnodes > 1)) else cfg.world_size
+        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
+                                     proc.output_tail)
         entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
+        if status_i == "ok" and proc.returncode != 0:
+            entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
+        entry["series"] = series
         repeats.append(entry)
         if i == 0:
             ranks = [{k: r.get(k) for k in ("rank", "local_rank", "host", "device", "device_name", "pid")}
@@ -170,6 +196,52 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
                      repeats=repeats,
                      summary=summarize_case(cfg, spec, repeats, ok_ranks, device_type) if any(
                          r["status"] == "ok" for r in repeats) else None,
-                     **base)
+                     **base, **_median_repeat_extras(repeats, store, base["id"], staging))
+    shutil.rmtree(staging, ignore_errors=True)
     store.append(rec)
     return rec
+
+
+def _thread_env(device_type: str, strat, cfg: RunConfig, env_extra: dict[str, str] | None) -> dict[str, str]:
+    """On the CPU, give each rank an equal share of the cores (torchrun sets 1 thread per rank
+    only when it starts several), so 1-process baselines and N-process runs use the machine alike."""
+    env = dict(env_extra or {})
+    if device_type == "cpu" and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+        local = 1 if strat.single_process else cfg.nproc_per_node
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
+    return env
+
+
+def _keep_artifacts(tmp: Path, store: ResultStore, rec_id: str, repeat: int, staging: Path) -> list[str]:
+    """Move a repeat's utilisation series into the store (beside the records) and stage its trace."""
+    kept = []
+    for f in sorted(tmp.glob("series-rank*.jsonl")):
+        dest = store.root / "series" / f"{rec_id}-r{repeat}-{f.stem.split('-', 1)[1]}.jsonl"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(f), dest)
+        kept.append(str(dest.relative_to(store.root)))
+    if (tmp / "trace.json").exists():
+        shutil.move(str(tmp / "trace.json"), staging / f"trace-r{repeat}.json")
+    return kept
+
+
+def median_repeat(repeats: list[dict]) -> dict | None:
+    """The ok repeat whose throughput is the median (the lower middle one for an even count)."""
+    ok = sorted((r for r in repeats if r["status"] == "ok"), key=lambda r: r["samples_per_s"])
+    return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, staging: Path) -> dict:
+    """Utilisation, breakdown and profiler trace of the median repeat, for the record's top level."""
+    med = median_repeat(repeats)
+    if med is None:
+        return {"utilisation": None, "breakdown": None, "trace": None}
+    trace = None
+    staged = staging / f"trace-r{med['repeat']}.json"
+    if staged.exists():
+        dest = store.root / "traces" / f"{rec_id}.json"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), dest)
+        trace = str(dest.relative_to(store.root))
+    return {"utilisation": med.get("utilisation"), "breakdown": med.get("breakdown"),
+            "median_repeat": med["repeat"], "trace": trace}

@@ -38,7 +38,8 @@ class Rendezvous:
 
     def torchrun_args(self) -> list[str]:
         if self.nnodes == 1 and not self.rdzv_endpoint and not self.master_addr:
-            return ["--standalone", "--nnodes", "1"]
+            return ["--standalone", "--nnodes", "1"] + (
+                ["--max-restarts", str(self.max_restarts)] if self.max_restarts else [])
         args = ["--nnodes", str(self.nnodes)]
         if self.rdzv_endpoint:
             args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint]

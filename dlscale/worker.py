@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import gc
 import json
 import os
 import resource
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlscale import multinode
 from dlscale.config import RunConfig, parse_injection, resolve_device
 from dlscale.models import count_parameters, get_model
 from dlscale.strategies import DistEnv, Parallelized, get_strategy
@@ -43,6 +45,7 @@ def dist_env_from_environ(device_type: str) -> DistEnv:
         rank, world = int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"])
         local_rank = int(e.get("SLURM_LOCALID", 0))
         local_world = int(e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE", "1").split("(")[0]))
+        multinode.slurm_rendezvous_env()  # MASTER_ADDR/PORT from the step's first node when missing
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1
     if device_type == "cuda":
@@ -58,10 +61,12 @@ def dist_env_from_environ(device_type: str) -> DistEnv:
 class _Injected:
     """Test hook: raise/hang at a given global step on a given rank (config.inject_failure)."""
 
-    def __init__(self, spec: str | None, rank: int):
+    def __init__(self, spec: str | None, rank: int, batch_size: int | None = None):
         self.kind = None
         if spec:
             kind, step, target = parse_injection(spec)
+            if kind == "oom-above":  # "oom-above@N": OOM at step 0 when the batch is larger than N
+                kind, step = ("oom", 0) if batch_size is not None and batch_size > step else (None, 0)
             if target is None or target == rank:
                 self.kind, self.step = kind, step
 
@@ -131,9 +136,9 @@ def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: 
     """
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     out = []
-    b = cfg.batch_size
+    b = cfg.batch_size * int(par.info.get("devices_per_process", 1))  # nn.DataParallel feeds all GPUs
     for _ in range(cfg.grad_accum):
-        full = spec.make_batch(b * par.dp_size, torch.device("cpu"), gen)
+        full = spec.make_batch(cfg.batch_size * par.dp_size, torch.device("cpu"), gen)
         mine = []
         for t in full:
             t = t[dp_rank * b:(dp_rank + 1) * b].to(device)
@@ -167,7 +172,7 @@ def _loss_value(loss: torch.Tensor | None) -> float | None:
     return v if v == v and abs(v) != float("inf") else None
 
 
-def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any]) -> None:
+def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path | None = None) -> None:
     """Everything between process-group start and the rank's result (filled into ``result``)."""
     device = denv.device
     spec = get_model(cfg.model, cfg.flavor)
@@ -190,6 +195,14 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any]) -> None:
     result["params"] = count_parameters(model)
 
     par = get_strategy(cfg.strategy).fn(model, spec, cfg, denv)
+    if device.type == "cuda":
+        # The full model was built on every device before sharding (FSDP, ZeRO-3, pipeline):
+        # report the training peak, not the construction peak (which is kept separately).
+        result["init_peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     eager_module = par.module  # for the correctness check: no recompilation for inference
     if cfg.compile:
         par.module = torch.compile(par.module)
@@ -197,8 +210,32 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any]) -> None:
     result["strategy_info"] = par.info
     batches = make_batches(spec, cfg, par, par.info.get("dp_rank", denv.rank), device)
     step = build_step(par, cfg, device, batches)
-    inject = _Injected(cfg.inject_failure, denv.rank)
+    inject = _Injected(cfg.inject_failure, denv.rank, cfg.batch_size)
 
+    sampler = _start_sampler(cfg, denv, out_dir)
+    try:
+        _train_loop(cfg, denv, result, par, spec, step, batches, eager_module, inject, sampler, out_dir)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+
+def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
+    """One hardware sampler per node (local rank 0), in its own process; never fatal."""
+    if not cfg.monitor or denv.local_rank != 0 or out_dir is None:
+        return None
+    from dlscale.monitor import HardwareSampler
+
+    # the series is per node; os.getppid() is torchrun's agent, so RSS covers all local ranks
+    sampler = HardwareSampler(cfg.sample_interval, gpu_indices=None,
+                              series_path=str(out_dir / f"series-rank{denv.rank}.jsonl"), pid=os.getppid())
+    sampler.start()
+    sampler.wait_ready(5.0)  # a first sample before warm-up, so even a short window is covered
+    return sampler
+
+
+def _train_loop(cfg, denv, result, par, spec, step, batches, eager_module, inject, sampler, out_dir) -> None:
+    device = denv.device
     # Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read
     # here (a host sync per step is harmless outside the window) for correctness checks.
     losses = []
@@ -254,9 +291,22 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any]) -> None:
         "window_wall": [wall_start, wall_end],
         "step_times_ms": step_ms,
         "loss_last": _loss_value(loss) if par.reports_loss else None,
-        "loss_after": _loss_after(par, eager_module, batches[0], cfg, device, denv),
     })
     result.update(_peak_memory(device))
+    if sampler is not None:
+        result["utilisation"] = sampler.summary(wall_start, wall_end)
+    # Extra measurements, all after the window and after the memory peak was read.
+    if cfg.breakdown:
+        from dlscale.breakdown import measure_breakdown
+
+        result["breakdown"] = measure_breakdown(par, cfg, device, batches, _autocast(cfg, device),
+                                                denv.world_size)
+    if cfg.profile:
+        from dlscale.breakdown import profile_steps
+
+        trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
+        result["profile"] = profile_steps(step, device, trace)
+    result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
 
 
 def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv) -> float | None:
@@ -294,14 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dist.init_process_group(denv.backend, rank=denv.rank, world_size=denv.world_size,
                                 timeout=_dt.timedelta(seconds=cfg.collective_timeout),
-                                device_id=denv.device if denv.backend == "nccl" else None)
-        train(cfg, denv, result)
+                                device_id=denv.device if denv.backend == "nccl" else None,
+                                **multinode.restart_store(denv, cfg.collective_timeout))  # --max-restarts
+        multinode.after_init(denv, result)  # multi-node: every rank's host/device -> world.json
+        train(cfg, denv, result, Path(args.out))
     except torch.OutOfMemoryError as e:
         result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
     except Exception as e:
         result["status"], result["error"], code = "failed", _one_line(e), 1
         result["traceback"] = traceback.format_exc(limit=20)
     finally:
+        if code:
+            multinode.on_failure(denv, result)  # multi-node: publish/attribute the failure
         result.update({k: v for k, v in _peak_memory(denv.device).items() if k not in result})
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, default=str))
@@ -312,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         # Peers may be blocked in a collective with us; exit without a teardown that could hang.
         os._exit(code)
     dist.destroy_process_group()
-    return 0
+    # Leave without running C++ static destructors: torch's teardown of background threads has
+    # been seen to abort ("terminate called without an active exception") after a good run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _one_line(e: BaseException) -> str:

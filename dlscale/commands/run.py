@@ -36,7 +36,9 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default=DEFAULTS.strategy, help="registered parallel strategy name")
     p.add_argument("--nproc-per-node", type=int, default=DEFAULTS.nproc_per_node,
                    help="processes (devices) per machine")
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="per-device micro-batch size")
+    from dlscale.batchsearch import batch_size_arg
+    p.add_argument("--batch-size", type=batch_size_arg, default=DEFAULTS.batch_size,
+                   help="per-device micro-batch size, or max: the largest that fits (run only; docs/sweeps.md)")
     p.add_argument("--precision", default=DEFAULTS.precision, help=f"one of {', '.join(PRECISIONS)} "
                    "(fp32 uses TF32 tensor cores on GPUs, recorded as such)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the analogue of XLA)")
@@ -57,8 +59,19 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                    help="strategy option, repeatable (e.g. -o bucket_cap_mb=50)")
     p.add_argument("--label", default=None, help="free-form label stored with the record (for compare)")
+    p.add_argument("--no-monitor", dest="monitor", action="store_false",
+                   help="do not sample GPU/CPU/memory/disk/network utilisation during the repeats")
+    p.add_argument("--sample-interval", type=float, default=DEFAULTS.sample_interval,
+                   help="seconds between utilisation samples (0.01 to 10)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="after the window, time data/forward/backward/optimizer and exposed communication "
+                   "(a no_sync comparison run); see docs/metrics.md")
+    p.add_argument("--profile", action="store_true",
+                   help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
+                   "the median repeat's trace is kept in STORE/traces/")
     p.add_argument("--inject-failure", default=None, metavar="KIND@STEP[:RANK]",
-                   help="testing: make a rank crash, oom or hang at a step (crash|oom|hang)")
+                   help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), or "
+                   "oom-above@N: run out of memory whenever the batch size exceeds N")
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
@@ -67,7 +80,8 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
                   compile=args.compile, clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
                   warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
                   time_limit=args.time_limit, collective_timeout=args.collective_timeout,
-                  strategy_options=parse_options(args.option), label=args.label,
+                  strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,
+                  sample_interval=args.sample_interval, breakdown=args.breakdown, profile=args.profile,
                   inject_failure=args.inject_failure)
     fields.update(overrides)
     return RunConfig(**fields)
@@ -83,6 +97,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output")
     p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
+    p.add_argument("--max-batch-start", type=int, default=None, help="--batch-size max: first probe (default 8)")
+    p.add_argument("--max-batch-cap", type=int, default=None,
+                   help="--batch-size max: largest batch tried (default 4096 on GPUs, 64 on the CPU)")
+    from dlscale.multinode import add_rendezvous_arguments
+    add_rendezvous_arguments(p)  # --nnodes --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
     p.set_defaults(func=cmd_run)
 
     e = sub.add_parser("env", help="print a paste-ready environment report", formatter_class=fmt)
@@ -99,7 +118,7 @@ def cmd_env(args) -> int:
 def cmd_run(args) -> int:
     from dlscale import console
     from dlscale.cli import STATUS_EXIT
-    from dlscale.launch import run_case
+    from dlscale.multinode import rendezvous_from_args, run_case, was_recorded
     from dlscale.models import get_model, model_names
     from dlscale.store import ResultStore
     from dlscale.strategies import get_strategy, strategy_names
@@ -111,18 +130,28 @@ def cmd_run(args) -> int:
         for s in strategy_names():
             print(f"strategy  {s:12s} {get_strategy(s).description}")
         return 0
-    cfg = config_from_args(args)
+    search = args.batch_size == "max"  # largest batch that fits: probes, then the case (batchsearch.py)
+    cfg = config_from_args(args, nnodes=args.nnodes, **({"batch_size": args.max_batch_start or 8} if search else {}))
+    rdzv = rendezvous_from_args(args, cfg.nproc_per_node)
     store = ResultStore(args.store)
     quiet = args.json
     if not quiet:
         console.print_header(cfg)
-    rec = run_case(cfg, store, verbose=args.verbose,
-                   on_event=None if quiet else console.progress_printer(cfg))
+    if search:
+        from dlscale.batchsearch import run_case_max_batch
+        rec = run_case_max_batch(cfg, store, start=args.max_batch_start, cap=args.max_batch_cap, verbose=args.verbose,
+                                 on_event=None if quiet else console.progress_printer(cfg),
+                                 on_probe=None if quiet else lambda e: print(
+                                     f"#   probe batch {e['batch_size']}: {e['status']} ({e['seconds']:.1f} s)", flush=True))
+    else:
+        rec = run_case(cfg, store, rdzv=rdzv, verbose=args.verbose,
+                       on_event=None if quiet else console.progress_printer(cfg))
     if quiet:
         print(json.dumps(rec, indent=1, default=str))
     else:
         console.print_result(rec)
-        print(f"record {rec['id'][:12]} appended to {store.file}")
+        if was_recorded(rec):
+            print(f"record {rec['id'][:12]} appended to {store.file}")
     if rec["status"] != "ok":
         print(f"dlscale: case {rec['status']}: {rec['error']}", file=sys.stderr)
     return STATUS_EXIT[rec["status"]]

@@ -1,0 +1,203 @@
+"""The largest per-device batch that fits: ``dlscale run --batch-size max`` and ``batch_sizes: [max]``.
+
+The search doubles the batch from a start value until a probe runs out of memory (or the cap is
+reached), then bisects between the last batch that fit and the first that did not. Each probe is
+one short ``torchrun`` of the case (warm-up 2, steps 2, one repeat). Probes are *not* stored as run
+records: the case is then measured at the batch found, and that one record carries
+``batch_search = {start, cap, probes: [{batch_size, status, seconds, error}], max, capped, case_key}``
+and ``config.batch_size = max``. ``case_key`` there is the identity of the "max" case (the config
+with batch size "max"), which a resumed sweep matches on.
+
+Rules (docs/sweeps.md says the same for users):
+
+* a probe with status ``oom`` or ``timeout`` means "does not fit"; ``ok`` means it fits;
+* a probe that fails in any other way (``failed``, ``unsupported``) stops the search, and the case
+  is run once at that batch so that its record says what went wrong;
+* nothing fits (batch 1 runs out of memory): the case is run at batch 1 and recorded ``oom``;
+* the search never goes above the cap (default 4096 on GPUs; 64 on the CPU, where memory is
+  virtual and runs never fail with OOM in practice, so the cap is the answer).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dlscale import ConfigError
+from dlscale.config import RunConfig, resolve_device
+
+DEFAULT_START = 8
+DEFAULT_CAP = {"cuda": 4096, "cpu": 64}
+PROBE_WARMUP, PROBE_STEPS = 2, 2
+FIT = ("ok",)
+NO_FIT = ("oom", "timeout")
+
+
+def default_cap(device: str) -> int:
+    return DEFAULT_CAP["cuda" if resolve_device(device) == "cuda" else "cpu"]
+
+
+def batch_size_arg(value: str) -> int | str:
+    """argparse type of --batch-size: an integer (RunConfig checks its range) or "max"."""
+    if value.strip().lower() == "max":
+        return "max"
+    try:
+        return int(value)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'max', got {value!r}") from None
+
+
+def max_case_key(cfg: RunConfig) -> str:
+    """Identity of "this case at the largest batch that fits": the case_key of everything but the batch.
+
+    Derived from ``RunConfig.case_key`` (so it leaves out what case_key leaves out), with the
+    batch size fixed and a "max" marker, so it never equals a real case_key.
+    """
+    base = dataclasses.replace(cfg, batch_size=1).case_key()
+    return "max-" + hashlib.sha1(f"batch_size=max;{base}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class SearchResult:
+    start: int
+    cap: int
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    max: int | None = None
+    capped: bool = False  # the cap fitted: the real limit may be higher
+    stopped: str | None = None  # why the search stopped early (a probe failed for another reason)
+    stopped_at: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def search_max_batch(probe: Callable[[int], tuple[str, str | None, float]], start: int, cap: int,
+                     on_probe: Callable[[dict[str, Any]], None] | None = None) -> SearchResult:
+    """Double from ``start`` until a probe does not fit (or ``cap``), then bisect.
+
+    ``probe(batch) -> (status, error, seconds)``; statuses as in run records.
+    """
+    if start < 1 or cap < 1:
+        raise ConfigError(f"batch search: start and cap must be >= 1, got start {start}, cap {cap}")
+    res = SearchResult(start=start, cap=cap)
+
+    def attempt(b: int) -> str:
+        status, error, seconds = probe(b)
+        entry = {"batch_size": b, "status": status, "seconds": round(seconds, 2), "error": error}
+        res.probes.append(entry)
+        if on_probe:
+            on_probe(entry)
+        if status not in FIT + NO_FIT:
+            res.stopped, res.stopped_at = f"probe at batch {b} {status}: {error}", b
+        return status
+
+    fit, no_fit = 0, None  # largest batch known to fit (0: none), smallest known not to
+    b = min(start, cap)
+    while True:
+        s = attempt(b)
+        if res.stopped:
+            return res
+        if s in FIT:
+            fit = b
+            if b >= cap:
+                res.capped = True
+                break
+            b = min(b * 2, cap)
+        else:
+            no_fit = b
+            break
+    if no_fit is not None:
+        while no_fit - fit > 1:
+            mid = (fit + no_fit) // 2
+            s = attempt(mid)
+            if res.stopped:
+                return res
+            if s in FIT:
+                fit = mid
+            else:
+                no_fit = mid
+    res.max = fit or None
+    return res
+
+
+class _DiscardStore:
+    """A store for probes: records are kept in memory, never written; side files go to ``root``
+    (a temporary directory the caller removes)."""
+
+    def __init__(self, root: str) -> None:
+        from pathlib import Path
+
+        self.root = self.file = Path(root)
+        self.records: list[dict[str, Any]] = []
+
+    def check_writable(self) -> None:
+        pass
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+
+class AnnotatingStore:
+    """Wraps a store: adds ``extra`` fields to every record before appending it."""
+
+    def __init__(self, store, extra: dict[str, Any]):
+        self.store, self.extra = store, extra
+
+    def check_writable(self) -> None:
+        self.store.check_writable()
+
+    def append(self, record: dict[str, Any]) -> None:
+        record.update(self.extra)
+        self.store.append(record)
+
+    def __getattr__(self, name: str) -> Any:  # root, file, load... of the wrapped store
+        return getattr(self.store, name)
+
+
+def probe_config(cfg: RunConfig, batch: int) -> RunConfig:
+    """A short run at ``batch``; no utilisation sampling, breakdown or trace where the config has them."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    extras = {k: v for k, v in (("monitor", False), ("breakdown", False), ("profile", False)) if k in names}
+    return dataclasses.replace(cfg, batch_size=batch, warmup=PROBE_WARMUP, steps=PROBE_STEPS, repeats=1, **extras)
+
+
+def run_case_max_batch(cfg: RunConfig, store, *, start: int | None = None, cap: int | None = None,
+                       command: str | None = None, extra: dict[str, Any] | None = None,
+                       on_event: Callable[[str, Any], None] | None = None,
+                       on_probe: Callable[[dict[str, Any]], None] | None = None,
+                       verbose: bool = False) -> dict[str, Any]:
+    """Find the largest batch that fits, then measure the case at it; returns the stored record.
+
+    ``cfg.batch_size`` is ignored (``start`` defaults to DEFAULT_START). One node only.
+    """
+    from dlscale import launch
+    from dlscale.config import validate_for_launch
+
+    start = DEFAULT_START if start is None else start
+    cap = default_cap(cfg.device) if cap is None else cap
+    if cap < start:
+        raise ConfigError(f"max-batch-cap {cap} is below max-batch-start {start}")
+    if cfg.nnodes > 1:
+        raise ConfigError("batch size max runs on one node; search on one node, then give the batch found")
+    validate_for_launch(dataclasses.replace(cfg, batch_size=start))
+    store.check_writable()
+
+    def probe(b: int) -> tuple[str, str | None, float]:
+        t = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="dlscale-probe-") as tmp:
+            rec = launch.run_case(probe_config(cfg, b), _DiscardStore(tmp), command=command or "batch-size probe",
+                                  verbose=verbose)
+        return rec["status"], rec.get("error"), time.monotonic() - t
+
+    result = search_max_batch(probe, start, cap, on_probe)
+    final = result.max or result.stopped_at or min(p["batch_size"] for p in result.probes)
+    info = result.to_dict()
+    info["case_key"] = max_case_key(cfg)
+    annotated = AnnotatingStore(store, {"batch_search": info, **(extra or {})})
+    return launch.run_case(dataclasses.replace(cfg, batch_size=final), annotated, command=command,
+                           on_event=on_event, verbose=verbose)

@@ -1,0 +1,388 @@
+"""`dlscale sweep SUITE`: run every case of a suite, resumably, then print the DLPerf tables.
+
+* Resume: a case whose sweep key (its case_key; for a "max" batch case the key of the batch
+  search) already has an ``ok`` record in the store is skipped; ``--force`` measures it again
+  (a new record is appended; nothing is ever rewritten). Cases whose last record is oom, failed,
+  timeout or unsupported run again.
+* Records are appended only when a case finishes (one atomic line each, with SIGINT/SIGTERM held
+  off while it is written), so a sweep killed at any moment leaves a consistent store and the
+  next run carries on with the case that was interrupted.
+* A case that needs more GPUs than are visible, or more than one node, is skipped with a note.
+* Exit codes: 0 when every case has a result (ok, oom or unsupported: DLPerf lists OOM as a
+  result), 5 when a case failed or timed out, 2 for bad input (before anything runs), 130 when
+  interrupted (Ctrl-C or SIGTERM: the running case's processes are killed, no record is written).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dlscale import ConfigError, DlscaleError
+from dlscale.config import RunConfig
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
+RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
+
+
+@dataclass
+class Planned:
+    index: int  # position in the suite
+    cfg: RunConfig
+    batch_max: bool
+    key: str  # sweep key (what resume matches on)
+    action: str  # "run", "done" (an ok record exists) or "skip" (cannot run here)
+    reason: str = ""
+
+
+# ----------------------------------------------------------------------------- parser
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sweep", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run every case of a suite (YAML matrix), resumably, and print the DLPerf tables",
+        description="Run a benchmark suite: a shipped one by name (see --list) or a suite file. Cases "
+                    "already ok in the store are skipped (--force re-measures); a killed sweep carries on "
+                    "where it stopped when run again. Failed, oom and timeout cases are recorded and the "
+                    "sweep goes on. Exit 0 when every case has a result (ok, oom, unsupported), 5 when a "
+                    "case failed or timed out, 2 for bad input, 130 when interrupted.")
+    p.add_argument("suite", nargs="?", metavar="SUITE", help="shipped suite name or path of a suite .yaml file")
+    p.add_argument("--store", default="results", help="result store directory (JSONL files)")
+    p.add_argument("--force", action="store_true", help="measure cases again even if the store has an ok record "
+                                                        "(appends new records)")
+    p.add_argument("--dry-run", action="store_true", help="list the cases and what the sweep would do; run nothing")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
+                   help="override the suite's device (default: the suite's; it is part of each case's identity)")
+    p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
+                   help="only cases matching (repeatable; different keys must all match, values of one key "
+                        "any): model, flavor, strategy, devices, nodes, nproc_per_node, batch_size, precision, "
+                        "compile, grad_accum")
+    p.add_argument("--max-batch-cap", type=int, default=None,
+                   help="override the suite's cap of the largest-batch search (batch_sizes: [max])")
+    p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
+    p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output to stderr")
+    p.set_defaults(func=cmd_sweep)
+
+
+# ----------------------------------------------------------------------------- planning
+
+def describe(cfg: RunConfig, batch_max: bool = False, found: str = "") -> str:
+    name = cfg.model + (f" ({cfg.flavor})" if cfg.flavor != "full" else "")
+    devices = f"x{cfg.world_size}" if cfg.nnodes == 1 else f"{cfg.nnodes}x{cfg.nproc_per_node}"
+    parts = [name, cfg.strategy, devices, f"batch {'max' + found if batch_max else cfg.batch_size}", cfg.precision,
+             "compiled" if cfg.compile else "eager"]
+    if cfg.grad_accum > 1:
+        parts.append(f"accum {cfg.grad_accum}")
+    if cfg.strategy_options:
+        parts.append(",".join(f"{k}={v}" for k, v in sorted(cfg.strategy_options.items())))
+    return " ".join(parts)
+
+
+def done_keys(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Sweep key -> newest ok record: case_key of ok runs, and the batch-search key of "max" runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.get("kind") != "run" or r.get("status") != "ok":
+            continue
+        keys = [r.get("case_key")]
+        search = r.get("batch_search")
+        if isinstance(search, dict) and search.get("case_key"):
+            keys.append(search["case_key"])
+        for k in keys:
+            if k and (k not in out or str(r.get("created")) >= str(out[k].get("created"))):
+                out[k] = r
+    return out
+
+
+def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
+         gpus: int | None) -> list[Planned]:
+    """What the sweep does with each selected case. ``gpus``: visible GPUs (None: CPU run)."""
+    done = done_keys(records)
+    out = []
+    for i in indices:
+        cfg, is_max = suite.cases[i], suite.batch_max[i]
+        key = suite.sweep_key(i)
+        p = Planned(i, cfg, is_max, key, "run")
+        if cfg.nnodes > 1:
+            p.action, p.reason = "skip", (f"needs {cfg.nnodes} nodes; a sweep runs on one node "
+                                          f"(run it on each node with dlscale run --nnodes)")
+        elif gpus is not None and cfg.nproc_per_node > gpus:
+            p.action, p.reason = "skip", f"needs {cfg.nproc_per_node} GPUs, this machine has {gpus}"
+        elif key in done and not force:
+            p.action, p.reason = "done", f"ok record {str(done[key].get('id'))[:12]} in the store"
+        out.append(p)
+    return out
+
+
+def run_command(cfg: RunConfig, batch_max: bool = False, start: int | None = None, cap: int | None = None) -> str:
+    """The `dlscale run` command line that measures this case alone (stored in the record)."""
+    a = ["dlscale", "run", "--model", cfg.model, "--flavor", cfg.flavor, "--strategy", cfg.strategy,
+         "--nproc-per-node", str(cfg.nproc_per_node)]
+    if cfg.nnodes > 1:
+        a += ["--nnodes", str(cfg.nnodes)]
+    a += ["--batch-size", "max" if batch_max else str(cfg.batch_size)]
+    if batch_max:
+        a += (["--max-batch-start", str(start)] if start else []) + (["--max-batch-cap", str(cap)] if cap else [])
+    a += ["--precision", cfg.precision] + (["--compile"] if cfg.compile else [])
+    if cfg.grad_accum != 1:
+        a += ["--grad-accum", str(cfg.grad_accum)]
+    if cfg.clip_grad_norm is not None:
+        a += ["--clip-grad-norm", str(cfg.clip_grad_norm)]
+    a += ["--warmup", str(cfg.warmup), "--steps", str(cfg.steps), "--repeats", str(cfg.repeats),
+          "--device", cfg.device, "--seed", str(cfg.seed), "--time-limit", f"{cfg.time_limit:g}",
+          "--collective-timeout", f"{cfg.collective_timeout:g}"]
+    for k, v in sorted(cfg.strategy_options.items()):
+        import json
+
+        a += ["-o", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    if cfg.label is not None:
+        a += ["--label", cfg.label]
+    if cfg.inject_failure:
+        a += ["--inject-failure", cfg.inject_failure]
+    return " ".join(shlex.quote(x) for x in a)
+
+
+# ----------------------------------------------------------------------------- running
+
+class _SafeStore:
+    """Appends with SIGINT/SIGTERM held off, so an interrupt never tears a record line."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def check_writable(self) -> None:
+        self.store.check_writable()
+
+    def append(self, record: dict[str, Any]) -> None:
+        sigs = {signal.SIGINT, signal.SIGTERM}
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
+        try:
+            self.store.append(record)
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, seconds: float,
+              error: str | None = None) -> str:
+    width = len(str(total))
+    head = f"[{n:>{width}}/{total}]"
+    found = ""
+    if rec is not None and p.batch_max and isinstance(rec.get("batch_search"), dict):
+        s = rec["batch_search"]
+        best = s.get("max")
+        found = (f"={best}" + (" (the cap)" if s.get("capped") else "") if best else "=none") + \
+            f" after {len(s.get('probes') or [])} probes"
+    what = describe(p.cfg, p.batch_max, found)
+    if rec is None:
+        return f"{head} {'ERROR':<8} {what}: not run: {error}"
+    status = rec["status"]
+    if status == "ok":
+        tput = (rec.get("summary") or {}).get("samples_per_s") or {}
+        unit = (rec.get("model") or {}).get("unit") or "sample"
+        median = tput.get("median")
+        result = f"{median:,.1f} {unit}/s (n={tput.get('n')})" if median else "no samples/s"
+    else:
+        err = " ".join(str(rec.get("error") or "").split())
+        result = err[:140] + ("…" if len(err) > 140 else "")
+    return f"{head} {status.upper() if status != 'ok' else 'ok':<8} {what}: {result} [{seconds:.1f} s]"
+
+
+def _run_one(p: Planned, store, suite, settings: dict[str, Any], verbose: bool, on_probe) -> dict[str, Any]:
+    from dlscale import batchsearch, launch
+
+    extra = {"sweep": {"suite": suite.name, "file": str(suite.path)}}
+    if p.batch_max:
+        start = settings.get("max_batch_start") or batchsearch.DEFAULT_START
+        cap = settings.get("max_batch_cap") or batchsearch.default_cap(p.cfg.device)
+        return batchsearch.run_case_max_batch(p.cfg, store, start=start, cap=cap, extra=extra,
+                                              command=run_command(p.cfg, True, start, cap), on_probe=on_probe,
+                                              verbose=verbose)
+    return launch.run_case(p.cfg, batchsearch.AnnotatingStore(store, extra), command=run_command(p.cfg),
+                           verbose=verbose)
+
+
+def summary_tables(store_root, keys: set[str]) -> str:
+    """The report's DLPerf tables (Markdown) for the records of these case keys."""
+    from dlscale.report import render
+    from dlscale.report.data import Loaded, build_report, load_records
+    from dlscale.store import LoadResult
+
+    try:
+        loaded = load_records(store_root)
+    except ConfigError:
+        return ""
+    mine = [r for r in loaded.records if r.get("case_key") in keys
+            or (isinstance(r.get("batch_search"), dict) and r["batch_search"].get("case_key") in keys)]
+    if not mine:
+        return ""
+    try:
+        report = build_report(Loaded(loaded.store, mine, LoadResult()))
+    except ConfigError:
+        return ""
+    out = []
+    # a table holding only a baseline that another table shows as its 1-device row adds nothing here
+    borrowed = {id(r.record) for g in report.groups for r in g.rows if r.borrowed}
+    for g in report.groups:
+        if g.own_rows and all(id(r.record) in borrowed for r in g.own_rows):
+            continue
+        out += [f"### {g.title}", "", render.md_table(render.table_columns(g), [render.table_cells(g, r) for r in g.rows]),
+                ""]
+        out += [f"- {n}" for n in render.group_notes(g)] + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def cmd_sweep(args) -> int:
+    from dlscale.config import resolve_device
+    from dlscale.store import ResultStore
+    from dlscale.suite import display_path, filter_suite, load_suite, parse_filters, shipped_suites
+
+    if args.list:
+        for name in shipped_suites():
+            s = load_suite(name)
+            print(f"{name:18s} {len(s.cases):3d} case(s)  {s.description}")
+        return EXIT_OK
+    if not args.suite:
+        raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
+    suite = load_suite(args.suite)
+    if args.device:
+        suite = suite.with_device(args.device)
+    settings = dict(suite.settings)
+    if args.max_batch_cap is not None:
+        if args.max_batch_cap < 1:
+            raise ConfigError(f"--max-batch-cap must be >= 1, got {args.max_batch_cap}")
+        settings["max_batch_cap"] = args.max_batch_cap
+    indices = filter_suite(suite, parse_filters(args.filter))
+    if any(suite.batch_max[i] for i in indices):
+        from dlscale.batchsearch import DEFAULT_START
+
+        start = settings.get("max_batch_start") or DEFAULT_START
+        if settings.get("max_batch_cap") and settings["max_batch_cap"] < start:
+            raise ConfigError(f"max batch cap {settings['max_batch_cap']} is below the search start {start}")
+
+    devices = {resolve_device(suite.cases[i].device) for i in indices}
+    gpus = None
+    if "cuda" in devices:
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = torch.cuda.device_count()
+        elif args.dry_run:
+            print("# no CUDA GPU visible here: the list assumes enough GPUs; a real run needs them")
+        else:
+            raise ConfigError(f"suite {suite.name} runs on device cuda but no CUDA GPU is visible "
+                              f"(--device cpu runs it on the CPU)")
+    store = ResultStore(args.store)
+    loaded = store.load()
+    if loaded.warning():
+        print(f"dlscale: warning: {loaded.warning()}", file=sys.stderr)
+    records = loaded.records
+    planned = plan(suite, indices, records, args.force, gpus)
+    todo = [p for p in planned if p.action == "run"]
+    done = [p for p in planned if p.action == "done"]
+    skipped = [p for p in planned if p.action == "skip"]
+
+    where = display_path(suite.path)
+    sel = f"{len(indices)} of {len(suite.cases)}" if len(indices) != len(suite.cases) else f"{len(indices)}"
+    print(f"# sweep {suite.name} ({where}): {sel} case(s): {len(todo)} to run, {len(done)} already ok in "
+          f"{args.store}{' (--force re-measures them)' if done else ''}, {len(skipped)} skipped")
+    for p in skipped:
+        print(f"#   skip {describe(p.cfg, p.batch_max)}: {p.reason}")
+    if args.dry_run:
+        for n, p in enumerate(planned, 1):
+            print(f"{n:>4}  {p.action:<4}  {describe(p.cfg, p.batch_max)}" + (f"  ({p.reason})" if p.reason else ""))
+        if suite.duplicates:
+            print(f"# {suite.duplicates} duplicate case(s) of the suite were dropped")
+        return EXIT_OK
+    if todo:
+        store.check_writable()
+
+    results: list[tuple[Planned, dict[str, Any] | None]] = []
+    sigterm_installed = threading.current_thread() is threading.main_thread()
+    old_handler = signal.signal(signal.SIGTERM, _on_sigterm) if sigterm_installed else None
+    try:
+        _sweep_loop(todo, suite, settings, _SafeStore(store), args.verbose, results)
+    except KeyboardInterrupt:
+        n_done = len(results)
+        what = describe(todo[n_done].cfg, todo[n_done].batch_max) if n_done < len(todo) else "-"
+        print(f"dlscale: sweep interrupted during case {n_done + 1}/{len(todo)} ({what}): no record for it; "
+              f"{n_done} finished case(s) are in {store.file}; run the same command again to carry on",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if sigterm_installed:
+            signal.signal(signal.SIGTERM, old_handler)
+
+    keys = {p.key for p in planned if p.action != "skip"}
+    tables = summary_tables(store.root, keys)
+    if tables:
+        print()
+        print(tables, end="")
+    statuses = [rec["status"] if rec else "error" for _, rec in results]
+    counts = {s: statuses.count(s) for s in ("ok", "oom", "unsupported", "timeout", "failed", "error") if s in statuses}
+    bad = [(p, rec) for p, rec in results if rec is None or rec["status"] not in RESULT_STATUSES]
+    ran = ", ".join(f"{v} {k}" for k, v in counts.items()) or "none"
+    print(f"# sweep {suite.name}: {len(planned)} case(s): {len(results)} ran ({ran}), {len(done)} already ok, "
+          f"{len(skipped)} skipped (cannot run here)")
+    if results:
+        print(f"# records in {store.file}; full report: dlscale report {args.store}")
+    if bad:
+        print(f"dlscale: {len(bad)} case(s) failed or timed out: "
+              + "; ".join(describe(p.cfg, p.batch_max) for p, _ in bad[:5]) + ("; ..." if len(bad) > 5 else ""),
+              file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _sweep_loop(todo: list[Planned], suite, settings: dict[str, Any], store, verbose: bool,
+                results: list) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = len(todo)
+    if not total:
+        return
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]case {task.fields[i]}/{task.total:.0f}"), BarColumn(),
+                        TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                        TextColumn("{task.description}"), console=console, transient=True)
+    t_start = time.monotonic()
+    with progress:
+        task = progress.add_task("", total=total, i=1, eta="?")
+        for n, p in enumerate(todo, 1):
+            what = describe(p.cfg, p.batch_max)
+            progress.update(task, description=what, i=n)
+
+            def on_probe(entry: dict[str, Any], _what=what) -> None:
+                progress.update(task, description=f"{_what}: probe batch {entry['batch_size']} {entry['status']}")
+
+            t = time.monotonic()
+            rec, error = None, None
+            try:
+                rec = _run_one(p, store, suite, settings, verbose, on_probe)
+            except DlscaleError as e:  # cannot start here (bad input found at launch): next case
+                error = str(e)
+            results.append((p, rec))
+            print(case_line(n, total, p, rec, time.monotonic() - t, error), flush=True)
+            elapsed = time.monotonic() - t_start
+            progress.update(task, completed=n, eta=_fmt_eta(elapsed / n * (total - n)))

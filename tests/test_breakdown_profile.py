@@ -1,0 +1,69 @@
+"""Issue 5 on the CPU: sampler in the record, step breakdown, profiler trace, interval bounds."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlscale.store import ResultStore
+
+
+def run(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "dlscale", "run", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_breakdown_profile_and_utilisation_in_record(tmp_path):
+    p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+            "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4", "--warmup", "3",
+            "--steps", "20", "--repeats", "2", "--breakdown", "--profile", "--sample-interval", "0.05",
+            "--store", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = ResultStore(tmp_path).load().records[0]
+
+    b = rec["breakdown"]
+    assert b["supported"] is True
+    parts = b["data_ms"] + b["forward_ms"] + b["backward_ms"] + b["optimizer_ms"]
+    assert b["step_ms"] == pytest.approx(parts)
+    # the phases, timed separately after the window, add up to the window's own step time
+    p50 = rec["summary"]["step_ms_p50"]
+    assert abs(b["step_ms"] - p50) / p50 < 0.35, (b, p50)
+    # DDP on 2 ranks: communication was measured and compared with a no_sync backward
+    assert b["comm_ms"] > 0 and b["exposed_comm_ms"] >= 0 and 0 <= b["overlap_ratio"] <= 1
+    assert b["backward_compute_ms"] > 0
+
+    u = rec["utilisation"]
+    assert u["nvml"] is False and u["gpu_util_pct_mean"] is None  # no NVML here: null, not an error
+    assert u["sampling_error"] is None and u["cpu_util_pct_mean"] is not None
+    # the time series lies beside the store, one file per repeat
+    for rep in rec["repeats"]:
+        assert rep["series"] and (tmp_path / rep["series"][0]).exists()
+        first = json.loads((tmp_path / rep["series"][0]).read_text().splitlines()[0])
+        assert "t" in first
+
+    trace = tmp_path / rec["trace"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert any(n.startswith("ProfilerStep#") for n in names)
+    assert any(n.startswith("aten::") for n in names)
+    assert rec["median_repeat"] in (0, 1)
+    assert len(list((tmp_path / "traces").iterdir())) == 1  # only the median repeat's trace is kept
+
+
+@pytest.mark.parametrize("interval", ["0.005", "11"])
+def test_sample_interval_out_of_range_is_exit_2(tmp_path, capsys, interval):
+    from dlscale.cli import main
+
+    code = main(["run", "--flavor", "tiny", "--sample-interval", interval, "--store", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "sampling interval must be between" in err[0]
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_no_monitor_leaves_utilisation_empty(tmp_path):
+    p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+            "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
+            "--no-monitor", "--store", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rec = ResultStore(tmp_path).load().records[0]
+    assert rec["utilisation"] is None and rec["repeats"][0]["series"] == []

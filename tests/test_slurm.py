@@ -1,0 +1,263 @@
+"""`dlscale slurm`: job scripts, bad input, and jobs on a real single-node Slurm.
+
+The Slurm jobs need slurmctld, slurmd and munge (`.ci/setup-slurm.sh` installs and starts
+them). When Slurm is not up, the fixture starts it with that script if it can (root, packages
+installed) and stops what it started; otherwise the job tests are skipped with the reason.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale import cli
+from dlscale.commands import slurm as slurm_cmd
+from dlscale.commands.run import config_from_args
+from dlscale.config import RunConfig
+from dlscale.store import ResultStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / ".ci" / "setup-slurm.sh"
+CASE = ["--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--precision", "fp32", "--batch-size", "8",
+        "--warmup", "1", "--steps", "2", "--repeats", "1", "--time-limit", "80", "--collective-timeout", "30"]
+
+
+def dry_run(capsys, *argv: str) -> str:
+    assert cli.main(["slurm", "--dry-run", *argv]) == 0
+    return capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ scripts
+
+def test_case_options_round_trip():
+    """Every RunConfig field survives the trip through the job's `dlscale run` options."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    values = dict(model="bert-base", flavor="tiny", strategy="fsdp", nproc_per_node=4, nnodes=3, batch_size=7,
+                  precision="amp-fp16", compile=True, clip_grad_norm=1.5, grad_accum=2, warmup=3, steps=9,
+                  repeats=2, device="cuda", seed=5, time_limit=77.5, collective_timeout=12.0,
+                  strategy_options={"bucket_cap_mb": 50, "mode": "full", "flag": True, "text": "50"},
+                  label="my run", inject_failure="crash@1:2", monitor=False, sample_interval=0.5,
+                  breakdown=True, profile=True)
+    cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
+    untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n))
+    assert not untested, f"give these new RunConfig fields a non-default value in this test: {untested}"
+    slurm_cmd.check_round_trip(cfg)  # raises DlscaleError on any difference
+    args = cli.build_parser().parse_args(["run", *slurm_cmd.case_cli_args(cfg)])
+    assert config_from_args(args, nnodes=3) == cfg
+
+
+def test_round_trip_check_catches_a_dropped_option(monkeypatch):
+    from dlscale import DlscaleError
+
+    real = slurm_cmd.case_cli_args
+    monkeypatch.setattr(slurm_cmd, "case_cli_args", lambda cfg, bm=False: [a for a in real(cfg, bm) if a != "--compile"])
+    with pytest.raises(DlscaleError, match="cannot pass compile"):
+        slurm_cmd.check_round_trip(RunConfig(compile=True))
+
+
+def test_suite_cases_keep_their_layout(capsys, tmp_path):
+    pytest.importorskip("dlscale.suite", reason="suites (dlscale.suite) are not in this build")
+    out = dry_run(capsys, "quick", "--nodes", "1", "--gpus-per-node", "2", "--store", str(tmp_path))
+    steps = [ln for ln in out.splitlines() if ln.startswith("step srun")]
+    assert len(steps) >= 2
+    assert any("--strategy single --nproc-per-node 1 " in s for s in steps)
+    assert any("--strategy ddp --nproc-per-node 2 " in s for s in steps)
+    assert cli.main(["slurm", "quick", "--dry-run", "--nodes", "1", "--gpus-per-node", "1",
+                     "--store", str(tmp_path)]) == 2
+    assert "does not fit the allocation of 1 x 1" in capsys.readouterr().err
+
+
+def test_multinode_torchrun_script(capsys, tmp_path):
+    out = dry_run(capsys, "--nodes", "2", "--gpus-per-node", "4", "--model", "gpt2", "--partition", "gpu",
+                  "--time", "00:30:00", "--account", "proj", "--cpus-per-task", "32",
+                  "--sbatch-option=--exclusive", "--store", str(tmp_path))
+    assert out.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=00:30:00", "#SBATCH --account=proj",
+                 "#SBATCH --cpus-per-task=32", "#SBATCH --exclusive",
+                 f"#SBATCH --output={tmp_path}/slurm/%x-%j.out"):
+        assert line in out.splitlines()
+    step = next(ln for ln in out.splitlines() if ln.startswith("step srun"))
+    assert "--ntasks=2 --ntasks-per-node=1" in step and "--kill-on-bad-exit=0" in step
+    assert f"-m dlscale run --store {tmp_path}" in step
+    assert "--nproc-per-node 4" in step and '--nnodes 2 --rdzv-endpoint "$head:$((port + 0))"' in step
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in out
+    assert not (tmp_path / "slurm").exists()  # --dry-run writes nothing
+    r = subprocess.run(["bash", "-n"], input=out, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_single_node_cpu_script_has_no_gpus_and_no_rendezvous(capsys, tmp_path):
+    out = dry_run(capsys, "--nodes", "1", "--gpus-per-node", "2", *CASE, "--store", str(tmp_path))
+    assert "--gpus-per-node" not in out and "--rdzv-endpoint" not in out
+    assert "--nnodes 1" in out and "--nproc-per-node 2" in out
+
+
+def test_srun_mode_script(capsys, tmp_path):
+    out = dry_run(capsys, "--nodes", "2", "--gpus-per-node", "8", "--mode", "srun", "--store", str(tmp_path))
+    assert "#SBATCH --ntasks-per-node=8" in out
+    step = next(ln for ln in out.splitlines() if ln.startswith("step srun"))
+    for opt in ("--nodes=2", "--ntasks=16", "--ntasks-per-node=8", "--gpus-per-node=8", "--kill-on-bad-exit=0"):
+        assert opt in step.split()
+    assert "-m dlscale slurm-task" in step and "--nnodes 2" in step
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--nodes", "0"], ["nodes must be >= 1"]),
+    (["--gpus-per-node", "0"], ["gpus-per-node"]),
+    (["--model", "nope"], ["nope"]),
+    (["--port", "70000"], ["port"]),
+    (["no-such-suite"], ["no-such-suite"]),
+])
+def test_bad_slurm_input_exits_2(argv, words, capsys, tmp_path):
+    code = cli.main(["slurm", "--dry-run", "--store", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1
+    for w in words:
+        assert w in err
+
+
+def test_no_sbatch_is_bad_input(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm_cmd.shutil, "which", lambda name: None)
+    assert cli.main(["slurm", *CASE, "--store", str(tmp_path)]) == 2
+    assert "sbatch not found" in capsys.readouterr().err
+
+
+def test_slurm_task_outside_slurm_and_wrong_world(capsys, monkeypatch, tmp_path):
+    for k in list(os.environ):
+        if k.startswith("SLURM_"):
+            monkeypatch.delenv(k)
+    assert cli.main(["slurm-task", *CASE, "--store", str(tmp_path)]) == 2
+    assert "inside a Slurm job step" in capsys.readouterr().err
+    for k, v in {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3",
+                 "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost"}.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["slurm-task", *CASE, "--nproc-per-node", "2", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "3 task(s) but the case needs 2" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+# ------------------------------------------------------------------------ real Slurm
+
+def _slurm_ready() -> bool:
+    return SETUP.exists() and subprocess.run(["bash", str(SETUP), "status"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    if _slurm_ready():
+        yield
+        return
+    if os.geteuid() != 0:
+        pytest.skip("Slurm is not running and starting it needs root (run .ci/setup-slurm.sh)")
+    missing = [t for t in ("slurmctld", "slurmd", "sbatch", "munged") if shutil.which(t) is None
+               and not Path("/usr/sbin", t).exists()]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): run .ci/setup-slurm.sh")
+    r = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        pytest.skip(f"could not start Slurm with .ci/setup-slurm.sh: {r.stderr.strip()[-300:]}")
+    yield
+    subprocess.run(["bash", str(SETUP), "stop"], capture_output=True, timeout=60)
+
+
+def _submit(capsys, *argv: str) -> str:
+    assert cli.main(["slurm", *argv]) == 0
+    out = capsys.readouterr().out
+    return out.split("submitted job ", 1)[1].split(":", 1)[0]
+
+
+def _wait_job(job: str, timeout: float) -> str:
+    """Wait until the job left the queue; returns its ExitCode (e.g. "0:0"), or "timeout"."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+        if q.returncode == 0 and not q.stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        subprocess.run(["scancel", job], capture_output=True)
+        return f"timeout (job {job} still queued/running after {timeout} s)"
+    info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    for tok in info.split():
+        if tok.startswith("ExitCode="):
+            return tok.split("=", 1)[1]
+    return "?"
+
+
+def _free_port() -> int:
+    """A free port below the ephemeral range (32768+): a port the kernel may also hand out as a
+    client's source port lets a client connecting early to it connect to itself."""
+    for _ in range(200):
+        port = random.randrange(20000, 30000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 20000-29999")
+
+
+def _job_output(store: Path, name: str, job: str) -> str:
+    p = store / "slurm" / f"{name}-{job}.out"
+    return p.read_text() if p.exists() else f"(no job output at {p})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
+    store = tmp_path / "store"
+    name = f"dlscale-test-{mode}"
+    job = _submit(capsys, "--nodes", "1", "--gpus-per-node", "2", *CASE, "--store", str(store), "--mode", mode,
+                  "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()))
+    try:
+        code = _wait_job(job, 120)  # ~20 s on an idle 2-core machine
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    out = _job_output(store, name, job)
+    assert code == "0:0", out
+    recs = ResultStore(store).load(kind="run").records
+    assert len(recs) == 1, out
+    rec = recs[0]
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["label"] == f"slurm-{mode}", out
+    assert rec["summary"]["samples_per_s"]["median"] > 0
+    assert len(rec["ranks"]) == 2
+    if mode == "srun":  # two Slurm tasks, rank from SLURM_PROCID; task 0 recorded
+        assert rec["rendezvous"]["backend"] == "slurm-srun" and rec["rendezvous"]["job_id"] == job
+        assert rec["nodes"][0]["ranks"] == [0, 1]
+    assert "dlscale slurm: done, exit 0" in out
+
+
+@pytest.mark.slow
+def test_slurm_step_with_wrong_task_count_exits_2(slurm, tmp_path):
+    """A step whose task count does not match the case: exit 2 on every task, no record."""
+    store = tmp_path / "store"
+    store.mkdir()
+    cmd = (f"export DLSCALE_SLURM=1; srun --ntasks=2 {shlex.quote(sys.executable)} -m dlscale slurm-task "
+           f"{' '.join(CASE)} --nproc-per-node 1 --store {shlex.quote(str(store))}")
+    r = subprocess.run(["sbatch", "--parsable", "--ntasks=2", f"--output={store}/bad-%j.out", "--wrap", cmd],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    try:
+        code = _wait_job(job, 60)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    out = (store / f"bad-{job}.out").read_text()
+    assert code == "2:0", out
+    errors = [ln for ln in out.splitlines() if ln.startswith("dlscale: error:")]
+    assert len(errors) == 2 and "2 task(s) but the case needs 1" in errors[0], out
+    assert not (store / "results.jsonl").exists()

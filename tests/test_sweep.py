@@ -1,0 +1,359 @@
+"""Suites and `dlscale sweep`: parsing and validation, resume after a kill, --force, failures,
+and the largest-batch search (with the worker's simulated "oom-above@N" threshold).
+
+The process tests run tiny GPT-2 cases on the CPU (one process each, warm-up 1, steps 2,
+repeats 1); each torchrun start costs several seconds here, so they are few.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dlscale import ConfigError, cli
+from dlscale.batchsearch import batch_size_arg, max_case_key, search_max_batch
+from dlscale.commands import sweep as sweep_cmd
+from dlscale.config import RunConfig, parse_injection
+from dlscale.store import ResultStore
+from dlscale.suite import filter_suite, load_suite, parse_filters, shipped_suites
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def records(store: Path) -> list[dict]:
+    return ResultStore(store).load().records if store.exists() else []
+
+
+TINY = """\
+    device: cpu
+    warmup: 1
+    steps: 2
+    repeats: 1
+    time_limit: 120
+    collective_timeout: 60
+"""
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def test_shipped_suites_load_and_expand():
+    counts = {name: len(load_suite(name).cases) for name in shipped_suites()}
+    assert counts == {"quick": 6, "dlperf-resnet50": 16, "dlperf-bert": 48, "gpt2": 17}
+    quick = load_suite("quick")
+    assert [(c.model, c.strategy, c.world_size) for c in quick.cases] == [
+        ("gpt2", "single", 1), ("gpt2", "ddp", 2), ("bert-base", "single", 1), ("bert-base", "ddp", 2),
+        ("resnet50", "single", 1), ("resnet50", "ddp", 2)]
+    assert all(c.flavor == "tiny" and c.device == "cpu" and c.precision == "fp32" for c in quick.cases)
+    bert = load_suite("dlperf-bert")
+    assert sorted({(c.precision, c.batch_size) for c in bert.cases}) == [
+        ("amp-fp16", 64), ("amp-fp16", 96), ("amp-fp16", 128), ("fp32", 32), ("fp32", 48), ("fp32", 64)]
+    assert {c.nproc_per_node for c in bert.cases} == {1, 2, 4, 8} and {c.compile for c in bert.cases} == {False, True}
+    rn = load_suite("dlperf-resnet50")
+    assert {(c.precision, c.batch_size) for c in rn.cases} == {("fp32", 128), ("amp-fp16", 256)}
+    g = load_suite("gpt2")
+    assert sum(g.batch_max) == 1 and g.cases[-1].batch_size == g.settings["max_batch_start"]
+    # loading by path works too, and the name is the file's stem
+    assert load_suite(str(quick.path)).name == "quick"
+
+
+def test_matrix_order_exclude_cases_and_duplicates(tmp_path):
+    p = write(tmp_path, TINY + """\
+    matrix:
+      models: [gpt2, resnet50]
+      flavors: [tiny]
+      strategies: [single, ddp]
+      devices: [1, 2]
+      batch_sizes: [4, max]
+      precisions: [fp32]
+    exclude:
+      - {strategy: single, devices: 2}
+      - {strategy: ddp, devices: 1}
+      - {model: resnet50, batch_size: max}
+    cases:
+      - {model: bert-base, flavor: tiny, strategy: ddp, nodes: 2, nproc_per_node: 2, batch_size: 8, precision: fp32}
+      - {model: gpt2, flavor: tiny, strategy: single, devices: 1, batch_size: 4, precision: fp32}
+    """)
+    s = load_suite(p)
+    got = [(c.model, c.strategy, c.nnodes, c.nproc_per_node, "max" if m else c.batch_size)
+           for c, m in zip(s.cases, s.batch_max)]
+    assert got == [("gpt2", "single", 1, 1, 4), ("gpt2", "ddp", 1, 2, 4), ("gpt2", "single", 1, 1, "max"),
+                   ("gpt2", "ddp", 1, 2, "max"), ("resnet50", "single", 1, 1, 4), ("resnet50", "ddp", 1, 2, 4),
+                   ("bert-base", "ddp", 2, 2, 8)]
+    assert s.duplicates == 1  # the explicit gpt2 single case equals a matrix case
+    assert s.name == "s" and s.settings["repeats"] == 1 and s.cases[0].warmup == 1
+    # a "max" case starts the search at max_batch_start (default 8) and has its own resume key
+    assert s.cases[2].batch_size == 8 and s.sweep_key(2) == max_case_key(s.cases[2]) != s.cases[2].case_key()
+
+
+@pytest.mark.parametrize("body, words", [
+    ("matrx: {models: [gpt2], batch_sizes: [8]}", ["key 'matrx'", "unknown key", "did you mean 'matrix'"]),
+    ("matrix: {models: [gpt2], strategy: ddp, batch_sizes: [8]}",
+     ["key 'matrix.strategy'", "did you mean 'strategies'"]),
+    ("matrix: {models: [gpt2], batch_sizes: abc}",
+     ["key 'matrix.batch_sizes': expected a list of positive integers or \"max\", got 'abc'"]),
+    ("matrix: {models: [gpt2], batch_sizes: [8, 0]}", ["key 'matrix.batch_sizes'", "got 0"]),
+    ("matrix: {models: [gpt3], batch_sizes: [8]}", ["key 'matrix.models'", "unknown model 'gpt3'", "gpt2"]),
+    ("matrix: {models: [gpt2], strategies: [ddpp], batch_sizes: [8]}", ["unknown strategy 'ddpp'", "fsdp"]),
+    ("matrix: {models: [gpt2], precisions: [fp8], batch_sizes: [8]}", ["unknown precision 'fp8'", "amp-bf16"]),
+    ("matrix: {models: [gpt2], compile: [maybe], batch_sizes: [8]}", ["key 'matrix.compile'", "true/false"]),
+    ("matrix: {models: [gpt2], strategies: [single], devices: [1, 2], batch_sizes: [8]}",
+     ["key 'matrix'", "impossible case", "strategy=single", "devices=2", "runs one process", "exclude"]),
+    ("matrix: [{models: [gpt2], batch_sizes: [8]}, {models: [gpt2], devices: [2], nodes: [1], batch_sizes: [8]}]",
+     ["key 'matrix[1].devices'", "not both"]),
+    ("matrix: {models: [gpt2], strategies: [model], devices: [1], batch_sizes: [8]}",
+     ["impossible case", "needs at least 2 processes"]),
+    ("matrix: {models: [gpt2], batch_sizes: [8], strategy_options: [{bucket: 1}]}",
+     ["impossible case", "unknown ddp option(s) bucket"]),
+    ("matrix: {models: [gpt2], devices: [1]}", ["key 'matrix.batch_sizes'", "missing"]),
+    ("repeats: 0\nmatrix: {models: [gpt2], batch_sizes: [8]}", ["key 'repeats'", "positive integer"]),
+    ("device: tpu\nmatrix: {models: [gpt2], batch_sizes: [8]}", ["key 'device'", "auto, cuda, cpu"]),
+    ("time_limit: soon\nmatrix: {models: [gpt2], batch_sizes: [8]}", ["key 'time_limit'", "seconds"]),
+    ("exclude: [{modle: gpt2}]\nmatrix: {models: [gpt2], batch_sizes: [8]}",
+     ["key 'exclude[0].modle'", "did you mean 'model'"]),
+    ("cases: [{model: gpt2, batch_size: [8, 16]}]", ["key 'cases[0].batch_size'", "one value"]),
+    ("cases: [{model: gpt2, batch_size: 8, inject_failure: boom}]", ["key 'cases[0].inject_failure'"]),
+    ("cases: [{strategy: ddp, batch_size: 8}]", ["key 'cases[0].model'", "missing"]),
+    ("matrix: {models: [gpt2], batch_sizes: [8]}\nexclude: [{model: gpt2}]", ["defines no cases"]),
+    ("- just\n- a list", ["a suite is a mapping"]),
+    ("matrix: {models: [gpt2]\n", ["not valid YAML", "line"]),
+])
+def test_bad_suites_name_file_and_key(tmp_path, body, words):
+    p = write(tmp_path, body + "\n", "x.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_suite(p)
+    msg = str(e.value)
+    assert "x.yaml" in msg and "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_cli_bad_suite_exits_2_before_running(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("suites")
+    Path("suites/x.yaml").write_text("matrix: {models: [gpt2], batch_sizes: abc}\n")
+    assert cli.main(["sweep", "suites/x.yaml", "--store", "st"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("dlscale: error: suites/x.yaml: key 'matrix.batch_sizes': expected a list of positive "
+                   "integers or \"max\", got 'abc'")
+    assert not Path("st").exists()
+    assert cli.main(["sweep", "no-such-suite"]) == 2
+    assert "shipped suites: " in capsys.readouterr().err
+    assert cli.main(["sweep", "quick", "--filter", "colour=red"]) == 2
+    assert cli.main(["sweep", "quick", "--filter", "model=gpt3"]) == 2
+    assert "the suite has model: bert-base, gpt2, resnet50" in capsys.readouterr().err
+
+
+def test_filters():
+    s = load_suite("dlperf-bert")
+    assert len(filter_suite(s, parse_filters(["precision=fp32", "compile=false"]))) == 12
+    assert len(filter_suite(s, parse_filters(["devices=1,2", "batch_size=64"]))) == 8
+    assert len(filter_suite(s, parse_filters(["devices=1", "devices=8"]))) == 24  # one key twice: either
+    assert len(filter_suite(load_suite("gpt2"), parse_filters(["batch_size=max"]))) == 1
+    with pytest.raises(ConfigError, match="allowed: model"):
+        parse_filters(["colour=red"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_filters(["model"])
+
+
+def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):
+    p = write(tmp_path, TINY + """\
+    matrix: {models: [gpt2], flavors: [tiny], devices: [1, 2, 4], batch_sizes: [4, max], precisions: [fp32]}
+    cases: [{model: gpt2, flavor: tiny, nodes: 2, nproc_per_node: 1, batch_size: 4, precision: fp32}]
+    """)
+    s = load_suite(p)
+    ok = {"kind": "run", "status": "ok", "id": "a" * 32, "created": "2026-01-01T00:00:00+00:00"}
+    recs = [dict(ok, case_key=s.cases[0].case_key()),
+            dict(ok, case_key=RunConfig(model="gpt2").case_key(), batch_search={"case_key": s.sweep_key(3)}),
+            dict(ok, case_key=s.cases[1].case_key(), status="oom")]
+    plan = sweep_cmd.plan(s, list(range(len(s.cases))), recs, force=False, gpus=2)
+    assert [(p.action, p.reason.split(" ")[0]) for p in plan] == [
+        ("done", "ok"), ("run", ""), ("skip", "needs"), ("done", "ok"), ("run", ""), ("skip", "needs"),
+        ("skip", "needs")]
+    assert "needs 4 GPUs, this machine has 2" in plan[2].reason and "2 nodes" in plan[6].reason
+    forced = sweep_cmd.plan(s, list(range(len(s.cases))), recs, force=True, gpus=None)
+    assert [p.action for p in forced] == ["run"] * 6 + ["skip"]
+
+
+def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
+    assert cli.main(["sweep", "dlperf-resnet50", "--dry-run", "--store", str(tmp_path / "st")]) == 0
+    out = capsys.readouterr().out
+    assert "16 case(s): 16 to run" in out and "resnet50 ddp x8 batch 256 amp-fp16 compiled" in out
+    assert not (tmp_path / "st").exists()
+
+
+# ----------------------------------------------------------------------------- batch search
+
+def fake_probe(limit: int, log: list):
+    def probe(b):
+        log.append(b)
+        return ("ok" if b <= limit else "oom"), None, 0.0
+    return probe
+
+
+@pytest.mark.parametrize("limit, start, cap", [(20, 8, 4096), (8, 8, 4096), (7, 8, 4096), (1, 8, 4096),
+                                               (1000, 8, 4096), (333, 16, 512), (5000, 8, 4096), (3, 3, 4)])
+def test_search_finds_the_threshold(limit, start, cap):
+    log: list = []
+    res = search_max_batch(fake_probe(limit, log), start, cap)
+    assert res.max == min(limit, cap)
+    assert res.capped == (limit >= cap)
+    assert [p["batch_size"] for p in res.probes] == log and len(set(log)) == len(log)  # no batch probed twice
+    assert max(log) <= cap
+    if limit < cap:
+        assert any(b == limit + 1 for b in log)  # the first batch that does not fit was seen
+
+
+def test_search_edge_cases():
+    assert search_max_batch(fake_probe(0, []), 8, 64).max is None  # nothing fits, not even 1
+    res = search_max_batch(lambda b: (("ok", None, 0.0) if b < 16 else ("failed", "boom", 0.0)), 4, 64)
+    assert res.max is None and res.stopped_at == 16 and "failed: boom" in res.stopped
+    res = search_max_batch(lambda b: (("ok", None, 0.0) if b <= 10 else ("timeout", "slow", 0.0)), 8, 64)
+    assert res.max == 10  # a probe past the time limit counts as not fitting
+
+
+def test_oom_above_injection_and_batch_size_arg():
+    from dlscale.worker import _Injected
+
+    assert parse_injection("oom-above@24") == ("oom-above", 24, None)
+    assert _Injected("oom-above@24", 0, 24).kind is None
+    inj = _Injected("oom-above@24", 0, 25)
+    assert (inj.kind, inj.step) == ("oom", 0)
+    assert _Injected("oom-above@24:1", 0, 99).kind is None  # another rank
+    assert RunConfig(inject_failure="oom-above@3").case_key() == RunConfig().case_key()
+    assert batch_size_arg("max") == "max" and batch_size_arg("12") == 12
+    args = cli.build_parser().parse_args(["run", "--batch-size", "max", "--max-batch-cap", "32"])
+    assert args.batch_size == "max" and args.max_batch_cap == 32
+    assert cli.build_parser().parse_args(["run", "--batch-size", "7"]).batch_size == 7
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["run", "--batch-size", "lots"])
+    assert e.value.code == 2
+
+
+def test_run_batch_size_max_is_wired(tmp_path, monkeypatch, capsys):
+    from dlscale import batchsearch
+
+    seen = {}
+
+    def fake(cfg, store, **kw):
+        seen.update(cfg=cfg, **kw)
+        return {"status": "ok", "error": None, "id": "f" * 32, "config": cfg.to_dict(), "world_size": 1,
+                "summary": None, "batch_search": {"max": 24}}
+
+    monkeypatch.setattr(batchsearch, "run_case_max_batch", fake)
+    rc = cli.main(["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--batch-size", "max",
+                   "--max-batch-start", "4", "--max-batch-cap", "64", "--store", str(tmp_path / "st"), "--json"])
+    assert rc == 0 and seen["start"] == 4 and seen["cap"] == 64 and seen["cfg"].batch_size == 4
+    assert json.loads(capsys.readouterr().out)["batch_search"]["max"] == 24
+
+
+# ----------------------------------------------------------------------------- real sweeps
+
+RESUME_SUITE = TINY + """\
+    matrix:
+      models: [gpt2]
+      flavors: [tiny]
+      precisions: [fp32]
+      strategies: [single]
+      batch_sizes: [2, 4, 6]
+"""
+
+
+def _wait(pred, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, capsys):
+    suite = write(tmp_path, RESUME_SUITE)
+    store = tmp_path / "st"
+    log = open(tmp_path / "sweep.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale", "sweep", str(suite), "--store", str(store)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        _wait(lambda: len(records(store)) >= 1, 150, "the first case's record")
+        # the second case is running once the sweep has a torchrun child again
+        me = psutil.Process(proc.pid)
+        kids = _wait(lambda: me.children(recursive=True), 30, "the second case's processes")
+        time.sleep(1.0)
+        kids = me.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "sweep.log").read_text()
+    assert "sweep interrupted during case 2/3" in text, text
+    gone, alive = psutil.wait_procs(kids, timeout=15)
+    assert not alive, f"case processes left behind: {alive}"
+    first = records(store)
+    assert len(first) == 1 and first[0]["status"] == "ok" and first[0]["config"]["batch_size"] == 2
+    assert first[0]["sweep"]["suite"] == "s"
+
+    # run again: carries on with cases 2 and 3; case 1 is not measured again
+    assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "2 to run, 1 already ok" in out and "[2/2] ok" in out
+    recs = records(store)
+    keys = [r["case_key"] for r in recs]
+    assert len(recs) == 3 and len(set(keys)) == 3 and all(r["status"] == "ok" for r in recs)
+    assert recs[0]["id"] == first[0]["id"]
+    assert sorted(r["config"]["batch_size"] for r in recs) == [2, 4, 6]
+    assert "throughput median" in out  # the DLPerf table of the sweep's cases
+    assert recs[1]["command"].startswith("dlscale run --model gpt2 --flavor tiny --strategy single")
+
+    # a third run has nothing to do; --force measures again (a new record, nothing rewritten)
+    assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
+    assert "0 to run, 3 already ok" in capsys.readouterr().out
+    assert cli.main(["sweep", str(suite), "--store", str(store), "--force", "--filter", "batch_size=4"]) == 0
+    recs2 = records(store)
+    assert len(recs2) == 4 and [r["id"] for r in recs2[:3]] == [r["id"] for r in recs]
+    per_key = {k: sum(1 for r in recs2 if r["case_key"] == k) for k in keys}
+    assert sorted(per_key.values()) == [1, 1, 2] and recs2[3]["config"]["batch_size"] == 4
+
+
+@pytest.mark.slow
+def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path, capsys):
+    suite = write(tmp_path, TINY + """\
+    max_batch_start: 3
+    max_batch_cap: 4
+    cases:
+      - {model: gpt2, flavor: tiny, strategy: single, batch_size: 2, precision: fp32, inject_failure: "crash@0"}
+      - {model: gpt2, flavor: tiny, strategy: single, batch_size: max, precision: fp32,
+         inject_failure: "oom-above@3"}
+    """)
+    store = tmp_path / "st"
+    assert cli.main(["sweep", str(suite), "--store", str(store)]) == 5  # a case failed
+    captured = capsys.readouterr()
+    assert "[1/2] FAILED" in captured.out and "injected crash" in captured.out
+    assert "[2/2] ok" in captured.out and "single x1 batch max=3 after 2 probes fp32 eager: " in captured.out
+    assert "1 case(s) failed or timed out" in captured.err
+    recs = records(store)
+    assert [r["status"] for r in recs] == ["failed", "ok"]  # probes are not stored as records
+    search = recs[1]["batch_search"]
+    assert [(p["batch_size"], p["status"]) for p in search["probes"]] == [(3, "ok"), (4, "oom")]
+    assert search["max"] == 3 and recs[1]["config"]["batch_size"] == 3 and not search["capped"]
+    assert "--batch-size max" in recs[1]["command"]
+    # resume: the max case is done (matched on its search key), the failed case would run again
+    assert cli.main(["sweep", str(suite), "--store", str(store), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1 to run, 1 already ok" in out
+    assert "   1  run   gpt2 (tiny) single x1 batch 2" in out and "   2  done  gpt2 (tiny) single x1 batch max" in out
