@@ -481,9 +481,25 @@ def run_case(cfg, store, *, rdzv: Rendezvous | None = None, env_extra: dict[str,
     if lead:
         store.append(rec)
     else:
+        _drop_follower_artifacts(rec, store)
         print(f"dlscale: node {socket.gethostname()}: case {rec['status']}; the record is written by the "
               f"node running global rank 0", file=sys.stderr)
     return rec
+
+
+def _drop_follower_artifacts(rec: dict[str, Any], store) -> None:
+    """A follower's record is not stored, so its series/trace files would be orphans: remove them.
+
+    (Per-node utilisation of followers is therefore not kept; the lead node's is.)
+    """
+    paths = [p for r in rec.get("repeats") or [] for p in (r.get("series") or [])]
+    if rec.get("trace"):
+        paths.append(rec["trace"])
+    for rel in paths:
+        try:
+            (Path(store.root) / rel).unlink()
+        except OSError:
+            pass
 
 
 def was_recorded(rec: dict[str, Any]) -> bool:
