@@ -50,6 +50,8 @@ class _PhaseTimer:
 
 
 def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -> list[list[float]]:
+    from dlscale.worker import optimizer_step
+
     module, opt = par.module, par.optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "amp-fp16" else None
@@ -71,16 +73,7 @@ def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -
                 scaled = loss / accum if accum > 1 else loss
                 (scaler.scale(scaled) if scaler else scaled).backward()
             t.mark(3 + 2 * i)
-        if cfg.clip_grad_norm is not None:
-            if scaler:
-                scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(opt, scaler, params, cfg.clip_grad_norm)
         t.mark(2 + 2 * accum)
         iv = t.intervals_ms()
         fwd = sum(iv[1 + 2 * i] for i in range(accum))

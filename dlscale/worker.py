@@ -113,19 +113,24 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
                     loss = module(*batches[i])
                 scaled = loss / accum if accum > 1 else loss
                 (scaler.scale(scaled) if scaler else scaled).backward()
-        if clip is not None:
-            if scaler:
-                scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(opt, scaler, params, clip)
         return loss
 
     return step
+
+
+def optimizer_step(opt, scaler, params: list, clip: float | None) -> None:
+    """The end of every training step: clip the global norm (unscaled first), step, zero grads."""
+    if clip is not None:
+        if scaler:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:

@@ -209,14 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-        backend = "nccl"
-    else:
-        dev = torch.device("cpu")
-        backend = "gloo"
+    from dlscale.worker import dist_env_from_environ
+
+    denv = dist_env_from_environ(args.device)  # the training worker's rank/device/backend rules
+    dev, backend = denv.device, denv.backend
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
     rank, n = dist.get_rank(), dist.get_world_size()
     meta: dict[str, Any] = {"backend": backend, "world_size": n, "device_name": common.device_name(dev),
@@ -263,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     if rank == 0:
         write(True)
-    dist.barrier(device_ids=[local_rank]) if backend == "nccl" else dist.barrier()
+    dist.barrier(device_ids=[denv.local_rank]) if backend == "nccl" else dist.barrier()
     dist.destroy_process_group()
     return 0
 
