@@ -50,7 +50,7 @@ TINY = """\
 
 def test_shipped_suites_load_and_expand():
     counts = {name: len(load_suite(name).cases) for name in shipped_suites()}
-    assert counts == {"quick": 6, "dlperf-resnet50": 16, "dlperf-bert": 48, "gpt2": 17}
+    assert counts == {"quick": 6, "dlperf-resnet50": 20, "dlperf-bert": 60, "gpt2": 17}
     quick = load_suite("quick")
     assert [(c.model, c.strategy, c.world_size) for c in quick.cases] == [
         ("gpt2", "single", 1), ("gpt2", "ddp", 2), ("bert-base", "single", 1), ("bert-base", "ddp", 2),
@@ -157,7 +157,7 @@ def test_cli_bad_suite_exits_2_before_running(tmp_path, capsys, monkeypatch):
 
 def test_filters():
     s = load_suite("dlperf-bert")
-    assert len(filter_suite(s, parse_filters(["precision=fp32", "compile=false"]))) == 12
+    assert len(filter_suite(s, parse_filters(["precision=fp32", "compile=false"]))) == 18  # 12 + 2x8, 4x8
     assert len(filter_suite(s, parse_filters(["devices=1,2", "batch_size=64"]))) == 8
     assert len(filter_suite(s, parse_filters(["devices=1", "devices=8"]))) == 24  # one key twice: either
     assert len(filter_suite(load_suite("gpt2"), parse_filters(["batch_size=max"]))) == 1
@@ -189,7 +189,7 @@ def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
     assert cli.main(["sweep", "dlperf-resnet50", "--dry-run", "--store", str(tmp_path / "st")]) == 0
     out = capsys.readouterr().out
-    assert "16 case(s): 16 to run" in out and "resnet50 ddp x8 batch 256 amp-fp16 compiled" in out
+    assert "20 case(s): 16 to run" in out and "4 skipped" in out and "resnet50 ddp x8 batch 256 amp-fp16 compiled" in out
     assert not (tmp_path / "st").exists()
 
 

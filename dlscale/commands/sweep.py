@@ -110,7 +110,7 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
         p = Planned(i, cfg, is_max, key, "run")
         if cfg.nnodes > 1:
             p.action, p.reason = "skip", (f"needs {cfg.nnodes} nodes; a sweep runs on one node "
-                                          f"(run it on each node with dlscale run --nnodes)")
+                                          f"(use dlscale slurm, or dlscale run --nnodes on each node)")
         elif gpus is not None and cfg.nproc_per_node > gpus:
             p.action, p.reason = "skip", f"needs {cfg.nproc_per_node} GPUs, this machine has {gpus}"
         elif key in done and not force:
