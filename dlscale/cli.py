@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "dlscale.report.cli",        # report, compare
     "dlscale.micro.cli",         # micro ...
     "dlscale.commands.slurm",    # slurm
+    "dlscale.commands.predict",  # predict, cost
 )
 
 # Exit codes (README and docs/metrics.md list them too)
