@@ -136,15 +136,26 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def validate_for_launch(cfg: RunConfig) -> str:
-    """Checks that need the registries or the machine. Returns the resolved device type."""
-    import torch
-
+def validate_case(cfg: RunConfig) -> None:
+    """Checks that need the registries but not the machine: the model and strategy exist, the
+    strategy gets enough processes, and its own degrees/options are possible."""
     from dlscale.models import get_model
     from dlscale.strategies import get_strategy
 
     get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
+    if cfg.world_size < strat.min_world:
+        raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
+                          f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
+    if strat.validate is not None:
+        strat.validate(cfg)
+
+
+def validate_for_launch(cfg: RunConfig) -> str:
+    """validate_case plus the checks that need this machine. Returns the resolved device type."""
+    import torch
+
+    validate_case(cfg)
     device = resolve_device(cfg.device)
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -152,9 +163,4 @@ def validate_for_launch(cfg: RunConfig) -> str:
         n = torch.cuda.device_count()
         if cfg.nproc_per_node > n:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
-    if cfg.world_size < strat.min_world:
-        raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
-                          f"got {cfg.world_size}")
-    if strat.validate is not None:
-        strat.validate(cfg)
     return device

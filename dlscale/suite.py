@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dlscale import ConfigError
-from dlscale.config import DEVICES, PRECISIONS, RunConfig
+from dlscale.config import DEVICES, PRECISIONS, RunConfig, validate_case
 
 SUITES_DIR = Path(__file__).parent / "suites"
 
@@ -330,14 +330,7 @@ def _build(where: _Where, key: str, case: dict[str, Any], settings: dict[str, An
     how = "; leave it out with an exclude: entry" if in_matrix else ""
     try:
         cfg = RunConfig(**fields)
-        from dlscale.strategies import get_strategy
-
-        strat = get_strategy(cfg.strategy)
-        if cfg.world_size < strat.min_world:
-            raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
-                              f"got {cfg.world_size}")
-        if strat.validate is not None:
-            strat.validate(cfg)
+        validate_case(cfg)
     except ConfigError as e:
         raise where.error(key, f"impossible case {_describe(case)}: {e}{how}") from None
     return cfg

@@ -87,16 +87,9 @@ def register(sub) -> None:
 
 def static_check(cfg: RunConfig) -> None:
     """What can be checked on a login node (no GPU needed): names, degrees, world size."""
-    from dlscale.models import get_model
-    from dlscale.strategies import get_strategy
+    from dlscale.config import validate_case
 
-    get_model(cfg.model, cfg.flavor)
-    strat = get_strategy(cfg.strategy)
-    if cfg.world_size < strat.min_world:
-        raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
-                          f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
-    if strat.validate is not None:
-        strat.validate(cfg)
+    validate_case(cfg)
 
 
 def cases_from_args(args) -> list[tuple[RunConfig, bool]]:
