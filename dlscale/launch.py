@@ -148,56 +148,57 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
 
     repeats: list[dict] = []
     ranks: list[dict] = []
-    ranks_last: list[dict] = []
     status, error = "ok", None
     emit = on_event or (lambda kind, payload: None)
     env_extra = _thread_env(device_type, strat, cfg, env_extra)
     base["omp_num_threads"] = env_extra.get("OMP_NUM_THREADS") if device_type == "cpu" else None
+    # nn.DataParallel drives all the node's devices from one process
+    nproc = 1 if strat.single_process else cfg.nproc_per_node
+    # the ranks this launcher's torchrun starts (its node's share of the world)
+    local_world = nproc if (strat.single_process or (rdzv and rdzv.nnodes > 1)) else cfg.world_size
     staging = Path(tempfile.mkdtemp(prefix="dlscale-traces-"))
-    for i in range(cfg.repeats):
-        with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
-            tmp_path = Path(tmp)
-            (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-            # nn.DataParallel drives all the node's devices from one process
-            nproc = 1 if strat.single_process else cfg.nproc_per_node
-            proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
-                                  nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
-                                  on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
-            rank_results = read_rank_files(tmp_path)
-            series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
-        # the ranks this launcher's torchrun started (its node's share of the world)
-        local_world = nproc if (strat.single_process or (rdzv and rdzv.nnodes > 1)) else cfg.world_size
-        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
-                                     proc.output_tail)
-        entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
-        if status_i == "ok" and proc.returncode != 0:
-            entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
-        entry["series"] = series
-        repeats.append(entry)
-        if i == 0:
-            ranks = [{k: r.get(k) for k in ("rank", "local_rank", "host", "device", "device_name", "pid")}
-                     for r in rank_results]
-            emit("ranks", ranks)
-        emit("repeat", entry)
-        if status_i != "ok":
-            status, error = status_i, error_i
-            if proc.output_tail and status_i == "failed":
-                entry["output_tail"] = proc.output_tail[-4000:]
-            break
-        ranks_last = rank_results
-    spec_info = {"params": next((r.get("params") for r in rank_results if r.get("params")), None),
-                 "flops_per_sample": spec.flops_per_sample, "unit": spec.unit, "seq_len": spec.seq_len}
-    dp_size = next((r.get("dp_size") for r in rank_results if r.get("dp_size")), None)
-    ok_ranks = ranks_last if status == "ok" else rank_results
-    rec = new_record(status=status, error=error, ranks=ranks, model=spec_info,
-                     global_batch=cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None,
-                     tf32=next((r.get("tf32") for r in ok_ranks if "tf32" in r), None),
-                     strategy_info=next((r.get("strategy_info") for r in ok_ranks if r.get("strategy_info")), None),
-                     repeats=repeats,
-                     summary=summarize_case(cfg, spec, repeats, ok_ranks, device_type) if any(
-                         r["status"] == "ok" for r in repeats) else None,
-                     **base, **_median_repeat_extras(repeats, store, base["id"], staging))
-    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for i in range(cfg.repeats):
+            with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
+                tmp_path = Path(tmp)
+                (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+                proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
+                                      nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
+                                      on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
+                rank_results = read_rank_files(tmp_path)
+                series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
+            status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
+                                         proc.output_tail)
+            entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
+            if status_i == "ok" and proc.returncode != 0:
+                entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
+            entry["series"] = series
+            repeats.append(entry)
+            if i == 0:
+                ranks = [{k: r.get(k) for k in ("rank", "local_rank", "host", "device", "device_name", "pid")}
+                         for r in rank_results]
+                emit("ranks", ranks)
+            emit("repeat", entry)
+            if status_i != "ok":
+                status, error = status_i, error_i
+                if proc.output_tail and status_i == "failed":
+                    entry["output_tail"] = proc.output_tail[-4000:]
+                break
+        # rank_results: the last repeat's ranks (every repeat's when all were ok)
+        spec_info = {"params": next((r.get("params") for r in rank_results if r.get("params")), None),
+                     "flops_per_sample": spec.flops_per_sample, "unit": spec.unit, "seq_len": spec.seq_len}
+        dp_size = next((r.get("dp_size") for r in rank_results if r.get("dp_size")), None)
+        rec = new_record(status=status, error=error, ranks=ranks, model=spec_info,
+                         global_batch=cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None,
+                         tf32=next((r.get("tf32") for r in rank_results if "tf32" in r), None),
+                         strategy_info=next((r.get("strategy_info") for r in rank_results
+                                             if r.get("strategy_info")), None),
+                         repeats=repeats,
+                         summary=summarize_case(cfg, spec, repeats, rank_results, device_type) if any(
+                             r["status"] == "ok" for r in repeats) else None,
+                         **base, **_median_repeat_extras(repeats, store, base["id"], staging))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     store.append(rec)
     return rec
 

@@ -219,7 +219,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
 
     sampler = _start_sampler(cfg, denv, out_dir)
     try:
-        _train_loop(cfg, denv, result, par, spec, step, batches, eager_module, inject, sampler, out_dir)
+        _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -239,7 +239,7 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     return sampler
 
 
-def _train_loop(cfg, denv, result, par, spec, step, batches, eager_module, inject, sampler, out_dir) -> None:
+def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir) -> None:
     device = denv.device
     # Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read
     # here (a host sync per step is harmless outside the window) for correctness checks.
