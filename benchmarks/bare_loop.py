@@ -24,6 +24,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dlscale.models import get_model
 
 
+def _torchvision_resnet50() -> torch.nn.Module:
+    import torchvision
+
+    class WithLoss(torch.nn.Module):  # dlscale's models return the loss; so must this one
+        def __init__(self):
+            super().__init__()
+            self.net = torchvision.models.resnet50()
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    return WithLoss()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt2")
@@ -31,6 +45,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--torchvision", action="store_true",
+                    help="resnet50 only: train torchvision's resnet50 instead of dlscale's (same loss, "
+                         "optimizer and data), to tell the model definition from the runner")
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
@@ -51,7 +68,7 @@ def main() -> None:
     spec = get_model(args.model, args.flavor)
     torch.manual_seed(0)
     with torch.device(device):
-        model = spec.build()
+        model = spec.build() if not args.torchvision else _torchvision_resnet50()
     if spec.channels_last and cuda:
         model = model.to(memory_format=torch.channels_last)
     if world > 1:
@@ -88,7 +105,7 @@ def main() -> None:
         dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        print(json.dumps({"bench": "bare_loop", "model": args.model, "world": world, "compile": args.compile,
+        print(json.dumps({"bench": "bare_loop", "model": args.model + ("-torchvision" if args.torchvision else ""), "world": world, "compile": args.compile,
                           "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
                           "samples_per_s": args.steps * args.batch_size * world / dt,
                           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}),

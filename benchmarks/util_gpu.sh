@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 5 benchmark: sampler overhead (interleaved on/off) and the DDP step breakdown at 2 GPUs.
+# Issue 5 benchmark: sampler overhead (interleaved on/off) and the DDP step breakdown at 2 GPUs,
+# eager and compiled (the compiled one tests why compiled DDP scales worse, issue 2).
 # Usage: benchmarks/util_gpu.sh OUTDIR   (then: python benchmarks/summarize_util.py OUTDIR/store)
 set -u
 OUTDIR=$1
@@ -12,5 +13,7 @@ for i in 1 2; do
 done
 for m in bert-base:128 gpt2:16; do
   python -m dlscale run --model ${m%%:*} --strategy ddp --nproc-per-node 2 --batch-size ${m##*:} $S \
-    --breakdown --label breakdown | grep -E '^ +(bert|gpt2)'
+    --breakdown --label breakdown | grep -E '^ +(bert|gpt2)|error'
 done
+python -m dlscale run --model bert-base --strategy ddp --nproc-per-node 2 --batch-size 128 $S --compile \
+  --breakdown --label breakdown | grep -E '^ +bert|error'

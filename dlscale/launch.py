@@ -72,6 +72,9 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     entry["peak_mem_reserved_bytes"] = max(res) if res else None
     entry["per_rank_peak_mem_allocated_bytes"] = [r.get("peak_mem_allocated_bytes") for r in ranks]
     entry["peak_rss_bytes"] = max(rss) if rss else None
+    states = [r.get("model_state_mem_bytes") for r in ranks if r.get("model_state_mem_bytes") is not None]
+    entry["model_state_mem_bytes"] = max(states) if states else None
+    entry["per_rank_model_state_mem_bytes"] = [r.get("model_state_mem_bytes") for r in ranks] if states else None
     # per node, the local rank 0 samples the hardware; rank 0 measures the breakdown
     nodes = [r.get("utilisation") for r in ranks if r.get("utilisation") is not None]
     entry["utilisation"] = nodes[0] if nodes else None
@@ -115,6 +118,8 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
         "peak_mem_allocated_bytes": max(mems) if mems else None,
         "peak_mem_reserved_bytes": max(res) if res else None,
         "peak_rss_bytes": max(rss) if rss else None,
+        "model_state_mem_bytes": max((r["model_state_mem_bytes"] for r in repeats if r.get("model_state_mem_bytes")),
+                                     default=None),
         "mfu": metrics.mfu(spec.flops_per_sample, per_device, peak) if per_device else None,
         "peak_flops": peak,
         "peak_flops_source": source,

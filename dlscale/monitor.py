@@ -319,6 +319,28 @@ class _Collector:
         for g in self.gpus:
             g.sample(self.pcie_period_s)
 
+    def _nvml_indices(self, wanted, count: int) -> list[int]:
+        """NVML indices of ``wanted`` (ints pass through; UUIDs are looked up: CUDA's device order and
+        CUDA_VISIBLE_DEVICES do not apply to NVML, a GPU's UUID is the same in both)."""
+        by_uuid: dict[str, int] = {}
+        if any(isinstance(w, str) for w in wanted):
+            for i in range(count):
+                try:
+                    h = self.pynvml.nvmlDeviceGetHandleByIndex(i)
+                    by_uuid[_to_str(self.pynvml.nvmlDeviceGetUUID(h)).lower()] = i
+                except Exception as e:
+                    self.errors.append(f"gpu {i}: uuid: {type(e).__name__}: {e}")
+        out = []
+        for w in wanted:
+            if isinstance(w, str):
+                if w.lower() in by_uuid:
+                    out.append(by_uuid[w.lower()])
+                else:
+                    self.errors.append(f"gpu {w} not present (NVML sees {count} GPUs)")
+            else:
+                out.append(w)
+        return out
+
     def _init_nvml(self, gpu_indices):
         try:
             import pynvml
@@ -334,7 +356,7 @@ class _Collector:
             self.meta["nvml_error"] = f"nvmlDeviceGetCount: {type(e).__name__}: {e}"
             return
         self.meta["nvml"] = True
-        indices = list(range(count)) if gpu_indices is None else list(gpu_indices)
+        indices = list(range(count)) if gpu_indices is None else self._nvml_indices(gpu_indices, count)
         for i in indices:
             if not 0 <= i < count:
                 self.errors.append(f"gpu index {i} not present (NVML sees {count} GPUs)")
@@ -511,7 +533,8 @@ class HardwareSampler:
         nvml: bool = True,
     ):
         self.interval_s = validate_interval(interval_s)
-        self.gpu_indices = None if gpu_indices is None else [int(i) for i in gpu_indices]
+        # NVML indices or GPU UUIDs ("GPU-..."); None: every GPU of the machine
+        self.gpu_indices = None if gpu_indices is None else [i if isinstance(i, str) else int(i) for i in gpu_indices]
         self.series_path = None if series_path is None else os.fspath(series_path)
         self.pid = os.getpid() if pid is None else int(pid)
         self.use_nvml = bool(nvml)
@@ -835,12 +858,22 @@ def _live(args) -> int:
 
 
 def _parse_gpus(text):
+    """'all' -> None; else a list of NVML indices (ints) and/or GPU UUIDs (strings starting 'GPU-')."""
     if text in (None, "", "all"):
         return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise ConfigError(f"--gpus must be 'all' or comma-separated GPU indices, got {text!r}") from None
+    out: list[int | str] = []
+    for x in (x.strip() for x in text.split(",")):
+        if not x:
+            continue
+        if x.upper().startswith(("GPU-", "MIG-")):
+            out.append(x)
+            continue
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise ConfigError(f"--gpus must be 'all' or comma-separated NVML indices or GPU UUIDs (GPU-...), "
+                              f"got {text!r}") from None
+    return out
 
 
 def main(argv=None) -> int:

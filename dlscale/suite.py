@@ -81,6 +81,25 @@ class Suite:
         cases = [dataclasses.replace(c, device=device) for c in self.cases]
         return dataclasses.replace(self, cases=cases, settings={**self.settings, "device": device})
 
+    def with_run_lengths(self, **lengths: int | None) -> "Suite":
+        """Override warmup / steps / repeats for every case (a shorter or longer look at a suite).
+
+        Repeats are not part of a case's identity (case_key); warmup and steps are, because a
+        shorter window measures something slightly different, so a resumed sweep must use the
+        same warmup and steps to recognise the cases it already stored.
+        """
+        given = {k: v for k, v in lengths.items() if v is not None}
+        minimum = {"warmup": 0, "steps": 1, "repeats": 1}
+        for k, v in given.items():
+            if k not in minimum:
+                raise ConfigError(f"unknown run length {k!r}; allowed: {', '.join(minimum)}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum[k]:
+                raise ConfigError(f"--{k} must be an integer >= {minimum[k]}, got {v!r}")
+        if not given:
+            return self
+        cases = [dataclasses.replace(c, **given) for c in self.cases]
+        return dataclasses.replace(self, cases=cases, settings={**self.settings, **given})
+
 
 def sweep_key(cfg: RunConfig, batch_max: bool = False) -> str:
     if batch_max:

@@ -225,6 +225,20 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
             sampler.stop()
 
 
+def _local_gpu_uuids(denv: DistEnv) -> list[str] | None:
+    """UUIDs of the GPUs this node's ranks use (cuda:0 .. cuda:local_world-1), so the sampler
+    averages over them only, not over idle GPUs of the machine; None (every GPU) off CUDA or
+    when the UUID is unavailable."""
+    if denv.device.type != "cuda":
+        return None
+    try:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(local_world)]
+    except Exception:  # noqa: BLE001 - an older torch without .uuid: sample every GPU
+        return None
+    return [u if u.upper().startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in uuids]
+
+
 def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     """One hardware sampler per node (local rank 0), in its own process; never fatal."""
     if not cfg.monitor or denv.local_rank != 0 or out_dir is None:
@@ -232,7 +246,7 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     from dlscale.monitor import HardwareSampler
 
     # the series is per node; os.getppid() is torchrun's agent, so RSS covers all local ranks
-    sampler = HardwareSampler(cfg.sample_interval, gpu_indices=None,
+    sampler = HardwareSampler(cfg.sample_interval, gpu_indices=_local_gpu_uuids(denv),
                               series_path=str(out_dir / f"series-rank{denv.rank}.jsonl"), pid=os.getppid())
     sampler.start()
     sampler.wait_ready(5.0)  # a first sample before warm-up, so even a short window is covered
@@ -312,6 +326,31 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
         result["profile"] = profile_steps(step, device, trace)
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
+    if cuda:
+        result["model_state_mem_bytes"] = _model_state_memory(step, device)
+
+
+def _model_state_memory(step, device: torch.device) -> int | None:
+    """Bytes allocated on this device as the optimizer step begins, in one extra step after the window.
+
+    At that instant the backward has freed its activations and the gradients are complete, so
+    the figure is parameters + gradients + optimizer state (+ persistent communication buffers
+    such as DDP's buckets, and the pre-built input batches): the model state of the ZeRO memory
+    model, measured directly. The global pre-hook also fires inside pipeline schedules and for
+    ZeRO wrappers (inner and outer optimizer: the larger is kept). None when no torch optimizer
+    stepped (e.g. DeepSpeed's own).
+    """
+    seen: list[int] = []
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(torch.cuda.memory_allocated(device)))
+    try:
+        step()
+        _sync(device)
+    finally:
+        handle.remove()
+    return max(seen) if seen else None
 
 
 def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv) -> float | None:

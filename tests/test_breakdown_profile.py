@@ -68,3 +68,28 @@ def test_no_monitor_leaves_utilisation_empty(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     rec = ResultStore(tmp_path).load().records[0]
     assert rec["utilisation"] is None and rec["repeats"][0]["series"] == []
+
+
+def test_model_state_memory_is_read_as_the_optimizer_step_begins(monkeypatch):
+    """The allocator figure is taken inside the step, after backward, once per optimizer; the hook goes."""
+    import torch
+
+    from dlscale import worker
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    reads = iter([100, 300])  # one read per optimizer step that runs
+    phases = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: phases.append("read") or next(reads))
+    monkeypatch.setattr(worker, "_sync", lambda device: None)
+
+    def step():
+        model(torch.ones(2, 4)).sum().backward()
+        phases.append("backward")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    assert worker._model_state_memory(step, torch.device("cpu")) == 100
+    assert phases == ["backward", "read"]
+    step()  # the hook was removed: no further read
+    assert phases == ["backward", "read", "backward"]

@@ -464,3 +464,27 @@ def test_cli_live_table():
     r = subprocess.run([sys.executable, "-m", "dlscale.monitor", "--interval", "0.005", "--duration", "1"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gpus_by_uuid_map_to_nvml_indices():
+    """The worker names its GPUs by UUID (CUDA order and CUDA_VISIBLE_DEVICES do not apply to NVML)."""
+    from dlscale import monitor
+
+    assert monitor._parse_gpus("all") is None
+    assert monitor._parse_gpus("1,GPU-abc") == [1, "GPU-abc"]
+    with pytest.raises(ConfigError, match="GPU UUIDs"):
+        monitor._parse_gpus("first")
+
+    class FakeNvml:
+        uuids = ["GPU-aaa", "GPU-BBB", "GPU-ccc"]
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return i
+
+        def nvmlDeviceGetUUID(self, h):
+            return self.uuids[h].encode()
+
+    col = monitor._Collector.__new__(monitor._Collector)
+    col.pynvml, col.errors = FakeNvml(), []
+    assert col._nvml_indices(["GPU-ccc", "gpu-bbb", 0], 3) == [2, 1, 0]
+    assert col._nvml_indices(["GPU-zzz"], 3) == [] and "GPU-zzz not present" in col.errors[0]

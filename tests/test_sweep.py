@@ -357,3 +357,18 @@ def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path,
     out = capsys.readouterr().out
     assert "1 to run, 1 already ok" in out
     assert "   1  run   gpt2 (tiny) single x1 batch 2" in out and "   2  done  gpt2 (tiny) single x1 batch max" in out
+
+
+def test_run_length_overrides(tmp_path, capsys):
+    s = load_suite("dlperf-bert")
+    short = s.with_run_lengths(warmup=5, steps=20, repeats=2)
+    assert {(c.warmup, c.steps, c.repeats) for c in short.cases} == {(5, 20, 2)}
+    assert short.settings["repeats"] == 2
+    # repeats do not change a case's identity; steps do
+    assert s.with_run_lengths(repeats=1).cases[0].case_key() == s.cases[0].case_key()
+    assert short.cases[0].case_key() != s.cases[0].case_key()
+    assert s.with_run_lengths() is s
+    with pytest.raises(ConfigError, match="--steps must be an integer >= 1, got 0"):
+        s.with_run_lengths(steps=0)
+    assert cli.main(["sweep", "quick", "--repeats", "0", "--dry-run", "--store", str(tmp_path / "st")]) == 2
+    assert "--repeats must be an integer >= 1" in capsys.readouterr().err

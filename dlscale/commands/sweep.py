@@ -64,6 +64,12 @@ def register(sub) -> None:
                         "compile, grad_accum")
     p.add_argument("--max-batch-cap", type=int, default=None,
                    help="override the suite's cap of the largest-batch search (batch_sizes: [max])")
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help="override the suite's warm-up steps per repeat (part of a case's identity: resume with the same value)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="override the suite's timed steps per repeat (part of a case's identity: resume with the same value)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="override the suite's repeats per case (not part of a case's identity)")
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output to stderr")
     p.set_defaults(func=cmd_sweep)
@@ -267,6 +273,7 @@ def cmd_sweep(args) -> int:
     suite = load_suite(args.suite)
     if args.device:
         suite = suite.with_device(args.device)
+    suite = suite.with_run_lengths(warmup=args.warmup, steps=args.steps, repeats=args.repeats)
     settings = dict(suite.settings)
     if args.max_batch_cap is not None:
         if args.max_batch_cap < 1:

@@ -1,0 +1,53 @@
+"""Issue 4 tables from a strategies_gpu.sh store: python benchmarks/summarize_strategies.py STORE
+
+Per model: throughput, speedup over the 1-GPU `single` case, ratio to DDP, peak memory per GPU,
+and the model-state memory measured as the optimizer step begins (record field
+model_state_mem_bytes, the largest rank) against the ZeRO prediction of dlscale/strategies/_memory.py.
+"""
+import sys
+
+from dlscale.store import ResultStore
+from dlscale.strategies._memory import predicted_model_state_bytes
+
+GIB = 2 ** 30
+
+
+def name(r):
+    c = r["config"]
+    opts = c.get("strategy_options") or {}
+    return c["strategy"] + "".join(f" {k}={v}" for k, v in sorted(opts.items()))
+
+
+def median(r):
+    s = r.get("summary") or {}
+    return (s.get("samples_per_s") or {}).get("median")
+
+
+recs = [r for r in ResultStore(sys.argv[1]).load("run").records if not r.get("label", "").startswith("mem-")]
+for model in sorted({r["config"]["model"] for r in recs}):
+    rows = [r for r in recs if r["config"]["model"] == model]
+    single = next((median(r) for r in rows if r["config"]["strategy"] == "single" and r["status"] == "ok"), None)
+    ddp = next((median(r) for r in rows if r["config"]["strategy"] == "ddp" and r["status"] == "ok"), None)
+    b = rows[0]["config"]["batch_size"]
+    print(f"\n### {model}, bf16 autocast, batch {b} per data-parallel rank\n")
+    print("| strategy | GPUs | samples/s | speedup vs 1 GPU | vs ddp | peak alloc / GPU | model state / GPU "
+          "(measured) | predicted (ZeRO model) | gap | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        c, s = r["config"], r.get("summary") or {}
+        m = median(r) if r["status"] == "ok" else None
+        params = (r.get("model") or {}).get("params")
+        world = r.get("world_size") or 1
+        meas = s.get("model_state_mem_bytes")
+        try:
+            pred = predicted_model_state_bytes(c["strategy"], params, world, options=c.get("strategy_options"),
+                                               deepspeed_mixed=False) if params else None
+        except ValueError:
+            pred = None
+        gap = f"{(meas - pred) / pred * 100:+.0f} %" if (meas and pred) else "—"
+        fmt = (lambda v, d=1: f"{v:,.{d}f}" if v is not None else "—")
+        print(f"| {name(r)} | {world} | {fmt(m)} | {fmt(m / single if m and single else None, 2)} | "
+              f"{fmt(m / ddp if m and ddp else None, 3)} | "
+              f"{fmt((s.get('peak_mem_allocated_bytes') or 0) / GIB or None, 2)} GiB | "
+              f"{fmt(meas / GIB if meas else None, 2)} GiB | {fmt(pred / GIB if pred else None, 2)} GiB | {gap} | "
+              f"{r['status']}{': ' + (r.get('error') or '')[:80] if r['status'] != 'ok' else ''} |")
