@@ -23,7 +23,7 @@ def median(r):
     return (s.get("samples_per_s") or {}).get("median")
 
 
-recs = [r for r in ResultStore(sys.argv[1]).load("run").records if not r.get("label", "").startswith("mem-")]
+recs = [r for r in ResultStore(sys.argv[1]).load("run").records if not (r.get("label") or "").startswith("mem-")]
 for model in sorted({r["config"]["model"] for r in recs}):
     rows = [r for r in recs if r["config"]["model"] == model]
     single = next((median(r) for r in rows if r["config"]["strategy"] == "single" and r["status"] == "ok"), None)

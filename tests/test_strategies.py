@@ -135,6 +135,15 @@ def test_pipeline_matches_single(store):
 
 
 @pytest.mark.slow
+def test_pipeline_bert_matches_single(store):
+    """BERT has two label tensors (masked-LM and next-sentence): the packed labels must come back
+    contiguous for the head's view(-1) (this failed on 2 H200s before the fix)."""
+    ref = _rep(_run(store, "bert-base", "single", 1, 4))
+    rec = _rep(_run(store, "bert-base", "pipeline", 2, 4, "microbatches=2"))
+    _assert_losses(rec["warmup_losses"], ref["warmup_losses"])
+
+
+@pytest.mark.slow
 def test_tensor_sequence_parallel_matches_single(store):
     ref = _rep(_run(store, "gpt2", "single", 1, 4))
     rec = _run(store, "gpt2", "tensor", 2, 4, "sequence_parallel=true")

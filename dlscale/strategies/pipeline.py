@@ -201,7 +201,8 @@ class _Packer:
             n = 1
             for d in shape:
                 n *= d
-            out.append(packed[:, start:start + n].reshape(packed.shape[0], *shape))
+            # a column slice of the packed rows is strided: copy it, heads may .view() their labels
+            out.append(packed[:, start:start + n].reshape(packed.shape[0], *shape).contiguous())
             start += n
         return out
 
