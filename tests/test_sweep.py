@@ -372,3 +372,22 @@ def test_run_length_overrides(tmp_path, capsys):
         s.with_run_lengths(steps=0)
     assert cli.main(["sweep", "quick", "--repeats", "0", "--dry-run", "--store", str(tmp_path / "st")]) == 2
     assert "--repeats must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_sweep_summary_finds_baselines_stored_by_another_sweep(tmp_path):
+    """A suite run in parts (1-GPU cases, then 2-GPU cases): the 2-GPU summary still has its speedup."""
+    import json
+    import shutil
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "report_store"
+    shutil.copytree(fixtures, tmp_path / "st")
+    recs = [json.loads(line) for f in sorted((tmp_path / "st").glob("*.jsonl")) for line in f.read_text().splitlines()
+            if line.startswith("{")]
+    two = [r for r in recs if r.get("kind") == "run" and r.get("status") == "ok" and r.get("world_size") == 2
+           and r["config"]["model"] == "bert-base" and r["config"]["strategy"] == "ddp"
+           and r["config"]["batch_size"] == 128]
+    assert two
+    text = sweep_cmd.summary_tables(tmp_path / "st", {two[0]["case_key"]})
+    rows = [line for line in text.splitlines() if line.startswith("| 1 | ")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]  # the baseline row came along
+    assert "100.0" in rows[0] and "—" not in rows[1].split("|")[4]

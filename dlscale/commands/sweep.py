@@ -231,7 +231,7 @@ def _run_one(p: Planned, store, suite, settings: dict[str, Any], verbose: bool, 
 def summary_tables(store_root, keys: set[str]) -> str:
     """The report's DLPerf tables (Markdown) for the records of these case keys."""
     from dlscale.report import render
-    from dlscale.report.data import Loaded, build_report, load_records
+    from dlscale.report.data import Loaded, baseline_fields, build_report, freeze, load_records
     from dlscale.store import LoadResult
 
     try:
@@ -242,6 +242,12 @@ def summary_tables(store_root, keys: set[str]) -> str:
             or (isinstance(r.get("batch_search"), dict) and r["batch_search"].get("case_key") in keys)]
     if not mine:
         return ""
+    # the 1-device baselines may come from another sweep of the same store (a suite run in parts)
+    workloads = {freeze(baseline_fields(r)) for r in mine}
+    chosen = {id(r) for r in mine}
+    mine += [r for r in loaded.records if id(r) not in chosen and r.get("kind", "run") == "run"
+             and r.get("status") == "ok" and r.get("world_size") == 1
+             and freeze(baseline_fields(r)) in workloads]
     try:
         report = build_report(Loaded(loaded.store, mine, LoadResult()))
     except ConfigError:
