@@ -48,7 +48,8 @@ def num(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def _freeze(v: Any) -> str:
+def freeze(v: Any) -> str:
+    """A canonical JSON string of ``v`` (sorted keys): a hashable identity for dicts and lists."""
     return json.dumps(v, sort_keys=True, default=str)
 
 
@@ -88,7 +89,7 @@ def case_key_of(rec: dict[str, Any]) -> str:
     if isinstance(key, str) and key:
         return key
     cfg = {k: v for k, v in rec_config(rec).items() if k not in PROCEDURE_KEYS}
-    return "cfg-" + hashlib.sha1(_freeze(cfg).encode()).hexdigest()[:16]
+    return "cfg-" + hashlib.sha1(freeze(cfg).encode()).hexdigest()[:16]
 
 
 def repeat_samples(rec: dict[str, Any]) -> list[float]:
@@ -422,7 +423,9 @@ def _table_fields(rec: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _baseline_fields(rec: dict[str, Any]) -> dict[str, Any]:
+def baseline_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """The workload of a run record: what its 1-device baseline must share (config minus
+    ``BASELINE_EXCLUDE``, plus device type and label)."""
     d = {k: v for k, v in rec_config(rec).items() if k not in BASELINE_EXCLUDE}
     d["device_type"] = rec_device_type(rec)
     d["label"] = rec_label(rec)
@@ -542,7 +545,7 @@ def select_cases(records: list[dict[str, Any]], by_label: bool = True) -> list[R
     """
     cases: dict[tuple, list[tuple[float, int, dict]]] = defaultdict(list)
     for i, rec in enumerate(records):
-        key = (case_key_of(rec), rec_device_type(rec), _freeze(rec_label(rec)) if by_label else "")
+        key = (case_key_of(rec), rec_device_type(rec), freeze(rec_label(rec)) if by_label else "")
         cases[key].append((rec_created(rec), i, rec))
     rows = []
     for items in cases.values():
@@ -556,10 +559,10 @@ def select_cases(records: list[dict[str, Any]], by_label: bool = True) -> list[R
 def _pick_baseline(group: Group, candidates: list[Row]) -> Row | None:
     if not candidates:
         return None
-    tkey = _freeze(group.fields)
+    tkey = freeze(group.fields)
 
     def rank(r: Row) -> tuple:
-        same_table = _freeze(_table_fields(r.record)) == tkey
+        same_table = freeze(_table_fields(r.record)) == tkey
         same_strategy = r.strategy == group.strategy
         pref = (BASELINE_STRATEGY_PREFERENCE.index(r.strategy)
                 if r.strategy in BASELINE_STRATEGY_PREFERENCE else len(BASELINE_STRATEGY_PREFERENCE))
@@ -572,15 +575,15 @@ def build_groups(rows: list[Row]) -> list[Group]:
     by_table: dict[str, Group] = {}
     for row in rows:
         fields = _table_fields(row.record)
-        g = by_table.setdefault(_freeze(fields), Group(fields))
+        g = by_table.setdefault(freeze(fields), Group(fields))
         g.rows.append(row)
     pool: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         if row.ok and row.devices == 1:
-            pool[_freeze(_baseline_fields(row.record))].append(row)
+            pool[freeze(baseline_fields(row.record))].append(row)
     for g in by_table.values():
         some = g.rows[0].record
-        base = _pick_baseline(g, pool.get(_freeze(_baseline_fields(some)), []))
+        base = _pick_baseline(g, pool.get(freeze(baseline_fields(some)), []))
         if base is not None and base not in g.rows:
             base = Row(base.record, superseded=base.superseded, borrowed=True)
             g.rows.append(base)
@@ -619,7 +622,7 @@ def assign_names(groups: list[Group]) -> None:
         keys: list[str] = []
         for g in gs:
             keys += [k for k in g.fields if k not in keys]
-        varying = [k for k in keys if len({_freeze(g.fields.get(k)) for g in gs}) > 1]
+        varying = [k for k in keys if len({freeze(g.fields.get(k)) for g in gs}) > 1]
         for g in gs:
             g.extras = {k: g.fields.get(k) for k in varying if k not in MAIN_KEYS}
             if len(gs) == 1:
@@ -644,7 +647,7 @@ def assign_names(groups: list[Group]) -> None:
 def _group_sort_key(g: Group) -> tuple:
     f = g.fields
     return (g.model, str(f.get("flavor")), str(f.get("precision")), bool(f.get("compile")), g.strategy,
-            g.batch_size or 0, str(g.label), g.device_type, _freeze(f))
+            g.batch_size or 0, str(g.label), g.device_type, freeze(f))
 
 
 def build_report(loaded: Loaded, filters: Filters | None = None) -> Report:
