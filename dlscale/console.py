@@ -40,9 +40,11 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
         elif kind == "repeat":
             e = payload
             if e["status"] == "ok":
+                ph = e.get("phases_s") or {}
+                where = ", ".join(f"{k} {v:.1f}" for k, v in ph.items() if k != "window")
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['samples_per_s']:,.2f} samples/s "
                       f"(window {e['window_s']:.3f} s, warm-up {e.get('warmup_s') or 0:.1f} s, "
-                      f"process {e['process_s']:.1f} s)", flush=True)
+                      f"process {e['process_s']:.1f} s{': ' + where if where else ''})", flush=True)
             else:
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['status'].upper()}: {e['error']}", flush=True)
 

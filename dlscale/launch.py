@@ -13,6 +13,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -58,6 +59,32 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["no output"]
         return "failed", f"torchrun exited {proc_rc}; ranks without a result: {missing}; last output: {last[0][:300]}"
     return "ok", None
+
+
+# (phase, mark it ends at); each phase starts at the previous mark, the first at the spawn
+PHASES = (("launch", "started"), ("import", "imported"), ("init", "process_group"), ("build", "built"),
+          ("warmup", "warmed_up"), ("window", "window_done"), ("after", "finished"))
+
+
+def process_phases(marks: dict[str, float] | None, spawned: float, ended: float) -> dict[str, float] | None:
+    """Where a repeat's process time went, in seconds, from rank 0's wall-clock marks.
+
+    launch: torchrun and the interpreter up to the worker's first line; import: torch and dlscale;
+    init: the process group; build: model, strategy, batches; warmup; window (the timed steps and
+    the two synchronisations); after: extras after the window (breakdown, profile, checks, record);
+    exit: teardown until torchrun returned. A phase whose mark is missing (the rank failed
+    before it) is left out, and the time goes to the next phase present. None without marks.
+    """
+    if not marks or "started" not in marks:
+        return None
+    out: dict[str, float] = {}
+    prev = spawned
+    for name, mark in PHASES:
+        if mark in marks:
+            out[name] = round(max(marks[mark] - prev, 0.0), 3)
+            prev = marks[mark]
+    out["exit"] = round(max(ended - prev, 0.0), 3)
+    return out
 
 
 def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: str | None,
@@ -167,14 +194,18 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
             with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
                 tmp_path = Path(tmp)
                 (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+                spawned = time.time()
                 proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
                                       nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
                                       on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
+                ended = time.time()
                 rank_results = read_rank_files(tmp_path)
                 series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
                                          proc.output_tail)
             entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
+            entry["phases_s"] = process_phases((next((r for r in rank_results if r.get("rank") == 0), None)
+                                                or {}).get("marks"), spawned, ended)
             if status_i == "ok" and proc.returncode != 0:
                 entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
             entry["series"] = series

@@ -23,13 +23,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
+_STARTED = time.time()  # before torch's import: the process's phases are timed from here
 
-from dlscale import multinode
-from dlscale.config import RunConfig, parse_injection, resolve_device
-from dlscale.models import count_parameters, get_model
-from dlscale.strategies import DistEnv, Parallelized, get_strategy
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from dlscale import multinode  # noqa: E402
+from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
+from dlscale.models import count_parameters, get_model  # noqa: E402
+from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
 
 EXIT_OOM = 3
 
@@ -208,6 +210,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+    result.setdefault("marks", {})["built"] = time.time()
     eager_module = par.module  # for the correctness check: no recompilation for inference
     if cfg.compile:
         par.module = torch.compile(par.module)
@@ -264,6 +267,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         loss = step()
         losses.append(_loss_value(loss) if par.reports_loss else None)
     result["warmup_s"] = time.perf_counter() - t_w
+    result.setdefault("marks", {})["warmed_up"] = time.time()
     result["warmup_losses"] = losses
 
     n = cfg.steps
@@ -296,6 +300,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     # ---- end of timed window ----
 
     window = t1 - t0
+    result.setdefault("marks", {})["window_done"] = time.time()
     if cuda:
         step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
     else:
@@ -383,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": socket.gethostname(), "device": str(denv.device), "pid": os.getpid(),
         "status": "failed", "error": None,
     }
+    # wall-clock marks of the process's phases (epoch seconds); the launcher turns them into durations
+    result["marks"] = {"started": _STARTED, "imported": time.time()}
     out = Path(args.out) / f"rank{denv.rank}.json"
     code = 0
     try:
@@ -391,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                                 device_id=denv.device if denv.backend == "nccl" else None,
                                 **multinode.restart_store(denv, cfg.collective_timeout))  # --max-restarts
         multinode.after_init(denv, result)  # multi-node: every rank's host/device -> world.json
+        result["marks"]["process_group"] = time.time()
         train(cfg, denv, result, Path(args.out))
     except torch.OutOfMemoryError as e:
         result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
@@ -401,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             multinode.on_failure(denv, result)  # multi-node: publish/attribute the failure
         result.update({k: v for k, v in _peak_memory(denv.device).items() if k not in result})
+        result["marks"]["finished"] = time.time()
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, default=str))
         os.replace(tmp, out)

@@ -167,3 +167,17 @@ def test_store_rejects_nan(tmp_path):
     store.append(new_record("run", status="ok", loss=float("nan")))
     rec = store.load().records[0]
     assert rec["loss"] is None
+
+
+def test_process_phases_by_hand():
+    """Where a repeat's process time went: consecutive differences of rank 0's marks."""
+    from dlscale.launch import process_phases
+
+    marks = {"started": 102.0, "imported": 104.5, "process_group": 105.0, "built": 107.0, "warmed_up": 108.0,
+             "window_done": 110.0, "finished": 110.5}
+    assert process_phases(marks, 100.0, 111.5) == {"launch": 2.0, "import": 2.5, "init": 0.5, "build": 2.0,
+                                                    "warmup": 1.0, "window": 2.0, "after": 0.5, "exit": 1.0}
+    # a rank that failed while building: the missing phases' time goes to the next mark present
+    assert process_phases({"started": 102.0, "imported": 104.5, "finished": 106.0}, 100.0, 107.0) == {
+        "launch": 2.0, "import": 2.5, "after": 1.5, "exit": 1.0}
+    assert process_phases(None, 0.0, 1.0) is None

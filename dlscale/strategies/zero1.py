@@ -17,7 +17,6 @@ could clip or unscale.
 from __future__ import annotations
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
@@ -46,7 +45,7 @@ class _NoopStepOptimizer(torch.optim.Optimizer):
     """With overlap_with_ddp the ZeRO step runs in DDP's hook: the worker's step() must not
     step again. zero_grad and param_groups are the real optimizer's."""
 
-    def __init__(self, zero: ZeroRedundancyOptimizer):
+    def __init__(self, zero):  # a ZeroRedundancyOptimizer
         self.zero = zero
         self.param_groups = zero.param_groups
         self.defaults = zero.defaults
@@ -62,6 +61,10 @@ class _NoopStepOptimizer(torch.optim.Optimizer):
 @register_strategy("zero1", description="DDP + ZeroRedundancyOptimizer (optimizer state sharded, ZeRO-1)",
                    check=check, validate=options)
 def parallelize(model, spec, cfg, dist):
+    # imported here: torch.distributed.optim takes about a second to import, and every worker
+    # process imports the whole strategy registry
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     opts = options(cfg)
     cuda = dist.device.type == "cuda"
     extra = {} if opts["broadcast_buffers"] else {"broadcast_buffers": False}  # (deprecated name in 2.13)
