@@ -131,10 +131,11 @@ def _workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
                    help="GPUs in one node; default: the GPUs the records' environment saw (no limit when the "
                         "intra-node link is given with --intra-busbw)")
     m = p.add_argument_group("model")
-    m.add_argument("--overlap", type=_overlap, default="buckets", metavar="buckets|none|auto|0..1",
-                   help="buckets: DDP buckets pipelined behind backward; none: all-reduce after backward "
-                        "(Horovod-style); auto: the overlap ratio of a measured >1-device breakdown of the "
-                        "workload (else buckets); a number: that share of the all-reduce hidden")
+    m.add_argument("--overlap", type=_overlap, default="auto", metavar="buckets|none|auto|0..1",
+                   help="auto: the overlap ratio of a measured >1-device breakdown of the workload (a record "
+                        "run with --breakdown), else buckets; buckets: DDP buckets pipelined behind backward; "
+                        "none: all-reduce after backward (Horovod-style); a number: that share of the "
+                        "all-reduce hidden")
     m.add_argument("--bucket-mb", type=_positive_float, default=None, metavar="MIB",
                    help=f"gradient bucket size (DDP bucket_cap_mb); default: the ddp record's option, else "
                         f"{DDP_BUCKET_CAP_MB:g}")
