@@ -43,15 +43,15 @@ def _cli(args: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str) -> dict:
+def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, precision: str = "fp32") -> dict:
     """One case through `dlscale run --json` (cached per module); retried once if only torchrun's
     exit code failed after every rank had reported (a rare gloo abort at process exit)."""
     accum = GRAD_ACCUM.get(model, 1)
-    key = (model, strategy, nproc, batch, opts)
+    key = (model, strategy, nproc, batch, opts, precision)
     if key in _RECORDS:
         return _RECORDS[key]
     args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
-            "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", "fp32", "--warmup", str(WARMUP),
+            "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", precision, "--warmup", str(WARMUP),
             "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store), "--json", "--time-limit", "240"]
     for o in opts:
         args += ["-o", o]
@@ -141,6 +141,37 @@ def test_pipeline_bert_matches_single(store):
     ref = _rep(_run(store, "bert-base", "single", 1, 4))
     rec = _rep(_run(store, "bert-base", "pipeline", 2, 4, "microbatches=2"))
     _assert_losses(rec["warmup_losses"], ref["warmup_losses"])
+
+
+@pytest.mark.slow
+def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
+    """amp-fp16: the stages share one loss scale; the reported loss is unscaled and follows
+    `single` with torch's GradScaler (fp16 rounding differs with the micro-batch split: 1e-2)."""
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, precision="amp-fp16"))
+    rec = _rep(_run(store, "gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
+    _assert_losses(rec["warmup_losses"], ref["warmup_losses"], rel=1e-2)
+
+
+def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):
+    """The shared loss scaler: unscale + inf check, then GradScaler's growth/backoff rule."""
+    import torch
+
+    from dlscale.strategies import pipeline
+
+    reduced = []
+    monkeypatch.setattr(pipeline.dist, "all_reduce", lambda t, op=None, group=None: reduced.append(op))
+    sc = pipeline._StageScaler(torch.device("cpu"), init_scale=8.0, growth_interval=2)
+    g = [torch.tensor([16.0, 32.0])]
+    found = sc.unscale_and_check(g, divisor=2.0)  # / (8 x 2)
+    assert found.item() == 0 and g[0].tolist() == [1.0, 2.0] and reduced == [torch.distributed.ReduceOp.MAX]
+    sc.update(found)
+    assert sc.scale.item() == 8.0  # one good step of 2
+    sc.update(sc.unscale_and_check([torch.tensor([1.0])], 1.0))
+    assert sc.scale.item() == 16.0  # two good steps: x2
+    found = sc.unscale_and_check([torch.tensor([float("inf"), 1.0])], 1.0)
+    assert found.item() == 1
+    sc.update(found)
+    assert sc.scale.item() == 8.0  # overflow: x0.5, and the growth count starts again
 
 
 @pytest.mark.slow

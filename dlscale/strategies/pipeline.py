@@ -33,8 +33,9 @@ ranks (one scalar, as trainers do for logging), so the reported loss is the glob
 ``--grad-accum``, that of the last accumulated batch, as in the worker's own step).
 ``loss_after`` (the worker's post-training evaluation) is not computed for pipelines.
 
-Not supported: amp-fp16 (loss scaling across stages needs a shared inf check), and
-``--compile`` compiles each block instead of the whole model.
+amp-fp16: a loss scaler shared by all stages (``_StageScaler``: every stage checks its own
+gradients, one all-reduce of the overflow flag makes all skip the same steps). ``--compile``
+compiles each block instead of the whole model.
 """
 from __future__ import annotations
 
@@ -103,11 +104,35 @@ def options(cfg) -> dict:
     return opts
 
 
-def check_pipeline(cfg, env) -> str | None:
-    if cfg.precision == "amp-fp16":
-        return ("pipeline strategies do not implement amp-fp16 loss scaling across stages "
-                "(an inf on one stage must skip the step on all); use amp-bf16 or fp32")
+def check_pipeline(cfg, env) -> str | None:  # noqa: ARG001 - every precision runs (amp-fp16: _StageScaler)
     return None
+
+
+class _StageScaler:
+    """Dynamic loss scaling for amp-fp16 across pipeline stages (torch's GradScaler is per process).
+
+    The last stage multiplies each micro-batch loss by the scale; every stage unscales its own
+    gradients and checks them for inf/NaN with the ops GradScaler uses; one all-reduce (MAX) of the
+    flag over the whole world makes every stage and replica skip the same steps, and the scale
+    follows GradScaler's defaults (x0.5 on overflow, x2 after 2000 good steps) identically on all.
+    """
+
+    def __init__(self, device: torch.device, init_scale: float = 2.0 ** 16, growth_interval: int = 2000):
+        self.scale = torch.full((1,), init_scale, dtype=torch.float32, device=device)
+        self.growth_tracker = torch.zeros(1, dtype=torch.int32, device=device)
+        self.growth_interval = growth_interval
+
+    def unscale_and_check(self, grads: list[torch.Tensor], divisor: float) -> torch.Tensor:
+        """grads /= scale x divisor in place; returns the world-wide found-inf flag (1 = skip)."""
+        found = torch.zeros(1, dtype=torch.float32, device=self.scale.device)
+        if grads:
+            inv = (self.scale.double() * divisor).reciprocal().float()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return found
+
+    def update(self, found: torch.Tensor) -> None:
+        torch._amp_update_scale_(self.scale, self.growth_tracker, found, 2.0, 0.5, self.growth_interval)
 
 
 def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
@@ -277,8 +302,11 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
     packer = _Packer()
     last_module = next((m for m in modules if m.last), None)
 
+    scaler = _StageScaler(device) if cfg.precision == "amp-fp16" else None
+
     def loss_fn(output, target):
-        return last_module.shell.head(output, *packer.unpack(target))
+        loss = last_module.shell.head(output, *packer.unpack(target))
+        return loss * scaler.scale if scaler is not None else loss
 
     cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
     kwargs = {"n_microbatches": microbatches, "loss_fn": loss_fn}
@@ -309,20 +337,31 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
                 else:
                     sched.step(*args)
         grads = [p.grad for p in params if p.grad is not None]
-        if grads:  # mean over micro-batches and accumulation steps (each loss is a micro-batch mean)
+        found = None
+        if scaler is not None:  # unscale and take the mean in one pass; every rank learns of any overflow
+            used_scale = scaler.scale.clone()
+            found = scaler.unscale_and_check(grads, float(microbatches * accum))
+        elif grads:  # mean over micro-batches and accumulation steps (each loss is a micro-batch mean)
             torch._foreach_div_(grads, float(microbatches * accum))
         if dp_size > 1:
             _allreduce_mean(grads, dp_size, dp_group)
         if holds_tied and tie_group is not None:
             for p in tied:
                 dist.all_reduce(p.grad, group=tie_group)
-        if clip is not None:
-            _clip_pipeline(params, norm_skip, clip, pp_group)
-        optimizer.step()
+        # an overflow skips the step everywhere (the host reads the flag, as GradScaler.step does)
+        skip = found is not None and bool(found.item())
+        if not skip:
+            if clip is not None:
+                _clip_pipeline(params, norm_skip, clip, pp_group)
+            optimizer.step()
+        if scaler is not None:
+            scaler.update(found)
         optimizer.zero_grad(set_to_none=True)
         # the global batch's loss on every rank: last stages contribute, the rest add zero
         if has_last and losses_all:
             loss = torch.stack([x.detach().float() for x in losses_all]).mean().reshape(1)
+            if scaler is not None:
+                loss = loss / used_scale
         else:
             loss = torch.zeros(1, device=device)
         if world > 1:
