@@ -2,7 +2,8 @@
 # Issue 4 benchmark: gpt2 and bert-base, bf16, every strategy at 2 GPUs (plus the 1-GPU baseline).
 # Usage: benchmarks/strategies_gpu.sh OUTDIR  -> OUTDIR/store; table: python benchmarks/summarize_strategies.py OUTDIR/store
 # The strategies with a target (ddp, fsdp zero2, zero1, pipeline 1f1b, model) and the 1-GPU
-# baselines run R repeats (default 2), first; the others R_OTHER (default 1). hsdp and hybrid are
+# baselines run R repeats (default 2), first; the others R_OTHER (default 1); last, GPT-2 at batch 64
+# for pipeline vs model, eager and compiled. hsdp and hybrid are
 # left out: on one node of 2 GPUs they reduce to fsdp/ddp and tensor/pipeline.
 # Memory: every CUDA record carries model_state_mem_bytes (allocated as the optimizer step begins,
 # in one extra step after the window), compared there with the ZeRO model of docs/strategies.md.
@@ -27,4 +28,11 @@ for m in $MODELS; do
   for s in "fsdp -o shard=zero3" "tensor" "dp" "pipeline -o schedule=gpipe -o microbatches=8"; do
     run --model $model --nproc-per-node 2 --batch-size $b --repeats ${R_OTHER:-1} --strategy $s
   done
+done
+# Pipelining wants micro-batches large enough to keep the GPU busy: GPT-2 at batch 64 (8
+# micro-batches of 8), eager and compiled, against the unpipelined split.
+echo "== gpt2 b64, pipeline vs model $(date -u +%T)"
+for s in "model" "pipeline -o schedule=1f1b -o microbatches=8"; do
+  run --model gpt2 --nproc-per-node 2 --batch-size 64 --repeats ${R_OTHER:-1} --strategy $s
+  run --model gpt2 --nproc-per-node 2 --batch-size 64 --repeats ${R_OTHER:-1} --strategy $s --compile
 done
