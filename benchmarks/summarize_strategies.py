@@ -24,12 +24,16 @@ def median(r):
 
 
 recs = [r for r in ResultStore(sys.argv[1]).load("run").records if not (r.get("label") or "").startswith("mem-")]
-for model in sorted({r["config"]["model"] for r in recs}):
-    rows = [r for r in recs if r["config"]["model"] == model]
+def group(r):
+    c = r["config"]
+    return c["model"], c["batch_size"], bool(c.get("compile"))
+
+
+for model, b, compiled in sorted({group(r) for r in recs}):
+    rows = [r for r in recs if group(r) == (model, b, compiled)]
     single = next((median(r) for r in rows if r["config"]["strategy"] == "single" and r["status"] == "ok"), None)
     ddp = next((median(r) for r in rows if r["config"]["strategy"] == "ddp" and r["status"] == "ok"), None)
-    b = rows[0]["config"]["batch_size"]
-    print(f"\n### {model}, bf16 autocast, batch {b} per data-parallel rank\n")
+    print(f"\n### {model}, bf16 autocast{', compiled' if compiled else ''}, batch {b} per data-parallel rank\n")
     print("| strategy | GPUs | samples/s | speedup vs 1 GPU | vs ddp | peak alloc / GPU | model state / GPU "
           "(measured) | predicted (ZeRO model) | gap | status |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -51,3 +55,8 @@ for model in sorted({r["config"]["model"] for r in recs}):
               f"{fmt((s.get('peak_mem_allocated_bytes') or 0) / GIB or None, 2)} GiB | "
               f"{fmt(meas / GIB if meas else None, 2)} GiB | {fmt(pred / GIB if pred else None, 2)} GiB | {gap} | "
               f"{r['status']}{': ' + (r.get('error') or '')[:80] if r['status'] != 'ok' else ''} |")
+    pipe = next((median(r) for r in rows if r["config"]["strategy"] == "pipeline" and r["status"] == "ok"
+                 and (r["config"].get("strategy_options") or {}).get("schedule") == "1f1b"), None)
+    split = next((median(r) for r in rows if r["config"]["strategy"] == "model" and r["status"] == "ok"), None)
+    if pipe and split:
+        print(f"\npipeline 1f1b / model = {pipe / split:.2f}x")
