@@ -77,6 +77,20 @@ def test_suite_cases_keep_their_layout(capsys, tmp_path):
     assert "does not fit the allocation of 1 x 1" in capsys.readouterr().err
 
 
+def test_largest_batch_cases_get_the_suite_cap(capsys, tmp_path):
+    """A suite's max_batch_cap reaches the job's `dlscale run --batch-size max` (the flag wins)."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text("device: cpu\nmax_batch_cap: 48\nwarmup: 1\nsteps: 2\nrepeats: 1\n"
+                     "cases: [{model: gpt2, flavor: tiny, strategy: single, batch_size: max, precision: fp32},\n"
+                     "        {model: gpt2, flavor: tiny, strategy: single, batch_size: 4, precision: fp32}]\n")
+    steps = [ln for ln in dry_run(capsys, str(suite), "--store", str(tmp_path)).splitlines() if ln.startswith("step ")]
+    assert len(steps) == 2
+    assert "--batch-size max" in steps[0] and "--max-batch-cap 48" in steps[0]
+    assert "--max-batch-cap" not in steps[1]
+    out = dry_run(capsys, str(suite), "--max-batch-cap", "16", "--store", str(tmp_path))
+    assert "--max-batch-cap 16" in out and "--max-batch-cap 48" not in out
+
+
 def test_multinode_torchrun_script(capsys, tmp_path):
     out = dry_run(capsys, "--nodes", "2", "--gpus-per-node", "4", "--model", "gpt2", "--partition", "gpu",
                   "--time", "00:30:00", "--account", "proj", "--cpus-per-task", "32",

@@ -48,6 +48,11 @@ def register(sub) -> None:
                    help="suite name or YAML file (each case runs on the allocation); "
                    "without it, the case options below describe one case")
     add_case_arguments(p)
+    p.add_argument("--max-batch-start", type=int, default=None,
+                   help="--batch-size max: first probe (default 8; a suite's cases start at their batch)")
+    p.add_argument("--max-batch-cap", type=int, default=None,
+                   help="--batch-size max: largest batch tried (default: the suite's max_batch_cap, else "
+                        "4096 on GPUs, 64 on the CPU)")
     g = p.add_argument_group("allocation")
     g.add_argument("--nodes", type=int, default=1, help="nodes (sbatch --nodes)")
     g.add_argument("--gpus-per-node", type=int, default=None,
@@ -207,8 +212,12 @@ def render_script(cases: list[tuple[RunConfig, bool]] | list[RunConfig], *, node
                   python: str = sys.executable, job_name: str = "dlscale", partition: str | None = None,
                   time: str | None = None, account: str | None = None, port: int | None = None,
                   sbatch_options: list[str] | None = None, output_dir: str | None = None,
-                  command: str | None = None, cpus_per_task: int | None = None) -> str:
-    """The sbatch script (bash) for ``cases`` on ``nodes`` x ``per_node`` processes."""
+                  command: str | None = None, cpus_per_task: int | None = None,
+                  max_batch_cap: int | None = None) -> str:
+    """The sbatch script (bash) for ``cases`` on ``nodes`` x ``per_node`` processes.
+
+    ``max_batch_cap``: passed to every ``--batch-size max`` case (the suite's or the user's cap).
+    """
     q = shlex.quote
     cases = [c if isinstance(c, tuple) else (c, False) for c in cases]
     gpu = any(c.device != "cpu" for c, _ in cases)
@@ -259,7 +268,8 @@ def render_script(cases: list[tuple[RunConfig, bool]] | list[RunConfig], *, node
         srun = f"srun --nodes={n} --kill-on-bad-exit=0 --wait=0"
         if gpu:  # every task of a node sees all its GPUs; the worker picks cuda:LOCAL_RANK
             srun += f" --gpus-per-node={g}"
-        args = " ".join(q(a) for a in case_cli_args(cfg, batch_max))
+        cap = ["--max-batch-cap", str(max_batch_cap)] if (batch_max and max_batch_cap) else []
+        args = " ".join(q(a) for a in case_cli_args(cfg, batch_max) + cap)
         lines.append(f"# case {i + 1}/{len(cases)}: {cfg.model}/{cfg.strategy} on {n} x {g}, {cfg.case_key()}")
         if mode == "torchrun":
             rdzv = f' --nnodes {n} --rdzv-endpoint "$head:$((port + {i}))"' if n > 1 else " --nnodes 1"
@@ -277,6 +287,13 @@ def cmd_slurm(args) -> int:
     from dlscale.store import ResultStore
 
     cases = cases_from_args(args)
+    cap = args.max_batch_cap
+    if cap is not None and cap < 1:
+        raise ConfigError(f"--max-batch-cap must be >= 1, got {cap}")
+    if cap is None and args.suite:
+        from dlscale.suite import load_suite
+
+        cap = load_suite(args.suite).settings.get("max_batch_cap")
     per_node = args.gpus_per_node if args.gpus_per_node is not None else args.nproc_per_node
     if args.port is not None and not 0 < args.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {args.port}")
@@ -287,7 +304,7 @@ def cmd_slurm(args) -> int:
                            python=args.python, job_name=args.job_name, partition=args.partition,
                            time=args.time, account=args.account, port=args.port,
                            sbatch_options=args.sbatch_option, output_dir=out_dir, command=command,
-                           cpus_per_task=args.cpus_per_task)
+                           cpus_per_task=args.cpus_per_task, max_batch_cap=cap)
     if args.dry_run:
         print(script, end="")
         return 0
