@@ -17,7 +17,8 @@ COMMAND_MODULES = (
     "dlscale.report.cli",        # report, compare
     "dlscale.micro.cli",         # micro ...
     "dlscale.commands.slurm",    # slurm
-    "dlscale.commands.predict",  # predict, cost
+    "dlscale.commands.predict",  # predict (and --validate)
+    "dlscale.commands.cost",     # cost
 )
 
 # Exit codes (README and docs/metrics.md list them too)

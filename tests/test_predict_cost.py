@@ -7,7 +7,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.commands.predict import BUILTIN_PRICES, load_prices, record_power_w
+from dlscale.commands.cost import BUILTIN_PRICES, load_prices, record_power_w
 from dlscale.perfmodel import cheapest_meeting_deadline, training_cost
 from dlscale.report.data import Row
 from dlscale.store import ResultStore

@@ -1,6 +1,7 @@
-"""``dlscale predict`` (data-parallel scaling model, ``--validate``) and ``dlscale cost`` (time, money, energy).
+"""``dlscale predict``: the data-parallel scaling model over cluster shapes, and ``--validate``.
 
-Both read a result store; the arithmetic is in :mod:`dlscale.perfmodel`, docs/metrics.md
+It reads a result store (``dlscale cost``, in commands/cost.py, picks its inputs with the
+functions here); the arithmetic is in :mod:`dlscale.perfmodel`, docs/metrics.md
 ("Performance model") gives the formulas and docs/perfmodel.md the usage. Inputs are picked the
 way reports pick them (dlscale.report.data): the newest ok record per case; a *workload* is
 everything in the config except strategy, device counts and how it was run (the report's
@@ -12,26 +13,24 @@ import argparse
 import functools
 import json
 import math
-import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Shape, StepModel,
-                               bucket_sizes, calibrate_overhead, cheapest_meeting_deadline, compute_terms, error_pct,
-                               gradient_bytes, parse_shapes, training_cost, validate_published)
+                               bucket_sizes, calibrate_overhead, compute_terms, error_pct,
+                               gradient_bytes, parse_shapes, validate_published)
 from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, Row, baseline_fields, freeze, load_records,
-                                 median_repeat_entry, num, rec_config, rec_created, rec_device_type, select_cases)
+                                 num, rec_config, rec_created, rec_device_type, select_cases)
 
-BUILTIN_PRICES = Path(__file__).resolve().parent.parent / "data" / "prices.yaml"
 NODE_COUNTS = (2, 4, 8, 16, 32, 64, 128)  # default multi-node shapes (with --inter-busbw): these x node size
 
 
 # ----------------------------------------------------------------------------- argument types
 
-def _arg(fn):
+def arg_type(fn):
     """An argparse type from a function raising ConfigError (argparse then prints one line, exit 2)."""
 
     def wrapped(text: str):
@@ -68,7 +67,7 @@ def _number(text: str, positive: bool) -> float:
     return v
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     return _number(text, True)
 
 
@@ -98,14 +97,14 @@ def _overhead(text: str) -> str | float:
     return v
 
 
-def _single_shape(text: str) -> Shape:
-    shapes = _arg(parse_shapes)(text)
+def single_shape(text: str) -> Shape:
+    shapes = arg_type(parse_shapes)(text)
     if len(shapes) != 1:
         raise argparse.ArgumentTypeError(f"give one cluster shape (N or NODESxGPUS), got {text!r}")
     return shapes[0]
 
 
-def _workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
+def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
     p.add_argument("store", metavar="STORE", nargs="?" if store_optional else None,
                    help="result store directory (or one .jsonl file)")
     p.add_argument("--model", default=None, help="model name as recorded (config.model)")
@@ -116,13 +115,13 @@ def _workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
     p.add_argument("--eager", dest="compile", action="store_const", const=False, help="only eager records")
     p.add_argument("--label", default=None, help="only records with this label")
     g = p.add_argument_group("links (alpha-beta model; GB/s = 1e9 B/s, nccl-tests bus bandwidth)")
-    g.add_argument("--intra-busbw", "--busbw", dest="intra_busbw", type=_positive_float, default=None,
+    g.add_argument("--intra-busbw", "--busbw", dest="intra_busbw", type=positive_float, default=None,
                    metavar="GBPS", help="intra-node all-reduce busbw; default: the largest-size all_reduce row "
                                         "of the newest 'dlscale micro comm' record in the store")
     g.add_argument("--intra-latency-us", type=_non_negative_float, default=None, metavar="US",
                    help="intra-node latency per ring step; default: from the smallest all_reduce row of that "
                         "micro comm record (0 with --intra-busbw)")
-    g.add_argument("--inter-busbw", type=_positive_float, default=None, metavar="GBPS",
+    g.add_argument("--inter-busbw", type=positive_float, default=None, metavar="GBPS",
                    help="inter-node bus bandwidth per node (all its GPUs share it; 100 Gb/s InfiniBand = 12.5); "
                         "required for shapes of more than one node")
     g.add_argument("--inter-latency-us", type=_non_negative_float, default=0.0, metavar="US",
@@ -136,13 +135,13 @@ def _workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
                         "run with --breakdown), else buckets; buckets: DDP buckets pipelined behind backward; "
                         "none: all-reduce after backward (Horovod-style); a number: that share of the "
                         "all-reduce hidden")
-    m.add_argument("--bucket-mb", type=_positive_float, default=None, metavar="MIB",
+    m.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MIB",
                    help=f"gradient bucket size (DDP bucket_cap_mb); default: the ddp record's option, else "
                         f"{DDP_BUCKET_CAP_MB:g}")
     m.add_argument("--param-sizes", choices=("auto", "uniform"), default="auto",
                    help="auto: bucket the registered model's parameters as DDP does (built on the meta device); "
                         "uniform: gradients as a stream of bytes (also for models dlscale does not know)")
-    m.add_argument("--grad-bytes", type=_positive_float, default=float(GRAD_BYTES_PER_PARAM), metavar="B",
+    m.add_argument("--grad-bytes", type=positive_float, default=float(GRAD_BYTES_PER_PARAM), metavar="B",
                    help="bytes per gradient element (4: fp32 .grad, as DDP under AMP; 2: a model cast to fp16/bf16)")
     m.add_argument("--overhead-ms", type=_overhead, default="auto", metavar="auto|MS",
                    help="fixed per-step overhead at N > 1; auto: calibrated on the measured 2-device ddp record "
@@ -159,8 +158,8 @@ def register(sub) -> None:
                     "All-reduce: alpha-beta ring, hierarchical across nodes. --validate STORE predicts every "
                     "multi-device case of a store (or a published-figures .yaml) and prints the error. "
                     "See docs/perfmodel.md and docs/metrics.md.")
-    _workload_args(p, store_optional=True)
-    p.add_argument("--shapes", "--devices", dest="shapes", type=_arg(parse_shapes), default=None,
+    add_workload_args(p, store_optional=True)
+    p.add_argument("--shapes", "--devices", dest="shapes", type=arg_type(parse_shapes), default=None,
                    metavar="LIST", help="cluster shapes NODESxGPUS (or N: one node of N GPUs), comma list, e.g. "
                                         "1x2,1x8,4x8,125x8; default: powers of two up to the node, and with "
                                         "--inter-busbw 2..128 nodes")
@@ -172,47 +171,10 @@ def register(sub) -> None:
                         "error; a .yaml/.json of published figures (tests/fixtures/published_*.yaml) works too")
     p.set_defaults(func=cmd_predict)
 
-    c = sub.add_parser(
-        "cost", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="time, money and energy of a training run; the cheapest configuration meeting a deadline",
-        description="hours = samples / samples_per_s / 3600 (samples = tokens / seq_len for language models, "
-                    "or epochs x dataset size), GPU-hours = hours x N, cost = GPU-hours x price, cost per "
-                    "million samples = 1e6 x N x price / (samples/s x 3600), energy per sample = summed mean GPU "
-                    "power / samples/s. Throughput: the newest ok record of the workload, or the model's "
-                    "prediction with --predicted.")
-    _workload_args(c, store_optional=False)
-    which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--devices", type=_single_shape, default=None, metavar="N|NODESxGPUS",
-                       help="the configuration: N GPUs (any shape measured; one node when predicted) or a shape")
-    which.add_argument("--deadline-hours", type=_positive_float, default=None, metavar="H",
-                       help="list every stored (and with --predicted, predicted) configuration, which finish "
-                            "within H hours, and the cheapest of them")
-    c.add_argument("--shapes", type=_arg(parse_shapes), default=None, metavar="LIST",
-                   help="shapes predicted with --predicted --deadline-hours (default as in predict)")
-    c.add_argument("--strategy", default=None, help="only records of this strategy (default: any; the "
-                                                    "prediction compares with ddp)")
-    amount = c.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--tokens", type=_positive_float, help="tokens to train on (language models)")
-    amount.add_argument("--samples", type=_positive_float, help="samples to train on")
-    amount.add_argument("--epochs", type=_positive_float, help="epochs over --dataset-size samples")
-    c.add_argument("--dataset-size", type=_positive_float, default=None, help="samples per epoch (with --epochs)")
-    price = c.add_mutually_exclusive_group()
-    price.add_argument("--price-per-gpu-hour", type=_positive_float, default=None, metavar="USD",
-                       help="price of one GPU for one hour")
-    price.add_argument("--price-file", default=None, metavar="PATH|builtin",
-                       help="YAML price list (entries: name, gpu pattern, usd_per_gpu_hour, source, as_of); "
-                            f"builtin: the shipped {BUILTIN_PRICES.relative_to(BUILTIN_PRICES.parents[2])}")
-    c.add_argument("--price", dest="price_name", default=None, metavar="NAME",
-                   help="the entry of --price-file to use (default: the first whose gpu pattern matches the GPU)")
-    c.add_argument("--predicted", action="store_true",
-                   help="use the model's predicted throughput instead of (with --deadline-hours: as well as) "
-                        "measured records")
-    c.set_defaults(func=cmd_cost)
-
 
 # ----------------------------------------------------------------------------- picking inputs
 
-def _filtered_runs(loaded, args) -> list[dict[str, Any]]:
+def filtered_runs(loaded, args) -> list[dict[str, Any]]:
     out = []
     for rec in loaded.records:
         if rec.get("kind") != "run":
@@ -237,7 +199,7 @@ def _filtered_runs(loaded, args) -> list[dict[str, Any]]:
     return out
 
 
-def _workloads(runs: list[dict[str, Any]]) -> dict[str, list[Row]]:
+def workloads_of(runs: list[dict[str, Any]]) -> dict[str, list[Row]]:
     """Selected rows (newest ok per case) grouped by workload (the report's baseline identity)."""
     out: dict[str, list[Row]] = defaultdict(list)
     for row in select_cases(runs):
@@ -245,7 +207,7 @@ def _workloads(runs: list[dict[str, Any]]) -> dict[str, list[Row]]:
     return out
 
 
-def _only_one(keys: list[str], what: str) -> str:
+def only_one(keys: list[str], what: str) -> str:
     if len(keys) == 1:
         return keys[0]
     dicts = [json.loads(k) for k in keys]
@@ -255,7 +217,7 @@ def _only_one(keys: list[str], what: str) -> str:
                       f"--compile/--eager or --label")
 
 
-def _newest(rows: list[Row]) -> Row:
+def newest(rows: list[Row]) -> Row:
     return max(rows, key=lambda r: rec_created(r.record))
 
 
@@ -274,11 +236,11 @@ def _pick_workload(workloads: dict[str, list[Row]], args) -> tuple[str, Row]:
     if not have:
         raise ConfigError(f"no ok 1-device record of model {args.model!r} matching the filters: the model needs "
                           f"the measured 1-device step time (dlscale run --model {args.model} --nproc-per-node 1)")
-    key = _only_one(have, "a 1-device ok record")
+    key = only_one(have, "a 1-device ok record")
     return key, _baseline_of(workloads[key])  # type: ignore[return-value]
 
 
-def _shape_of(row: Row) -> Shape:
+def shape_of(row: Row) -> Shape:
     return Shape(row.nnodes, row.nproc_per_node)
 
 
@@ -301,7 +263,7 @@ def _step_s(row: Row) -> tuple[float, str]:
 def _case_name(row: Row) -> str:
     cfg = rec_config(row.record)
     parts = [str(cfg.get("model")), str(cfg.get("precision")), f"b{cfg.get('batch_size')}",
-             "compile" if cfg.get("compile") else "eager", row.strategy, _shape_of(row).label]
+             "compile" if cfg.get("compile") else "eager", row.strategy, shape_of(row).label]
     if cfg.get("flavor") not in (None, "full"):
         parts.insert(1, str(cfg.get("flavor")))
     if row.record.get("label") is not None:
@@ -493,13 +455,13 @@ def _two_device_row(rows: list[Row], strategy: str) -> Row | None:
     return max(twos, key=lambda r: (r.nnodes == 1, rec_created(r.record)))
 
 
-def _model_info(row: Row) -> dict[str, Any]:
+def model_info(row: Row) -> dict[str, Any]:
     m = row.record.get("model")
     return m if isinstance(m, dict) else {}
 
 
 def _params(base: Row) -> float:
-    params = num(_model_info(base).get("params"))
+    params = num(model_info(base).get("params"))
     if not params or params <= 0:
         raise ConfigError(f"1-device record {str(base.record.get('id'))[:8]} has no model.params")
     return params
@@ -509,11 +471,11 @@ def _params(base: Row) -> float:
 
 def build_prediction(loaded, args, shapes: list[Shape] | None) -> dict[str, Any]:
     """Everything ``predict`` prints: inputs with their sources, one row per shape, notes."""
-    runs = _filtered_runs(loaded, args)
-    workloads = _workloads(runs)
+    runs = filtered_runs(loaded, args)
+    workloads = workloads_of(runs)
     key, base = _pick_workload(workloads, args)
     rows = workloads[key]
-    info = _model_info(base)
+    info = model_info(base)
     params = _params(base)
     step_s, step_src = _step_s(base)
     compute = compute_terms(step_s, base.breakdown)
@@ -542,22 +504,22 @@ def build_prediction(loaded, args, shapes: list[Shape] | None) -> dict[str, Any]
     measured: dict[Shape, Row] = {}
     for r in rows:
         if r.ok and r.devices > 1 and r.strategy == strategy:
-            sh = _shape_of(r)
+            sh = shape_of(r)
             if sh not in measured or rec_created(r.record) > rec_created(measured[sh].record):
                 measured[sh] = r
     two = _two_device_row(rows, strategy)
     calibrated_on = None
     if args.overhead_ms == "auto":
-        if two is not None and (_shape_of(two).nodes == 1 or links.inter is not None) and (
-                links.intra is not None or _shape_of(two).gpus_per_node == 1):
-            model.overhead_s = calibrate_overhead(model, _shape_of(two), two.median)  # type: ignore[arg-type]
+        if two is not None and (shape_of(two).nodes == 1 or links.inter is not None) and (
+                links.intra is not None or shape_of(two).gpus_per_node == 1):
+            model.overhead_s = calibrate_overhead(model, shape_of(two), two.median)  # type: ignore[arg-type]
             calibrated_on = two
-            oh_src = (f"calibrated on the measured {_shape_of(two).label} {two.strategy} record "
+            oh_src = (f"calibrated on the measured {shape_of(two).label} {two.strategy} record "
                       f"{str(two.record.get('id'))[:8]}: o = measured step - model step")
         elif two is None:
             oh_src = f"no measured 2-device {strategy} record: 0"
         else:
-            oh_src = f"the 2-device record's shape {_shape_of(two).label} needs a link figure not given: 0"
+            oh_src = f"the 2-device record's shape {shape_of(two).label} needs a link figure not given: 0"
     else:
         model.overhead_s = float(args.overhead_ms) / 1000.0
         oh_src = f"--overhead-ms {args.overhead_ms:g}"
@@ -604,13 +566,13 @@ def build_prediction(loaded, args, shapes: list[Shape] | None) -> dict[str, Any]
     }
 
 
-def _f(v: Any, digits: int = 2, suffix: str = "") -> str:
+def fmt(v: Any, digits: int = 2, suffix: str = "") -> str:
     if v is None:
         return "-"
     return f"{v:,.{digits}f}{suffix}"
 
 
-def _table(header: list[str], rows: list[list[str]], align: str = "---:") -> str:
+def md_table(header: list[str], rows: list[list[str]], align: str = "---:") -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(f" {align} " for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -638,12 +600,12 @@ def render_prediction(pred: dict[str, Any]) -> str:
     for r in pred["rows"]:
         meas = r["measured_samples_per_s"]
         err = ("baseline" if r["devices"] == 1 else "calibrated" if r["calibration_point"]
-               else _f(r["error_pct"], 1, "%")) if meas else "-"
-        body.append([r["shape"], str(r["devices"]), _f(r["data_ms"]), _f(r["forward_ms"]), _f(r["backward_ms"]),
-                     _f(r["update_ms"]), _f(r["overhead_ms"]), _f(r["allreduce_ms"]), _f(r["exposed_ms"]),
-                     _f(r["step_ms"]), _f(r["samples_per_s"], 1), _f(r["speedup"], 2), f"{r['ideal_speedup']:g}",
-                     _f(r["efficiency"] * 100, 1, "%"), r["limiting"], _f(meas, 1), err])
-    out.append(_table(["shape", "GPUs", "data (ms)", "fwd (ms)", "bwd (ms)", "upd (ms)", "overhead (ms)",
+               else fmt(r["error_pct"], 1, "%")) if meas else "-"
+        body.append([r["shape"], str(r["devices"]), fmt(r["data_ms"]), fmt(r["forward_ms"]), fmt(r["backward_ms"]),
+                     fmt(r["update_ms"]), fmt(r["overhead_ms"]), fmt(r["allreduce_ms"]), fmt(r["exposed_ms"]),
+                     fmt(r["step_ms"]), fmt(r["samples_per_s"], 1), fmt(r["speedup"], 2), f"{r['ideal_speedup']:g}",
+                     fmt(r["efficiency"] * 100, 1, "%"), r["limiting"], fmt(meas, 1), err])
+    out.append(md_table(["shape", "GPUs", "data (ms)", "fwd (ms)", "bwd (ms)", "upd (ms)", "overhead (ms)",
                        "all-reduce (ms)", "exposed (ms)", "step (ms)", f"{unit}/s", "speedup", "ideal",
                        "efficiency", "limited by", f"measured {unit}/s", "error"], body))
     out.append("")
@@ -740,8 +702,8 @@ def load_published(path: str) -> dict[str, Any]:
 def validate_store(loaded, args) -> dict[str, Any]:
     """Predict every multi-device ok ``--strategy`` record of the store from its 1-device record."""
     strategy = args.strategy or "ddp"
-    runs = _filtered_runs(loaded, args)
-    workloads = _workloads(runs)
+    runs = filtered_runs(loaded, args)
+    workloads = workloads_of(runs)
     results, skipped = [], []
     targets_total = 0
     for key, rows in sorted(workloads.items()):
@@ -762,7 +724,7 @@ def validate_store(loaded, args) -> dict[str, Any]:
         limit, why = _node_limit(args, links, [r.record for r in rows])
         two = _two_device_row(rows, strategy)
         for t in targets:
-            sh = _shape_of(t)
+            sh = shape_of(t)
             if sh.nodes > 1 and links.inter is None:
                 skipped.append(f"{_case_name(t)} spans {sh.nodes} nodes: needs --inter-busbw; skipped")
                 continue
@@ -781,8 +743,8 @@ def validate_store(loaded, args) -> dict[str, Any]:
             elif t.devices == 2:
                 calib = "none (N=2: nothing calibrated)"
             elif two is not None and two is not t:
-                model.overhead_s = calibrate_overhead(model, _shape_of(two), two.median)  # type: ignore[arg-type]
-                calib = f"o from {_shape_of(two).label} record {str(two.record.get('id'))[:8]}"
+                model.overhead_s = calibrate_overhead(model, shape_of(two), two.median)  # type: ignore[arg-type]
+                calib = f"o from {shape_of(two).label} record {str(two.record.get('id'))[:8]}"
             else:
                 calib = "none (no 2-device record)"
             row = model.predict(sh)
@@ -804,9 +766,9 @@ def validate_store(loaded, args) -> dict[str, Any]:
 def render_validation(val: dict[str, Any]) -> str:
     out = [f"# Model validation: {val['store']} ({val['strategy']} records predicted from their 1-device record)", ""]
     if val["rows"]:
-        body = [[r["case"], r["shape"], _f(r["measured"], 1), _f(r["predicted"], 1), _f(r["error_pct"], 1, "%"),
-                 _f(r["overhead_ms"]), r["calibration"], _f(r["exposed_ms"]), r["limiting"]] for r in val["rows"]]
-        out.append(_table(["case", "shape", "measured samples/s", "predicted samples/s", "error", "overhead (ms)",
+        body = [[r["case"], r["shape"], fmt(r["measured"], 1), fmt(r["predicted"], 1), fmt(r["error_pct"], 1, "%"),
+                 fmt(r["overhead_ms"]), r["calibration"], fmt(r["exposed_ms"]), r["limiting"]] for r in val["rows"]]
+        out.append(md_table(["case", "shape", "measured samples/s", "predicted samples/s", "error", "overhead (ms)",
                            "calibration", "exposed (ms)", "limited by"], body))
         out += ["", f"{len(val['rows'])} case(s): mean |error| {val['mean_abs_error_pct']:.1f}%, "
                     f"max |error| {val['max_abs_error_pct']:.1f}%. error = (predicted - measured) / measured."]
@@ -826,10 +788,10 @@ def render_published(fixture: dict[str, Any], rows: list[dict[str, Any]], path: 
            f"intra-node: {links.get('intra', {}).get('busbw_gbps')} GB/s ({links.get('intra', {}).get('source')}); "
            f"inter-node: {links.get('inter', {}).get('busbw_gbps')} GB/s per node "
            f"({links.get('inter', {}).get('source')}); overlap {fixture.get('overlap')}", ""]
-    body = [[r["series"], r["shape"], str(r["devices"]), r["role"], _f(r["published"], 1), _f(r["samples_per_s"], 1),
-             _f(r["error_pct"], 1, "%") if r["role"] == "predicted" else "-", _f(r["overhead_ms"]),
-             _f(r["allreduce_ms"]), r["limiting"]] for r in rows]
-    out.append(_table(["series", "shape", "GPUs", "role", "published samples/s", "predicted samples/s", "error",
+    body = [[r["series"], r["shape"], str(r["devices"]), r["role"], fmt(r["published"], 1), fmt(r["samples_per_s"], 1),
+             fmt(r["error_pct"], 1, "%") if r["role"] == "predicted" else "-", fmt(r["overhead_ms"]),
+             fmt(r["allreduce_ms"]), r["limiting"]] for r in rows]
+    out.append(md_table(["series", "shape", "GPUs", "role", "published samples/s", "predicted samples/s", "error",
                        "overhead (ms)", "all-reduce (ms)", "limited by"], body))
     errs = [abs(r["error_pct"]) for r in rows if r["role"] == "predicted"]
     if errs:
@@ -864,260 +826,3 @@ def cmd_validate(args) -> int:
         write_plot(args.plot, list(by_case.items()), meas, "predicted vs measured samples/s")
     print(json.dumps(val, indent=2, sort_keys=True) if args.format == "json" else render_validation(val))
     return 0
-
-
-# ----------------------------------------------------------------------------- cost
-
-@dataclass
-class Price:
-    usd_per_gpu_hour: float
-    source: str
-    entry: dict[str, Any] = field(default_factory=dict)
-
-
-def load_prices(path: str) -> list[dict[str, Any]]:
-    """Entries of a price file: each with name, gpu (a regular expression matched against the GPU
-    name, case-insensitive), usd_per_gpu_hour > 0 and source. Bad file -> ConfigError."""
-    import yaml
-
-    p = BUILTIN_PRICES if path == "builtin" else Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read price file {p}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse price file {p}: {str(e).splitlines()[0]}") from None
-    entries = data.get("prices") if isinstance(data, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"price file {p} has no 'prices' list")
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or not e.get("name") or not e.get("gpu") or not e.get("source"):
-            raise ConfigError(f"price file {p}: entry {i + 1} needs name, gpu, usd_per_gpu_hour and source")
-        v = e.get("usd_per_gpu_hour")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"price file {p}: entry {e['name']!r} has usd_per_gpu_hour {v!r}; it must be positive")
-        try:
-            re.compile(str(e["gpu"]))
-        except re.error as err:
-            raise ConfigError(f"price file {p}: entry {e['name']!r} has a bad gpu pattern: {err}") from None
-    return entries
-
-
-def _gpu_name(rec: dict[str, Any]) -> str | None:
-    for r in rec.get("ranks") or []:
-        if isinstance(r, dict) and r.get("device_name"):
-            return str(r["device_name"])
-    env = rec.get("env")
-    gpus = env.get("gpus") if isinstance(env, dict) else None
-    if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
-        return str(gpus[0]["name"])
-    return None
-
-
-def _price(args, gpu: str | None) -> Price:
-    if args.price_per_gpu_hour is not None:
-        return Price(args.price_per_gpu_hour, "--price-per-gpu-hour")
-    if args.price_file is None:
-        raise ConfigError("give --price-per-gpu-hour USD, or --price-file PATH (builtin: the shipped price list)")
-    entries = load_prices(args.price_file)
-    if args.price_name is not None:
-        hit = [e for e in entries if str(e["name"]) == args.price_name]
-        if not hit:
-            raise ConfigError(f"no price named {args.price_name!r} in {args.price_file} (names: "
-                              f"{', '.join(str(e['name']) for e in entries)})")
-    else:
-        hit = [e for e in entries if gpu and re.search(str(e["gpu"]), gpu, re.IGNORECASE)]
-        if not hit:
-            raise ConfigError(f"no price in {args.price_file} matches GPU {gpu or 'unknown'!r}: pick one with --price "
-                              f"NAME or give --price-per-gpu-hour")
-    e = hit[0]
-    src = f"{e['name']}: {e['source']}" + (f", as of {e['as_of']}" if e.get("as_of") else "")
-    return Price(float(e["usd_per_gpu_hour"]), src, e)
-
-
-def record_power_w(row: Row) -> tuple[float | None, str]:
-    """Summed mean GPU power (W) of a record's GPUs over its timed window, and how it was obtained.
-
-    Per node: the mean power of each sampled GPU (``utilisation.per_gpu[].power_w_mean``); the
-    sampler sees every GPU of a node, so of a node running g ranks the g highest are taken (idle
-    GPUs of the node are not the job's). Nodes: ``utilisation_per_node`` of the median repeat when
-    stored, else node 0 x number of nodes.
-    """
-    rep = median_repeat_entry(row.record)
-    nodes = rep.get("utilisation_per_node") if isinstance(rep, dict) else None
-    utils = [u for u in nodes if isinstance(u, dict)] if isinstance(nodes, list) else []
-    how = "per node"
-    if not utils:
-        u = row.record.get("utilisation")
-        if not isinstance(u, dict):
-            return None, "no utilisation sampled"
-        utils = [u] * row.nnodes
-        how = "node 0" + (f" x {row.nnodes} nodes" if row.nnodes > 1 else "")
-    g = row.nproc_per_node
-    total = 0.0
-    for u in utils:
-        per = sorted((num(x.get("power_w_mean")) for x in u.get("per_gpu") or [] if isinstance(x, dict)),
-                     key=lambda v: -(v or 0.0))
-        per = [v for v in per if v is not None]
-        if per:
-            total += sum(per[:g])
-        elif num(u.get("gpu_power_w_mean")) is not None:
-            total += num(u.get("gpu_power_w_mean")) * g  # type: ignore[operator]
-        else:
-            return None, "no GPU power sampled"
-    return (total, f"mean GPU power, {how}") if total > 0 else (None, "no GPU power sampled")
-
-
-def _amount(args) -> dict[str, Any]:
-    return {"samples": args.samples, "tokens": args.tokens, "epochs": args.epochs, "dataset_size": args.dataset_size}
-
-
-def cmd_cost(args) -> int:
-    if args.dataset_size is not None and args.epochs is None:
-        raise ConfigError("--dataset-size goes with --epochs")
-    if args.model is None:
-        raise ConfigError("cost needs --model")
-    if args.price_name is not None and args.price_file is None:
-        raise ConfigError("--price NAME picks an entry of --price-file")
-    loaded = load_records(args.store)
-    runs = _filtered_runs(loaded, args)
-    workloads = _workloads(runs)
-    if args.deadline_hours is not None:
-        return _cost_deadline(loaded, args, workloads)
-    shape: Shape = args.devices
-    n = shape.devices
-    explicit_shape = shape.nodes > 1
-    power, power_src = None, "no utilisation sampled"
-    if args.predicted:
-        pred = build_prediction(loaded, args, [shape])
-        row = next(r for r in pred["rows"] if r["shape"] == shape.label)
-        sps, unit = row["samples_per_s"], pred["unit"]
-        base = next(r for rows in workloads.values() for r in rows
-                    if str(r.record.get("id")) == pred["inputs"]["baseline_record"])
-        source = f"predicted at {shape.label} (dlscale predict)"
-        record = base.record
-        p1, src1 = record_power_w(base)
-        if p1 is not None:
-            power, power_src = p1 * n, f"estimate: the 1-device record's {src1} x {n} GPUs"
-    else:
-        at_n = {k: [r for r in rows if r.ok and r.devices == n
-                    and (args.strategy is None or r.strategy == args.strategy)
-                    and (not explicit_shape or _shape_of(r) == shape)] for k, rows in workloads.items()}
-        have = [k for k, rows in at_n.items() if rows]
-        if not have:
-            counts = sorted({r.devices for rows in workloads.values() for r in rows if r.ok})
-            raise ConfigError(f"no ok record of model {args.model!r} at {shape.label if explicit_shape else n} "
-                              f"device(s) matching the filters (measured device counts: "
-                              f"{', '.join(map(str, counts)) or 'none'}); use --predicted for a modelled throughput")
-        chosen = _newest(at_n[_only_one(have, f"an ok record at {n} device(s)")])
-        sps, unit = chosen.median, str(_model_info(chosen).get("unit") or "sample")
-        record = chosen.record
-        source = (f"measured: median of {chosen.strategy} record {str(record.get('id'))[:8]} at "
-                  f"{_shape_of(chosen).label}")
-        power, power_src = record_power_w(chosen)
-    seq_len = num(_model_info(Row(record)).get("seq_len"))
-    if args.tokens is not None and not seq_len:
-        raise ConfigError(f"model {args.model!r} has no sequence length in its record; give --samples or --epochs")
-    price = _price(args, _gpu_name(record))
-    cost = training_cost(sps, n, price.usd_per_gpu_hour,  # type: ignore[arg-type]
-                         seq_len=int(seq_len) if (args.tokens is not None and seq_len) else None,
-                         power_w=power, **_amount(args))
-    cost.update(model=args.model, unit=unit, throughput_source=source, record=str(record.get("id")),
-                predicted=args.predicted, price_source=price.source, power_source=power_src, shape=shape.label)
-    if args.format == "json":
-        print(json.dumps(cost, indent=2, sort_keys=True))
-        return 0
-    rows = [["throughput", f"{sps:,.1f} {unit}/s ({source})"],
-            ["samples", f"{cost['samples']:,.0f} {unit}"
-             + (f" (= {cost['tokens']:,.0f} tokens / {cost['seq_len']} per {unit})" if cost["tokens"] else "")],
-            ["GPUs", str(n)],
-            ["wall time", f"{cost['hours']:,.2f} h ({cost['hours'] / 24:,.2f} days)"],
-            ["GPU-hours", f"{cost['gpu_hours']:,.1f} GPU-h"],
-            ["price", f"${cost['price_per_gpu_hour']:,.2f} per GPU-hour ({price.source})"],
-            ["cost", f"${cost['cost']:,.2f}"],
-            [f"cost per million {unit}", f"${cost['cost_per_million_samples']:,.2f}"]]
-    if cost["energy_j_per_sample"] is not None:
-        rows += [["GPU power", f"{cost['power_w']:,.0f} W ({power_src})"],
-                 [f"energy per {unit}", f"{cost['energy_j_per_sample']:,.3f} J"],
-                 ["energy", f"{cost['energy_kwh']:,.2f} kWh (GPUs only)"]]
-    else:
-        rows.append(["energy", f"- ({power_src})"])
-    print(f"# Training cost: {args.model} on {shape.label if explicit_shape else n} GPU(s)\n")
-    print("| quantity | value |\n| --- | --- |")
-    for k, v in rows:
-        print(f"| {k} | {v} |")
-    print("\nhours = samples / samples_per_s / 3600; GPU-hours = hours x GPUs; cost = GPU-hours x price "
-          "(compute time only: no checkpointing, evaluation, restarts or idle time)")
-    return 0
-
-
-def _cost_deadline(loaded, args, workloads: dict[str, list[Row]]) -> int:
-    have = [k for k, rows in workloads.items() if any(r.ok for r in rows)]
-    if not have:
-        raise ConfigError(f"no ok record of model {args.model!r} matching the filters")
-    key = _only_one(have, "ok records")
-    rows = workloads[key]
-    options: list[dict[str, Any]] = []
-    unit = "sample"
-    seq_len = None
-    ref = None
-    for r in sorted((r for r in rows if r.ok and (args.strategy is None or r.strategy == args.strategy)),
-                    key=lambda r: (r.devices, r.nnodes, r.strategy)):
-        p, psrc = record_power_w(r)
-        options.append({"config": f"{r.strategy} {_shape_of(r).label}", "shape": _shape_of(r).label,
-                        "devices": r.devices, "samples_per_s": r.median, "predicted": False,
-                        "record": str(r.record.get("id")), "power_w": p, "power_source": psrc})
-        ref = ref or r.record
-        unit = str(_model_info(r).get("unit") or unit)
-        seq_len = seq_len or num(_model_info(r).get("seq_len"))
-    if args.predicted:
-        pred = build_prediction(loaded, args, args.shapes)
-        base = next(r for rs in workloads.values() for r in rs
-                    if str(r.record.get("id")) == pred["inputs"]["baseline_record"])
-        p1, _ = record_power_w(base)
-        for pr in pred["rows"]:
-            if pr["devices"] == 1:
-                continue
-            options.append({"config": f"ddp {pr['shape']} (predicted)", "shape": pr["shape"],
-                            "devices": pr["devices"], "samples_per_s": pr["samples_per_s"], "predicted": True,
-                            "record": pred["inputs"]["baseline_record"],
-                            "power_w": p1 * pr["devices"] if p1 is not None else None,
-                            "power_source": "estimate: 1-device power x GPUs" if p1 is not None else "no utilisation"})
-        ref = ref or base.record
-        unit = pred["unit"]
-        seq_len = seq_len or num(_model_info(base).get("seq_len"))
-    if not options:
-        raise ConfigError(f"no ok record of model {args.model!r} with strategy {args.strategy!r}")
-    if args.tokens is not None and not seq_len:
-        raise ConfigError(f"model {args.model!r} has no sequence length in its records; give --samples or --epochs")
-    price = _price(args, _gpu_name(ref) if ref else None)
-    for o in options:
-        o.update(training_cost(o["samples_per_s"], o["devices"], price.usd_per_gpu_hour,
-                               seq_len=int(seq_len) if (args.tokens is not None and seq_len) else None,
-                               power_w=o["power_w"], **_amount(args)))
-    meet, best = cheapest_meeting_deadline(options, args.deadline_hours)
-    for o in options:
-        o["meets_deadline"] = o in meet
-    fastest = min(options, key=lambda o: o["hours"])
-    out = {"model": args.model, "unit": unit, "deadline_hours": args.deadline_hours, "price_source": price.source,
-           "price_per_gpu_hour": price.usd_per_gpu_hour, "options": options,
-           "cheapest": best["config"] if best else None, "fastest": fastest["config"]}
-    if args.format == "json":
-        print(json.dumps(out, indent=2, sort_keys=True))
-        return 0
-    print(f"# Cheapest configuration within {args.deadline_hours:g} h: {args.model}\n")
-    print(f"price: ${price.usd_per_gpu_hour:,.2f} per GPU-hour ({price.source}); amount: "
-          f"{options[0]['samples']:,.0f} {unit}\n")
-    body = [[o["config"], str(o["devices"]), _f(o["samples_per_s"], 1), _f(o["hours"], 2), f"${o['cost']:,.2f}",
-             f"${o['cost_per_million_samples']:,.2f}", _f(o["energy_j_per_sample"], 3), _f(o["energy_kwh"], 1),
-             "yes" if o["meets_deadline"] else "no"] for o in options]
-    print(_table(["configuration", "GPUs", f"{unit}/s", "hours", "cost", f"$ per M {unit}", f"J/{unit}", "kWh",
-                  "meets deadline"], body, align="---"))
-    print()
-    if best:
-        print(f"Cheapest within the deadline: {best['config']} -- {best['hours']:,.2f} h, ${best['cost']:,.2f}.")
-    else:
-        print(f"No configuration finishes within {args.deadline_hours:g} h; the fastest is {fastest['config']} "
-              f"({fastest['hours']:,.2f} h, ${fastest['cost']:,.2f}).")
-    return 0
-
