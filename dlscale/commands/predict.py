@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.perfmodel import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Shape, StepModel,
+from dlscale.perfmodel import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Compute, Link, Shape, StepModel,
                                bucket_sizes, calibrate_overhead, compute_terms, error_pct,
                                gradient_bytes, parse_shapes, validate_published)
 from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, Row, baseline_fields, freeze, load_records,
@@ -467,6 +467,28 @@ def _params(base: Row) -> float:
     return params
 
 
+@dataclass
+class _BaseInputs:
+    """What the model takes from a workload's 1-device record and the links (predict and --validate)."""
+
+    params: float
+    step_s: float
+    step_src: str
+    compute: Compute
+    spd: float  # samples per device and optimizer step
+    links: Links
+    limit: int | None  # GPUs per node the model may use
+    limit_why: str
+
+
+def _base_inputs(loaded, args, base: Row, rows: list[Row]) -> _BaseInputs:
+    step_s, step_src = _step_s(base)
+    links = _links(loaded, args, rec_device_type(base.record))
+    limit, why = _node_limit(args, links, [r.record for r in rows])
+    return _BaseInputs(_params(base), step_s, step_src, compute_terms(step_s, base.breakdown),
+                       _samples_per_device_step(base), links, limit, why)
+
+
 # ----------------------------------------------------------------------------- predict
 
 def build_prediction(loaded, args, shapes: list[Shape] | None) -> dict[str, Any]:
@@ -476,12 +498,9 @@ def build_prediction(loaded, args, shapes: list[Shape] | None) -> dict[str, Any]
     key, base = _pick_workload(workloads, args)
     rows = workloads[key]
     info = model_info(base)
-    params = _params(base)
-    step_s, step_src = _step_s(base)
-    compute = compute_terms(step_s, base.breakdown)
-    spd = _samples_per_device_step(base)
-    links = _links(loaded, args, rec_device_type(base.record))
-    limit, limit_why = _node_limit(args, links, [r.record for r in rows])
+    b = _base_inputs(loaded, args, base, rows)
+    params, step_s, step_src, compute, spd, links = b.params, b.step_s, b.step_src, b.compute, b.spd, b.links
+    limit, limit_why = b.limit, b.limit_why
     shapes = list(shapes) if shapes else _default_shapes(limit, links)
     _check_shapes(shapes, links, limit, limit_why)
     strategy = args.strategy or "ddp"
@@ -716,12 +735,8 @@ def validate_store(loaded, args) -> dict[str, Any]:
         if base is None:
             skipped += [f"no 1-device baseline for {_case_name(t)}; skipped" for t in targets]
             continue
-        params = _params(base)
-        step_s, _ = _step_s(base)
-        compute = compute_terms(step_s, base.breakdown)
-        spd = _samples_per_device_step(base)
-        links = _links(loaded, args, rec_device_type(base.record))
-        limit, why = _node_limit(args, links, [r.record for r in rows])
+        b = _base_inputs(loaded, args, base, rows)
+        params, compute, spd, links, limit, why = b.params, b.compute, b.spd, b.links, b.limit, b.limit_why
         two = _two_device_row(rows, strategy)
         for t in targets:
             sh = shape_of(t)
