@@ -34,7 +34,7 @@ from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
 from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, apply_fsdp, fsdp_no_sync
-from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, check_pipeline, validate_pipeline
+from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, validate_pipeline
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
 
 OPTIONS = {"dp": None, "tp": 1, "pp": 1, "dp_shard": "ddp", "shard": "zero3", "mixed_precision": True,
@@ -81,8 +81,6 @@ def check(cfg, env) -> str | None:
         return "hybrid pp x tp (both > 1) is not implemented; use dp x tp or dp x pp"
     if opts["pp"] > 1 and opts["dp_shard"] == "fsdp":
         return "hybrid pp > 1 with dp_shard=fsdp is not implemented; use dp_shard=ddp with pipelines"
-    if opts["pp"] > 1:
-        return check_pipeline(cfg, env)
     return None
 
 

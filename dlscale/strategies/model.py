@@ -12,7 +12,7 @@ from __future__ import annotations
 from dlscale.models import get_model
 from dlscale.strategies import register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies.pipeline import build_pipeline, check_pipeline, validate_pipeline
+from dlscale.strategies.pipeline import build_pipeline, validate_pipeline
 
 
 def options(cfg) -> dict:
@@ -22,7 +22,7 @@ def options(cfg) -> dict:
 
 
 @register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
-                   check=check_pipeline, validate=options, min_world=2)
+                   validate=options, min_world=2)
 def parallelize(model, spec, cfg, denv):
     options(cfg)
     return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1, pp_group=None,

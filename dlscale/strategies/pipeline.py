@@ -104,10 +104,6 @@ def options(cfg) -> dict:
     return opts
 
 
-def check_pipeline(cfg, env) -> str | None:  # noqa: ARG001 - every precision runs (amp-fp16: _StageScaler)
-    return None
-
-
 class _StageScaler:
     """Dynamic loss scaling for amp-fp16 across pipeline stages (torch's GradScaler is per process).
 
@@ -414,7 +410,7 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
 
 
 @register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "
-                   "interleaved), stages split by blocks", check=check_pipeline, validate=options, min_world=2)
+                   "interleaved), stages split by blocks", validate=options, min_world=2)
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
