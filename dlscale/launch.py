@@ -13,7 +13,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +65,7 @@ PHASES = (("launch", "started"), ("import", "imported"), ("init", "process_group
           ("warmup", "warmed_up"), ("window", "window_done"), ("after", "finished"))
 
 
-def process_phases(marks: dict[str, float] | None, spawned: float, ended: float) -> dict[str, float] | None:
+def process_phases(marks: dict[str, float] | None, spawned: float | None, ended: float) -> dict[str, float] | None:
     """Where a repeat's process time went, in seconds, from rank 0's wall-clock marks.
 
     launch: torchrun and the interpreter up to the worker's first line; import: torch and dlscale;
@@ -75,7 +74,7 @@ def process_phases(marks: dict[str, float] | None, spawned: float, ended: float)
     exit: teardown until torchrun returned. A phase whose mark is missing (the rank failed
     before it) is left out, and the time goes to the next phase present. None without marks.
     """
-    if not marks or "started" not in marks:
+    if not marks or "started" not in marks or spawned is None:
         return None
     out: dict[str, float] = {}
     prev = spawned
@@ -88,10 +87,13 @@ def process_phases(marks: dict[str, float] | None, spawned: float, ended: float)
 
 
 def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: str | None,
-                 seconds: float) -> dict[str, Any]:
+                 seconds: float, started: float | None = None) -> dict[str, Any]:
+    """One repeat of a case from its ranks' results; ``started``: when its process was spawned
+    (epoch s), for the process phases."""
     entry: dict[str, Any] = {"repeat": i, "status": status, "error": error, "process_s": round(seconds, 3)}
     r0 = next((r for r in ranks if r.get("rank") == 0), None)
     r0 = r0 or next((r for r in ranks if r.get("status") == "ok"), None)  # multi-node: node without rank 0
+    entry["phases_s"] = process_phases((r0 or {}).get("marks"), started, (started or 0.0) + seconds)
     mems = [r.get("peak_mem_allocated_bytes") for r in ranks if r.get("peak_mem_allocated_bytes") is not None]
     res = [r.get("peak_mem_reserved_bytes") for r in ranks if r.get("peak_mem_reserved_bytes") is not None]
     rss = [r.get("peak_rss_bytes") for r in ranks if r.get("peak_rss_bytes") is not None]
@@ -194,18 +196,14 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
             with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
                 tmp_path = Path(tmp)
                 (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-                spawned = time.time()
                 proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
                                       nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
                                       on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
-                ended = time.time()
                 rank_results = read_rank_files(tmp_path)
                 series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
                                          proc.output_tail)
-            entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
-            entry["phases_s"] = process_phases((next((r for r in rank_results if r.get("rank") == 0), None)
-                                                or {}).get("marks"), spawned, ended)
+            entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
             if status_i == "ok" and proc.returncode != 0:
                 entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
             entry["series"] = series

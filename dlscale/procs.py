@@ -23,6 +23,7 @@ class ProcResult:
     seconds: float
     output_tail: str = ""
     command: list[str] = field(default_factory=list)
+    started: float | None = None  # wall clock (epoch s) when the process was spawned
 
 
 @dataclass
@@ -92,7 +93,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
     if env:
         full_env.update(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    start = time.monotonic()
+    started, start = time.time(), time.monotonic()
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=cwd, start_new_session=True, bufsize=1,
                             errors="replace")
@@ -125,7 +126,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
         except (ProcessLookupError, PermissionError):
             pass
     reader.join(timeout=5)
-    return ProcResult(proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail), list(cmd))
+    return ProcResult(proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail), list(cmd), started)
 
 
 def spawn_torchrun(module: str, module_args: Sequence[str], nproc_per_node: int, time_limit: float,

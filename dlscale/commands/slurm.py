@@ -401,7 +401,7 @@ def cmd_task(args) -> int:
             status_i, error_i = launch.classify(proc.returncode, proc.timed_out, rank_results, 1, proc.output_tail)
             if status_i != "ok" and error_i and not rank_results:
                 error_i = f"rank {rank}: " + error_i
-            entry = launch.repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds)
+            entry = launch.repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
             repeats.append(entry)
             print(f"dlscale slurm-task rank {rank}: repeat {i + 1}/{cfg.repeats} {status_i}"
                   + (f": {error_i}" if error_i else ""), file=sys.stderr, flush=True)
