@@ -97,12 +97,16 @@ def static_check(cfg: RunConfig) -> None:
     validate_case(cfg)
 
 
-def cases_from_args(args) -> list[tuple[RunConfig, bool]]:
-    """The job's cases as (config, batch_max) pairs, each run on nodes x per_node processes.
+def cases_from_args(args) -> tuple[list[tuple[RunConfig, bool]], int | None]:
+    """The job's cases as (config, batch_max) pairs, each run on nodes x per_node processes, and
+    the cap of the largest-batch search (``--max-batch-cap``, else the suite's ``max_batch_cap``).
 
     ``batch_max``: the case asks for the largest batch that fits (``--batch-size max``, or a
     suite case with ``batch_size: max``); its config's batch size is the search start.
     """
+    cap = args.max_batch_cap
+    if cap is not None and cap < 1:
+        raise ConfigError(f"--max-batch-cap must be >= 1, got {cap}")
     if args.nodes is None or args.nodes < 1:
         raise ConfigError(f"nodes must be >= 1, got {args.nodes}")
     per_node = args.gpus_per_node if args.gpus_per_node is not None else args.nproc_per_node
@@ -118,6 +122,8 @@ def cases_from_args(args) -> list[tuple[RunConfig, bool]]:
             raise ConfigError(f"suites are not available in this build (no dlscale.suite); give the case "
                               f"options instead of {args.suite!r}") from None
         loaded = load_suite(args.suite)
+        if cap is None:
+            cap = (getattr(loaded, "settings", None) or {}).get("max_batch_cap")
         cfgs = list(loaded.cases) if hasattr(loaded, "cases") else list(loaded[1])
         flags = list(getattr(loaded, "batch_max", None) or [False] * len(cfgs))
         seen, cases = set(), []
@@ -143,7 +149,7 @@ def cases_from_args(args) -> list[tuple[RunConfig, bool]]:
                               "give a batch size")
         static_check(c)
         check_round_trip(c, batch_max)
-    return cases
+    return cases, cap
 
 
 def case_cli_args(cfg: RunConfig, batch_max: bool = False) -> list[str]:
@@ -286,14 +292,7 @@ def render_script(cases: list[tuple[RunConfig, bool]] | list[RunConfig], *, node
 def cmd_slurm(args) -> int:
     from dlscale.store import ResultStore
 
-    cases = cases_from_args(args)
-    cap = args.max_batch_cap
-    if cap is not None and cap < 1:
-        raise ConfigError(f"--max-batch-cap must be >= 1, got {cap}")
-    if cap is None and args.suite:
-        from dlscale.suite import load_suite
-
-        cap = load_suite(args.suite).settings.get("max_batch_cap")
+    cases, cap = cases_from_args(args)
     per_node = args.gpus_per_node if args.gpus_per_node is not None else args.nproc_per_node
     if args.port is not None and not 0 < args.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {args.port}")
