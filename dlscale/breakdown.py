@@ -127,10 +127,15 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
     return res
 
 
-def profile_steps(step: Callable[[], Any], device: torch.device, path: str | None, active: int = 3) -> dict[str, Any]:
+def profile_steps(step: Callable[[], Any], device: torch.device, path: str | None, active: int = 3,
+                  top: int = 15) -> dict[str, Any]:
     """Record a torch.profiler trace (Chrome/Perfetto JSON) of ``active`` training steps.
 
     Every rank profiles (their collectives must match); only a rank given a ``path`` exports.
+    ``top_ops`` in the result lists the ``top`` events with the most self time on the device
+    (on a CPU, host self time), per step, so a record says where the step went without opening
+    the trace: kernels, NCCL collectives, memory copies (``Memcpy HtoD`` in a training step means
+    data crossing PCIe).
     """
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -144,4 +149,17 @@ def profile_steps(step: Callable[[], Any], device: torch.device, path: str | Non
             prof.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return {"trace": path, "steps": active}
+    return {"trace": path, "steps": active, "top_ops": top_ops(prof.key_averages(), active, device.type == "cuda", top)}
+
+
+def top_ops(averages, steps: int, on_device: bool, top: int) -> list[dict[str, Any]]:
+    """The events of a profile with the most self time, in ms per step (device time when ``on_device``)."""
+
+    def self_us(e) -> float:
+        if on_device:  # torch renamed *_cuda_* to *_device_* in 2.4; accept both
+            return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+        return float(e.self_cpu_time_total or 0.0)
+
+    rows = sorted((e for e in averages if self_us(e) > 0), key=self_us, reverse=True)[:top]
+    return [{"name": e.key[:120], "calls_per_step": round(e.count / steps, 2),
+             "self_ms_per_step": round(self_us(e) / 1e3 / steps, 4)} for e in rows]

@@ -110,6 +110,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     if len(nodes) > 1:
         entry["utilisation_per_node"] = nodes
     entry["breakdown"] = r0.get("breakdown") if r0 else None
+    if r0 is not None and r0.get("profile"):  # rank 0's top ops (the trace file itself is staged)
+        entry["profile_top_ops"] = r0["profile"].get("top_ops")
     if status == "ok" and r0 is not None:
         global_batch = cfg.batch_size * cfg.grad_accum * r0["dp_size"]
         entry.update({
@@ -270,7 +272,7 @@ def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, 
     """Utilisation, breakdown and profiler trace of the median repeat, for the record's top level."""
     med = median_repeat(repeats)
     if med is None:
-        return {"utilisation": None, "breakdown": None, "trace": None}
+        return {"utilisation": None, "breakdown": None, "trace": None, "profile_top_ops": None}
     trace = None
     staged = staging / f"trace-r{med['repeat']}.json"
     if staged.exists():
@@ -279,4 +281,4 @@ def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, 
         shutil.move(str(staged), dest)
         trace = str(dest.relative_to(store.root))
     return {"utilisation": med.get("utilisation"), "breakdown": med.get("breakdown"),
-            "median_repeat": med["repeat"], "trace": trace}
+            "median_repeat": med["repeat"], "trace": trace, "profile_top_ops": med.get("profile_top_ops")}

@@ -42,6 +42,11 @@ def test_breakdown_profile_and_utilisation_in_record(tmp_path):
         first = json.loads((tmp_path / rep["series"][0]).read_text().splitlines()[0])
         assert "t" in first
 
+    # where the step went, per step, without opening the trace (host self time on a CPU)
+    ops = rec["profile_top_ops"]
+    assert ops == rec["repeats"][rec["median_repeat"]]["profile_top_ops"]
+    assert 0 < len(ops) <= 15 and all(o["self_ms_per_step"] > 0 and o["calls_per_step"] > 0 for o in ops)
+    assert ops == sorted(ops, key=lambda o: -o["self_ms_per_step"]) and any("aten::" in o["name"] for o in ops)
     trace = tmp_path / rec["trace"]
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name", "") for e in events}

@@ -193,9 +193,17 @@ def test_tensor_bert_matches_single(store):
 
 @pytest.mark.slow
 def test_model_parallel_resnet_matches_single(store):
-    """SGD (scale-sensitive) and whole-batch BatchNorm: naive model parallel == single."""
+    """SGD (scale-sensitive) and whole-batch BatchNorm: naive model parallel == single.
+
+    Its 4 blocks on 2 stages go through ``balance=time``: rank 0 trains every piece once to time
+    it, so this also checks that the timing leaves no trace (gradients, BatchNorm statistics, RNG).
+    """
     ref = _rep(_run(store, "resnet50", "single", 1, 4))
-    rec = _rep(_run(store, "resnet50", "model", 2, 4))
+    full = _run(store, "resnet50", "model", 2, 4)
+    info = full["strategy_info"]
+    assert info["balance"] == "time" and sum(info["blocks_per_stage"]) == 4, info
+    assert len(info["stage_cost_ms"]) == 2 and len(info["piece_cost_ms"]["blocks"]) == 4, info
+    rec = _rep(full)
     _assert_losses(rec["warmup_losses"], ref["warmup_losses"])
 
 
@@ -270,13 +278,15 @@ def test_zero1_overlap_unsupported_on_cpu():
     ("gpt2", "model", 3, 4, [], "3 pipeline stages"),
     ("gpt2", "hybrid", 2, 4, ["pp=2", "microbatches=3"], "microbatches 3 do not divide the batch size 4"),
     ("gpt2", "pipeline", 2, 4, ["microbatches=3"], "microbatches 3 do not divide the batch size 4"),
+    ("gpt2", "pipeline", 2, 4, ["balance=2,1"], "pipeline balance 2,1 must give each of the 2 stages"),
+    ("gpt2", "model", 2, 4, ["balance=even"], "model balance must be time, blocks or blocks per stage"),
     ("gpt2", "pipeline", 2, 4, ["schedule=1f1b", "microbatches=1"], "needs microbatches >= stages"),
     ("gpt2", "tensor", 3, 4, [], "tensor parallel degree 3 does not divide gpt2's 4 attention heads"),
     ("bert-base", "hybrid", 3, 4, ["tp=3"], "tensor parallel degree 3 does not divide bert-base's 4 attention heads"),
     ("gpt2", "hsdp", 2, 4, ["replicate=3"], "hsdp replicate degree 3 does not divide the world size 2"),
     ("gpt2", "fsdp", 2, 4, ["foo=1"], "unknown fsdp option(s) foo; allowed: shard, mixed_precision"),
     ("gpt2", "fsdp", 2, 4, ["shard=zero4"], "option shard must be one of zero3, zero2"),
-    ("gpt2", "model", 2, 4, ["microbatches=2"], "allowed: none"),
+    ("gpt2", "model", 2, 4, ["microbatches=2"], "allowed: balance"),
     ("gpt2", "zero1", 2, 4, ["overlap_with_ddp=maybe"], "must be true or false"),
     ("gpt2", "deepspeed", 2, 4, ["stage=4"], "option stage must be one of 1, 2, 3"),
     ("gpt2", "tensor", 2, 4, ["sequence_parallel=true", "tp=2"], "unknown tensor option(s) tp"),
@@ -304,6 +314,36 @@ def test_split_blocks():
     assert split_blocks(12, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     assert split_blocks(5, 2) == [[0, 1, 2], [3, 4]]
     assert [len(r) for r in split_blocks(16, 3)] == [6, 5, 5]
+
+
+def test_split_by_cost_minimises_the_slowest_stage():
+    from dlscale.strategies.pipeline import split_by_cost
+
+    # GPT-2-like: 12 equal blocks, a head worth 4 blocks: 10/2 would leave 2+4 vs 10; best is 8/4 (8 vs 8)
+    assert [len(r) for r in split_by_cost([1.0] * 12, 2, 0.0, 4.0)] == [8, 4]
+    # no extras: the even split
+    assert split_by_cost([1.0] * 6, 3) == [[0, 1], [2, 3], [4, 5]]
+    # hand example: costs 5,1,1,1,5 into 3 stages -> [5] [1,1,1] [5], slowest 5
+    assert split_by_cost([5, 1, 1, 1, 5], 3) == [[0], [1, 2, 3], [4]]
+    # a costly embedding pushes blocks off stage 0: 2.5 + [1,1] | [1,1,1,1] -> 4.5 vs 4
+    assert [len(r) for r in split_by_cost([1.0] * 6, 2, 2.5, 0.0)] == [2, 4]
+    # every stage keeps at least one block even when one block dominates
+    assert split_by_cost([100, 1, 1], 3) == [[0], [1], [2]]
+    with pytest.raises(ValueError):
+        split_by_cost([1.0], 2)
+
+
+def test_parse_balance():
+    from dlscale import ConfigError
+    from dlscale.strategies.pipeline import parse_balance
+
+    assert parse_balance("pipeline", "TIME", 2, 12) == "time"
+    assert parse_balance("pipeline", "8,4", 2, 12) == [8, 4]
+    assert parse_balance("pipeline", [9, 3], 2, 12) == [9, 3]
+    for bad, msg in [("8,3", "sum to the model's 12 blocks"), ("12,0", ">= 1 block"), ("4,4,4", "each of the 2"),
+                     ("fast", "must be time, blocks or blocks per stage")]:
+        with pytest.raises(ConfigError, match=msg):
+            parse_balance("pipeline", bad, 2, 12)
 
 
 def test_label_packing_roundtrip():

@@ -17,7 +17,7 @@ case, see ``predicted_model_state_bytes(..., deepspeed_mixed=True)``.)
 Model-parallel strategies split the parameters themselves: tensor and pipeline/model hold
 about P/N parameters each with their full state, 16/N bytes per parameter of the whole model;
 this is a lower bound (tensor parallel replicates embeddings and LayerNorms, pipeline stages are
-balanced by blocks, not bytes). hsdp shards over its shard group only; hybrid divides by
+balanced by time or blocks, not bytes). hsdp shards over its shard group only; hybrid divides by
 tp x pp and, with dp_shard=fsdp, by dp too (ZeRO-3 over dp).
 
 Activations, communication buckets, gathered FSDP units and the allocator's cache come on top:

@@ -38,7 +38,8 @@ from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, v
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
 
 OPTIONS = {"dp": None, "tp": 1, "pp": 1, "dp_shard": "ddp", "shard": "zero3", "mixed_precision": True,
-           "sequence_parallel": False, "schedule": "1f1b", "microbatches": 4, "virtual": 2}
+           "sequence_parallel": False, "schedule": "1f1b", "microbatches": 4, "virtual": 2,
+           "balance": "time"}
 CHOICES = {"dp_shard": ("ddp", "fsdp"), **FSDP_CHOICES, **PP_CHOICES}
 
 
@@ -66,7 +67,8 @@ def options(cfg) -> dict:
     if tp > 1:
         validate_tp("hybrid", cfg, spec, tp, opts["sequence_parallel"])
     if pp > 1:
-        validate_pipeline("hybrid", cfg, spec, pp, opts["schedule"], opts["microbatches"], opts["virtual"])
+        validate_pipeline("hybrid", cfg, spec, pp, opts["schedule"], opts["microbatches"], opts["virtual"],
+                          opts["balance"])
     return opts
 
 
@@ -129,7 +131,7 @@ def parallelize(model, spec, cfg, denv):
         grid = mesh.mesh  # (dp, pp, tp) tensor of global ranks
         pp_groups = [grid[i, :, j].tolist() for i in range(dp) for j in range(tp)]
         return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
-                              virtual=opts["virtual"], pp_group=mesh.get_group("pp"), pp_rank=p, pp_size=pp,
+                              virtual=opts["virtual"], balance=opts["balance"], pp_group=mesh.get_group("pp"), pp_rank=p, pp_size=pp,
                               pp_groups=pp_groups, dp_group=dp_group, dp_size=dp, dp_rank=d, name="hybrid",
                               extra_info=info)
 

@@ -4,7 +4,8 @@ The baseline that pipelining is measured against: the same stages as ``pipeline`
 embed + first blocks, last = last blocks + head; tied weights kept equal by summing their
 gradients), run with the GPipe schedule on a single micro-batch, so at any time exactly one
 device works while the others wait for its activations (forward) or gradients (backward).
-Implemented as ``pipeline -o schedule=gpipe -o microbatches=1``; no options. BatchNorm sees the
+Implemented as ``pipeline -o schedule=gpipe -o microbatches=1``; one option, ``balance``, as
+pipeline's (default ``time``, timed on the whole batch), so that both split the model alike. BatchNorm sees the
 whole batch, so unlike ``pipeline`` this trains resnet50 exactly as ``single`` does.
 """
 from __future__ import annotations
@@ -16,14 +17,15 @@ from dlscale.strategies.pipeline import build_pipeline, validate_pipeline
 
 
 def options(cfg) -> dict:
-    parse_options("model", cfg, {})
-    validate_pipeline("model", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", 1, 1)
-    return {}
+    opts = parse_options("model", cfg, {"balance": "time"})
+    validate_pipeline("model", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", 1, 1, opts["balance"])
+    return opts
 
 
 @register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
                    validate=options, min_world=2)
 def parallelize(model, spec, cfg, denv):
-    options(cfg)
-    return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1, pp_group=None,
+    opts = options(cfg)
+    return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1,
+                          balance=opts["balance"], pp_group=None,
                           pp_rank=denv.rank, pp_size=denv.world_size, name="model")

@@ -22,6 +22,13 @@ Options:
   ``--batch-size``; 1f1b needs at least as many micro-batches as stages.
 * ``virtual`` (default 2, interleaved only): stages per rank; ``pp * virtual`` must not exceed
   the number of blocks.
+* ``balance`` (default ``time``): how blocks are dealt to stages. ``time``: rank 0 times the
+  forward and backward of the embedding, of every block and of the head (with the loss) on one
+  micro-batch, and the contiguous split that minimises the slowest stage is broadcast to all
+  ranks (as torchgpipe's ``balance_by_time``); the head of a language model (vocabulary
+  projection and cross-entropy) costs several blocks, so an even count of blocks leaves the last
+  stage the bottleneck. ``blocks``: equal counts of blocks. Or explicit counts, ``8,4``. The
+  record's ``strategy_info`` keeps the counts and the timed cost of each stage.
 
 Data: pipelining does not add data parallelism: every rank is handed the same batch of
 ``--batch-size`` samples (dp_size 1), which the schedule cuts into micro-batches; so a pipeline
@@ -53,7 +60,8 @@ from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import autocast, parse_options, unique_params
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2}
+OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2, "balance": "time"}
+BALANCE_MODES = ("time", "blocks")
 CHOICES = {"schedule": SCHEDULES}
 
 
@@ -71,7 +79,25 @@ def num_blocks(spec, model=None) -> int:
         return len(spec.blocks(spec.build()))
 
 
-def validate_pipeline(name: str, cfg, spec, pp: int, schedule: str, microbatches: int, virtual: int) -> None:
+def parse_balance(name: str, value, n_stages: int, n_blocks: int) -> str | list[int]:
+    """``time``/``blocks``, or explicit blocks per stage (``"8,4"`` or a list) checked against the shape."""
+    if isinstance(value, str) and value.lower() in BALANCE_MODES:
+        return value.lower()
+    items = value if isinstance(value, list) else str(value).replace("+", ",").split(",")
+    try:
+        counts = [int(x) for x in items]
+    except (TypeError, ValueError):
+        counts = None
+    if counts is None or isinstance(value, bool) or any(isinstance(x, bool) for x in items):
+        raise ConfigError(f"{name} balance must be time, blocks or blocks per stage such as 8,4; got {value!r}")
+    if len(counts) != n_stages or min(counts) < 1 or sum(counts) != n_blocks:
+        raise ConfigError(f"{name} balance {','.join(map(str, counts))} must give each of the {n_stages} stages "
+                          f">= 1 block and sum to the model's {n_blocks} blocks")
+    return counts
+
+
+def validate_pipeline(name: str, cfg, spec, pp: int, schedule: str, microbatches: int, virtual: int,
+                      balance="blocks") -> None:
     """Impossible pipeline shapes, as one-line ConfigErrors before any process starts."""
     if microbatches < 1:
         raise ConfigError(f"{name} microbatches must be >= 1, got {microbatches}")
@@ -85,6 +111,7 @@ def validate_pipeline(name: str, cfg, spec, pp: int, schedule: str, microbatches
         what = f"{pp} ranks x {virtual} virtual" if schedule == "interleaved" else f"{pp} ranks"
         raise ConfigError(f"{name}: {stages} pipeline stages ({what}) but {spec.name} ({spec.flavor}) "
                           f"has only {blocks} blocks to split")
+    parse_balance(name, balance, stages, blocks)
     if schedule == "1f1b" and microbatches < pp:
         raise ConfigError(f"{name} schedule 1f1b needs microbatches >= stages: got {microbatches} "
                           f"microbatches for {pp} stages")
@@ -100,7 +127,7 @@ def options(cfg) -> dict:
 
     opts = parse_options("pipeline", cfg, OPTIONS, CHOICES)
     validate_pipeline("pipeline", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, opts["schedule"],
-                      opts["microbatches"], opts["virtual"])
+                      opts["microbatches"], opts["virtual"], opts["balance"])
     return opts
 
 
@@ -140,6 +167,135 @@ def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
         out.append(list(range(start, start + size)))
         start += size
     return out
+
+
+def split_by_cost(block_costs: list[float], n_stages: int, first_extra: float = 0.0,
+                  last_extra: float = 0.0) -> list[list[int]]:
+    """Contiguous runs of blocks (each >= 1) that minimise the costliest stage.
+
+    The first stage also pays ``first_extra`` (the embedding), the last ``last_extra`` (the head
+    and loss). Exact, by dynamic programming over (blocks used, stages made): O(S n^2).
+    """
+    n = len(block_costs)
+    if not 1 <= n_stages <= n:
+        raise ValueError(f"cannot split {n} blocks into {n_stages} stages")
+    prefix = [0.0]
+    for c in block_costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(i: int, j: int, s: int) -> float:  # blocks i..j-1 as stage s
+        return (prefix[j] - prefix[i] + (first_extra if s == 0 else 0.0)
+                + (last_extra if s == n_stages - 1 else 0.0))
+
+    inf = float("inf")
+    # best[s][j]: the smallest max-stage cost of putting blocks 0..j-1 into stages 0..s
+    best = [[inf] * (n + 1) for _ in range(n_stages)]
+    cut = [[0] * (n + 1) for _ in range(n_stages)]
+    for j in range(1, n + 1):
+        best[0][j] = cost(0, j, 0)
+    for s in range(1, n_stages):
+        for j in range(s + 1, n + 1):
+            for i in range(s, j):  # stage s = blocks i..j-1
+                v = max(best[s - 1][i], cost(i, j, s))
+                if v < best[s][j]:
+                    best[s][j], cut[s][j] = v, i
+    runs, j = [], n
+    for s in range(n_stages - 1, 0, -1):
+        i = cut[s][j]
+        runs.append(list(range(i, j)))
+        j = i
+    runs.append(list(range(0, j)))
+    return runs[::-1]
+
+
+def runs_from_counts(counts: list[int]) -> list[list[int]]:
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+def time_pieces(model: nn.Module, spec, cfg, device: torch.device, batch_size: int,
+                reps: int = 3) -> tuple[float, list[float], float]:
+    """Seconds of forward + backward of (embed, each block, head with its loss) on one micro-batch.
+
+    Each piece runs alone on the previous piece's (detached) output with a random output
+    gradient; best of ``reps`` after one warm-up. The model comes back as it was: gradients
+    dropped, buffers (BatchNorm statistics) and the RNG restored.
+    """
+    import time
+
+    k = spec.extra.get("n_embed_args", 1)
+    batch = spec.make_batch(batch_size, torch.device("cpu"), torch.Generator().manual_seed(0))
+    batch = tuple(t.to(device) for t in batch)
+    saved = {id(b): b.detach().clone() for b in model.buffers()}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def best_of(fn) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    def fwd_bwd(piece, x, *rest):
+        def fn():
+            inp = x.detach().requires_grad_(x.is_floating_point())
+            out = piece(inp, *rest)
+            if out.dim() == 0:
+                out.backward()
+            else:
+                out.backward(torch.ones_like(out))
+        return fn
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast(cfg, device):
+        def embed_fn():
+            h = model.embed(*batch[:k])
+            h.backward(torch.ones_like(h))
+        embed = best_of(embed_fn)
+        with torch.no_grad():
+            h = model.embed(*batch[:k])
+        blocks = []
+        for b in spec.blocks(model):
+            blocks.append(best_of(fwd_bwd(b, h)))
+            with torch.no_grad():
+                h = b(h)
+        head = best_of(fwd_bwd(model.head, h, *batch[k:]))
+    for p in model.parameters():
+        p.grad = None
+    with torch.no_grad():
+        for b in model.buffers():
+            b.copy_(saved[id(b)])
+    return embed, blocks, head
+
+
+def choose_runs(model, spec, cfg, device, balance, n_stages: int, micro_bs: int) -> tuple[list[list[int]], dict]:
+    """The blocks of each stage for ``balance`` and what the record says about the choice."""
+    n_blocks = len(spec.blocks(model))
+    if isinstance(balance, list):
+        return runs_from_counts(balance), {"balance": "given"}
+    if balance == "blocks" or n_stages == 1:
+        return split_blocks(n_blocks, n_stages), {"balance": "blocks"}
+    if n_blocks == n_stages:  # one block per stage is the only split: nothing to time
+        return split_blocks(n_blocks, n_stages), {"balance": "time", "stage_cost_ms": None}
+    # rank 0 times the pieces and every rank takes its numbers: one split, whatever the jitter
+    payload = [None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        payload[0] = time_pieces(model, spec, cfg, device, micro_bs)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(payload, src=0)
+    embed, blocks, head = payload[0]
+    runs = split_by_cost(blocks, n_stages, embed, head)
+    stage_ms = [1e3 * (sum(blocks[i] for i in r) + (embed if s == 0 else 0) + (head if s == n_stages - 1 else 0))
+                for s, r in enumerate(runs)]
+    return runs, {"balance": "time", "stage_cost_ms": [round(x, 3) for x in stage_ms],
+                  "piece_cost_ms": {"embed": round(1e3 * embed, 3), "blocks": [round(1e3 * b, 3) for b in blocks],
+                                    "head": round(1e3 * head, 3)}}
 
 
 # ---------------------------------------------------------------- stage modules
@@ -232,7 +388,7 @@ class _Packer:
 
 
 def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, virtual: int,
-                   pp_group, pp_rank: int, pp_size: int, pp_groups: list[list[int]] | None = None,
+                   balance="time", pp_group, pp_rank: int, pp_size: int, pp_groups: list[list[int]] | None = None,
                    dp_group=None, dp_size: int = 1, dp_rank: int = 0, name: str = "pipeline",
                    extra_info: dict | None = None) -> Parallelized:
     """Stages of this rank, their schedule and a ``step`` for the worker.
@@ -251,7 +407,8 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
     blocks = spec.blocks(model)
     if n_stages > len(blocks):
         raise ConfigError(f"{name}: {n_stages} stages but only {len(blocks)} blocks")
-    runs = split_blocks(len(blocks), n_stages)
+    balance = parse_balance(name, balance, n_stages, len(blocks))
+    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n_stages, cfg.batch_size // microbatches)
     n_embed = spec.extra.get("n_embed_args", 1)
     embed_names, head_names = _used_children(model, spec, device)
     block_ids = {id(b) for b in blocks}
@@ -367,7 +524,7 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
 
     info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
             "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
-            "blocks_per_stage": [len(r) for r in runs], "embed_modules": sorted(embed_names),
+            "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
             "head_modules": sorted(head_names), "tied_params": len(tied),
             "stage_params": sum(p.numel() for p in params), "eval_loss": False,
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
@@ -414,5 +571,5 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
-                          virtual=opts["virtual"], pp_group=None, pp_rank=denv.rank, pp_size=denv.world_size,
+                          virtual=opts["virtual"], balance=opts["balance"], pp_group=None, pp_rank=denv.rank, pp_size=denv.world_size,
                           extra_info={"options": opts})
