@@ -1,38 +1,71 @@
 #!/usr/bin/env bash
 # Issue 4 benchmark: gpt2 and bert-base, bf16, every strategy at 2 GPUs (plus the 1-GPU baseline).
-# Usage: benchmarks/strategies_gpu.sh OUTDIR  -> OUTDIR/store; table: python benchmarks/summarize_strategies.py OUTDIR/store
-# The strategies with a target (ddp, fsdp zero2, zero1, pipeline 1f1b, model) and the 1-GPU
-# baselines run R repeats (default 2), first; the others R_OTHER (default 1); last, GPT-2 at batch 64
-# for pipeline vs model, eager and compiled. hsdp and hybrid are
-# left out: on one node of 2 GPUs they reduce to fsdp/ddp and tensor/pipeline.
+# Usage: [TAGS="targets others"] benchmarks/strategies_gpu.sh OUTDIR  -> OUTDIR/store
+# Table: python benchmarks/summarize_strategies.py OUTDIR/store
+#
+# Every case is one line of the table below: TAG MODEL BATCH REPEATS STRATEGY [OPTIONS...]; the
+# tags in $TAGS run, in the table's order (default: all but "compiled"). Repeats: the cases with
+# a target and the baselines 2, the others (and the unpipelined `model` split) 1 (device time). Common to all: bf16 autocast, 10
+# warm-up + 30 timed steps, a 150 s limit per repeat. EXTRA is appended to every command (a CPU
+# dry run: EXTRA="--flavor tiny --device cpu").
+#   targets   the 1-GPU baselines and the data-parallel strategies with a target (ddp, fsdp
+#             zero2, zero1)
+#   pptarget  pipeline 1f1b with 8 micro-batches against the unpipelined `model` split
+#   others    fsdp zero3, tensor, dp, pipeline gpipe
+#   pipeline  what pipelining needs: GPT-2 at 1 GPU with the micro-batch sizes (2, 8), the
+#             block-balanced split against the time-balanced default, batch 64 (micro-batches of 8)
+#   fsdpdiag  BERT fsdp zero2 (0.68 of DDP in the 2nd session) with --profile --breakdown, without
+#             FSDP's mixed-precision policy, and GPT-2's for comparison
+#   compiled  pipeline and model at GPT-2 b16 under --compile
+# hsdp and hybrid are left out: on one node of 2 GPUs they reduce to fsdp/ddp and tensor/pipeline.
 # Memory: every CUDA record carries model_state_mem_bytes (allocated as the optimizer step begins,
 # in one extra step after the window), compared there with the ZeRO model of docs/strategies.md.
 set -u
 OUTDIR=$1
+TAGS=${TAGS:-"targets pptarget others pipeline fsdpdiag"}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-run() { python -m dlscale run --store "$OUTDIR/store" --precision amp-bf16 --warmup 10 --steps 30 \
-          --time-limit 120 "$@" 2>&1 | grep -E '^ +(gpt2|bert)|error'; }
-MODELS="gpt2:16 bert-base:128"
-for m in $MODELS; do
-  model=${m%%:*}; b=${m##*:}
-  echo "== $model, strategies with a target $(date -u +%T)"
-  run --model $model --strategy single --batch-size $b --repeats ${R:-2}
-  for s in "ddp" "fsdp -o shard=zero2" "zero1" "pipeline -o schedule=1f1b -o microbatches=8" "model"; do
-    run --model $model --nproc-per-node 2 --batch-size $b --repeats ${R:-2} --strategy $s
-  done
+PP8="pipeline -o schedule=1f1b -o microbatches=8"
+CASES="
+targets  gpt2      16  2 single
+targets  gpt2      16  2 ddp
+targets  gpt2      16  2 fsdp -o shard=zero2
+targets  gpt2      16  2 zero1
+targets  bert-base 128 2 single
+targets  bert-base 128 2 ddp
+targets  bert-base 128 2 fsdp -o shard=zero2
+targets  bert-base 128 2 zero1
+pptarget gpt2      16  2 $PP8
+pptarget gpt2      16  1 model
+pptarget bert-base 128 2 $PP8
+pptarget bert-base 128 1 model
+others   gpt2      16  1 fsdp -o shard=zero3
+others   gpt2      16  1 tensor
+others   gpt2      16  1 dp
+others   gpt2      16  1 pipeline -o schedule=gpipe -o microbatches=8
+others   bert-base 128 1 fsdp -o shard=zero3
+others   bert-base 128 1 tensor
+others   bert-base 128 1 dp
+others   bert-base 128 1 pipeline -o schedule=gpipe -o microbatches=8
+pipeline gpt2      2   1 single
+pipeline gpt2      8   1 single
+pipeline gpt2      16  1 $PP8 -o balance=blocks
+pipeline gpt2      64  1 model
+pipeline gpt2      64  2 $PP8
+fsdpdiag bert-base 128 1 fsdp -o shard=zero2 --profile --breakdown
+fsdpdiag bert-base 128 1 fsdp -o shard=zero2 -o mixed_precision=false
+fsdpdiag gpt2      16  1 fsdp -o shard=zero2 --profile --breakdown
+compiled gpt2      16  1 $PP8 --compile
+compiled gpt2      16  1 model --compile
+"
+echo "$CASES" | while read -r tag model batch reps strategy; do
+  [ -n "$tag" ] || continue
+  case " $TAGS " in *" $tag "*) ;; *) continue ;; esac
+  nproc=2; [ "${strategy%% *}" = single ] && nproc=1
+  echo "== $tag: $model b$batch x$nproc $strategy ($(date -u +%T))"
+  # shellcheck disable=SC2086  # the strategy's options are words
+  python -m dlscale run --store "$OUTDIR/store" --precision amp-bf16 --warmup 10 --steps 30 --time-limit 150 \
+    --model "$model" --batch-size "$batch" --repeats "$reps" --nproc-per-node $nproc --strategy $strategy \
+    ${EXTRA:-} 2>&1 | grep -E '^ +(gpt2|bert)|error|repeat [0-9]'
 done
-for m in $MODELS; do
-  model=${m%%:*}; b=${m##*:}
-  echo "== $model, the other strategies $(date -u +%T)"
-  for s in "fsdp -o shard=zero3" "tensor" "dp" "pipeline -o schedule=gpipe -o microbatches=8"; do
-    run --model $model --nproc-per-node 2 --batch-size $b --repeats ${R_OTHER:-1} --strategy $s
-  done
-done
-# Pipelining wants micro-batches large enough to keep the GPU busy: GPT-2 at batch 64 (8
-# micro-batches of 8), eager and compiled, against the unpipelined split.
-echo "== gpt2 b64, pipeline vs model $(date -u +%T)"
-for s in "model" "pipeline -o schedule=1f1b -o microbatches=8"; do
-  run --model gpt2 --nproc-per-node 2 --batch-size 64 --repeats ${R_OTHER:-1} --strategy $s
-  run --model gpt2 --nproc-per-node 2 --batch-size 64 --repeats ${R_OTHER:-1} --strategy $s --compile
-done
+echo "== done $(date -u +%T)"
