@@ -13,16 +13,17 @@
 #   pptarget  pipeline 1f1b with 8 micro-batches against the unpipelined `model` split
 #   others    fsdp zero3, tensor, dp, pipeline gpipe
 #   pipeline  what pipelining needs: GPT-2 at 1 GPU with the micro-batch sizes (2, 8), the
-#             block-balanced split against the time-balanced default, batch 64 (micro-batches of 8)
+#             block-balanced split against the time-balanced default
+#   pp64      pipeline 1f1b against `model` at GPT-2 batch 64 (micro-batches of 8)
 #   fsdpdiag  BERT fsdp zero2 (0.68 of DDP in the 2nd session) with --profile --breakdown, without
 #             FSDP's mixed-precision policy, and GPT-2's for comparison
-#   compiled  pipeline and model at GPT-2 b16 under --compile
+#   compiled  pipeline and model at GPT-2 b16 and b64 under --compile
 # hsdp and hybrid are left out: on one node of 2 GPUs they reduce to fsdp/ddp and tensor/pipeline.
 # Memory: every CUDA record carries model_state_mem_bytes (allocated as the optimizer step begins,
 # in one extra step after the window), compared there with the ZeRO model of docs/strategies.md.
 set -u
 OUTDIR=$1
-TAGS=${TAGS:-"targets pptarget others pipeline fsdpdiag"}
+TAGS=${TAGS:-"targets pptarget pp64 others pipeline fsdpdiag"}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PP8="pipeline -o schedule=1f1b -o microbatches=8"
@@ -35,8 +36,8 @@ targets  bert-base 128 2 single
 targets  bert-base 128 2 ddp
 targets  bert-base 128 2 fsdp -o shard=zero2
 targets  bert-base 128 2 zero1
-pptarget gpt2      16  2 $PP8
-pptarget gpt2      16  1 model
+pptarget gpt2      16  2 $PP8 --profile
+pptarget gpt2      16  1 model --profile
 pptarget bert-base 128 2 $PP8
 pptarget bert-base 128 1 model
 others   gpt2      16  1 fsdp -o shard=zero3
@@ -50,13 +51,15 @@ others   bert-base 128 1 pipeline -o schedule=gpipe -o microbatches=8
 pipeline gpt2      2   1 single
 pipeline gpt2      8   1 single
 pipeline gpt2      16  1 $PP8 -o balance=blocks
-pipeline gpt2      64  1 model
-pipeline gpt2      64  2 $PP8
+pp64     gpt2      64  1 model
+pp64     gpt2      64  2 $PP8
 fsdpdiag bert-base 128 1 fsdp -o shard=zero2 --profile --breakdown
 fsdpdiag bert-base 128 1 fsdp -o shard=zero2 -o mixed_precision=false
 fsdpdiag gpt2      16  1 fsdp -o shard=zero2 --profile --breakdown
 compiled gpt2      16  1 $PP8 --compile
 compiled gpt2      16  1 model --compile
+compiled gpt2      64  1 $PP8 --compile
+compiled gpt2      64  1 model --compile
 "
 echo "$CASES" | while read -r tag model batch reps strategy; do
   [ -n "$tag" ] || continue

@@ -235,3 +235,31 @@ def test_gpt2_init_scaled_residuals():
     std = model.blocks[0].mlp.proj.weight.std().item()
     assert std == pytest.approx(0.02 / math.sqrt(2 * 2), rel=0.1)
     assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_vocab_logits_padding_keeps_loss_and_gradients(with_bias):
+    """The padded (aligned) vocabulary projection gives the loss and gradients of the plain one."""
+    import torch.nn.functional as F
+
+    from dlscale.models._layers import vocab_logits
+
+    g = torch.Generator().manual_seed(0)
+    V, H, N = 501, 16, 40  # 501 rows: padded to 512 with multiple=64
+    x = torch.randn(N, H, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, V, (N,), generator=g)
+    grads = []
+    for multiple in (1, 64):
+        w = torch.randn(V, H, generator=g.manual_seed(1), dtype=torch.float64).requires_grad_()
+        b = torch.randn(V, generator=g.manual_seed(2), dtype=torch.float64).requires_grad_() if with_bias else None
+        xi = x.clone().requires_grad_()
+        logits = vocab_logits(xi, w, b, multiple=multiple)
+        assert logits.shape == (N, V if multiple == 1 else 512)
+        loss = F.cross_entropy(logits, targets)
+        loss.backward()
+        grads.append((loss.detach(), w.grad, xi.grad, b.grad if with_bias else None))
+    (l1, w1, x1, b1), (l2, w2, x2, b2) = grads
+    assert torch.allclose(l1, l2, rtol=1e-12, atol=0)
+    assert torch.allclose(w1, w2, rtol=1e-12, atol=1e-15) and torch.allclose(x1, x2, rtol=1e-12, atol=1e-15)
+    if with_bias:
+        assert torch.allclose(b1, b2, rtol=1e-12, atol=1e-15)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlscale.models._layers import VocabProjection
 from dlscale.models import ModelSpec, register_model, transformer_flops_per_sample
 
 
@@ -121,7 +122,8 @@ class BertForPreTraining(nn.Module):
         self.nsp = nn.Linear(H, 2)
         self.mlm_dense = nn.Linear(H, H)
         self.mlm_ln = nn.LayerNorm(H, eps=cfg.ln_eps)
-        self.decoder = nn.Linear(H, cfg.vocab)  # its bias is the MLM output bias
+        # its bias is the MLM output bias; logits at an aligned width on CUDA (VocabProjection)
+        self.decoder = VocabProjection(H, cfg.vocab)
         self.init_weights()
         self.tie_weights()
 

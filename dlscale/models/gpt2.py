@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscale.models import ModelSpec, register_model, transformer_flops_per_sample
+from dlscale.models._layers import VocabProjection
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.padded_vocab, bias=False)
+        # logits at an aligned width on CUDA (see VocabProjection); the loss is the same
+        self.lm_head = VocabProjection(cfg.hidden, cfg.padded_vocab, bias=False)
         self.tie_weights()
         self.init_weights()
 
