@@ -33,6 +33,10 @@ def one_record(store_dir):
     (["--device", "cuda"], "no CUDA GPU is visible"),
     (["--option", "bucket_cap"], "--option must look like KEY=VALUE"),
     (["--strategy", "ddp", "-o", "bucket=3"], "unknown ddp option(s) bucket"),
+    (["--strategy", "ddp", "-o", "comm_hook=int8"], "comm_hook must be one of none, bf16, fp16"),
+    (["--strategy", "ddp", "-o", "bucket_cap_mb=0"], "bucket_cap_mb must be > 0"),
+    (["--device", "cpu", "--strategy", "ddp", "-o", "comm_hook=bf16"], "comm_hook=bf16 needs CUDA and NCCL"),
+    (["--strategy", "ddp", "-o", "static_graph=maybe"], "static_graph must be true or false"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_stored(tmp_path, capsys, argv, fragment):
     from dlscale.cli import main
@@ -107,6 +111,21 @@ def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
     assert s["tokens_per_s"] == pytest.approx(s["samples_per_s"]["median"] * rd["model"]["seq_len"])
     assert rd["model"]["params"] > 0 and rd["model"]["flops_per_sample"] > 0
     assert rd["config"]["model"] == model and rd["case_key"]
+
+
+def test_ddp_fp16_comm_hook_trains_like_single(tmp_path):
+    """-o comm_hook=fp16 all-reduces in fp16: same training within fp16 rounding, recorded; false parses as False."""
+    common = ["--model", "gpt2", *FAST, "--warmup", "3", "--steps", "2", "--json"]
+    single = dlscale("run", *common, "--strategy", "single", "--batch-size", "8", "--store", str(tmp_path / "a"))
+    ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
+                  "-o", "comm_hook=fp16", "-o", "static_graph=false", "--store", str(tmp_path / "b"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    rs, rd = one_record(tmp_path / "a"), one_record(tmp_path / "b")
+    info = rd["strategy_info"]
+    assert info["comm_hook"] == "fp16" and info["static_graph"] is False
+    ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
+    assert ld == pytest.approx(ls, rel=1e-2)
 
 
 def test_repeats_table_and_grad_accum(tmp_path):
