@@ -15,7 +15,8 @@ Structure a pipeline / tensor-parallel splitter can rely on:
 * ``model.blocks``: ``nn.ModuleList`` of ``Block``; each has ``ln1``, ``attn.qkv`` (C -> 3C),
   ``attn.proj`` (C -> C), ``ln2``, ``mlp.fc`` (C -> 4C), ``mlp.proj`` (4C -> C)
   (pre-LN: ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``);
-* ``model.head(h, targets)`` -> loss: ``ln_f``, ``lm_head`` (weight tied to ``wte.weight``),
+* ``model.head(h, targets)`` -> loss: ``ln_f``, ``lm_head`` (weight tied to ``wte.weight``; a
+  ``VocabProjection``, whose logits on CUDA are padded to a multiple of 64 with masked columns),
   cross-entropy over (B*T, vocab);
 * ``model(idx, targets) == model.head(run_blocks(model.embed(idx)), targets)``;
   ``spec.extra["n_embed_args"] == 1``.
