@@ -233,9 +233,10 @@ def test_deepspeed_zero3_matches_zero1(store):
     ("gpt2", "dp", "DataParallel"),
     ("resnet50", "tensor", "resnet50 has no such plan"),
     ("resnet50", "hybrid", "resnet50 has no such plan"),
+    ("gpt2", "ddp", "comm_hook=bf16 needs CUDA and NCCL"),
 ])
 def test_unsupported_recorded(tmp_path, model, strategy, reason):
-    opts = ["-o", "tp=2"] if strategy == "hybrid" else []
+    opts = {"hybrid": ["-o", "tp=2"], "ddp": ["-o", "comm_hook=bf16"]}.get(strategy, [])
     rc, out, err = _cli(["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", "2",
                          "--device", "cpu", "--store", str(tmp_path), "--json", *opts])
     rec = json.loads(out[out.index("{"):])

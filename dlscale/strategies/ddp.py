@@ -21,23 +21,26 @@ COMM_HOOKS = ("none", "bf16", "fp16")
 
 def options(cfg) -> dict:
     opts = parse_options("ddp", cfg, OPTIONS, {"comm_hook": COMM_HOOKS})
-    if opts["comm_hook"] == "bf16" and cfg.device == "cpu":  # torch's bf16 hook needs NCCL
-        raise ConfigError("strategy ddp option comm_hook=bf16 needs CUDA and NCCL; on the CPU use fp16 or none")
     if opts["bucket_cap_mb"] <= 0:
         raise ConfigError(f"strategy ddp option bucket_cap_mb must be > 0, got {opts['bucket_cap_mb']}")
     return opts
 
 
+def check(cfg, env) -> str | None:
+    if options(cfg)["comm_hook"] == "bf16" and env.get("device_type") != "cuda":
+        return "ddp comm_hook=bf16 needs CUDA and NCCL (torch's bf16 hook refuses gloo); on the CPU use fp16 or none"
+    return None
+
+
 @register_strategy("ddp", description="DistributedDataParallel (all-reduce of gradient buckets)",
-                   validate=options)
+                   check=check, validate=options)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor
     extra = {} if opts["broadcast_buffers"] else {"broadcast_buffers": False}
     ddp = DDP(model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,
-              bucket_cap_mb=float(opts["bucket_cap_mb"]),
-              gradient_as_bucket_view=bool(opts["gradient_as_bucket_view"]),
-              static_graph=bool(opts["static_graph"]), **extra)
+              bucket_cap_mb=opts["bucket_cap_mb"], gradient_as_bucket_view=opts["gradient_as_bucket_view"],
+              static_graph=opts["static_graph"], **extra)
     if opts["comm_hook"] != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
