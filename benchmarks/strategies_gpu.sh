@@ -15,6 +15,9 @@
 #   pipeline  what pipelining needs: GPT-2 at 1 GPU with the micro-batch sizes (2, 8), the
 #             block-balanced split against the time-balanced default
 #   pp64      pipeline 1f1b against `model` at GPT-2 batch 64 (micro-batches of 8)
+#   ppbig     the same at GPT-2 batch 128 and BERT batch 1024 (micro-batches of 16 and 128: the
+#             sizes at which one GPU trains within 10 % of its large-batch speed, see
+#             benchmarks/batch_curve_gpu.sh)
 #   fsdpdiag  BERT fsdp zero2 (0.68 of DDP in the 2nd session) with --profile --breakdown, without
 #             FSDP's mixed-precision policy, and GPT-2's for comparison
 #   compiled  pipeline and model at GPT-2 b16 and b64 under --compile
@@ -53,6 +56,10 @@ pipeline gpt2      8   1 single
 pipeline gpt2      16  1 $PP8 -o balance=blocks
 pp64     gpt2      64  1 model
 pp64     gpt2      64  2 $PP8
+ppbig    gpt2      128 1 model
+ppbig    gpt2      128 1 $PP8
+ppbig    bert-base 1024 1 model
+ppbig    bert-base 1024 1 $PP8
 fsdpdiag bert-base 128 1 fsdp -o shard=zero2 --profile --breakdown
 fsdpdiag bert-base 128 1 fsdp -o shard=zero2 -o mixed_precision=false
 fsdpdiag gpt2      16  1 fsdp -o shard=zero2 --profile --breakdown

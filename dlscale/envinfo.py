@@ -70,6 +70,22 @@ def gpu_info() -> dict[str, Any]:
     return info
 
 
+# Variables that change what a benchmark measures (NCCL's algorithms and channels, the comm
+# stream's priority, the allocator, thread counts, inductor); a record without them cannot be
+# reproduced. Matched by prefix or exact name; nothing else from the environment is recorded.
+TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHINDUCTOR_", "NVSHMEM_",
+                   "TORCH_SYMM_MEM_")
+TUNING_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+                "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS")
+
+
+def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The performance-relevant variables set in ``environ`` (default: this process's), sorted."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ)
+            if k.startswith(TUNING_PREFIXES) or k in TUNING_NAMES}
+
+
 def capture(include_topology: bool = True) -> dict[str, Any]:
     """Environment of this host: versions, devices, host, CPU, topology."""
     import psutil
@@ -89,6 +105,7 @@ def capture(include_topology: bool = True) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda_available": torch.cuda.is_available(),
+        "env_vars": tuning_env(),
     }
     if torch.cuda.is_available():
         try:
@@ -113,6 +130,8 @@ def format_env(env: dict[str, Any]) -> str:
         if k == "topology" and v:
             lines.append("topology:")
             lines.extend("    " + line for line in str(v).splitlines())
+        elif k == "env_vars":
+            lines.append("env_vars: " + (" ".join(f"{n}={x}" for n, x in v.items()) if v else "none set"))
         elif k == "gpus":
             if not v:
                 lines.append("gpus: none")

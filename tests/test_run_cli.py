@@ -99,7 +99,8 @@ def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
     assert [r["rank"] for r in rd["ranks"]] == [0, 1]
     assert all(r["device"] == "cpu" and r["host"] for r in rd["ranks"])
     env = rd["env"]
-    for key in ("dlscale", "git_sha", "torch", "cuda", "nccl", "driver", "gpus", "host", "cpu", "topology"):
+    for key in ("dlscale", "git_sha", "torch", "cuda", "nccl", "driver", "gpus", "host", "cpu", "topology",
+                "env_vars"):
         assert key in env
     rep = rd["repeats"][0]
     assert len(rep["step_times_ms"]) == 2 and all(t > 0 for t in rep["step_times_ms"])
@@ -178,10 +179,16 @@ def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
     assert left.stdout.strip() == ""
 
 
-def test_json_output_and_env_command(tmp_path):
+def test_json_output_and_env_command(tmp_path, monkeypatch):
+    # tuning variables travel into the record (and only those: an unrelated variable stays out)
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    monkeypatch.setenv("TORCH_NCCL_HIGH_PRIORITY", "1")
+    monkeypatch.setenv("DLSCALE_TEST_UNRELATED", "x")
     p = dlscale("env", "--json", timeout=60)
     assert p.returncode == 0
     env = json.loads(p.stdout)
     assert env["torch"] and env["host"] and env["cpu_count"] >= 1
+    assert env["env_vars"]["NCCL_DEBUG"] == "WARN" and env["env_vars"]["TORCH_NCCL_HIGH_PRIORITY"] == "1"
+    assert "DLSCALE_TEST_UNRELATED" not in env["env_vars"]
     text = dlscale("env", timeout=60).stdout
     assert "torch:" in text and "gpus:" in text

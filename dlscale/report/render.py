@@ -170,7 +170,7 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from
 # ----------------------------------------------------------------------------- environment
 
 ENV_KEYS = ("dlscale", "git_sha", "python", "torch", "cuda", "cudnn", "nccl", "driver", "os", "cpu",
-            "cpu_count", "memory_total_bytes", "gpus", "topology")
+            "cpu_count", "memory_total_bytes", "gpus", "env_vars", "topology")
 
 
 def gpu_summary(gpus: Any) -> str:
@@ -187,6 +187,8 @@ def gpu_summary(gpus: Any) -> str:
 def env_value(key: str, v: Any) -> str:
     if key == "gpus":
         return gpu_summary(v)
+    if key == "env_vars" and isinstance(v, dict):
+        return " ".join(f"{n}={x}" for n, x in v.items()) or "none set"
     if key == "memory_total_bytes" and num(v) is not None:
         return f"{v / GIB:.1f} GiB"
     return MISSING if v is None or v == "" else str(v)
