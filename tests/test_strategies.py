@@ -43,16 +43,18 @@ def _cli(args: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, precision: str = "fp32") -> dict:
+def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, precision: str = "fp32",
+         extra: tuple[str, ...] = ()) -> dict:
     """One case through `dlscale run --json` (cached per module); retried once if only torchrun's
     exit code failed after every rank had reported (a rare gloo abort at process exit)."""
     accum = GRAD_ACCUM.get(model, 1)
-    key = (model, strategy, nproc, batch, opts, precision)
+    key = (model, strategy, nproc, batch, opts, precision, extra)
     if key in _RECORDS:
         return _RECORDS[key]
     args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
             "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", precision, "--warmup", str(WARMUP),
-            "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store), "--json", "--time-limit", "240"]
+            "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store), "--json", "--time-limit", "240",
+            *extra]
     for o in opts:
         args += ["-o", o]
     for attempt in range(2):
@@ -114,6 +116,7 @@ def test_all_strategies_registered():
 @pytest.mark.parametrize("strategy, nproc, opts", [
     ("zero1", 2, ()),
     ("fsdp", 2, ()),  # zero3, per-block fully_shard
+    ("fsdp", 2, ("shard=zero2", "blocks_per_unit=2")),  # both tiny blocks in one unit (a list)
     ("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
     ("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
 ])
@@ -124,6 +127,22 @@ def test_data_parallel_matches_single(store, strategy, nproc, opts):
     assert rec["global_batch"] == 4 * GRAD_ACCUM["gpt2"]
     got, want = _rep(rec)["loss_after"], ref["loss_after"]
     assert got is not None and _close(got, want), (got, want)
+
+
+@pytest.mark.slow
+def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
+    """The optimizer on local shards (fsdp's default) with global-norm clipping tight enough to
+    clip: the same training as `single` and as torch's optimizer on the DTensors; a shard-local
+    norm would clip each rank differently and drift."""
+    clip = ("--clip-grad-norm", "0.05")
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=clip))["loss_after"]
+    shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=clip)
+    dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "optimizer_on_shards=false", extra=clip))
+    assert shards["strategy_info"]["optimizer_on_shards"] is True
+    got = _rep(shards)["loss_after"]
+    assert _close(got, ref) and _close(dtensors["loss_after"], ref), (got, dtensors["loss_after"], ref)
+    unclipped = _rep(_run(store, "gpt2", "single", 1, 4))["loss_after"]
+    assert not _close(unclipped, ref, rel=1e-6), "the clip did not change training: the test proves nothing"
 
 
 @pytest.mark.slow
@@ -285,7 +304,9 @@ def test_zero1_overlap_unsupported_on_cpu():
     ("gpt2", "tensor", 3, 4, [], "tensor parallel degree 3 does not divide gpt2's 4 attention heads"),
     ("bert-base", "hybrid", 3, 4, ["tp=3"], "tensor parallel degree 3 does not divide bert-base's 4 attention heads"),
     ("gpt2", "hsdp", 2, 4, ["replicate=3"], "hsdp replicate degree 3 does not divide the world size 2"),
-    ("gpt2", "fsdp", 2, 4, ["foo=1"], "unknown fsdp option(s) foo; allowed: shard, mixed_precision"),
+    ("gpt2", "fsdp", 2, 4, ["foo=1"], "unknown fsdp option(s) foo; allowed: shard, mixed_precision, blocks_per_unit"),
+    ("gpt2", "fsdp", 2, 4, ["blocks_per_unit=0"], "fsdp option blocks_per_unit must be >= 1, got 0"),
+    ("gpt2", "hsdp", 2, 4, ["blocks_per_unit=x"], "hsdp option blocks_per_unit must be an integer"),
     ("gpt2", "fsdp", 2, 4, ["shard=zero4"], "option shard must be one of zero3, zero2"),
     ("gpt2", "model", 2, 4, ["microbatches=2"], "allowed: balance"),
     ("gpt2", "zero1", 2, 4, ["overlap_with_ddp=maybe"], "must be true or false"),

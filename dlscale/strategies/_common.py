@@ -106,3 +106,63 @@ def unique_params(modules) -> list[torch.nn.Parameter]:
                 seen.add(id(p))
                 out.append(p)
     return out
+
+
+class ShardLocalOptimizer:
+    """The model's optimizer, stepping each rank's local shards of DTensor parameters as plain tensors.
+
+    Why: FSDP2's parameters are DTensors, and torch's AdamW on DTensors sends every fused/foreach
+    call through DTensor's dispatch and sharding propagation, tens of microseconds of host time
+    per parameter and step (6.6 ms a step for BERT-base on the H200 host of docs/benchmarks.md,
+    where the GPU needs under 1 ms), which a short step cannot hide. AdamW and SGD update every
+    element from that element's own gradient and state, so updating the local shards in place is
+    the same update. The outer ``param_groups`` keep the DTensors, so global-norm clipping and
+    GradScaler's unscale still see (and reduce over) the whole model; their in-place changes to
+    the gradients reach the shards, whose ``.grad`` alias the DTensor gradients' local tensors.
+    Only for parameters whose gradients are complete on every rank (FSDP: Shard(0); HSDP's
+    (Replicate, Shard)), not for tensor parallel's Partial gradients.
+    """
+
+    _step_supports_amp_scaling = False  # GradScaler unscales first, then calls step()
+
+    def __init__(self, params, make):
+        self.param_groups = [{"params": [p for p in params if p.requires_grad]}]
+        self._make = make  # list of tensors -> the model's optimizer over them
+        self._inner = None
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @staticmethod
+    def _local(p: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():  # no_grad: to_local() aliases the shard (no autograd function)
+            return p.to_local() if isinstance(p, DTensor) else p
+
+    def _bind(self) -> None:
+        """Build the inner optimizer over the shards, at the first step: FSDP2 may re-point a
+        parameter's shard at its lazy initialisation (the first forward), never afterwards."""
+        self._pairs = [(p, self._local(p)) for p in self.param_groups[0]["params"]]
+        self._inner = self._make([loc for _, loc in self._pairs])
+
+    @property
+    def state(self):
+        return self._inner.state if self._inner is not None else {}
+
+    def step(self, closure=None):
+        if self._inner is None:
+            self._bind()
+        for p, loc in self._pairs:
+            g = p.grad
+            loc.grad = None if g is None else self._local(g)
+        try:
+            return self._inner.step(closure)
+        finally:
+            for _, loc in self._pairs:
+                loc.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()

@@ -1,7 +1,8 @@
 """`fsdp`: FSDP2 (``torch.distributed.fsdp.fully_shard``), parameters sharded over all ranks.
 
-Wrapping: every block of ``spec.blocks(model)`` (transformer layers, ResNet bottlenecks) is its
-own ``fully_shard`` unit, then the root (embeddings, heads, what is left). Tied weights (GPT-2's
+Wrapping: every ``blocks_per_unit`` consecutive blocks of ``spec.blocks(model)`` (transformer
+layers, ResNet bottlenecks; default 1: each block) form one ``fully_shard`` unit (one all-gather
+and one reduce-scatter), then the root (embeddings, heads, what is left). Tied weights (GPT-2's
 ``lm_head``/``wte``, BERT's decoder/word embedding) live in the root unit, so the tie holds.
 
 Options:
@@ -16,6 +17,11 @@ Options:
   the forward; with bf16 parameters it changes nothing but the ops autocast runs in fp32
   (softmax, losses), as without FSDP. ``mixed_precision=false`` keeps fp32 parameters and
   communication and lets autocast alone do the casting (as DDP does). Ignored for fp32.
+* ``blocks_per_unit`` (default 1): blocks per ``fully_shard`` unit. FSDP2's hooks cost host time
+  per unit (all-gather copy-in/out, reduce-scatter, bookkeeping: about 1-2 ms per unit and step
+  on the H200 hosts of docs/benchmarks.md), which a 124M-parameter model at a 40 ms step cannot
+  hide; larger units pay it fewer times, and with ``zero3`` hold more gathered parameters at
+  once.
 
 The model is built whole on every device before sharding (the worker builds it); the steady
 state holds 1/N of the parameters, gradients and optimizer state per rank, plus the gathered
@@ -27,15 +33,20 @@ import contextlib
 
 import torch
 
+from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
-from dlscale.strategies._common import parse_options
+from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
 
-OPTIONS = {"shard": "zero3", "mixed_precision": True}
+OPTIONS = {"shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1, "optimizer_on_shards": True}
 CHOICES = {"shard": ("zero3", "zero2")}
 
 
-def options(cfg) -> dict:
-    return parse_options("fsdp", cfg, OPTIONS, CHOICES)
+def options(cfg, name: str = "fsdp", defaults: dict | None = None) -> dict:
+    """fsdp's options, typed and checked (hsdp and hybrid reuse the wrapping ones)."""
+    opts = parse_options(name, cfg, defaults or OPTIONS, CHOICES)
+    if opts.get("blocks_per_unit", 1) < 1:
+        raise ConfigError(f"strategy {name} option blocks_per_unit must be >= 1, got {opts['blocks_per_unit']}")
+    return opts
 
 
 def mp_policy(cfg, enabled: bool):
@@ -48,8 +59,9 @@ def mp_policy(cfg, enabled: bool):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool):
-    """fully_shard each block, then the root. ``mesh``: 1-D (FSDP) or 2-D (HSDP); None = world."""
+def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool, blocks_per_unit: int = 1) -> int:
+    """fully_shard runs of ``blocks_per_unit`` blocks, then the root; returns the number of block
+    units. ``mesh``: 1-D (FSDP) or 2-D (HSDP); None = world."""
     from torch.distributed.fsdp import fully_shard
 
     kwargs = {"reshard_after_forward": shard == "zero3"}
@@ -58,11 +70,22 @@ def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool):
     mp = mp_policy(cfg, mixed_precision)
     if mp is not None:
         kwargs["mp_policy"] = mp
-    blocks = spec.blocks(model) if spec.blocks else []
-    for block in blocks:
-        fully_shard(block, **kwargs)
+    blocks = list(spec.blocks(model)) if spec.blocks else []
+    units = [blocks[i:i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
+    for unit in units:
+        fully_shard(unit if len(unit) > 1 else unit[0], **kwargs)  # a list: one group, one collective
     fully_shard(model, **kwargs)
-    return model
+    return len(units)
+
+
+def fsdp_optimizer(model, spec, cfg, device, on_shards: bool):
+    """The model's optimizer for FSDP2 parameters: on the local shards, or on the DTensors."""
+    if on_shards:
+        # make_optimizer's class and arguments, built directly: the shards (no_grad aliases) do not
+        # require grad, which make_optimizer's filter would drop
+        cls, kwargs = optimizer_recipe(spec, cfg, device)
+        return ShardLocalOptimizer(model.parameters(), lambda shards: cls(shards, **kwargs))
+    return make_optimizer(model.parameters(), spec, cfg, device)
 
 
 def fsdp_no_sync(module):
@@ -83,11 +106,13 @@ def fsdp_no_sync(module):
                    validate=options)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
-    apply_fsdp(model, spec, cfg, None, opts["shard"], opts["mixed_precision"])
+    n_units = apply_fsdp(model, spec, cfg, None, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
     mp = mp_policy(cfg, opts["mixed_precision"])
-    return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
+    return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
+                                                               opts["optimizer_on_shards"]),
                         dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
                         info={"dp_rank": dist.rank, "shard_degree": dist.world_size,
                               "reshard_after_forward": opts["shard"] == "zero3",
                               "param_dtype": str(mp.param_dtype).replace("torch.", "") if mp else "float32",
-                              "wrapped_blocks": len(spec.blocks(model)) if spec.blocks else 0, **opts})
+                              "wrapped_blocks": len(spec.blocks(model)) if spec.blocks else 0,
+                              "block_units": n_units, **opts})

@@ -8,21 +8,23 @@ precision as for ``fsdp``.
 Options: ``replicate`` (default: ``--nnodes``; the mesh is ``(replicate, world / replicate)``, so
 ``-o replicate=2`` on one node with 2 processes is a testable (2, 1) mesh: pure replication, and
 ``replicate=1`` is plain FSDP); ``shard`` (``zero3`` default, or ``zero2``) and
-``mixed_precision`` (default true) as for fsdp.
+``mixed_precision`` (default true), ``blocks_per_unit`` (default 1) and ``optimizer_on_shards``
+(default true) as for fsdp.
 """
 from __future__ import annotations
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
-from dlscale.strategies._common import parse_options, require_divides
-from dlscale.strategies.fsdp import CHOICES, apply_fsdp, fsdp_no_sync, mp_policy
+from dlscale.strategies import Parallelized, register_strategy
+from dlscale.strategies._common import require_divides
+from dlscale.strategies.fsdp import apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
 
-OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True}
+OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1,
+           "optimizer_on_shards": True}
 
 
 def options(cfg) -> dict:
-    opts = parse_options("hsdp", cfg, OPTIONS, CHOICES)
+    opts = fsdp_options(cfg, "hsdp", OPTIONS)
     if opts["replicate"] is None:
         opts["replicate"] = cfg.nnodes
     require_divides("hsdp replicate degree", opts["replicate"], "the world size", cfg.world_size)
@@ -36,9 +38,10 @@ def parallelize(model, spec, cfg, dist):
     rep = opts["replicate"]
     mesh = init_device_mesh(dist.device.type, (rep, dist.world_size // rep),
                             mesh_dim_names=("replicate", "shard"))
-    apply_fsdp(model, spec, cfg, mesh, opts["shard"], opts["mixed_precision"])
+    apply_fsdp(model, spec, cfg, mesh, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
     mp = mp_policy(cfg, opts["mixed_precision"])
-    return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
+    return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
+                                                               opts["optimizer_on_shards"]),
                         dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
                         info={"dp_rank": dist.rank, "mesh": [rep, dist.world_size // rep],
                               "mesh_dims": ["replicate", "shard"],
