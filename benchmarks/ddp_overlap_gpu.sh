@@ -11,6 +11,7 @@
 #   highprio    the same with TORCH_NCCL_HIGH_PRIORITY=1 (recorded in the record's env.env_vars)
 #   bf16hook    ddp -o comm_hook=bf16
 #   bd-default / bd-highprio   one repeat with --breakdown (exposed communication, overlap ratio)
+#               and --profile (rank 0's trace: when the NCCL kernels run against the backward's)
 # MODELS (default "gpt2:16 bert-base:128"); the bare loop (benchmarks/bare_loop.py) runs once per
 # case, default and high priority, for the overhead check.
 # Usage: [R=3] [MODELS="gpt2:16"] benchmarks/ddp_overlap_gpu.sh OUTDIR
@@ -45,8 +46,9 @@ for c in ${MODELS:-gpt2:16 bert-base:128}; do
   TORCH_NCCL_HIGH_PRIORITY=1 bare highprio "$m" "$b"
   if [ "$m" = gpt2 ]; then
     run bf16hook "$m" "$b" 2 ddp -o comm_hook=bf16 --repeats $(( R > 2 ? 2 : R ))
-    run bd-default "$m" "$b" 2 ddp --repeats 1 --breakdown
-    TORCH_NCCL_HIGH_PRIORITY=1 run bd-highprio "$m" "$b" 2 ddp --repeats 1 --breakdown
+    # --profile: rank 0's trace (NCCL kernels against the backward's) goes into the store
+    run bd-default "$m" "$b" 2 ddp --repeats 1 --breakdown --profile
+    TORCH_NCCL_HIGH_PRIORITY=1 run bd-highprio "$m" "$b" 2 ddp --repeats 1 --breakdown --profile
   fi
 done
 echo "== done $(date -u +%T)"
