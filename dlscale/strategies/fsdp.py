@@ -18,9 +18,9 @@ Options:
   (softmax, losses), as without FSDP. ``mixed_precision=false`` keeps fp32 parameters and
   communication and lets autocast alone do the casting (as DDP does). Ignored for fp32.
 * ``blocks_per_unit`` (default 1): blocks per ``fully_shard`` unit. FSDP2's hooks cost host time
-  per unit (all-gather copy-in/out, reduce-scatter, bookkeeping: about 1-2 ms per unit and step
-  on the H200 hosts of docs/benchmarks.md), which a 124M-parameter model at a 40 ms step cannot
-  hide; larger units pay it fewer times, and with ``zero3`` hold more gathered parameters at
+  per unit (all-gather copy-in/out, reduce-scatter, bookkeeping: about 2 ms per unit and step in
+  a profile of BERT-base on an H200 host, docs/benchmarks.md), which a 124M-parameter model at a
+  40 ms step cannot hide; larger units pay it fewer times, and with ``zero3`` hold more gathered parameters at
   once.
 
 The model is built whole on every device before sharding (the worker builds it); the steady
@@ -42,7 +42,7 @@ CHOICES = {"shard": ("zero3", "zero2")}
 
 
 def options(cfg, name: str = "fsdp", defaults: dict | None = None) -> dict:
-    """fsdp's options, typed and checked (hsdp and hybrid reuse the wrapping ones)."""
+    """fsdp's options, typed and checked (hsdp passes its own name and defaults)."""
     opts = parse_options(name, cfg, defaults or OPTIONS, CHOICES)
     if opts.get("blocks_per_unit", 1) < 1:
         raise ConfigError(f"strategy {name} option blocks_per_unit must be >= 1, got {opts['blocks_per_unit']}")
