@@ -20,8 +20,12 @@ Options:
 * ``blocks_per_unit`` (default 1): blocks per ``fully_shard`` unit. FSDP2's hooks cost host time
   per unit (all-gather copy-in/out, reduce-scatter, bookkeeping: about 2 ms per unit and step in
   a profile of BERT-base on an H200 host, docs/benchmarks.md), which a 124M-parameter model at a
-  40 ms step cannot hide; larger units pay it fewer times, and with ``zero3`` hold more gathered parameters at
-  once.
+  40 ms step only partly hides; larger units pay it fewer times, and with ``zero3`` hold more
+  gathered parameters at once.
+* ``optimizer_on_shards`` (default true): the optimizer steps each rank's local shards as plain
+  tensors (``ShardLocalOptimizer``: the same elementwise update, without DTensor's per-parameter
+  dispatch: less host work, on a host whose work is already close to the GPU's step); false:
+  torch's optimizer on the DTensor parameters, as FSDP2's examples do.
 
 The model is built whole on every device before sharding (the worker builds it); the steady
 state holds 1/N of the parameters, gradients and optimizer state per rank, plus the gathered
