@@ -1,8 +1,9 @@
 """FSDP2's host time per training step, on the CPU: the part of issue 4 a CPU can measure.
 
-On the H200 (docs/benchmarks.md, fourth session) fsdp on one GPU ran GPT-2 and BERT 18-27 %
-slower than `single`: with no communication to wait for, the step was bound by the host's work
-(FSDP's hooks per unit, the optimizer's DTensor dispatch). Host time does not depend on tensor
+On lent H200s (docs/benchmarks.md, fourth session) fsdp ran GPT-2 and BERT at 0.95-0.96 of
+`single` on a steady host, but 18-27 % slower while the VM's host ran slow: FSDP's host work
+(hooks per unit, the optimizer's DTensor dispatch) sits just under the GPU's step, so every
+millisecond of it removed is headroom. Host time does not depend on tensor
 sizes, so GPT-2's exact structure (12 blocks, 148 parameter tensors) at a tiny width (64) trains
 on the CPU in a few milliseconds a step, almost all of it host work, and shows what each
 variant costs: the plain model (no FSDP), FSDP with torch's optimizer on the DTensors (the old

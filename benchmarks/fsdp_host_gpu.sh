@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 4: FSDP2's host time. On one GPU (no communication to wait for) fsdp zero2 ran GPT-2 at
-# 303 seq/s and BERT at 2,364 against single's 368 and 3,230 (2026-11-23, H200): the step is
-# bound by the host (FSDP hooks per unit, the optimizer's DTensor dispatch), which the head fix
-# made visible by shortening the GPU's step. This compares, on N GPUs (default 1), the wrappings
+# Issue 4: FSDP2's host time. On lent H200s (2026-11-23) fsdp zero2 ran GPT-2 and BERT at
+# 0.95-0.96 of single on a steady host and 18-27 % under it while the VM's host ran slow: FSDP's
+# host work (hooks per unit, the optimizer's DTensor dispatch) sits just under the GPU's step
+# since the head fix shortened it. This compares, on N GPUs (default 1), the wrappings
 # and optimizers: optimizer_on_shards=false (torch's optimizer on the DTensors, the old default),
 # the new default (on the shards), and blocks_per_unit 2, 4.
 # Usage: [NPROC=1] [R=1] benchmarks/fsdp_host_gpu.sh OUTDIR   -> OUTDIR/store (label fsdp-host)

@@ -13,6 +13,10 @@ from pathlib import Path
 from dlscale.store import ResultStore
 
 
+def f(x, fmt="{:.2f}"):
+    return fmt.format(x) if isinstance(x, (int, float)) else "-"
+
+
 def main(outdir: str) -> None:
     out = Path(outdir)
     recs = ResultStore(out / "store").load("run").records
@@ -38,9 +42,6 @@ def main(outdir: str) -> None:
         opts = " ".join(f"{k}={v}" for k, v in (c.get("strategy_options") or {}).items())
         if r["status"] != "ok":
             opts += f" ({r['status']})"
-
-        def f(x, fmt="{:.2f}"):
-            return fmt.format(x) if isinstance(x, (int, float)) else "-"
         print(f"| {c['model']} | {r['label']} {opts} | {r['world_size']} | {f(thr, '{:,.1f}')} | "
               f"{', '.join(f'{x:,.1f}' for x in reps)} | {f(eff * 100 if eff else None, '{:.1f} %')} | "
               f"{f(statistics.median(b) if b else None, '{:,.1f}')} | {f(bd.get('exposed_comm_ms'))} | "

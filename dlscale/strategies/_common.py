@@ -127,27 +127,23 @@ class ShardLocalOptimizer:
     _step_supports_amp_scaling = False  # GradScaler unscales first, then calls step()
 
     def __init__(self, params, make):
+        from torch.distributed.tensor import DTensor
+
+        self._dtensor = DTensor  # resolved once: _local runs for every parameter and gradient each step
         self.param_groups = [{"params": [p for p in params if p.requires_grad]}]
         self._make = make  # list of tensors -> the model's optimizer over them
         self._inner = None
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    @staticmethod
-    def _local(p: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
+    def _local(self, p: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():  # no_grad: to_local() aliases the shard (no autograd function)
-            return p.to_local() if isinstance(p, DTensor) else p
+            return p.to_local() if isinstance(p, self._dtensor) else p
 
     def _bind(self) -> None:
         """Build the inner optimizer over the shards, at the first step: FSDP2 may re-point a
         parameter's shard at its lazy initialisation (the first forward), never afterwards."""
         self._pairs = [(p, self._local(p)) for p in self.param_groups[0]["params"]]
         self._inner = self._make([loc for _, loc in self._pairs])
-
-    @property
-    def state(self):
-        return self._inner.state if self._inner is not None else {}
 
     def step(self, closure=None):
         if self._inner is None:
