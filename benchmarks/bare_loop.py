@@ -45,6 +45,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-mode", default="default",
+                    choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                    help="torch.compile's mode (reduce-overhead and max-autotune add CUDA graphs)")
+    ap.add_argument("--sgd", default="foreach", choices=("foreach", "fused"),
+                    help="resnet50's SGD implementation: foreach (torch's default on CUDA) or fused")
     ap.add_argument("--torchvision", action="store_true",
                     help="resnet50 only: train torchvision's resnet50 instead of dlscale's (same loss, "
                          "optimizer and data), to tell the model definition from the runner")
@@ -74,16 +79,21 @@ def main() -> None:
     if world > 1:
         model = DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
     if args.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=None if args.compile_mode == "default" else args.compile_mode)
     if spec.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay)
+        opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
+                              fused=args.sgd == "fused" or None)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay,
                                 fused=cuda or None)
     batch = spec.make_batch(args.batch_size, device, torch.Generator().manual_seed(rank))
     dtype = torch.bfloat16 if args.precision == "amp-bf16" else None
 
+    graphs = args.compile and args.compile_mode in ("reduce-overhead", "max-autotune")
+
     def step():
+        if graphs:  # a new step for cudagraph trees: last step's graph outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = model(*batch)
         loss.backward()
@@ -106,6 +116,8 @@ def main() -> None:
     dt = time.perf_counter() - t0
     if rank == 0:
         print(json.dumps({"bench": "bare_loop", "model": args.model + ("-torchvision" if args.torchvision else ""), "world": world, "compile": args.compile,
+                          "compile_mode": args.compile_mode, "sgd": args.sgd,
+                          "inductor_env": {k: v for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")},
                           "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
                           "samples_per_s": args.steps * args.batch_size * world / dt,
                           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}),
