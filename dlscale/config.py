@@ -13,8 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.compiling import COMPILE_MODES
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
+# fields that say how a case is run, not what is measured: case_key (and the report) leave them out
+PROCEDURE_FIELDS = ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
+                    "sample_interval", "breakdown", "profile")
+# fields added after records were first stored, with what a record without them means: left out
+# of case_key (and the report's grouping) at that value, so earlier records keep their keys
+LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}}
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -38,6 +45,9 @@ class RunConfig:
     batch_size: int = 16  # per device, per micro-batch
     precision: str = "amp-bf16"
     compile: bool = False
+    # torch.compile's mode and inductor settings over it (dlscale/compiling.py); need compile
+    compile_mode: str = "default"
+    inductor_options: dict[str, Any] = field(default_factory=dict)
     clip_grad_norm: float | None = None
     grad_accum: int = 1
     warmup: int = 20
@@ -74,6 +84,14 @@ class RunConfig:
             raise ConfigError(f"time-limit must be > 0 seconds, got {self.time_limit}")
         if not self.collective_timeout > 0:
             raise ConfigError(f"collective-timeout must be > 0 seconds, got {self.collective_timeout}")
+        if not isinstance(self.inductor_options, dict):
+            raise ConfigError(f"inductor_options must be a mapping of KEY: VALUE, got {self.inductor_options!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"unknown compile-mode {self.compile_mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
+        if not self.compile and self.compile_mode != "default":
+            raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
+        if not self.compile and self.inductor_options:
+            raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
         if self.inject_failure is not None:
             parse_injection(self.inject_failure)
         from dlscale.monitor import validate_interval
@@ -101,12 +119,15 @@ class RunConfig:
         Repeats, time limits, labels and test hooks do not change what is measured, so they are
         left out.
         """
-        d = self.to_dict()
-        for k in ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
-                  "sample_interval", "breakdown", "profile"):
-            d.pop(k)
+        d = workload_fields(self.to_dict())
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def workload_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored or live config without its procedure fields and its late fields at their defaults."""
+    return {k: v for k, v in config.items()
+            if k not in PROCEDURE_FIELDS and not (k in LATE_FIELD_DEFAULTS and v == LATE_FIELD_DEFAULTS[k])}
 
 
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
@@ -142,8 +163,12 @@ def validate_case(cfg: RunConfig) -> None:
     from dlscale.models import get_model
     from dlscale.strategies import get_strategy
 
+    from dlscale import compiling
+
     get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
+    compiling.check_options(cfg.compile_mode, cfg.inductor_options)
+    compiling.check_strategy(cfg)
     if cfg.world_size < strat.min_world:
         raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
                           f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")

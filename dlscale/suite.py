@@ -13,7 +13,8 @@ Expansion rules:
 * strategies run as listed: ``ddp`` at 1 device is DDP with one process, a fine 1-device
   baseline; ``single`` at more than one device is an impossible case and an error (add an
   ``exclude`` entry or put single and ddp in separate blocks);
-* order: models, flavors, precisions, compile, batch sizes, grad_accum, strategy options,
+* order: models, flavors, precisions, compile (with compile modes and inductor options, which
+  apply to compiled cases only), batch sizes, grad_accum, strategy options,
   strategies, then device counts innermost, so each table's 1-device baseline runs first.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dlscale import ConfigError
+from dlscale.compiling import COMPILE_MODES
 from dlscale.config import DEVICES, PRECISIONS, RunConfig, validate_case
 
 SUITES_DIR = Path(__file__).parent / "suites"
@@ -38,13 +40,16 @@ SECTIONS = ("matrix", "exclude", "cases")
 # matrix axis -> case key it sets
 AXES = {"models": "model", "flavors": "flavor", "strategies": "strategy", "devices": "devices",
         "nodes": "nodes", "nproc_per_node": "nproc_per_node", "batch_sizes": "batch_size",
-        "precisions": "precision", "compile": "compile", "grad_accum": "grad_accum",
+        "precisions": "precision", "compile": "compile", "compile_modes": "compile_mode",
+        "inductor_options": "inductor_options", "grad_accum": "grad_accum",
         "strategy_options": "strategy_options"}
 # keys a case (explicit) may set; exclude entries and --filter match the first group
 MATCH_KEYS = ("model", "flavor", "strategy", "devices", "nodes", "nproc_per_node", "batch_size", "precision",
               "compile", "grad_accum")
-CASE_KEYS = MATCH_KEYS + ("strategy_options", "warmup", "steps", "repeats", "time_limit", "inject_failure")
-EXPANSION_ORDER = ("models", "flavors", "precisions", "compile", "batch_sizes", "grad_accum", "strategy_options",
+CASE_KEYS = MATCH_KEYS + ("compile_mode", "inductor_options", "strategy_options", "warmup", "steps", "repeats",
+                          "time_limit", "inject_failure")
+EXPANSION_ORDER = ("models", "flavors", "precisions", "compile", "compile_modes", "inductor_options", "batch_sizes",
+                   "grad_accum", "strategy_options",
                    "strategies")
 
 
@@ -238,7 +243,9 @@ def _axis_values(where: _Where, key: str, axis: str, value: Any) -> list[Any]:
         return _check_list(where, key, value, _batch_ok, BATCHES)
     if axis == "compile":
         return _check_list(where, key, value, lambda v: isinstance(v, bool), "a list of true/false")
-    if axis == "strategy_options":
+    if axis in ("compile_modes", "compile_mode"):
+        return _one_of(where, key, value, COMPILE_MODES, "compile mode")
+    if axis in ("strategy_options", "inductor_options"):
         items = _check_list(where, key, value, lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
                             "a mapping of option names to values, or a list of such mappings")
         return [dict(v) for v in items]
@@ -365,7 +372,8 @@ def _expand_block(where: _Where, key: str, block: Any, settings: dict[str, Any])
             raise where.error(f"{key}.{required}", "missing (every matrix block needs models and batch_sizes)")
     axes: dict[str, list[Any]] = {}
     defaults = {"flavors": ["full"], "strategies": ["ddp"], "precisions": [RunConfig().precision],
-                "compile": [False], "grad_accum": [1], "strategy_options": [{}]}
+                "compile": [False], "compile_modes": ["default"], "inductor_options": [{}], "grad_accum": [1],
+                "strategy_options": [{}]}
     for axis in EXPANSION_ORDER:
         if axis in block:
             axes[axis] = _axis_values(where, f"{key}.{axis}", axis, block[axis])
@@ -376,6 +384,8 @@ def _expand_block(where: _Where, key: str, block: Any, settings: dict[str, Any])
     for combo in itertools.product(*(axes[a] for a in EXPANSION_ORDER), counts):
         case = {AXES[a]: v for a, v in zip(EXPANSION_ORDER, combo[:-1])}
         case["nnodes"], case["nproc_per_node"] = combo[-1]
+        if not case["compile"]:  # compile modes and inductor options apply to the compiled cases
+            case["compile_mode"], case["inductor_options"] = "default", {}
         out.append(case)
     return out
 
@@ -388,7 +398,8 @@ def _explicit_case(where: _Where, key: str, entry: Any) -> dict[str, Any]:
         if required not in entry:
             raise where.error(f"{key}.{required}", "missing (every case needs model and batch_size)")
     case: dict[str, Any] = {}
-    for k in ("model", "flavor", "strategy", "batch_size", "precision", "compile", "grad_accum", "strategy_options"):
+    for k in ("model", "flavor", "strategy", "batch_size", "precision", "compile", "compile_mode", "inductor_options",
+              "grad_accum", "strategy_options"):
         if k in entry:
             if isinstance(entry[k], list):
                 raise where.error(f"{key}.{k}", f"a case takes one value, got a list {entry[k]!r} "

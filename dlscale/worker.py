@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dlscale import multinode  # noqa: E402
+from dlscale.compiling import compile_module, uses_cudagraphs  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.models import count_parameters, get_model  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
@@ -105,8 +106,13 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
     clip = cfg.clip_grad_norm
     params = [p for g in opt.param_groups for p in g["params"]]
     no_sync = par.no_sync
+    # CUDA graphs: declare each step a new iteration, so the graphs' memory of the last one may be
+    # reused (its loss was read, or dropped, before this call)
+    mark_step = torch.compiler.cudagraph_mark_step_begin if uses_cudagraphs(cfg) else None
 
     def step():
+        if mark_step is not None:
+            mark_step()
         loss = None
         for i in range(accum):
             ctx = no_sync() if i < accum - 1 else contextlib.nullcontext()
@@ -213,7 +219,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
     result.setdefault("marks", {})["built"] = time.time()
     eager_module = par.module  # for the correctness check: no recompilation for inference
     if cfg.compile:
-        par.module = torch.compile(par.module)
+        par.module = compile_module(par.module, cfg)
     result["dp_size"] = par.dp_size
     result["strategy_info"] = par.info
     batches = make_batches(spec, cfg, par, par.info.get("dp_rank", denv.rank), device)

@@ -7,23 +7,41 @@ import sys
 from typing import Any
 
 from dlscale import ConfigError, envinfo
+from dlscale.compiling import COMPILE_MODES
 from dlscale.config import PRECISIONS, RunConfig
 
 DEFAULTS = RunConfig()
 
 
-def parse_options(items: list[str] | None) -> dict[str, Any]:
+def parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
     """--option KEY=VALUE pairs -> dict, values parsed as JSON where they parse (ints, bools)."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--option must look like KEY=VALUE, got {item!r}")
+            raise ConfigError(f"{flag} must look like KEY=VALUE, got {item!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def option_args(flag: str, options: dict[str, Any]) -> list[str]:
+    """The inverse of parse_options: ``[flag, "KEY=VALUE", ...]`` that parse back to ``options``."""
+    out: list[str] = []
+    for k, v in options.items():
+        text = v if isinstance(v, str) and not _parses_as_json(v) else json.dumps(v)
+        out += [flag, f"{k}={text}"]
+    return out
+
+
+def _parses_as_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except json.JSONDecodeError:
+        return False
 
 
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +60,13 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=DEFAULTS.precision, help=f"one of {', '.join(PRECISIONS)} "
                    "(fp32 uses TF32 tensor cores on GPUs, recorded as such)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the analogue of XLA)")
+    p.add_argument("--compile-mode", default=DEFAULTS.compile_mode, choices=COMPILE_MODES,
+                   help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs; max-autotune: "
+                   "also autotuned matmul/convolution templates and coordinate-descent tuning, a long compile); "
+                   "CUDA graphs with strategies single and ddp only")
+    p.add_argument("--inductor-option", action="append", metavar="KEY=VALUE",
+                   help="with --compile: a torch._inductor.config setting over the mode's, repeatable "
+                   "(e.g. coordinate_descent_tuning=true); default: none")
     p.add_argument("--clip-grad-norm", type=float, default=None, help="clip gradients to this global norm")
     p.add_argument("--grad-accum", type=int, default=DEFAULTS.grad_accum,
                    help="micro-batches accumulated per optimizer step")
@@ -77,7 +102,9 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     fields = dict(model=args.model, flavor=args.flavor, strategy=args.strategy,
                   nproc_per_node=args.nproc_per_node, batch_size=args.batch_size, precision=args.precision,
-                  compile=args.compile, clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
+                  compile=args.compile, compile_mode=args.compile_mode,
+                  inductor_options=parse_options(args.inductor_option, "--inductor-option"),
+                  clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
                   warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
                   time_limit=args.time_limit, collective_timeout=args.collective_timeout,
                   strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,

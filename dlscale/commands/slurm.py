@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from dlscale import ConfigError, DlscaleError
-from dlscale.commands.run import add_case_arguments, config_from_args
+from dlscale.commands.run import add_case_arguments, config_from_args, option_args
 from dlscale.config import RunConfig
 
 MODES = ("torchrun", "srun")
@@ -161,11 +161,11 @@ def case_cli_args(cfg: RunConfig, batch_max: bool = False) -> list[str]:
          "--seed", str(cfg.seed), "--time-limit", repr(float(cfg.time_limit)),
          "--collective-timeout", repr(float(cfg.collective_timeout))]
     if cfg.compile:
-        a.append("--compile")
+        a += ["--compile", "--compile-mode", cfg.compile_mode]
+        a += option_args("--inductor-option", cfg.inductor_options)
     if cfg.clip_grad_norm is not None:
         a += ["--clip-grad-norm", repr(float(cfg.clip_grad_norm))]
-    for k, v in cfg.strategy_options.items():
-        a += ["--option", f"{k}={v if isinstance(v, str) and not _parses_as_json(v) else json.dumps(v)}"]
+    a += option_args("--option", cfg.strategy_options)
     if cfg.label is not None:
         a += ["--label", cfg.label]
     # fields added to RunConfig after the core (getattr: older configs lack them)
@@ -201,14 +201,6 @@ def check_round_trip(cfg: RunConfig, batch_max: bool = False) -> None:
     if diff:
         raise DlscaleError(f"dlscale slurm cannot pass {', '.join(diff)} to the job's `dlscale run` "
                            f"(extend commands/slurm.py case_cli_args)")
-
-
-def _parses_as_json(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except json.JSONDecodeError:
-        return False
 
 
 # ------------------------------------------------------------------------------ script

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError, DlscaleError
+from dlscale.commands.run import option_args
 from dlscale.config import RunConfig
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
@@ -135,6 +136,9 @@ def run_command(cfg: RunConfig, batch_max: bool = False, start: int | None = Non
     if batch_max:
         a += (["--max-batch-start", str(start)] if start else []) + (["--max-batch-cap", str(cap)] if cap else [])
     a += ["--precision", cfg.precision] + (["--compile"] if cfg.compile else [])
+    if cfg.compile_mode != "default":
+        a += ["--compile-mode", cfg.compile_mode]
+    a += option_args("--inductor-option", cfg.inductor_options)
     if cfg.grad_accum != 1:
         a += ["--grad-accum", str(cfg.grad_accum)]
     if cfg.clip_grad_norm is not None:
@@ -142,10 +146,7 @@ def run_command(cfg: RunConfig, batch_max: bool = False, start: int | None = Non
     a += ["--warmup", str(cfg.warmup), "--steps", str(cfg.steps), "--repeats", str(cfg.repeats),
           "--device", cfg.device, "--seed", str(cfg.seed), "--time-limit", f"{cfg.time_limit:g}",
           "--collective-timeout", f"{cfg.collective_timeout:g}"]
-    for k, v in sorted(cfg.strategy_options.items()):
-        import json
-
-        a += ["-o", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    a += option_args("-o", dict(sorted(cfg.strategy_options.items())))
     if cfg.label is not None:
         a += ["--label", cfg.label]
     if cfg.inject_failure:

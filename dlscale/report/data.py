@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlscale import ConfigError
+from dlscale.config import workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.store import STATUSES, LoadResult, ResultStore
 
-# config keys that do not change what is measured (RunConfig.case_key leaves them out)
-PROCEDURE_KEYS = frozenset({"repeats", "time_limit", "collective_timeout", "label", "inject_failure"})
 # a table holds one row per device count: every other case-key field is the same within it
-TABLE_EXCLUDE = PROCEDURE_KEYS | {"nnodes", "nproc_per_node"}
+TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
 # the 1-device baseline may also differ in how it was run (not what is computed)
 BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", "strategy_options", "warmup", "steps", "seed", "device"}
 MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size")
@@ -88,7 +87,7 @@ def case_key_of(rec: dict[str, Any]) -> str:
     key = rec.get("case_key")
     if isinstance(key, str) and key:
         return key
-    cfg = {k: v for k, v in rec_config(rec).items() if k not in PROCEDURE_KEYS}
+    cfg = workload_fields(rec_config(rec))
     return "cfg-" + hashlib.sha1(freeze(cfg).encode()).hexdigest()[:16]
 
 
@@ -417,7 +416,7 @@ class Row:
 
 
 def _table_fields(rec: dict[str, Any]) -> dict[str, Any]:
-    d = {k: v for k, v in rec_config(rec).items() if k not in TABLE_EXCLUDE}
+    d = {k: v for k, v in workload_fields(rec_config(rec)).items() if k not in TABLE_EXCLUDE}
     d["device_type"] = rec_device_type(rec)
     d["label"] = rec_label(rec)
     return d
@@ -426,7 +425,7 @@ def _table_fields(rec: dict[str, Any]) -> dict[str, Any]:
 def baseline_fields(rec: dict[str, Any]) -> dict[str, Any]:
     """The workload of a run record: what its 1-device baseline must share (config minus
     ``BASELINE_EXCLUDE``, plus device type and label)."""
-    d = {k: v for k, v in rec_config(rec).items() if k not in BASELINE_EXCLUDE}
+    d = {k: v for k, v in workload_fields(rec_config(rec)).items() if k not in BASELINE_EXCLUDE}
     d["device_type"] = rec_device_type(rec)
     d["label"] = rec_label(rec)
     return d
@@ -599,7 +598,7 @@ def build_groups(rows: list[Row]) -> list[Group]:
 def _name_part(key: str, value: Any) -> str:
     if key == "compile":
         s = "compile" if value else "eager"
-    elif key in ("label", "device_type", "flavor", "strategy", "precision", "model"):
+    elif key in ("label", "device_type", "flavor", "strategy", "precision", "model", "compile_mode"):
         s = str(value)
     elif key == "batch_size":
         s = f"b{value}"

@@ -112,11 +112,15 @@ def get_strategy(name: str) -> StrategyInfo:
 
 
 def make_optimizer(params, spec, cfg, device: torch.device) -> torch.optim.Optimizer:
-    """The model's default optimizer: fused AdamW on CUDA (foreach on CPU), or SGD with momentum."""
+    """The model's default optimizer: AdamW or SGD with momentum, fused on CUDA (foreach on CPU)."""
     params = [p for p in params if p.requires_grad]
     if spec.optimizer == "sgd":
+        from torch.distributed.tensor import DTensor
+
+        # fused: one kernel pass over parameters, gradients and momentum; DTensor has no fused SGD
+        fused = device.type == "cuda" and not any(isinstance(p, DTensor) for p in params)
         return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
-                               foreach=True)
+                               fused=fused or None, foreach=None if fused else True)
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95),
                              fused=fused or None, foreach=None if fused else True)

@@ -447,9 +447,12 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
     norm_skip = {id(p) for p in tied} if (tied and pp_rank != 0) else set()
 
     if cfg.compile:
+        from dlscale.compiling import inductor_options
+
+        options = inductor_options(cfg) or None  # CUDA graphs were refused before launch
         for m in modules:
             for b in m.blocks:
-                b.compile()
+                b.compile(options=options)
 
     stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
     packer = _Packer()

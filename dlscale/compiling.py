@@ -1,0 +1,87 @@
+"""How ``--compile`` compiles: torch.compile's mode and inductor's options, checked in one place.
+
+torch.compile takes a mode or an options dict, never both; a mode is only a named set of
+inductor options (``torch._inductor.list_mode_options``: reduce-overhead is CUDA graphs;
+max-autotune adds template autotuning of matmuls and convolutions and coordinate-descent tuning
+of every Triton kernel). So dlscale compiles with their union: the mode's options, then each
+``--inductor-option KEY=VALUE`` over them, which is exactly what torch.compile does with a mode.
+The record keeps both (``config.compile_mode``, ``config.inductor_options``).
+
+CUDA graphs replay the recorded kernels of the forward and the backward with no launch between
+them. dlscale allows them with the strategies whose compiled region holds no collective of its
+own (``single``, ``ddp``: DDP's all-reduce runs in hooks outside the graphs); the others, whose
+sharding or pipelining happens inside the model's forward, are refused before launch.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from dlscale import ConfigError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
+CUDAGRAPH_STRATEGIES = ("single", "ddp")
+
+
+def check_options(mode: str, options: dict[str, Any]) -> None:
+    """The mode is one of torch's; every option names a setting of ``torch._inductor.config`` and
+    has its type (torch.compile would raise the same, but only inside the workers)."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile-mode {mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
+    if not isinstance(options, dict):
+        raise ConfigError(f"inductor_options must be a mapping of KEY: VALUE, got {options!r}")
+    if not options:
+        return
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    for key, value in options.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else " (see torch._inductor.config)"
+            raise ConfigError(f"inductor-option {key!r} is not a setting of torch._inductor.config{hint}")
+        want = type(known[name])
+        if want in (bool, int, float, str) and not _fits(value, want):
+            raise ConfigError(f"inductor-option {key} takes a {want.__name__} "
+                              f"(default {known[name]!r}), got {value!r}")
+
+
+def _fits(value: Any, want: type) -> bool:
+    if want is bool or isinstance(value, bool):
+        return isinstance(value, want)  # True is an int to Python, not to inductor's settings
+    if want is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, want)
+
+
+def uses_cudagraphs(cfg) -> bool:
+    """Whether the compiled model runs as CUDA graphs (mode or explicit triton.cudagraphs)."""
+    if not cfg.compile:
+        return False
+    opts = cfg.inductor_options
+    return bool(opts.get("triton.cudagraphs", cfg.compile_mode in _MODES_WITH_CUDAGRAPHS))
+
+
+def check_strategy(cfg) -> None:
+    """CUDA graphs only where the compiled region holds no collective (see the module's note)."""
+    if uses_cudagraphs(cfg) and cfg.strategy not in CUDAGRAPH_STRATEGIES:
+        raise ConfigError(f"compile-mode {cfg.compile_mode} (CUDA graphs) runs with strategies "
+                          f"{', '.join(CUDAGRAPH_STRATEGIES)}, not {cfg.strategy}; use compile-mode default "
+                          "or max-autotune-no-cudagraphs")
+
+
+def inductor_options(cfg) -> dict[str, Any]:
+    """The options torch.compile gets: the mode's, then the user's over them."""
+    from torch._inductor import list_mode_options
+
+    mode = {} if cfg.compile_mode == "default" else list_mode_options(cfg.compile_mode)
+    return {**mode, **cfg.inductor_options}
+
+
+def compile_module(module, cfg):
+    """torch.compile ``module`` as the config says."""
+    import torch
+
+    return torch.compile(module, options=inductor_options(cfg) or None)

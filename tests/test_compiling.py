@@ -1,0 +1,142 @@
+"""--compile-mode and --inductor-option: validation, what torch.compile gets, suites, and one real
+compiled run on the CPU (inductor's C++ backend; CUDA graphs are skipped off the GPU)."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dlscale import ConfigError, compiling
+from dlscale.config import RunConfig, validate_case
+from dlscale.strategies import make_optimizer
+from dlscale.models import get_model
+from dlscale.suite import parse_suite
+
+
+def test_modes_and_options_need_compile_and_known_values():
+    with pytest.raises(ConfigError, match="compile-mode reduce-overhead needs --compile"):
+        RunConfig(compile_mode="reduce-overhead")
+    with pytest.raises(ConfigError, match="inductor-option coordinate_descent_tuning needs --compile"):
+        RunConfig(inductor_options={"coordinate_descent_tuning": True})
+    with pytest.raises(ConfigError, match="unknown compile-mode 'fast'; choose one of: default, reduce-overhead"):
+        RunConfig(compile=True, compile_mode="fast")
+    with pytest.raises(ConfigError, match="did you mean coordinate_descent_tuning"):
+        validate_case(RunConfig(compile=True, inductor_options={"coordinate_descent_tunin": True}))
+    with pytest.raises(ConfigError, match="coordinate_descent_tuning takes a bool .* got 1"):
+        validate_case(RunConfig(compile=True, inductor_options={"coordinate_descent_tuning": 1}))
+    validate_case(RunConfig(compile=True, compile_mode="max-autotune",
+                            inductor_options={"coordinate_descent_tuning": False, "triton.max_tiles": 3}))
+
+
+def test_cuda_graphs_only_with_single_and_ddp():
+    for strategy in ("single", "ddp"):
+        validate_case(RunConfig(strategy=strategy, compile=True, compile_mode="reduce-overhead"))
+    with pytest.raises(ConfigError, match="compile-mode reduce-overhead \\(CUDA graphs\\) runs with strategies "
+                                          "single, ddp, not fsdp"):
+        validate_case(RunConfig(strategy="fsdp", nproc_per_node=2, compile=True, compile_mode="reduce-overhead"))
+    # explicit triton.cudagraphs counts as much as the mode, either way
+    with pytest.raises(ConfigError, match="not zero1"):
+        validate_case(RunConfig(strategy="zero1", nproc_per_node=2, compile=True,
+                                inductor_options={"triton.cudagraphs": True}))
+    validate_case(RunConfig(strategy="fsdp", nproc_per_node=2, compile=True, compile_mode="reduce-overhead",
+                            inductor_options={"triton.cudagraphs": False}))
+    validate_case(RunConfig(strategy="fsdp", nproc_per_node=2, compile=True,
+                            compile_mode="max-autotune-no-cudagraphs"))
+
+
+def test_options_are_the_modes_then_the_users():
+    cfg = RunConfig(compile=True, compile_mode="reduce-overhead", inductor_options={"coordinate_descent_tuning": True})
+    assert compiling.inductor_options(cfg) == {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+    assert compiling.uses_cudagraphs(cfg)
+    over = RunConfig(compile=True, compile_mode="max-autotune", inductor_options={"triton.cudagraphs": False})
+    assert compiling.inductor_options(over) == {"max_autotune": True, "triton.cudagraphs": False,
+                                               "coordinate_descent_tuning": True}
+    assert not compiling.uses_cudagraphs(over)
+    assert compiling.inductor_options(RunConfig(compile=True)) == {}
+    assert not compiling.uses_cudagraphs(RunConfig(compile_mode="default"))
+
+
+def test_case_key_keeps_earlier_records_keys_and_tells_modes_apart():
+    base = RunConfig(compile=True)
+    # the key of a config without the late fields, as records made before them were keyed
+    legacy = {k: v for k, v in base.to_dict().items() if k not in ("compile_mode", "inductor_options")}
+    import hashlib
+
+    for k in ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
+              "sample_interval", "breakdown", "profile"):
+        legacy.pop(k)
+    assert base.case_key() == hashlib.sha1(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    graphs = RunConfig(compile=True, compile_mode="reduce-overhead")
+    tuned = RunConfig(compile=True, compile_mode="reduce-overhead", inductor_options={"coordinate_descent_tuning": True})
+    assert len({base.case_key(), graphs.case_key(), tuned.case_key()}) == 3
+
+
+def test_suite_axes_apply_to_compiled_cases_only(tmp_path):
+    suite = parse_suite({"matrix": {"models": ["gpt2"], "flavors": ["tiny"], "strategies": ["single"],
+                                    "batch_sizes": [2], "compile": [False, True],
+                                    "compile_modes": ["default", "reduce-overhead"],
+                                    "inductor_options": [{}, {"coordinate_descent_tuning": True}]}},
+                        tmp_path / "s.yaml")
+    got = [(c.compile, c.compile_mode, c.inductor_options) for c in suite.cases]
+    assert got == [(False, "default", {}),
+                   (True, "default", {}), (True, "default", {"coordinate_descent_tuning": True}),
+                   (True, "reduce-overhead", {}), (True, "reduce-overhead", {"coordinate_descent_tuning": True})]
+    assert suite.duplicates == 3  # the eager cases the mode and option axes would have repeated
+    with pytest.raises(ConfigError, match=r"cases\[0\].*compile-mode max-autotune needs --compile"):
+        parse_suite({"cases": [{"model": "gpt2", "flavor": "tiny", "strategy": "single", "batch_size": 2,
+                                "compile_mode": "max-autotune"}]}, tmp_path / "s.yaml")
+    with pytest.raises(ConfigError, match=r"cases\[0\]\.compile_mode.*fast"):
+        parse_suite({"cases": [{"model": "gpt2", "flavor": "tiny", "strategy": "single", "batch_size": 2,
+                                "compile": True, "compile_mode": "fast"}]}, tmp_path / "s.yaml")
+
+
+def test_sgd_is_fused_on_cuda_and_foreach_elsewhere():
+    spec = get_model("resnet50", "tiny")
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    cpu = make_optimizer(p, spec, RunConfig(), torch.device("cpu"))
+    assert cpu.defaults["foreach"] is True and not cpu.defaults["fused"]
+    # the flags only (the step itself needs a GPU): what a CUDA run builds
+    cuda = make_optimizer(p, spec, RunConfig(), torch.device("cuda"))
+    assert cuda.defaults["fused"] is True and not cuda.defaults["foreach"]
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dlscale", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_cli_bad_compile_options_exit_2_and_store_nothing(tmp_path):
+    store = tmp_path / "store"
+    for extra, msg in ((["--compile-mode", "reduce-overhead"], "compile-mode reduce-overhead needs --compile"),
+                       (["--compile", "--inductor-option", "no_such_setting=1"],
+                        "inductor-option 'no_such_setting' is not a setting of torch._inductor.config"),
+                       (["--compile", "--inductor-option", "coordinate_descent_tuning"],
+                        "--inductor-option must look like KEY=VALUE")):
+        r = _cli("run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
+                 "--batch-size", "2", "--store", str(store), *extra)
+        assert r.returncode == 2, r.stderr
+        assert msg in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(store.glob("*.jsonl")) if store.exists() else True
+
+
+def test_compiled_run_with_mode_and_option_on_cpu(tmp_path):
+    """A real compiled run: the mode and the option reach torch.compile (an unknown option would
+    fail there), the record keeps them, and the losses match the eager run's."""
+    common = ["run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
+              "--batch-size", "2", "--precision", "fp32", "--warmup", "2", "--steps", "2", "--repeats", "1",
+              "--no-monitor", "--store", str(tmp_path / "store"), "--json"]
+    r = _cli(*common, "--compile", "--compile-mode", "reduce-overhead",
+             "--inductor-option", "coordinate_descent_tuning=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads(r.stdout[r.stdout.index("{"):])
+    assert rec["status"] == "ok"
+    assert rec["config"]["compile_mode"] == "reduce-overhead"
+    assert rec["config"]["inductor_options"] == {"coordinate_descent_tuning": True}
+    assert "--compile-mode reduce-overhead --inductor-option coordinate_descent_tuning=true" in rec["command"]
+    e = _cli(*common)
+    eager = json.loads(e.stdout[e.stdout.index("{"):])
+    got, want = rec["repeats"][0], eager["repeats"][0]
+    assert got["warmup_losses"] == pytest.approx(want["warmup_losses"], rel=1e-4)
+    assert got["loss_last"] == pytest.approx(want["loss_last"], rel=1e-4)
