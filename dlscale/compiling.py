@@ -24,13 +24,9 @@ _MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
 CUDAGRAPH_STRATEGIES = ("single", "ddp")
 
 
-def check_options(mode: str, options: dict[str, Any]) -> None:
-    """The mode is one of torch's; every option names a setting of ``torch._inductor.config`` and
-    has its type (torch.compile would raise the same, but only inside the workers)."""
-    if mode not in COMPILE_MODES:
-        raise ConfigError(f"unknown compile-mode {mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
-    if not isinstance(options, dict):
-        raise ConfigError(f"inductor_options must be a mapping of KEY: VALUE, got {options!r}")
+def check_options(options: dict[str, Any]) -> None:
+    """Every option names a setting of ``torch._inductor.config`` and has its type (torch.compile
+    would raise the same, but only inside the workers). The mode is checked by RunConfig."""
     if not options:
         return
     from torch._inductor import config
@@ -44,13 +40,13 @@ def check_options(mode: str, options: dict[str, Any]) -> None:
             raise ConfigError(f"inductor-option {key!r} is not a setting of torch._inductor.config{hint}")
         want = type(known[name])
         if want in (bool, int, float, str) and not _fits(value, want):
-            raise ConfigError(f"inductor-option {key} takes a {want.__name__} "
+            raise ConfigError(f"inductor-option {key} takes a value of type {want.__name__} "
                               f"(default {known[name]!r}), got {value!r}")
 
 
 def _fits(value: Any, want: type) -> bool:
-    if want is bool or isinstance(value, bool):
-        return isinstance(value, want)  # True is an int to Python, not to inductor's settings
+    if want is bool or isinstance(value, bool):  # True is an int to Python, not to inductor's settings
+        return want is bool and isinstance(value, bool)
     if want is float:
         return isinstance(value, (int, float))
     return isinstance(value, want)

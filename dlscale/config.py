@@ -167,7 +167,7 @@ def validate_case(cfg: RunConfig) -> None:
 
     get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
-    compiling.check_options(cfg.compile_mode, cfg.inductor_options)
+    compiling.check_options(cfg.inductor_options)
     compiling.check_strategy(cfg)
     if cfg.world_size < strat.min_world:
         raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "

@@ -23,8 +23,10 @@ def test_modes_and_options_need_compile_and_known_values():
         RunConfig(compile=True, compile_mode="fast")
     with pytest.raises(ConfigError, match="did you mean coordinate_descent_tuning"):
         validate_case(RunConfig(compile=True, inductor_options={"coordinate_descent_tunin": True}))
-    with pytest.raises(ConfigError, match="coordinate_descent_tuning takes a bool .* got 1"):
+    with pytest.raises(ConfigError, match="coordinate_descent_tuning takes a value of type bool .* got 1"):
         validate_case(RunConfig(compile=True, inductor_options={"coordinate_descent_tuning": 1}))
+    with pytest.raises(ConfigError, match="inductor_default_autotune_rep takes a value of type int .* got True"):
+        validate_case(RunConfig(compile=True, inductor_options={"inductor_default_autotune_rep": True}))
     validate_case(RunConfig(compile=True, compile_mode="max-autotune",
                             inductor_options={"coordinate_descent_tuning": False, "triton.max_tiles": 3}))
 
