@@ -17,7 +17,7 @@ GIB, MIB = 2.0 ** 30, 2.0 ** 20
 MB = 1e6  # disk and network rates are in MB/s (10^6 bytes/s)
 TRACE_HINT = "open in chrome://tracing or ui.perfetto.dev"
 METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record of the same workload "
-               "(same model, flavor, precision, compile, per-device batch; any strategy); scaling "
+               "(same model, flavor, precision, compile settings, per-device batch; any strategy); scaling "
                "efficiency = speedup ÷ devices. Both are computed from the stored records at report time.")
 
 
