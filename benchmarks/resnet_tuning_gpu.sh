@@ -6,8 +6,8 @@
 #   foreach      SGD as torch builds it by default (foreach kernels), compile mode "default"
 #   fused        SGD(fused=True): one kernel pass over parameters, gradients and momentum
 #   cdt          + TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 (inductor tunes each Triton
-#                kernel's block sizes: the BatchNorm/ReLU reductions are a third of the step)
-#   graphs       + compile mode reduce-overhead (CUDA graphs: no launch gaps between kernels)
+#                kernel's block sizes: BatchNorm, ReLU, residual adds)
+#   graphs       + compile mode reduce-overhead (CUDA graphs: the step's kernels replayed, not launched)
 #   cdt+graphs   both
 #   autotune     + compile mode max-autotune-no-cudagraphs (Triton templates against cuDNN for
 #                each convolution; long compile, so last and under its own limit)
