@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dlscale.compiling import COMPILE_MODES
 from dlscale.models import get_model
 
 
@@ -45,8 +46,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--compile-mode", default="default",
-                    choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
                     help="torch.compile's mode (reduce-overhead and max-autotune add CUDA graphs)")
     ap.add_argument("--sgd", default="foreach", choices=("foreach", "fused"),
                     help="resnet50's SGD implementation: foreach (torch's default on CUDA) or fused")

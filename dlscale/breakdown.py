@@ -50,18 +50,18 @@ class _PhaseTimer:
 
 
 def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -> list[list[float]]:
-    from dlscale.compiling import uses_cudagraphs
+    from dlscale.compiling import step_marker
     from dlscale.worker import optimizer_step
 
-    graphs = uses_cudagraphs(cfg)
+    mark_step = step_marker(cfg)
     module, opt = par.module, par.optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "amp-fp16" else None
     out = []
     accum = cfg.grad_accum
     for _ in range(k):
-        if graphs:  # a new iteration for CUDA graphs, as in the worker's step
-            torch.compiler.cudagraph_mark_step_begin()
+        if mark_step is not None:  # as in the worker's step
+            mark_step()
         # marks: 0 start | 1 data taken | per micro-batch: forward end, backward end | optimizer end
         t = _PhaseTimer(device, 3 + 2 * accum)
         t.mark(0)

@@ -60,6 +60,17 @@ def uses_cudagraphs(cfg) -> bool:
     return bool(opts.get("triton.cudagraphs", cfg.compile_mode in _MODES_WITH_CUDAGRAPHS))
 
 
+def step_marker(cfg):
+    """``torch.compiler.cudagraph_mark_step_begin`` where the model runs as CUDA graphs, else None:
+    called as each training step begins, it declares a new iteration, so the graphs' memory of the
+    last one may be reused (its loss was read, or dropped, before the call)."""
+    if not uses_cudagraphs(cfg):
+        return None
+    import torch
+
+    return torch.compiler.cudagraph_mark_step_begin
+
+
 def check_strategy(cfg) -> None:
     """CUDA graphs only where the compiled region holds no collective (see the module's note)."""
     if uses_cudagraphs(cfg) and cfg.strategy not in CUDAGRAPH_STRATEGIES:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale import compiling
 from dlscale.compiling import COMPILE_MODES
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
@@ -162,8 +163,6 @@ def validate_case(cfg: RunConfig) -> None:
     strategy gets enough processes, and its own degrees/options are possible."""
     from dlscale.models import get_model
     from dlscale.strategies import get_strategy
-
-    from dlscale import compiling
 
     get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dlscale import multinode  # noqa: E402
-from dlscale.compiling import compile_module, uses_cudagraphs  # noqa: E402
+from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.models import count_parameters, get_model  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
@@ -106,9 +106,7 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
     clip = cfg.clip_grad_norm
     params = [p for g in opt.param_groups for p in g["params"]]
     no_sync = par.no_sync
-    # CUDA graphs: declare each step a new iteration, so the graphs' memory of the last one may be
-    # reused (its loss was read, or dropped, before this call)
-    mark_step = torch.compiler.cudagraph_mark_step_begin if uses_cudagraphs(cfg) else None
+    mark_step = step_marker(cfg)
 
     def step():
         if mark_step is not None:
