@@ -5,8 +5,8 @@ reached), then bisects between the last batch that fit and the first that did no
 one short ``torchrun`` of the case (warm-up 2, steps 2, one repeat). Probes are *not* stored as run
 records: the case is then measured at the batch found, and that one record carries
 ``batch_search = {start, cap, probes: [{batch_size, status, seconds, error}], max, capped, case_key}``
-and ``config.batch_size = max``. ``case_key`` there is the identity of the "max" case (the config
-with batch size "max"), which a resumed sweep matches on.
+and ``config.batch_size`` the batch found. ``case_key`` there is the identity of the "max" case
+(``RunConfig.case_key`` of the config with batch size "max"), which a resumed sweep matches on.
 
 Rules (docs/sweeps.md says the same for users):
 
@@ -20,8 +20,6 @@ Rules (docs/sweeps.md says the same for users):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -38,28 +36,6 @@ NO_FIT = ("oom", "timeout")
 
 def default_cap(device: str) -> int:
     return DEFAULT_CAP["cuda" if resolve_device(device) == "cuda" else "cpu"]
-
-
-def batch_size_arg(value: str) -> int | str:
-    """argparse type of --batch-size: an integer (RunConfig checks its range) or "max"."""
-    if value.strip().lower() == "max":
-        return "max"
-    try:
-        return int(value)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'max', got {value!r}") from None
-
-
-def max_case_key(cfg: RunConfig) -> str:
-    """Identity of "this case at the largest batch that fits": the case_key of everything but the batch.
-
-    Derived from ``RunConfig.case_key`` (so it leaves out what case_key leaves out), with the
-    batch size fixed and a "max" marker, so it never equals a real case_key.
-    """
-    base = dataclasses.replace(cfg, batch_size=1).case_key()
-    return "max-" + hashlib.sha1(f"batch_size=max;{base}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -125,79 +101,37 @@ def search_max_batch(probe: Callable[[int], tuple[str, str | None, float]], star
     return res
 
 
-class _DiscardStore:
-    """A store for probes: records are kept in memory, never written; side files go to ``root``
-    (a temporary directory the caller removes)."""
-
-    def __init__(self, root: str) -> None:
-        from pathlib import Path
-
-        self.root = self.file = Path(root)
-        self.records: list[dict[str, Any]] = []
-
-    def check_writable(self) -> None:
-        pass
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-
-
-class AnnotatingStore:
-    """Wraps a store: adds ``extra`` fields to every record before appending it."""
-
-    def __init__(self, store, extra: dict[str, Any]):
-        self.store, self.extra = store, extra
-
-    def check_writable(self) -> None:
-        self.store.check_writable()
-
-    def append(self, record: dict[str, Any]) -> None:
-        record.update(self.extra)
-        self.store.append(record)
-
-    def __getattr__(self, name: str) -> Any:  # root, file, load... of the wrapped store
-        return getattr(self.store, name)
-
-
 def probe_config(cfg: RunConfig, batch: int) -> RunConfig:
-    """A short run at ``batch``; no utilisation sampling, breakdown or trace where the config has them."""
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    extras = {k: v for k, v in (("monitor", False), ("breakdown", False), ("profile", False)) if k in names}
-    return dataclasses.replace(cfg, batch_size=batch, warmup=PROBE_WARMUP, steps=PROBE_STEPS, repeats=1, **extras)
+    """A short run at ``batch``; no utilisation sampling, breakdown or trace."""
+    return dataclasses.replace(cfg, batch_size=batch, warmup=PROBE_WARMUP, steps=PROBE_STEPS, repeats=1,
+                               monitor=False, breakdown=False, profile=False, max_batch_start=None,
+                               max_batch_cap=None)
 
 
-def run_case_max_batch(cfg: RunConfig, store, *, start: int | None = None, cap: int | None = None,
-                       command: str | None = None, extra: dict[str, Any] | None = None,
-                       on_event: Callable[[str, Any], None] | None = None,
-                       on_probe: Callable[[dict[str, Any]], None] | None = None,
-                       verbose: bool = False) -> dict[str, Any]:
-    """Find the largest batch that fits, then measure the case at it; returns the stored record.
-
-    ``cfg.batch_size`` is ignored (``start`` defaults to DEFAULT_START). One node only.
-    """
+def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str | None = None,
+                      on_event: Callable[[str, Any], None] | None = None,
+                      on_probe: Callable[[dict[str, Any]], None] | None = None):
+    """Find the largest batch that fits, then measure the case at it; returns the Record
+    (``batch_search`` set), stored by the caller. ``cfg.batch_size`` is "max"; one node only."""
     from dlscale import launch
     from dlscale.config import validate_for_launch
 
-    start = DEFAULT_START if start is None else start
-    cap = default_cap(cfg.device) if cap is None else cap
+    start = cfg.max_batch_start or DEFAULT_START
+    cap = cfg.max_batch_cap or default_cap(cfg.device)
     if cap < start:
         raise ConfigError(f"max-batch-cap {cap} is below max-batch-start {start}")
-    if cfg.nnodes > 1:
-        raise ConfigError("batch size max runs on one node; search on one node, then give the batch found")
-    validate_for_launch(dataclasses.replace(cfg, batch_size=start))
-    store.check_writable()
+    validate_for_launch(probe_config(cfg, start))
 
     def probe(b: int) -> tuple[str, str | None, float]:
         t = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="dlscale-probe-") as tmp:
-            rec = launch.run_case(probe_config(cfg, b), _DiscardStore(tmp), command=command or "batch-size probe",
-                                  verbose=verbose)
-        return rec["status"], rec.get("error"), time.monotonic() - t
+        rec = launch.measure(probe_config(cfg, b), spawner, command=command or "batch-size probe")
+        return rec.status, rec.error, time.monotonic() - t
 
     result = search_max_batch(probe, start, cap, on_probe)
     final = result.max or result.stopped_at or min(p["batch_size"] for p in result.probes)
     info = result.to_dict()
-    info["case_key"] = max_case_key(cfg)
-    annotated = AnnotatingStore(store, {"batch_search": info, **(extra or {})})
-    return launch.run_case(dataclasses.replace(cfg, batch_size=final), annotated, command=command,
-                           on_event=on_event, verbose=verbose)
+    info["case_key"] = cfg.case_key()
+    case = dataclasses.replace(cfg, batch_size=final, max_batch_start=None, max_batch_cap=None)
+    rec = launch.measure(case, spawner, files_root=files_root, command=command, on_event=on_event)
+    rec.batch_search = info
+    return rec

@@ -26,6 +26,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from dlscale import precision
+
 
 class _PhaseTimer:
     """Marks phase boundaries; reads them after a single synchronisation."""
@@ -51,12 +53,12 @@ class _PhaseTimer:
 
 def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -> list[list[float]]:
     from dlscale.compiling import step_marker
-    from dlscale.worker import optimizer_step
+    from dlscale.step import optimizer_step
 
     mark_step = step_marker(cfg)
     module, opt = par.module, par.optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
-    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "amp-fp16" else None
+    scaler = precision.grad_scaler(cfg.precision, device.type)
     out = []
     accum = cfg.grad_accum
     for _ in range(k):

@@ -32,8 +32,51 @@ STATUS_EXIT = {"ok": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT, "failed"
                "unsupported": EXIT_UNSUPPORTED}
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once and meaningfully: not for on/off flags (their help says it), not where
+    the help text already names the default, and "none" for an option that is off unless given."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction,
+                                argparse._HelpAction))
+                or "default" in text or action.default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        if action.default is None or action.default == []:
+            return text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: works for one release, with a one-line warning."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"dlscale: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        if self.nargs == 0:
+            setattr(namespace, self.dest, self.const)
+        elif isinstance(getattr(namespace, self.dest, None), list) and isinstance(self.default, list):
+            getattr(namespace, self.dest).append(values)
+        else:
+            setattr(namespace, self.dest, values)
+
+
+def deprecated_alias(parser, old: str, new: str, **kw) -> None:
+    """Accept ``old`` for ``new`` (hidden from --help); ``kw``: the new option's type/dest/nargs."""
+    parser.add_argument(old, action=DeprecatedAlias, new=new, help=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                        **kw)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error and exit code 2 (its default code, kept explicit)."""
+    """argparse with a one-line error and exit code 2 (its default code, kept explicit), and the
+    same help format for every subcommand."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["formatter_class"] = HelpFormatter
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401
         self.exit(EXIT_BAD_INPUT, f"dlscale: error: {message} (see {self.prog} --help)\n")
@@ -41,7 +84,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dlscale", description="Benchmark deep-learning training at scale on torch.distributed.",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                     formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

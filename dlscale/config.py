@@ -1,7 +1,15 @@
-"""Typed run configuration, validated in one place.
+"""Typed run configuration: the one source of the CLI, suites, serialisation and case identity.
 
-``RunConfig`` describes one benchmark case. Validation happens in ``__post_init__`` (cheap,
-static checks) and in ``validate_for_launch`` (checks that need the registries or the machine).
+Every field of ``RunConfig`` carries an ``Opt`` in its metadata (help, CLI name, type, range,
+choices, suite axis, whether it is a filter key, part of the case identity, a procedure field or a
+late field). From these alone come: the ``dlscale run`` options (``add_case_arguments``), the
+config of parsed options (``config_from_args``), its inverse (``to_cli_args``, round-trip tested
+for every field), the suite's axes, settings and filter keys (dlscale/suite.py), and the case key.
+Adding a field with an ``axis`` is adding a suite axis: nothing else changes.
+
+Validation happens in one place: ``check_value`` (one field's type, range and choices, used by
+``__post_init__`` and by the suite loader for every axis value) and ``__post_init__`` (across
+fields); ``validate_case``/``validate_for_launch`` add what needs the registries or the machine.
 Every failure raises ConfigError with one line naming the bad value and what is allowed.
 """
 from __future__ import annotations
@@ -9,126 +17,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
 from dlscale import compiling
 from dlscale.compiling import COMPILE_MODES
+from dlscale.precision import PRECISIONS
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
-# fields that say how a case is run, not what is measured: case_key (and the report) leave them out
-PROCEDURE_FIELDS = ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
-                    "sample_interval", "breakdown", "profile")
-# fields added after records were first stored, with what a record without them means: left out
-# of case_key (and the report's grouping) at that value, so earlier records keep their keys
-LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}}
 DEVICES = ("auto", "cuda", "cpu")
-
-
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-@dataclass
-class RunConfig:
-    """One benchmark case: a model, a strategy, a precision, a batch size and a device count."""
-
-    model: str = "gpt2"
-    flavor: str = "full"
-    strategy: str = "ddp"
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    batch_size: int = 16  # per device, per micro-batch
-    precision: str = "amp-bf16"
-    compile: bool = False
-    # torch.compile's mode and inductor settings over it (dlscale/compiling.py); need compile
-    compile_mode: str = "default"
-    inductor_options: dict[str, Any] = field(default_factory=dict)
-    clip_grad_norm: float | None = None
-    grad_accum: int = 1
-    warmup: int = 20
-    steps: int = 100
-    repeats: int = 5
-    device: str = "auto"
-    seed: int = 0
-    time_limit: float = 1200.0  # wall-clock seconds for each repeat's processes
-    collective_timeout: float = 300.0  # seconds before a stalled collective raises
-    # strategy-specific knobs (bucket size, shard mode, microbatches, degrees...)
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    label: str | None = None
-    # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds
-    monitor: bool = True
-    sample_interval: float = 0.1
-    # after the window: per-phase step breakdown (with a no_sync comparison) / a profiler trace
-    breakdown: bool = False
-    profile: bool = False
-    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
-    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
-    inject_failure: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("nproc_per_node", "nnodes", "batch_size", "grad_accum", "steps", "repeats"):
-            _positive_int(name.replace("_", "-"), getattr(self, name))
-        _positive_int("warmup", self.warmup, minimum=0)
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"unknown device {self.device!r}; choose one of: {', '.join(DEVICES)}")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ConfigError(f"clip-grad-norm must be > 0, got {self.clip_grad_norm}")
-        if not self.time_limit > 0:
-            raise ConfigError(f"time-limit must be > 0 seconds, got {self.time_limit}")
-        if not self.collective_timeout > 0:
-            raise ConfigError(f"collective-timeout must be > 0 seconds, got {self.collective_timeout}")
-        if not isinstance(self.inductor_options, dict):
-            raise ConfigError(f"inductor_options must be a mapping of KEY: VALUE, got {self.inductor_options!r}")
-        if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError(f"unknown compile-mode {self.compile_mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
-        if not self.compile and self.compile_mode != "default":
-            raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
-        if not self.compile and self.inductor_options:
-            raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
-        if self.inject_failure is not None:
-            parse_injection(self.inject_failure)
-        from dlscale.monitor import validate_interval
-
-        validate_interval(self.sample_interval)
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nnodes
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        return cls(**data)
-
-    def case_key(self) -> str:
-        """Stable identity of the measured case: what a sweep resumes on and a report groups by.
-
-        Repeats, time limits, labels and test hooks do not change what is measured, so they are
-        left out.
-        """
-        d = workload_fields(self.to_dict())
-        blob = json.dumps(d, sort_keys=True, default=str)
-        return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-
-def workload_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """A stored or live config without its procedure fields and its late fields at their defaults."""
-    return {k: v for k, v in config.items()
-            if k not in PROCEDURE_FIELDS and not (k in LATE_FIELD_DEFAULTS and v == LATE_FIELD_DEFAULTS[k])}
+BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/batchsearch.py)
+AUTO_STRATEGY = "auto"  # single on one device, ddp on more
+_NO_LATE = object()
+MAX_SEED = 2**32 - 1  # numpy's and torch's seed range
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: anything longer is a typo, not a benchmark
+MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any model here
 
 
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
@@ -146,7 +50,294 @@ def parse_injection(spec: str) -> tuple[str, int, int | None]:
         raise ConfigError(f"inject-failure must look like crash@STEP[:RANK], got {spec!r}") from None
     if kind not in ("crash", "oom", "hang", "oom-above"):
         raise ConfigError(f"inject-failure kind must be crash, oom, hang or oom-above, got {kind!r}")
+    if step < 0 or (rank is not None and rank < 0):
+        raise ConfigError(f"inject-failure step and rank must be >= 0, got {spec!r}")
     return kind, step, rank
+
+
+@dataclass(frozen=True)
+class Opt:
+    """What a RunConfig field is, for the CLI, suites and the case identity."""
+
+    help: str
+    type: type = str  # int, float, str, bool or dict
+    kind: str = "value"  # value | flag (store_true) | negflag (--no-NAME) | options (KEY=VALUE, repeatable) | batch
+    cli: str | None = None  # the option; default --field-name; "" for no option of its own
+    short: str | None = None
+    metavar: str | None = None
+    choices: tuple | str | None = None  # a tuple, or a registry: "models" | "strategies" | "flavors"
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    optional: bool = False  # None is allowed (and is the default)
+    axis: str | None = None  # suite matrix axis (plural); explicit cases use the field's name
+    match: bool = False  # an exclude/--filter key
+    procedure: bool = False  # how a case is run, not what is measured: left out of case_key
+    late: Any = _NO_LATE  # added after records were first stored: left out of case_key at this value
+    setting: bool = False  # may be set once for a whole suite (top level of a suite file)
+    unit: str | None = None  # what a number counts (for messages): "seconds"
+    validator: Any = None  # value -> anything; raises ConfigError for a value of the right type but bad form
+
+    def option(self, name: str) -> str | None:
+        if self.cli == "":
+            return None
+        return self.cli or "--" + name.replace("_", "-")
+
+
+def _f(default: Any, **kw: Any) -> Any:
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"opt": Opt(**kw)})
+    return field(default=default, metadata={"opt": Opt(**kw)})
+
+
+@dataclass
+class RunConfig:
+    """One benchmark case. Suite axes expand in field order (device counts innermost)."""
+
+    model: str = _f("gpt2", choices="models", axis="models", match=True,
+                    help="registered model name (see `dlscale run --list`)")
+    flavor: str = _f("full", choices="flavors", axis="flavors", match=True,
+                     help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
+    precision: str = _f("amp-bf16", choices=PRECISIONS, axis="precisions", match=True,
+                        help="fp32 uses TF32 tensor cores on GPUs (recorded as such); amp-*: autocast with "
+                             "fp32 master weights")
+    compile: bool = _f(False, type=bool, kind="flag", axis="compile", match=True,
+                       help="torch.compile the model (the analogue of XLA)")
+    # torch.compile's mode and inductor settings over it (dlscale/compiling.py); need compile
+    compile_mode: str = _f("default", choices=COMPILE_MODES, axis="compile_modes", match=True, late="default",
+                           help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs; "
+                                "max-autotune: also autotuned matmul/convolution templates and coordinate-descent "
+                                "tuning, a long compile); CUDA graphs with strategies single and ddp only")
+    inductor_options: dict = _f({}, type=dict, kind="options", cli="--inductor-option", metavar="KEY=VALUE",
+                                axis="inductor_options", late={},
+                                help="with --compile: a torch._inductor.config setting over the mode's, "
+                                     "repeatable (e.g. coordinate_descent_tuning=true); scalar values only")
+    batch_size: int | str = _f(16, type=int, kind="batch", minimum=1, maximum=MAX_BATCH, axis="batch_sizes",
+                               match=True,
+                               help="per-device micro-batch size, or max: the largest that fits (docs/sweeps.md)")
+    grad_accum: int = _f(1, type=int, minimum=1, maximum=65536, axis="grad_accum", match=True,
+                         help="micro-batches accumulated per optimizer step")
+    threads: int | None = _f(None, type=int, minimum=1, maximum=4096, optional=True, axis="threads", match=True,
+                             late=None, setting=True,
+                             help="CPU threads per rank (OMP_NUM_THREADS and torch's intra-op threads); "
+                                  "default: the cores divided among the node's ranks")
+    strategy_options: dict = _f({}, type=dict, kind="options", cli="--option", short="-o", metavar="KEY=VALUE",
+                                axis="strategy_options",
+                                help="strategy option, repeatable (e.g. -o bucket_cap_mb=50)")
+    strategy: str = _f(AUTO_STRATEGY, choices="strategies", axis="strategies", match=True,
+                       help="registered parallel strategy; auto: single on one device, ddp on more")
+    nproc_per_node: int = _f(1, type=int, minimum=1, maximum=4096, axis="nproc_per_node", match=True,
+                             help="processes (devices) per machine")
+    nnodes: int = _f(1, type=int, minimum=1, maximum=65536, axis="nodes", match=True,
+                     help="machines in the job (world = nnodes x nproc-per-node; docs/multinode.md)")
+    clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
+                                      help="clip gradients to this global norm")
+    warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")
+    steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
+    device: str = _f("auto", choices=DEVICES, setting=True,
+                     help="auto picks CUDA when a GPU is visible, else the CPU with gloo")
+    seed: int = _f(0, type=int, minimum=0, maximum=MAX_SEED, setting=True,
+                   help="seed of weights and synthetic data")
+    repeats: int = _f(5, type=int, minimum=1, maximum=1000, procedure=True, setting=True,
+                      help="independent runs (fresh processes) of the case; the median is reported")
+    time_limit: float = _f(1200.0, type=float, minimum=0, maximum=MAX_SECONDS, exclusive_minimum=True,
+                           procedure=True, setting=True, unit="seconds",
+                           help="wall-clock seconds for each repeat; a case past it is killed and recorded timeout")
+    collective_timeout: float = _f(300.0, type=float, minimum=0, maximum=MAX_SECONDS, exclusive_minimum=True,
+                                   procedure=True, setting=True, unit="seconds",
+                                   help="seconds before a stalled collective raises in the workers")
+    label: str | None = _f(None, optional=True, procedure=True, setting=True,
+                           help="free-form label stored with the record (for compare)")
+    # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds
+    monitor: bool = _f(True, type=bool, kind="negflag", procedure=True, setting=True,
+                       help="sample GPU/CPU/memory/disk/network utilisation during the repeats")
+    sample_interval: float = _f(0.1, type=float, minimum=0.01, maximum=10.0, procedure=True, setting=True,
+                                unit="seconds",
+                                help="seconds between utilisation samples")
+    # after the window: per-phase step breakdown (with a no_sync comparison) / a profiler trace
+    breakdown: bool = _f(False, type=bool, kind="flag", procedure=True,
+                         help="after the window, time data/forward/backward/optimizer and exposed communication "
+                              "(a no_sync comparison run); see docs/metrics.md")
+    profile: bool = _f(False, type=bool, kind="flag", procedure=True,
+                       help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
+                            "the median repeat's trace is kept in STORE/traces/")
+    # the largest-batch search (batch_size max): first probe and largest batch tried
+    max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                     setting=True, help="with --batch-size max: the first probe (default 8)")
+    max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                   setting=True,
+                                   help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
+                                        "64 on the CPU)")
+    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
+    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
+    inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
+                                    validator=parse_injection,
+                                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
+                                         "or oom-above@N: run out of memory whenever the batch size exceeds N")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check_value(f.name, getattr(self, f.name))
+        if self.strategy == AUTO_STRATEGY:
+            self.strategy = "single" if self.world_size == 1 else "ddp"
+        if not self.compile and self.compile_mode != "default":
+            raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
+        if not self.compile and self.inductor_options:
+            raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
+        if self.batch_size != BATCH_MAX:
+            for name in ("max_batch_start", "max_batch_cap"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{_cli(name)} needs --batch-size max")
+        elif (self.max_batch_start and self.max_batch_cap and self.max_batch_cap < self.max_batch_start):
+            raise ConfigError(f"max-batch-cap {self.max_batch_cap} is below max-batch-start {self.max_batch_start}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def batch_search(self) -> bool:
+        """The case asks for the largest batch that fits (batch_size max)."""
+        return self.batch_size == BATCH_MAX
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def case_key(self) -> str:
+        """Stable identity of the measured case: what a sweep resumes on and a report groups by.
+
+        Procedure fields (repeats, time limits, labels, test hooks...) do not change what is
+        measured, so they are left out; so are late fields at their defaults. A batch-search case
+        has the key of "this case at the largest batch that fits", which never equals a real one.
+        """
+        if self.batch_search:
+            base = dataclasses.replace(self, batch_size=1, max_batch_start=None, max_batch_cap=None).case_key()
+            return "max-" + hashlib.sha1(f"batch_size=max;{base}".encode()).hexdigest()[:16]
+        blob = json.dumps(workload_fields(self.to_dict()), sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+FIELDS: dict[str, Opt] = {f.name: f.metadata["opt"] for f in dataclasses.fields(RunConfig)}
+# each field's default (as given: strategy "auto" resolves to single on one device)
+DEFAULTS: dict[str, Any] = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                            for f in dataclasses.fields(RunConfig)}
+PROCEDURE_FIELDS = tuple(n for n, o in FIELDS.items() if o.procedure)
+LATE_FIELD_DEFAULTS = {n: o.late for n, o in FIELDS.items() if o.late is not _NO_LATE}
+AXES = {o.axis: n for n, o in FIELDS.items() if o.axis}  # suite axis -> field
+SETTINGS = tuple(n for n, o in FIELDS.items() if o.setting)  # suite-wide settings
+
+
+def _cli(name: str) -> str:
+    return (FIELDS[name].option(name) or name).lstrip("-")
+
+
+def choices_of(name: str) -> tuple:
+    """The allowed values of a field with choices (registries resolved when asked)."""
+    c = FIELDS[name].choices
+    if c == "models":
+        from dlscale.models import model_names
+
+        return tuple(model_names())
+    if c == "strategies":
+        from dlscale.strategies import strategy_names
+
+        return (AUTO_STRATEGY, *strategy_names())
+    if c == "flavors":
+        from dlscale.models import FLAVORS
+
+        return tuple(FLAVORS)
+    return tuple(c or ())
+
+
+def check_value(name: str, value: Any) -> Any:
+    """One field's value checked for type, range and choices; ConfigError naming the option."""
+    o = FIELDS[name]
+    what = _cli(name)
+    if value is None:
+        if o.optional:
+            return value
+        raise ConfigError(f"{what} must be given, got null")
+    if o.kind == "batch" and value == BATCH_MAX:
+        return value
+    if o.type is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{what} must be true or false, got {value!r}")
+        return value
+    if o.type is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+            raise ConfigError(f"{what} must be a mapping of option names to values, got {value!r}")
+        return value
+    if o.type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            extra = " or 'max'" if o.kind == "batch" else ""
+            raise ConfigError(f"{what} must be an integer{extra}, got {value!r}")
+    elif o.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{what} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{what} must be a finite number, got {value!r}")
+    elif not isinstance(value, str):
+        raise ConfigError(f"{what} must be a string, got {value!r}")
+    elif not value.strip() or "\n" in value or "\r" in value or "\0" in value:
+        raise ConfigError(f"{what} must be a non-empty single line, got {value!r}")
+    if o.minimum is not None:
+        if o.exclusive_minimum and not value > o.minimum:
+            raise ConfigError(f"{what} must be > {o.minimum:g}, got {value}")
+        if not o.exclusive_minimum and value < o.minimum:
+            raise ConfigError(f"{what} must be >= {o.minimum:g}, got {value}")
+    if o.maximum is not None and value > o.maximum:
+        raise ConfigError(f"{what} must be <= {o.maximum:g}, got {value}")
+    if o.validator is not None:
+        o.validator(value)
+    if o.choices is not None:
+        allowed = choices_of(name)
+        if value not in allowed:
+            noun = {"models": "model", "strategies": "strategy", "flavors": "flavor"}.get(str(o.choices), what)
+            raise ConfigError(f"unknown {noun} {value!r}; choose one of: {', '.join(allowed)}")
+    return value
+
+
+def expected(name: str, many: bool = False) -> str:
+    """What a field takes, in words (suite messages): "a positive integer", "a list of true/false"..."""
+    o = FIELDS[name]
+    if o.type is bool:
+        return "a list of true/false" if many else "true or false"
+    if o.type is dict:
+        return "a mapping of option names to values" + (", or a list of such mappings" if many else "")
+    if o.type in (int, float):
+        noun = "integer" if o.type is int else "number"
+        if o.minimum == 0 and o.exclusive_minimum or o.minimum == 1 and o.type is int:
+            noun = "positive " + noun
+        elif o.minimum == 0:
+            noun = noun + " >= 0"
+        elif o.minimum is not None:
+            noun = f"{noun} >= {o.minimum:g}"
+        what = noun + (f" of {o.unit}" if o.unit else "")
+    else:
+        what = "string"
+    if many:
+        what = "a list of " + what.replace("integer", "integers").replace("number", "numbers").replace("string",
+                                                                                                    "strings")
+    else:
+        what = ("an " if what[0] in "aeiou" else "a ") + what
+    if o.kind == "batch":
+        what += ' or "max"'
+    return what
+
+
+def workload_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored or live config without its procedure fields and its late fields at their defaults."""
+    return {k: v for k, v in config.items()
+            if not (k in FIELDS and FIELDS[k].procedure)
+            and not (k in LATE_FIELD_DEFAULTS and v == LATE_FIELD_DEFAULTS[k])}
 
 
 def resolve_device(requested: str) -> str:
@@ -171,6 +362,17 @@ def validate_case(cfg: RunConfig) -> None:
     if cfg.world_size < strat.min_world:
         raise ConfigError(f"strategy {cfg.strategy} needs at least {strat.min_world} processes, "
                           f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
+    if cfg.batch_search and cfg.nnodes > 1:
+        raise ConfigError("batch size max (the largest that fits) runs on one node; search on one node, "
+                          "then give the batch found")
+    if cfg.inject_failure is not None:
+        _, step, rank = parse_injection(cfg.inject_failure)
+        if rank is not None and rank >= cfg.world_size:
+            raise ConfigError(f"inject-failure rank {rank} does not exist (world size {cfg.world_size})")
+        kind = cfg.inject_failure.split("@")[0]
+        if kind != "oom-above" and step >= cfg.warmup + cfg.steps:
+            raise ConfigError(f"inject-failure step {step} is never reached (warm-up {cfg.warmup} + steps "
+                              f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:
         strat.validate(cfg)
 

@@ -1,9 +1,11 @@
-"""A RunConfig -> repeats of torchrun subprocesses -> one record in the store.
+"""One case -> one Record: ``measure(cfg, spawner)``, the repeat loop every launcher shares.
 
-Each repeat is one ``torchrun`` process group bounded by ``cfg.time_limit`` seconds; its ranks
-write ``rank<R>.json`` files that are merged here. The case's status is the first non-ok
-repeat's (``timeout`` beats ``oom`` beats ``failed``) and stops further repeats; the record is
-appended whatever the status, so an OOM batch size is on file like a result.
+Each repeat is one fresh set of processes started by a spawner (torchrun here, or this node's
+share of a rendezvous; a Slurm task; others plug in the same way) and bounded by
+``cfg.time_limit`` seconds; its ranks write ``rank<R>.json`` files that are merged here. The
+case's status is the first non-ok repeat's (``timeout`` beats ``oom`` beats ``failed``) and stops
+further repeats. ``measure`` never stores: the caller decides (``run``/``sweep`` store the record
+whatever its status, so an OOM batch size is on file like a result; a batch-size probe drops it).
 """
 from __future__ import annotations
 
@@ -13,15 +15,15 @@ import shlex
 import shutil
 import sys
 import tempfile
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from dlscale import envinfo, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
-from dlscale.procs import Rendezvous, spawn_torchrun
-from dlscale.store import ResultStore, new_record
+from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
+from dlscale.record import Record
 from dlscale.strategies import get_strategy
 
 WORKER_MODULE = "dlscale.worker"
@@ -159,106 +161,134 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
     }
 
 
-def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
-             rdzv: Rendezvous | None = None, env_extra: dict[str, str] | None = None,
-             on_event: Callable[[str, Any], None] | None = None,
-             verbose: bool = False) -> dict[str, Any]:
-    """Measure one case (cfg.repeats torchrun runs) and append its record; returns the record.
+class Spawner(Protocol):
+    """Starts one repeat's ranks for a case and waits for them (bounded by the case's time limit).
 
-    ``on_event(kind, payload)`` reports progress: ("repeat", entry) after each repeat and
-    ("ranks", rank list) after the first. Bad input raises ConfigError before anything runs.
+    The ranks write ``rank<R>.json`` into ``workdir`` (which also holds ``config.json``);
+    ``local_world`` is how many of them this spawner starts (its node's share of the world).
+    """
+
+    def local_world(self, cfg: RunConfig) -> int: ...
+
+    def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult: ...
+
+
+@dataclass
+class TorchrunSpawner:
+    """torchrun on this machine: the whole world, or this node's share of a rendezvous."""
+
+    rdzv: Rendezvous | None = None
+    env: dict[str, str] | None = None
+    on_line: Callable[[str], None] | None = None
+    module: str = WORKER_MODULE
+
+    def _nproc(self, cfg: RunConfig) -> int:
+        # nn.DataParallel drives all the node's devices from one process
+        return 1 if get_strategy(cfg.strategy).single_process else cfg.nproc_per_node
+
+    def local_world(self, cfg: RunConfig) -> int:
+        multi = self.rdzv is not None and self.rdzv.nnodes > 1
+        return self._nproc(cfg) if (get_strategy(cfg.strategy).single_process or multi) else cfg.world_size
+
+    def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult:
+        return spawn_torchrun(self.module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
+                              self._nproc(cfg), cfg.time_limit, env={**(self.env or {}), **env}, rdzv=self.rdzv,
+                              on_line=self.on_line)
+
+
+def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None, command: str | None = None,
+            on_event: Callable[[str, Any], None] | None = None) -> Record:
+    """Measure one case: ``cfg.repeats`` fresh runs through ``spawner``, merged into a Record.
+
+    Nothing is stored: the caller decides. ``files_root``: where utilisation series and the
+    median repeat's trace go (``series/``, ``traces/`` below it; the store's directory), None to
+    drop them. ``on_event(kind, payload)``: ("ranks", rank list) after the first repeat and
+    ("repeat", entry) after each. Bad input raises ConfigError before anything runs.
     """
     device_type = validate_for_launch(cfg)
-    store.check_writable()
     spec = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
-    env = envinfo.capture()
-    base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,
-                command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env)
+    rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
+                 command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                 device_type=device_type, world_size=cfg.world_size, env=envinfo.capture(),
+                 backend="nccl" if device_type == "cuda" else "gloo")
     reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
     if reason:
-        rec = new_record(status="unsupported", error=reason, ranks=[], repeats=[], summary=None, **base)
-        store.append(rec)
+        rec.status, rec.error = "unsupported", reason
         return rec
-
-    repeats: list[dict] = []
-    ranks: list[dict] = []
-    status, error = "ok", None
     emit = on_event or (lambda kind, payload: None)
-    env_extra = _thread_env(device_type, strat, cfg, env_extra)
-    base["omp_num_threads"] = env_extra.get("OMP_NUM_THREADS") if device_type == "cpu" else None
-    # nn.DataParallel drives all the node's devices from one process
-    nproc = 1 if strat.single_process else cfg.nproc_per_node
-    # the ranks this launcher's torchrun starts (its node's share of the world)
-    local_world = nproc if (strat.single_process or (rdzv and rdzv.nnodes > 1)) else cfg.world_size
-    staging = Path(tempfile.mkdtemp(prefix="dlscale-traces-"))
-    try:
+    env = thread_env(device_type, cfg, spawner.local_world(cfg))
+    rec.omp_num_threads = env.get("OMP_NUM_THREADS") if device_type == "cpu" else None
+    local_world = spawner.local_world(cfg)
+    rank_results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="dlscale-traces-") as staging:
         for i in range(cfg.repeats):
             with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
-                tmp_path = Path(tmp)
-                (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-                proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
-                                      nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
-                                      on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
-                rank_results = read_rank_files(tmp_path)
-                series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
+                workdir = Path(tmp)
+                (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
+                proc = spawner.start(cfg, workdir, env)
+                rank_results = read_rank_files(workdir)
+                series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
                                          proc.output_tail)
             entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
             if status_i == "ok" and proc.returncode != 0:
                 entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
             entry["series"] = series
-            repeats.append(entry)
+            rec.repeats.append(entry)
             if i == 0:
-                ranks = [{k: r.get(k) for k in ("rank", "local_rank", "host", "device", "device_name", "pid")}
-                         for r in rank_results]
-                emit("ranks", ranks)
+                rec.ranks = [{k: r.get(k) for k in RANK_KEYS} for r in rank_results]
+                emit("ranks", rec.ranks)
             emit("repeat", entry)
             if status_i != "ok":
-                status, error = status_i, error_i
+                rec.status, rec.error = status_i, error_i
                 if proc.output_tail and status_i == "failed":
                     entry["output_tail"] = proc.output_tail[-4000:]
                 break
         # rank_results: the last repeat's ranks (every repeat's when all were ok)
-        spec_info = {"params": next((r.get("params") for r in rank_results if r.get("params")), None),
-                     "flops_per_sample": spec.flops_per_sample, "unit": spec.unit, "seq_len": spec.seq_len}
-        dp_size = next((r.get("dp_size") for r in rank_results if r.get("dp_size")), None)
-        rec = new_record(status=status, error=error, ranks=ranks, model=spec_info,
-                         global_batch=cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None,
-                         tf32=next((r.get("tf32") for r in rank_results if "tf32" in r), None),
-                         strategy_info=next((r.get("strategy_info") for r in rank_results
-                                             if r.get("strategy_info")), None),
-                         repeats=repeats,
-                         summary=summarize_case(cfg, spec, repeats, rank_results, device_type) if any(
-                             r["status"] == "ok" for r in repeats) else None,
-                         **base, **_median_repeat_extras(repeats, store, base["id"], staging))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    store.append(rec)
+        first = lambda key: next((r.get(key) for r in rank_results if r.get(key) is not None), None)  # noqa: E731
+        dp_size = first("dp_size")
+        rec.model = {"params": first("params"), "flops_per_sample": spec.flops_per_sample, "unit": spec.unit,
+                     "seq_len": spec.seq_len}
+        rec.global_batch = cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None
+        rec.tf32 = first("tf32")
+        rec.strategy_info = first("strategy_info")
+        threads = [r.get("threads") for r in rank_results if r.get("threads") is not None]
+        rec.threads = threads or None
+        if any(r["status"] == "ok" for r in rec.repeats):
+            rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
+        _median_repeat_extras(rec, files_root, Path(staging))
     return rec
 
 
-def _thread_env(device_type: str, strat, cfg: RunConfig, env_extra: dict[str, str] | None) -> dict[str, str]:
-    """On the CPU, give each rank an equal share of the cores (torchrun sets 1 thread per rank
-    only when it starts several), so 1-process baselines and N-process runs use the machine alike."""
-    env = dict(env_extra or {})
-    if device_type == "cpu" and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
-        local = 1 if strat.single_process else cfg.nproc_per_node
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
-    return env
+RANK_KEYS = ("rank", "local_rank", "host", "device", "device_name", "pid", "threads")
 
 
-def _keep_artifacts(tmp: Path, store: ResultStore, rec_id: str, repeat: int, staging: Path) -> list[str]:
-    """Move a repeat's utilisation series into the store (beside the records) and stage its trace."""
+def thread_env(device_type: str, cfg: RunConfig, local_ranks: int) -> dict[str, str]:
+    """On the CPU, each rank's threads: ``cfg.threads``, else the environment's OMP_NUM_THREADS,
+    else an equal share of the cores (torchrun sets 1 per rank only when it starts several), so
+    1-process baselines and N-process runs use the machine alike."""
+    if device_type != "cpu":
+        return {"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {}
+    if cfg.threads:
+        return {"OMP_NUM_THREADS": str(cfg.threads)}
+    if "OMP_NUM_THREADS" in os.environ:
+        return {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, local_ranks)))}
+
+
+def _keep_artifacts(workdir: Path, root: Path | None, rec_id: str, repeat: int, staging: Path) -> list[str]:
+    """Move a repeat's utilisation series under ``root`` (the store's directory) and stage its trace."""
     kept = []
-    for f in sorted(tmp.glob("series-rank*.jsonl")):
-        dest = store.root / "series" / f"{rec_id}-r{repeat}-{f.stem.split('-', 1)[1]}.jsonl"
+    if root is None:
+        return kept
+    for f in sorted(workdir.glob("series-rank*.jsonl")):
+        dest = Path(root) / "series" / f"{rec_id}-r{repeat}-{f.stem.split('-', 1)[1]}.jsonl"
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(f), dest)
-        kept.append(str(dest.relative_to(store.root)))
-    if (tmp / "trace.json").exists():
-        shutil.move(str(tmp / "trace.json"), staging / f"trace-r{repeat}.json")
+        kept.append(str(dest.relative_to(root)))
+    if (workdir / "trace.json").exists():
+        shutil.move(str(workdir / "trace.json"), staging / f"trace-r{repeat}.json")
     return kept
 
 
@@ -268,17 +298,16 @@ def median_repeat(repeats: list[dict]) -> dict | None:
     return ok[(len(ok) - 1) // 2] if ok else None
 
 
-def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, staging: Path) -> dict:
-    """Utilisation, breakdown and profiler trace of the median repeat, for the record's top level."""
-    med = median_repeat(repeats)
+def _median_repeat_extras(rec: Record, root: Path | None, staging: Path) -> None:
+    """Utilisation, breakdown and profiler trace of the median repeat, at the record's top level."""
+    med = median_repeat(rec.repeats)
     if med is None:
-        return {"utilisation": None, "breakdown": None, "trace": None, "profile_top_ops": None}
-    trace = None
+        return
     staged = staging / f"trace-r{med['repeat']}.json"
-    if staged.exists():
-        dest = store.root / "traces" / f"{rec_id}.json"
+    if staged.exists() and root is not None:
+        dest = Path(root) / "traces" / f"{rec.id}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(staged), dest)
-        trace = str(dest.relative_to(store.root))
-    return {"utilisation": med.get("utilisation"), "breakdown": med.get("breakdown"),
-            "median_repeat": med["repeat"], "trace": trace, "profile_top_ops": med.get("profile_top_ops")}
+        rec.trace = str(dest.relative_to(root))
+    rec.utilisation, rec.breakdown = med.get("utilisation"), med.get("breakdown")
+    rec.median_repeat, rec.profile_top_ops = med["repeat"], med.get("profile_top_ops")

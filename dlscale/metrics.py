@@ -5,6 +5,8 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
+from dlscale.precision import peak_dtype
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default method), q in [0, 100]."""
@@ -66,13 +68,7 @@ PEAK_FLOPS: list[tuple[str, dict[str, float], str]] = [
 ]
 
 
-def precision_dtype(precision: str, device_type: str) -> str:
-    """Which peak applies: amp-bf16 -> bf16, amp-fp16 -> fp16, fp32 -> tf32 on CUDA (TF32 on)."""
-    if precision == "amp-bf16":
-        return "bf16"
-    if precision == "amp-fp16":
-        return "fp16"
-    return "tf32" if device_type == "cuda" else "fp32"
+precision_dtype = peak_dtype  # which peak applies to a precision (dlscale/precision.py)
 
 
 def peak_flops(device_name: str | None, dtype: str) -> tuple[float | None, str | None]:

@@ -56,9 +56,9 @@ DEFAULT_MASTER_PORT = 29500
 # ---------------------------------------------------------------- CLI options (dlscale run)
 
 def add_rendezvous_arguments(p: argparse.ArgumentParser) -> None:
-    """torchrun's multi-node options, as `dlscale run` takes them (one command per node)."""
+    """torchrun's multi-node options, as `dlscale run` takes them (one command per node); --nnodes
+    is a case option (dlscale/config.py)."""
     g = p.add_argument_group("multi-node (one `dlscale run` per node; see docs/multinode.md)")
-    g.add_argument("--nnodes", type=int, default=1, help="machines in the job (world = nnodes x nproc-per-node)")
     g.add_argument("--node-rank", type=int, default=None,
                    help="this machine's rank, 0..nnodes-1 (static rendezvous with --master-addr)")
     g.add_argument("--master-addr", default=None, help="address of node rank 0 (static rendezvous)")
@@ -107,9 +107,6 @@ def rendezvous_from_args(args: argparse.Namespace, nproc_per_node: int = 1) -> R
     if nnodes > 1 and args.master_addr and node_rank is None:
         raise ConfigError(f"a static multi-node run (--nnodes {nnodes} --master-addr) needs --node-rank "
                           f"(0..{nnodes - 1})")
-    if getattr(args, "batch_size", None) == "max" and (nnodes > 1 or args.master_addr or args.rdzv_endpoint):
-        raise ConfigError("--batch-size max (the largest batch that fits) runs on one node only; "
-                          "give a batch size for a multi-node run")
     check_slurm_allocation(nnodes, nproc_per_node)
     if nnodes == 1 and not args.master_addr and not args.rdzv_endpoint and not args.max_restarts:
         return None
@@ -324,23 +321,6 @@ def _write_json(path: Path, data: Any) -> None:
 
 # --------------------------------------------------------------------------- launcher side
 
-class _HeldStore:
-    """Stands in for the ResultStore in launch.run_case: the record is appended here, later."""
-
-    def __init__(self, store):
-        self.store = store
-        self.held: list[dict[str, Any]] = []
-
-    def check_writable(self) -> None:
-        self.store.check_writable()
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.held.append(record)
-
-    def __getattr__(self, name: str):
-        return getattr(self.store, name)
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -412,27 +392,27 @@ def _rdzv_info(rdzv: Rendezvous) -> dict[str, Any]:
             "max_restarts": rdzv.max_restarts}
 
 
-def complete_record(rec: dict[str, Any], node_dir: Path) -> list[dict] | None:
+def complete_record(rec, node_dir: Path) -> list[dict] | None:
     """Add the whole job's ranks and nodes (``world.json``) and, for a failed case, which rank
-    failed first and where (``failure<R>.json``) to ``rec``; returns the world list or None."""
+    failed first and where (``failure<R>.json``) to the Record; returns the world list or None."""
     world = _read_json(node_dir / WORLD_FILE)
     if world:
-        rec["ranks"] = [{k: w.get(k) for k in ("rank", "local_rank", "node_rank", "host", "addr", "device",
-                                               "device_name", "pid")} for w in world]
-        rec["nodes"] = nodes_of(world)
-    if rec.get("status") not in ("ok", "unsupported"):
+        rec.ranks = [{k: w.get(k) for k in ("rank", "local_rank", "node_rank", "host", "addr", "device",
+                                            "device_name", "pid", "threads")} for w in world]
+        rec.nodes = nodes_of(world)
+    if rec.status not in ("ok", "unsupported"):
         reports = [r for r in (_read_json(p) for p in sorted(node_dir.glob("failure*.json"))) if r]
         why = describe_failure(world, reports)
         if why:
-            last = rec["repeats"][-1] if rec.get("repeats") else {}
-            if rec.get("status") == "timeout":  # keep the time-out's own wording first
-                why = f"{rec.get('error')}; {why}"
+            last = rec.repeats[-1] if rec.repeats else {}
+            if rec.status == "timeout":  # keep the time-out's own wording first
+                why = f"{rec.error}; {why}"
             last["local_error"] = last.get("error")
-            last["error"] = rec["error"] = why
+            last["error"] = rec.error = why
     return world
 
 
-def finish_record(rec: dict[str, Any], node_dir: Path, rdzv: Rendezvous) -> bool:
+def finish_record(rec, node_dir: Path, rdzv: Rendezvous) -> bool:
     """Complete a node's record with the whole job; True when this node is the one to write it."""
     world = complete_record(rec, node_dir)
     if world:
@@ -441,31 +421,28 @@ def finish_record(rec: dict[str, Any], node_dir: Path, rdzv: Rendezvous) -> bool
         lead = _hosts_endpoint(_endpoint(rdzv.rdzv_endpoint)[0])
     else:
         lead = rdzv.node_rank == 0
-    rec["rendezvous"] = _rdzv_info(rdzv)
+    rec.rendezvous = _rdzv_info(rdzv)
     me_addr = local_addr(rdzv.master_addr or (_endpoint(rdzv.rdzv_endpoint)[0] if rdzv.rdzv_endpoint else None))
     node_rank = world[0].get("node_rank") if world else (None if rdzv.rdzv_endpoint else rdzv.node_rank)
-    rec["recorded_by"] = {"host": socket.gethostname(), "addr": me_addr, "node_rank": node_rank,
-                          "role": "lead" if lead else "follower"}
+    rec.recorded_by = {"host": socket.gethostname(), "addr": me_addr, "node_rank": node_rank,
+                       "role": "lead" if lead else "follower"}
     return lead
 
 
-def run_case(cfg, store, *, rdzv: Rendezvous | None = None, env_extra: dict[str, str] | None = None,
-             on_event: Callable[[str, Any], None] | None = None, **kwargs) -> dict[str, Any]:
-    """launch.run_case for one node of a multi-node job (plain launch.run_case otherwise).
+def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
+                 on_event: Callable[[str, Any], None] | None = None):
+    """launch.measure for one node of a multi-node job (``spawner.rdzv`` spans several nodes).
 
-    The record gets every node's ranks (``ranks``, ``nodes``), the rendezvous and who recorded
-    it; only the lead node appends it to the store. A follower's record comes back with
-    ``recorded_by.role == "follower"`` and is not stored.
+    The Record gets every node's ranks (``ranks``, ``nodes``), the rendezvous and who recorded
+    it (``recorded_by.role``: "lead" on the node running global rank 0, which stores it;
+    "follower" elsewhere, whose series files are removed since its record is not stored).
     """
     from dlscale import launch
 
-    if not is_multinode(rdzv):
-        return launch.run_case(cfg, store, rdzv=rdzv, env_extra=env_extra, on_event=on_event, **kwargs)
-    assert rdzv is not None
+    rdzv = spawner.rdzv
     with tempfile.TemporaryDirectory(prefix="dlscale-node-") as tmp:
         node_dir = Path(tmp)
-        env = dict(env_extra or {})
-        env[NODE_DIR_ENV] = tmp
+        spawner.env = {**(spawner.env or {}), NODE_DIR_ENV: tmp}
 
         def event(kind: str, payload: Any) -> None:
             if kind == "ranks":  # the whole job's ranks, not only this node's
@@ -475,32 +452,30 @@ def run_case(cfg, store, *, rdzv: Rendezvous | None = None, env_extra: dict[str,
             if on_event:
                 on_event(kind, payload)
 
-        held = _HeldStore(store)
-        rec = launch.run_case(cfg, held, rdzv=rdzv, env_extra=env, on_event=event, **kwargs)
+        rec = launch.measure(cfg, spawner, files_root=files_root, command=command, on_event=event)
         lead = finish_record(rec, node_dir, rdzv)
-    if lead:
-        store.append(rec)
-    else:
-        _drop_follower_artifacts(rec, store)
-        print(f"dlscale: node {socket.gethostname()}: case {rec['status']}; the record is written by the "
+    if not lead:
+        _drop_follower_artifacts(rec, files_root)
+        print(f"dlscale: node {socket.gethostname()}: case {rec.status}; the record is written by the "
               f"node running global rank 0", file=sys.stderr)
     return rec
 
 
-def _drop_follower_artifacts(rec: dict[str, Any], store) -> None:
+def _drop_follower_artifacts(rec, root) -> None:
     """A follower's record is not stored, so its series/trace files would be orphans: remove them.
 
     (Per-node utilisation of followers is therefore not kept; the lead node's is.)
     """
-    paths = [p for r in rec.get("repeats") or [] for p in (r.get("series") or [])]
-    if rec.get("trace"):
-        paths.append(rec["trace"])
+    paths = [p for r in rec.repeats for p in (r.get("series") or [])]
+    if rec.trace:
+        paths.append(rec.trace)
     for rel in paths:
         try:
-            (Path(store.root) / rel).unlink()
-        except OSError:
+            (Path(root) / rel).unlink()
+        except (OSError, TypeError):
             pass
 
 
-def was_recorded(rec: dict[str, Any]) -> bool:
-    return (rec.get("recorded_by") or {}).get("role", "lead") == "lead"
+def was_recorded(rec) -> bool:
+    """Whether this node stores the Record (single-node runs always do)."""
+    return (rec.recorded_by or {}).get("role", "lead") == "lead"

@@ -13,9 +13,13 @@ Expansion rules:
 * strategies run as listed: ``ddp`` at 1 device is DDP with one process, a fine 1-device
   baseline; ``single`` at more than one device is an impossible case and an error (add an
   ``exclude`` entry or put single and ddp in separate blocks);
-* order: models, flavors, precisions, compile (with compile modes and inductor options, which
-  apply to compiled cases only), batch sizes, grad_accum, strategy options,
-  strategies, then device counts innermost, so each table's 1-device baseline runs first.
+* order: the axes in the order of RunConfig's fields (models, flavors, precisions, compile with
+  compile modes and inductor options, which apply to compiled cases only, batch sizes, grad_accum,
+  threads, strategy options, strategies), then device counts innermost, so each table's 1-device
+  baseline runs first.
+
+Axes, settings, exclude/--filter keys and their checks all come from RunConfig's field metadata
+(dlscale/config.py): a new field with an ``axis`` is a new suite axis.
 """
 from __future__ import annotations
 
@@ -23,95 +27,70 @@ import dataclasses
 import difflib
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from dlscale import ConfigError
-from dlscale.compiling import COMPILE_MODES
-from dlscale.config import DEVICES, PRECISIONS, RunConfig, validate_case
+from dlscale.config import AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, RunConfig, check_value, expected, validate_case
+from dlscale.config import SETTINGS as CONFIG_SETTINGS
 
 SUITES_DIR = Path(__file__).parent / "suites"
 
-# run settings: suite-wide, not part of the matrix (defaults from RunConfig where it has one)
-SETTINGS = ("description", "device", "warmup", "steps", "repeats", "time_limit", "collective_timeout", "seed",
-            "label", "max_batch_start", "max_batch_cap")
+# run settings: suite-wide, not part of the matrix (each a RunConfig field, with its default)
+SETTINGS = ("description",) + CONFIG_SETTINGS
 SECTIONS = ("matrix", "exclude", "cases")
-# matrix axis -> case key it sets
-AXES = {"models": "model", "flavors": "flavor", "strategies": "strategy", "devices": "devices",
-        "nodes": "nodes", "nproc_per_node": "nproc_per_node", "batch_sizes": "batch_size",
-        "precisions": "precision", "compile": "compile", "compile_modes": "compile_mode",
-        "inductor_options": "inductor_options", "grad_accum": "grad_accum",
-        "strategy_options": "strategy_options"}
-# keys a case (explicit) may set; exclude entries and --filter match the first group
-MATCH_KEYS = ("model", "flavor", "strategy", "devices", "nodes", "nproc_per_node", "batch_size", "precision",
-              "compile", "grad_accum")
-CASE_KEYS = MATCH_KEYS + ("compile_mode", "inductor_options", "strategy_options", "warmup", "steps", "repeats",
-                          "time_limit", "inject_failure")
-EXPANSION_ORDER = ("models", "flavors", "precisions", "compile", "compile_modes", "inductor_options", "batch_sizes",
-                   "grad_accum", "strategy_options",
-                   "strategies")
+_COUNT_AXES = ("devices", "nodes", "nproc_per_node")  # the device count: one node's, or nodes x per node
+_FILE_KEY = {"nnodes": "nodes"}  # a field's name in a suite file, where it differs
+# matrix axes in expansion order: RunConfig's field order, the device counts innermost
+EXPANSION_ORDER = tuple(a for a in AXES if a not in _COUNT_AXES)
+# keys of exclude entries and --filter: the fields marked match, and the device counts
+MATCH_KEYS = tuple(_FILE_KEY.get(n, n) for n, o in FIELDS.items() if o.match and n not in ("nnodes",
+                                                                                           "nproc_per_node")) \
+    + _COUNT_AXES
+# keys an explicit case may set: any field, and the device counts
+CASE_KEYS = tuple(n for n in FIELDS if n not in ("nnodes", "nproc_per_node")) + _COUNT_AXES
+MAX_CASES = 10_000  # a suite larger than this is a typo (--max-cases raises it)
 
 
 @dataclass
 class Suite:
-    """A loaded suite: ``cases`` in run order, and the suite-wide ``settings``.
-
-    ``batch_max[i]`` is True where case i asks for the largest batch that fits (its
-    ``cases[i].batch_size`` is then the search start, ``settings["max_batch_start"]``).
-    """
+    """A loaded suite: ``cases`` in run order, and the suite-wide ``settings``."""
 
     name: str
     path: Path
     cases: list[RunConfig]
     settings: dict[str, Any]
-    batch_max: list[bool] = field(default_factory=list)
     duplicates: int = 0  # cases dropped because an earlier one had the same case_key
-
-    def __post_init__(self) -> None:
-        if not self.batch_max:
-            self.batch_max = [False] * len(self.cases)
 
     @property
     def description(self) -> str:
         return str(self.settings.get("description") or "")
 
-    def sweep_key(self, i: int) -> str:
-        """What a sweep resumes on: case_key, or for a "max" case the key of the batch search."""
-        return sweep_key(self.cases[i], self.batch_max[i])
-
     def with_device(self, device: str) -> "Suite":
         if device not in DEVICES:
             raise ConfigError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
-        cases = [dataclasses.replace(c, device=device) for c in self.cases]
-        return dataclasses.replace(self, cases=cases, settings={**self.settings, "device": device})
+        return self.with_overrides(device=device)
 
-    def with_run_lengths(self, **lengths: int | None) -> "Suite":
-        """Override warmup / steps / repeats for every case (a shorter or longer look at a suite).
+    def with_overrides(self, **values: Any) -> "Suite":
+        """Set fields of every case (None: keep the suite's); the batch-search fields apply to
+        batch-search cases only.
 
-        Repeats are not part of a case's identity (case_key); warmup and steps are, because a
-        shorter window measures something slightly different, so a resumed sweep must use the
-        same warmup and steps to recognise the cases it already stored.
+        warmup and steps are part of a case's identity (a shorter window measures something
+        slightly different), so a resumed sweep must use the same values to recognise the cases
+        it already stored; repeats are not.
         """
-        given = {k: v for k, v in lengths.items() if v is not None}
-        minimum = {"warmup": 0, "steps": 1, "repeats": 1}
+        given = {k: v for k, v in values.items() if v is not None}
         for k, v in given.items():
-            if k not in minimum:
-                raise ConfigError(f"unknown run length {k!r}; allowed: {', '.join(minimum)}")
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum[k]:
-                raise ConfigError(f"--{k} must be an integer >= {minimum[k]}, got {v!r}")
+            if k not in FIELDS:
+                raise ConfigError(f"unknown case field {k!r}")
+            check_value(k, v)
         if not given:
             return self
-        cases = [dataclasses.replace(c, **given) for c in self.cases]
+        search_only = {k: v for k, v in given.items() if k in ("max_batch_start", "max_batch_cap")}
+        every = {k: v for k, v in given.items() if k not in search_only}
+        cases = [dataclasses.replace(c, **every, **(search_only if c.batch_search else {})) for c in self.cases]
         return dataclasses.replace(self, cases=cases, settings={**self.settings, **given})
-
-
-def sweep_key(cfg: RunConfig, batch_max: bool = False) -> str:
-    if batch_max:
-        from dlscale.batchsearch import max_case_key
-
-        return max_case_key(cfg)
-    return cfg.case_key()
 
 
 # ----------------------------------------------------------------------------- locating
@@ -173,121 +152,53 @@ def _unknown_keys(where: _Where, prefix: str, got: Iterable[str], allowed: Itera
             raise where.error(f"{prefix}{k}", f"unknown key{more}; allowed: {', '.join(allowed)}")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _field(key: str) -> str:
+    """The RunConfig field of an axis, a case key or a setting ("models" -> "model", "nodes" -> "nnodes")."""
+    if key in AXES:
+        return AXES[key]
+    return {v: k for k, v in _FILE_KEY.items()}.get(key, key)
 
 
-def _as_list(v: Any) -> list[Any]:
-    return list(v) if isinstance(v, list) else [v]
-
-
-def _check_list(where: _Where, key: str, value: Any, ok: Callable[[Any], bool], expected: str) -> list[Any]:
-    """A list (a scalar counts as a one-element list) whose every element passes ``ok``."""
-    items = _as_list(value)
+def _values(where: _Where, key: str, name: str, value: Any, many: bool = True) -> list[Any]:
+    """Validate one axis's values (a scalar counts as a one-element list), or one value
+    (``many=False``), against the field's own check (dlscale/config.py)."""
+    o = FIELDS[name]
+    if not many and isinstance(value, list):
+        raise where.error(key, f"a case takes one value, got a list {value!r} (use a matrix block for several)")
+    items = list(value) if isinstance(value, list) else [value]
     if not items:
-        raise where.error(key, f"expected {expected}, got an empty list")
+        raise where.error(key, f"expected {expected(name, many)}, got an empty list")
     for v in items:
-        if not ok(v):
-            raise where.error(key, f"expected {expected}, got {_show(v)}")
-    return items
-
-
-def _one_of(where: _Where, key: str, value: Any, choices: Iterable[str], what: str) -> list[str]:
-    choices = list(choices)
-    items = _check_list(where, key, value, lambda v: isinstance(v, str) and bool(v), f"a list of {what} names")
-    for v in items:
-        if v not in choices:
-            raise where.error(key, f"unknown {what} {_show(v)}; allowed: {', '.join(choices)}")
-    return items
-
-
-def _model_names() -> list[str]:
-    from dlscale.models import model_names
-
-    return model_names()
-
-
-def _strategy_names() -> list[str]:
-    from dlscale.strategies import strategy_names
-
-    return strategy_names()
-
-
-def _flavors() -> tuple[str, ...]:
-    from dlscale.models import FLAVORS
-
-    return FLAVORS
-
-
-POS_INTS = "a list of positive integers"
-BATCHES = 'a list of positive integers or "max"'
-
-
-def _batch_ok(v: Any) -> bool:
-    return (_is_int(v) and v >= 1) or v == "max"
-
-
-def _axis_values(where: _Where, key: str, axis: str, value: Any) -> list[Any]:
-    """Validate one matrix axis (or one case value, wrapped in a list)."""
-    if axis in ("models", "model"):
-        return _one_of(where, key, value, _model_names(), "model")
-    if axis in ("flavors", "flavor"):
-        return _one_of(where, key, value, _flavors(), "flavor")
-    if axis in ("strategies", "strategy"):
-        return _one_of(where, key, value, _strategy_names(), "strategy")
-    if axis in ("precisions", "precision"):
-        return _one_of(where, key, value, PRECISIONS, "precision")
-    if axis in ("devices", "nodes", "nproc_per_node", "grad_accum"):
-        return _check_list(where, key, value, lambda v: _is_int(v) and v >= 1, POS_INTS)
-    if axis in ("batch_sizes", "batch_size"):
-        return _check_list(where, key, value, _batch_ok, BATCHES)
-    if axis == "compile":
-        return _check_list(where, key, value, lambda v: isinstance(v, bool), "a list of true/false")
-    if axis in ("compile_modes", "compile_mode"):
-        return _one_of(where, key, value, COMPILE_MODES, "compile mode")
-    if axis in ("strategy_options", "inductor_options"):
-        items = _check_list(where, key, value, lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-                            "a mapping of option names to values, or a list of such mappings")
-        return [dict(v) for v in items]
-    raise AssertionError(axis)
+        if v is None and not o.optional:
+            raise where.error(key, f"expected {expected(name, many)}, got null")
+        try:
+            check_value(name, v)
+        except ConfigError as e:
+            if (o.choices is not None or o.validator is not None) and isinstance(v, str) and v.strip():
+                raise where.error(key, str(e)) from None  # "unknown model 'gpt3'; choose one of: ..."
+            raise where.error(key, f"expected {expected(name, many)}, got {_show(v)}") from None
+    return [dict(v) if isinstance(v, dict) else v for v in items]
 
 
 def _settings(where: _Where, data: dict[str, Any]) -> dict[str, Any]:
-    d = RunConfig()
-    out: dict[str, Any] = {"description": "", "device": d.device, "warmup": d.warmup, "steps": d.steps,
-                           "repeats": d.repeats, "time_limit": d.time_limit,
-                           "collective_timeout": d.collective_timeout, "seed": d.seed, "label": None,
-                           "max_batch_start": None, "max_batch_cap": None}
+    out: dict[str, Any] = {"description": ""}
+    out.update({k: DEFAULTS[k] for k in CONFIG_SETTINGS})
     for k in SETTINGS:
         if k not in data:
             continue
-        v = data[k]
-        if k in ("description", "label"):
-            if v is not None and not isinstance(v, str):
-                raise where.error(k, f"expected a string, got {_show(v)}")
-        elif k == "device":
-            if v not in DEVICES:
-                raise where.error(k, f"expected one of {', '.join(DEVICES)}, got {_show(v)}")
-        elif k in ("warmup", "seed"):
-            if not _is_int(v) or v < 0:
-                raise where.error(k, f"expected an integer >= 0, got {_show(v)}")
-        elif k in ("steps", "repeats", "max_batch_start", "max_batch_cap"):
-            if not _is_int(v) or v < 1:
-                raise where.error(k, f"expected a positive integer, got {_show(v)}")
-        elif k in ("time_limit", "collective_timeout"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise where.error(k, f"expected a positive number of seconds, got {_show(v)}")
-            v = float(v)
-        out[k] = v
-    if out["max_batch_start"] and out["max_batch_cap"] and out["max_batch_cap"] < out["max_batch_start"]:
-        raise where.error("max_batch_cap", f"{out['max_batch_cap']} is below max_batch_start "
-                                           f"{out['max_batch_start']}")
+        if k == "description":
+            if data[k] is not None and not isinstance(data[k], str):
+                raise where.error(k, f"expected a string, got {_show(data[k])}")
+            out[k] = data[k]
+            continue
+        v = _values(where, k, k, data[k], many=False)[0]
+        out[k] = float(v) if FIELDS[k].type is float and v is not None else v
     return out
 
 
 # ----------------------------------------------------------------------------- expansion
 
-def _counts(where: _Where, prefix: str, block: dict[str, Any]) -> list[tuple[int, int]]:
+def _counts(where: _Where, prefix: str, block: dict[str, Any], many: bool = True) -> list[tuple[int, int]]:
     """(nnodes, nproc_per_node) pairs of a matrix block or case."""
     has_dev = "devices" in block
     has_nodes = "nodes" in block or "nproc_per_node" in block
@@ -295,9 +206,9 @@ def _counts(where: _Where, prefix: str, block: dict[str, Any]) -> list[tuple[int
         raise where.error(f"{prefix}devices", "give either devices (processes on one node) or nodes and "
                                               "nproc_per_node, not both")
     if has_dev:
-        return [(1, d) for d in _axis_values(where, f"{prefix}devices", "devices", block["devices"])]
-    nodes = _axis_values(where, f"{prefix}nodes", "nodes", block.get("nodes", 1))
-    nproc = _axis_values(where, f"{prefix}nproc_per_node", "nproc_per_node", block.get("nproc_per_node", 1))
+        return [(1, d) for d in _values(where, f"{prefix}devices", "nproc_per_node", block["devices"], many)]
+    nodes = _values(where, f"{prefix}nodes", "nnodes", block.get("nodes", 1), many)
+    nproc = _values(where, f"{prefix}nproc_per_node", "nproc_per_node", block.get("nproc_per_node", 1), many)
     return [(n, p) for n in nodes for p in nproc]
 
 
@@ -311,18 +222,16 @@ def _describe(case: dict[str, Any]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+def _match_value(case: dict[str, Any], key: str) -> Any:
+    """A case's value for an exclude/--filter key (devices: the world size)."""
+    if key == "devices":
+        return case["nnodes"] * case["nproc_per_node"]
+    return case.get(_field(key), DEFAULTS.get(_field(key)))
+
+
 def _matches(case: dict[str, Any], entry: dict[str, list[Any]]) -> bool:
-    """Does a case (model, ..., nnodes, nproc_per_node) match every key of an exclude/filter entry?"""
-    for k, values in entry.items():
-        if k == "devices":
-            v = case["nnodes"] * case["nproc_per_node"]
-        elif k == "nodes":
-            v = case["nnodes"]
-        else:
-            v = case.get(k)
-        if v not in values:
-            return False
-    return True
+    """Does a case (field -> value) match every key of an exclude/filter entry?"""
+    return all(_match_value(case, k) in values for k, values in entry.items())
 
 
 def _exclude_entries(where: _Where, value: Any) -> list[dict[str, list[Any]]]:
@@ -335,24 +244,17 @@ def _exclude_entries(where: _Where, value: Any) -> list[dict[str, list[Any]]]:
         if not isinstance(e, dict) or not e:
             raise where.error(key, f"expected a mapping of case keys to values, got {_show(e)}")
         _unknown_keys(where, f"{key}.", e, MATCH_KEYS)
-        out.append({k: _axis_values(where, f"{key}.{k}", k, v) for k, v in e.items()})
+        out.append({k: _values(where, f"{key}.{k}", "nproc_per_node" if k == "devices" else _field(k), v)
+                    for k, v in e.items()})
     return out
-
-
-def _settings_fields(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: settings[k] for k in ("device", "warmup", "steps", "repeats", "time_limit", "collective_timeout",
-                                     "seed", "label")}
 
 
 def _build(where: _Where, key: str, case: dict[str, Any], settings: dict[str, Any], in_matrix: bool) -> RunConfig:
     """A RunConfig from an expanded case; impossible combinations raise naming the case."""
-    fields = _settings_fields(settings)
+    fields = {k: v for k, v in settings.items() if k in FIELDS}
     fields.update(case)
-    batch = fields.get("batch_size")
-    if batch == "max":
-        from dlscale.batchsearch import DEFAULT_START
-
-        fields["batch_size"] = settings.get("max_batch_start") or DEFAULT_START
+    if fields.get("batch_size") != BATCH_MAX:  # the search settings apply to batch-search cases
+        fields["max_batch_start"] = fields["max_batch_cap"] = None
     how = "; leave it out with an exclude: entry" if in_matrix else ""
     try:
         cfg = RunConfig(**fields)
@@ -362,32 +264,26 @@ def _build(where: _Where, key: str, case: dict[str, Any], settings: dict[str, An
     return cfg
 
 
-def _expand_block(where: _Where, key: str, block: Any, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def _block_axes(where: _Where, key: str, block: Any) -> tuple[dict[str, list[Any]], list[tuple[int, int]]]:
     if not isinstance(block, dict):
         raise where.error(key, f"expected a mapping of axes (models, strategies, devices, batch_sizes, ...), "
                                f"got {_show(block)}")
-    _unknown_keys(where, f"{key}.", block, AXES)
+    _unknown_keys(where, f"{key}.", block, list(EXPANSION_ORDER) + list(_COUNT_AXES))
     for required in ("models", "batch_sizes"):
         if required not in block:
             raise where.error(f"{key}.{required}", "missing (every matrix block needs models and batch_sizes)")
-    axes: dict[str, list[Any]] = {}
-    defaults = {"flavors": ["full"], "strategies": ["ddp"], "precisions": [RunConfig().precision],
-                "compile": [False], "compile_modes": ["default"], "inductor_options": [{}], "grad_accum": [1],
-                "strategy_options": [{}]}
-    for axis in EXPANSION_ORDER:
-        if axis in block:
-            axes[axis] = _axis_values(where, f"{key}.{axis}", axis, block[axis])
-        else:
-            axes[axis] = defaults[axis]
-    counts = _counts(where, f"{key}.", block)
-    out = []
+    axes = {a: _values(where, f"{key}.{a}", AXES[a], block[a]) if a in block else [DEFAULTS[AXES[a]]]
+            for a in EXPANSION_ORDER}
+    return axes, _counts(where, f"{key}.", block)
+
+
+def _expand_block(axes: dict[str, list[Any]], counts: list[tuple[int, int]]) -> Iterable[dict[str, Any]]:
     for combo in itertools.product(*(axes[a] for a in EXPANSION_ORDER), counts):
         case = {AXES[a]: v for a, v in zip(EXPANSION_ORDER, combo[:-1])}
         case["nnodes"], case["nproc_per_node"] = combo[-1]
         if not case["compile"]:  # compile modes and inductor options apply to the compiled cases
-            case["compile_mode"], case["inductor_options"] = "default", {}
-        out.append(case)
-    return out
+            case["compile_mode"], case["inductor_options"] = DEFAULTS["compile_mode"], {}
+        yield case
 
 
 def _explicit_case(where: _Where, key: str, entry: Any) -> dict[str, Any]:
@@ -397,40 +293,13 @@ def _explicit_case(where: _Where, key: str, entry: Any) -> dict[str, Any]:
     for required in ("model", "batch_size"):
         if required not in entry:
             raise where.error(f"{key}.{required}", "missing (every case needs model and batch_size)")
-    case: dict[str, Any] = {}
-    for k in ("model", "flavor", "strategy", "batch_size", "precision", "compile", "compile_mode", "inductor_options",
-              "grad_accum", "strategy_options"):
-        if k in entry:
-            if isinstance(entry[k], list):
-                raise where.error(f"{key}.{k}", f"a case takes one value, got a list {entry[k]!r} "
-                                                f"(use a matrix block for several)")
-            case[k] = _axis_values(where, f"{key}.{k}", k, entry[k])[0]
-    for k in ("devices", "nodes", "nproc_per_node"):
-        if isinstance(entry.get(k), list):
-            raise where.error(f"{key}.{k}", f"a case takes one value, got a list {entry[k]!r}")
-    (case["nnodes"], case["nproc_per_node"]), = _counts(where, f"{key}.", entry)
-    checks = {"warmup": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-              "steps": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
-              "repeats": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
-              "time_limit": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and v > 0,
-                             "a positive number of seconds"),
-              "inject_failure": (lambda v: isinstance(v, str), "a string KIND@N[:RANK] (testing hook)")}
-    for k, (ok, expected) in checks.items():
-        if k in entry:
-            if not ok(entry[k]):
-                raise where.error(f"{key}.{k}", f"expected {expected}, got {_show(entry[k])}")
-            if k == "inject_failure":
-                from dlscale.config import parse_injection
-
-                try:
-                    parse_injection(entry[k])
-                except ConfigError as e:
-                    raise where.error(f"{key}.{k}", str(e)) from None
-            case[k] = float(entry[k]) if k == "time_limit" else entry[k]
+    case = {k: _values(where, f"{key}.{k}", k, v, many=False)[0]
+            for k, v in entry.items() if k not in _COUNT_AXES}
+    (case["nnodes"], case["nproc_per_node"]), = _counts(where, f"{key}.", entry, many=False)
     return case
 
 
-def parse_suite(data: Any, path: Path, name: str | None = None) -> Suite:
+def parse_suite(data: Any, path: Path, name: str | None = None, max_cases: int = MAX_CASES) -> Suite:
     """Validate and expand a suite's parsed YAML. Every problem is a ConfigError naming file and key."""
     where = _Where(display_path(path))
     if not isinstance(data, dict):
@@ -449,10 +318,22 @@ def parse_suite(data: Any, path: Path, name: str | None = None) -> Suite:
     if raw_cases is not None and not isinstance(raw_cases, list):
         raise where.error("cases", f"expected a list of case mappings, got {_show(raw_cases)}")
 
-    expanded: list[tuple[str, dict[str, Any], bool]] = []
+    parsed = []
+    planned = len(raw_cases or [])
     for bi, block in enumerate(blocks):
         key = f"matrix[{bi}]" if isinstance(matrix, list) else "matrix"
-        for case in _expand_block(where, key, block, settings):
+        axes, counts = _block_axes(where, key, block)
+        size = len(counts)
+        for values in axes.values():
+            size *= len(values)
+        planned += size
+        parsed.append((key, axes, counts))
+    if planned > max_cases:  # counted before expanding: a typo must not take minutes and gigabytes
+        raise where.error(None, f"the suite expands to {planned:,} cases, more than the limit of {max_cases:,} "
+                                f"(split it, or raise the limit with --max-cases)")
+    expanded: list[tuple[str, dict[str, Any], bool]] = []
+    for key, axes, counts in parsed:
+        for case in _expand_block(axes, counts):
             if not any(_matches(case, e) for e in excludes):
                 expanded.append((key, case, True))
     for ci, entry in enumerate(raw_cases or []):
@@ -461,21 +342,19 @@ def parse_suite(data: Any, path: Path, name: str | None = None) -> Suite:
     if not expanded:
         raise where.error(None, "the suite defines no cases (give a matrix:, a cases: list, or exclude less)")
 
-    cases, batch_max, seen, dups = [], [], set(), 0
+    cases, seen, dups = [], set(), 0
     for key, case, in_matrix in expanded:
         cfg = _build(where, key, case, settings, in_matrix)
-        is_max = case.get("batch_size") == "max"
-        s = sweep_key(cfg, is_max)
-        if s in seen:
+        k = cfg.case_key()
+        if k in seen:
             dups += 1
             continue
-        seen.add(s)
+        seen.add(k)
         cases.append(cfg)
-        batch_max.append(is_max)
-    return Suite(name or data.get("name") or path.stem, path, cases, settings, batch_max, dups)
+    return Suite(name or data.get("name") or path.stem, path, cases, settings, dups)
 
 
-def load_suite(name_or_path: str | os.PathLike) -> Suite:
+def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> Suite:
     """Load a shipped suite by name ("quick") or a suite file by path, validated and expanded."""
     import yaml
 
@@ -485,6 +364,8 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read suite file {shown}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"suite file {shown} is not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -492,19 +373,36 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{shown}: not valid YAML{at}: {problem}") from None
-    return parse_suite(data, path)
+    return parse_suite(data, path, max_cases=max_cases)
 
 
 # ----------------------------------------------------------------------------- filters
 
-def case_fields(cfg: RunConfig, batch_max: bool = False) -> dict[str, Any]:
-    """The keys exclude entries and --filter match on."""
-    return {"model": cfg.model, "flavor": cfg.flavor, "strategy": cfg.strategy, "nnodes": cfg.nnodes,
-            "nproc_per_node": cfg.nproc_per_node, "batch_size": "max" if batch_max else cfg.batch_size,
-            "precision": cfg.precision, "compile": cfg.compile, "grad_accum": cfg.grad_accum}
+def case_fields(cfg: RunConfig) -> dict[str, Any]:
+    """What exclude entries and --filter match on: the case's fields."""
+    return cfg.to_dict()
 
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def _filter_value(key: str, text: str) -> Any:
+    name = "nproc_per_node" if key == "devices" else _field(key)
+    o = FIELDS[name]
+    if o.kind == "batch" and text.lower() == BATCH_MAX:
+        return BATCH_MAX
+    if o.type is bool:
+        if text.lower() not in _TRUE | _FALSE:
+            raise ConfigError(f"--filter {key}: expected true or false, got {text!r}")
+        return text.lower() in _TRUE
+    if o.type in (int, float):
+        try:
+            return o.type(text)
+        except ValueError:
+            more = " or max" if o.kind == "batch" else ""
+            raise ConfigError(f"--filter {key}: expected {'integers' if o.type is int else 'numbers'}{more}, "
+                              f"got {text!r}") from None
+    return text
 
 
 def parse_filters(items: Iterable[str] | None) -> list[dict[str, list[Any]]]:
@@ -517,49 +415,17 @@ def parse_filters(items: Iterable[str] | None) -> list[dict[str, list[Any]]]:
             raise ConfigError(f"--filter must look like KEY=VALUE[,VALUE...], got {item!r}")
         if key not in MATCH_KEYS:
             raise ConfigError(f"--filter key {key!r} is unknown; allowed: {', '.join(MATCH_KEYS)}")
-        vals: list[Any] = []
-        for raw in value.split(","):
-            v = raw.strip()
-            if key in ("devices", "nodes", "nproc_per_node", "grad_accum"):
-                try:
-                    vals.append(int(v))
-                except ValueError:
-                    raise ConfigError(f"--filter {key}: expected integers, got {v!r}") from None
-            elif key == "batch_size":
-                if v.lower() == "max":
-                    vals.append("max")
-                else:
-                    try:
-                        vals.append(int(v))
-                    except ValueError:
-                        raise ConfigError(f"--filter batch_size: expected integers or max, got {v!r}") from None
-            elif key == "compile":
-                if v.lower() not in _TRUE | _FALSE:
-                    raise ConfigError(f"--filter compile: expected true or false, got {v!r}")
-                vals.append(v.lower() in _TRUE)
-            else:
-                vals.append(v)
-        out.setdefault(key, []).extend(vals)  # the same key twice: either value
+        out.setdefault(key, []).extend(_filter_value(key, raw.strip()) for raw in value.split(","))
     return [out] if out else []
 
 
 def filter_suite(suite: Suite, filters: list[dict[str, list[Any]]]) -> list[int]:
     """Indices of the suite's cases matching every filter (all of them without filters)."""
-    idx = [i for i, c in enumerate(suite.cases)
-           if all(_matches(case_fields(c, suite.batch_max[i]), f) for f in filters)]
+    idx = [i for i, c in enumerate(suite.cases) if all(_matches(case_fields(c), f) for f in filters)]
     if filters and not idx:
         f = filters[0]
         desc = " ".join(f"{k}={','.join(map(str, v))}" for k, v in f.items())
-        seen = {k: sorted({str(_matches_value(case_fields(c, suite.batch_max[i]), k))
-                           for i, c in enumerate(suite.cases)}) for k in f}
+        seen = {k: sorted({str(_match_value(case_fields(c), k)) for c in suite.cases}) for k in f}
         have = "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items())
         raise ConfigError(f"no case of suite {suite.name} matches --filter {desc} (the suite has {have})")
     return idx
-
-
-def _matches_value(case: dict[str, Any], key: str) -> Any:
-    if key == "devices":
-        return case["nnodes"] * case["nproc_per_node"]
-    if key == "nodes":
-        return case["nnodes"]
-    return case.get(key)

@@ -28,8 +28,9 @@ _STARTED = time.time()  # before torch's import: the process's phases are timed 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import multinode  # noqa: E402
+from dlscale import multinode, precision  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
+from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.models import count_parameters, get_model  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
@@ -85,10 +86,7 @@ class _Injected:
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
-    if cfg.precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
+    return precision.autocast_factory(cfg.precision, device.type)
 
 
 def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches: list[tuple]):
@@ -101,7 +99,7 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
         return lambda: par.step(micro)
     module, opt = par.module, par.optimizer
     autocast = _autocast(cfg, device)
-    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "amp-fp16" else None
+    scaler = precision.grad_scaler(cfg.precision, device.type)
     accum = cfg.grad_accum
     clip = cfg.clip_grad_norm
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -123,20 +121,6 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
         return loss
 
     return step
-
-
-def optimizer_step(opt, scaler, params: list, clip: float | None) -> None:
-    """The end of every training step: clip the global norm (unscaled first), step, zero grads."""
-    if clip is not None:
-        if scaler:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(params, clip)
-    if scaler:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
 
 
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:
@@ -390,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "rank": denv.rank, "local_rank": denv.local_rank, "world_size": denv.world_size,
         "host": socket.gethostname(), "device": str(denv.device), "pid": os.getpid(),
-        "status": "failed", "error": None,
+        "status": "failed", "error": None, "backend": denv.backend,
+        "threads": torch.get_num_threads(),  # intra-op threads as torch uses them (OMP_NUM_THREADS)
     }
     # wall-clock marks of the process's phases (epoch seconds); the launcher turns them into durations
     result["marks"] = {"started": _STARTED, "imported": time.time()}

@@ -202,7 +202,7 @@ def test_comm_checks_catch_wrong_results():
 def test_matmul_cpu_writes_record(tmp_path, capsys):
     store = tmp_path / "st"
     rc = cli_main(["micro", "matmul", "--device", "cpu", "--sizes", "16,32", "--shape", "8x16x24",
-                   "--dtype", "fp32,bf16,tf32", "--warmup", "1", "--iters", "2", "--store", str(store)])
+                   "--dtype", "fp32,bf16,tf32", "--warmup", "1", "--steps", "2", "--store", str(store)])
     assert rc == 0
     (rec,) = records(store)
     check_record(rec, "matmul")
@@ -234,7 +234,7 @@ def test_tf32_on_cpu_is_unsupported_not_a_crash(tmp_path):
 def test_bandwidth_cpu_writes_record(tmp_path):
     store = tmp_path / "st"
     rc = cli_main(["micro", "bandwidth", "--device", "cpu", "--size", "64K,256K", "--warmup", "1",
-                   "--iters", "3", "--store", str(store)])
+                   "--steps", "3", "--store", str(store)])
     assert rc == 0
     (rec,) = records(store)
     check_record(rec, "bandwidth")
@@ -251,7 +251,7 @@ def test_bandwidth_cpu_writes_record(tmp_path):
 def test_layer_cpu_writes_record(tmp_path, kind):
     store = tmp_path / "st"
     rc = cli_main(["micro", "layer", "--device", "cpu", "--kind", kind, "--batch", "1", "--seq", "8",
-                   "--warmup", "0", "--iters", "1", "--store", str(store)])
+                   "--warmup", "0", "--steps", "1", "--store", str(store)])
     assert rc == 0
     (rec,) = records(store)
     check_record(rec, "layer")
@@ -293,7 +293,7 @@ BAD = [
     ["micro", "comm", "--max-bytes", "lots"],
     ["micro", "comm", "--nproc-per-node", "0"],
     ["micro", "comm", "--dtype", "int8"],
-    ["micro", "comm", "--iters", "0"],
+    ["micro", "comm", "--steps", "0"],
     ["micro", "comm", "--warmup", "x"],
 ]
 
@@ -330,7 +330,7 @@ def test_help_lists_defaults(capsys, verb):
         cli_main(["micro", verb, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for opt in ("--nproc-per-node", "--device", "--warmup", "--iters", "--store"):
+    for opt in ("--nproc-per-node", "--device", "--warmup", "--steps", "--store"):
         assert opt in out
     assert out.count("default") >= 5
 
@@ -349,7 +349,7 @@ def _env() -> dict[str, str]:
 def test_comm_gloo_two_ranks_every_op(tmp_path):
     store = tmp_path / "st"
     p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "comm", "--op", "all",
-                        "--nproc-per-node", "2", "--max-bytes", "1M", "--warmup", "1", "--iters", "3",
+                        "--nproc-per-node", "2", "--max-bytes", "1M", "--warmup", "1", "--steps", "3",
                         "--device", "cpu", "--store", str(store)], capture_output=True, text=True, timeout=120, env=_env())
     assert p.returncode == 0, p.stdout + p.stderr
     (rec,) = records(store)
@@ -377,7 +377,7 @@ def test_comm_worker_failure_exits_5(tmp_path):
     env = _env()
     env["DLSCALE_MICRO_COMM_INJECT_FAILURE"] = "1"
     p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "comm", "--op", "all_reduce",
-                        "--nproc-per-node", "2", "--max-bytes", "64", "--warmup", "0", "--iters", "2",
+                        "--nproc-per-node", "2", "--max-bytes", "64", "--warmup", "0", "--steps", "2",
                         "--device", "cpu", "--store", str(store)], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 5, p.stdout + p.stderr
     (rec,) = records(store)

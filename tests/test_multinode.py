@@ -60,7 +60,7 @@ def test_c10d_rendezvous_torchrun_args():
     (["--nnodes", "2", "--rdzv-endpoint", "head:99999"], ["HOST:PORT"]),
     (["--nnodes", "0"], ["nnodes"]),
     (["--nnodes", "2", "--node-rank", "1", "--master-addr", "a", "--max-restarts", "-1"], ["max-restarts"]),
-    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--batch-size", "max"], ["one node only"]),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--batch-size", "max"], ["runs on one node"]),
 ])
 def test_bad_multinode_input_exits_2_before_training(argv, words, capsys, monkeypatch, tmp_path):
     def no_training(*a, **k):
@@ -153,34 +153,38 @@ def test_describe_failure_names_first_rank_and_lost_ranks():
 def test_finish_record_lead_and_follower(tmp_path):
     static0 = Rendezvous(nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=29500)
     static1 = Rendezvous(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=29500)
-    rec = {"status": "ok", "error": None, "repeats": [{"status": "ok", "error": None}], "ranks": []}
+    from dlscale.record import Record
+
+    def rec():
+        return Record(status="ok", error=None, config={}, case_key="k", label=None, command="x",
+                      device_type="cpu", world_size=4, env={}, repeats=[{"status": "ok", "error": None}])
+
     (tmp_path / "world.json").write_text(json.dumps(WORLD))
-    assert multinode.finish_record(dict(rec), tmp_path, static1) is True  # rank 0 ran here
-    done = dict(rec)
+    assert multinode.finish_record(rec(), tmp_path, static1) is True  # rank 0 ran here
+    done = rec()
     multinode.finish_record(done, tmp_path, static0)
-    assert [n["host"] for n in done["nodes"]] == ["h0", "h1"] and done["nodes"][1]["ranks"] == [2, 3]
-    assert done["rendezvous"]["backend"] == "static" and done["recorded_by"]["role"] == "lead"
+    assert [n["host"] for n in done.nodes] == ["h0", "h1"] and done.nodes[1]["ranks"] == [2, 3]
+    assert done.rendezvous["backend"] == "static" and done.recorded_by["role"] == "lead"
     (tmp_path / "world.json").unlink()  # no worker got that far: the rendezvous host records
-    assert multinode.finish_record(dict(rec), tmp_path, static0) is True
-    assert multinode.finish_record(dict(rec), tmp_path, static1) is False
-    assert multinode.finish_record(dict(rec), tmp_path, Rendezvous(nnodes=2, rdzv_endpoint="127.0.0.1:1")) is True
-    assert multinode.finish_record(dict(rec), tmp_path, Rendezvous(nnodes=2, rdzv_endpoint="192.0.2.1:1")) is False
+    assert multinode.finish_record(rec(), tmp_path, static0) is True
+    assert multinode.finish_record(rec(), tmp_path, static1) is False
+    assert multinode.finish_record(rec(), tmp_path, Rendezvous(nnodes=2, rdzv_endpoint="127.0.0.1:1")) is True
+    assert multinode.finish_record(rec(), tmp_path, Rendezvous(nnodes=2, rdzv_endpoint="192.0.2.1:1")) is False
 
 
 def test_follower_does_not_write(tmp_path, monkeypatch):
-    """Only the node with global rank 0 appends; a follower returns its record unstored."""
+    """Only the node with global rank 0 stores; a follower's Record comes back marked follower."""
     from dlscale import launch
+    from dlscale.record import Record
 
-    def fake_run_case(cfg, store, *, rdzv=None, env_extra=None, on_event=None, **kw):
-        rec = {"status": "ok", "error": None, "repeats": [], "ranks": [], "id": "x" * 32}
-        store.append(rec)  # launch.run_case appends; the multi-node wrapper holds it back
-        return rec
+    def fake_measure(cfg, spawner, **kw):
+        return Record(status="ok", error=None, config={}, case_key="k", label=None, command="x",
+                      device_type="cpu", world_size=4, env={})
 
-    monkeypatch.setattr(launch, "run_case", fake_run_case)
-    store = ResultStore(tmp_path)
-    rec = multinode.run_case(None, store, rdzv=Rendezvous(nnodes=2, node_rank=1, master_addr="127.0.0.1"))
-    assert rec["recorded_by"]["role"] == "follower" and not multinode.was_recorded(rec)
-    assert not store.file.exists()
+    monkeypatch.setattr(launch, "measure", fake_measure)
+    spawner = launch.TorchrunSpawner(rdzv=Rendezvous(nnodes=2, node_rank=1, master_addr="127.0.0.1"))
+    rec = multinode.measure_node(None, spawner, files_root=tmp_path)
+    assert rec.recorded_by["role"] == "follower" and not multinode.was_recorded(rec)
 
 
 # ------------------------------------------------------------------ two hosts (namespaces)

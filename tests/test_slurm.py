@@ -20,7 +20,7 @@ import pytest
 
 from dlscale import cli
 from dlscale.commands import slurm as slurm_cmd
-from dlscale.commands.run import config_from_args
+from dlscale.caseargs import config_from_args
 from dlscale.config import RunConfig
 from dlscale.store import ResultStore
 
@@ -38,43 +38,48 @@ def dry_run(capsys, *argv: str) -> str:
 # ------------------------------------------------------------------------------ scripts
 
 def test_case_options_round_trip():
-    """Every RunConfig field survives the trip through the job's `dlscale run` options."""
+    """Every RunConfig field survives the trip through `dlscale run` options (to_cli_args)."""
     import dataclasses
+
+    from dlscale.caseargs import check_round_trip, to_cli_args
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
     values = dict(model="bert-base", flavor="tiny", strategy="fsdp", nproc_per_node=4, nnodes=3, batch_size=7,
                   precision="amp-fp16", compile=True, compile_mode="max-autotune-no-cudagraphs",
                   inductor_options={"coordinate_descent_tuning": True, "triton.max_tiles": 3},
-                  clip_grad_norm=1.5, grad_accum=2, warmup=3, steps=9,
+                  clip_grad_norm=1.5, grad_accum=2, threads=3, warmup=3, steps=9,
                   repeats=2, device="cuda", seed=5, time_limit=77.5, collective_timeout=12.0,
                   strategy_options={"bucket_cap_mb": 50, "mode": "full", "flag": True, "text": "50"},
                   label="my run", inject_failure="crash@1:2", monitor=False, sample_interval=0.5,
                   breakdown=True, profile=True)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
-    untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n))
+    search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60)
+    untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n)
+                      and getattr(search, n) == getattr(RunConfig(), n))
     assert not untested, f"give these new RunConfig fields a non-default value in this test: {untested}"
-    slurm_cmd.check_round_trip(cfg)  # raises DlscaleError on any difference
-    args = cli.build_parser().parse_args(["run", *slurm_cmd.case_cli_args(cfg)])
-    assert config_from_args(args, nnodes=3) == cfg
+    for c in (cfg, search):
+        check_round_trip(c)  # raises DlscaleError on any difference
+        args = cli.build_parser().parse_args(["run", *to_cli_args(c)])
+        assert config_from_args(args) == c
 
 
 def test_round_trip_check_catches_a_dropped_option(monkeypatch):
-    from dlscale import DlscaleError
+    from dlscale import DlscaleError, caseargs
 
-    real = slurm_cmd.case_cli_args
-    monkeypatch.setattr(slurm_cmd, "case_cli_args", lambda cfg, bm=False: [a for a in real(cfg, bm) if a != "--compile"])
-    with pytest.raises(DlscaleError, match="cannot pass compile"):
-        slurm_cmd.check_round_trip(RunConfig(compile=True))
+    real = caseargs.to_cli_args
+    monkeypatch.setattr(caseargs, "to_cli_args", lambda cfg: [a for a in real(cfg) if a != "--compile"])
+    with pytest.raises(DlscaleError, match="cannot carry compile"):
+        caseargs.check_round_trip(RunConfig(compile=True))
 
 
 def test_suite_cases_keep_their_layout(capsys, tmp_path):
     pytest.importorskip("dlscale.suite", reason="suites (dlscale.suite) are not in this build")
-    out = dry_run(capsys, "quick", "--nodes", "1", "--gpus-per-node", "2", "--store", str(tmp_path))
+    out = dry_run(capsys, "quick", "--nnodes", "1", "--nproc-per-node", "2", "--store", str(tmp_path))
     steps = [ln for ln in out.splitlines() if ln.startswith("step srun")]
     assert len(steps) >= 2
     assert any("--strategy single --nproc-per-node 1 " in s for s in steps)
     assert any("--strategy ddp --nproc-per-node 2 " in s for s in steps)
-    assert cli.main(["slurm", "quick", "--dry-run", "--nodes", "1", "--gpus-per-node", "1",
+    assert cli.main(["slurm", "quick", "--dry-run", "--nnodes", "1", "--nproc-per-node", "1",
                      "--store", str(tmp_path)]) == 2
     assert "does not fit the allocation of 1 x 1" in capsys.readouterr().err
 
@@ -94,7 +99,7 @@ def test_largest_batch_cases_get_the_suite_cap(capsys, tmp_path):
 
 
 def test_multinode_torchrun_script(capsys, tmp_path):
-    out = dry_run(capsys, "--nodes", "2", "--gpus-per-node", "4", "--model", "gpt2", "--partition", "gpu",
+    out = dry_run(capsys, "--nnodes", "2", "--nproc-per-node", "4", "--model", "gpt2", "--partition", "gpu",
                   "--time", "00:30:00", "--account", "proj", "--cpus-per-task", "32",
                   "--sbatch-option=--exclusive", "--store", str(tmp_path))
     assert out.startswith("#!/bin/bash\n")
@@ -106,7 +111,7 @@ def test_multinode_torchrun_script(capsys, tmp_path):
     step = next(ln for ln in out.splitlines() if ln.startswith("step srun"))
     assert "--ntasks=2 --ntasks-per-node=1" in step and "--kill-on-bad-exit=0" in step
     assert f"-m dlscale run --store {tmp_path}" in step
-    assert "--nproc-per-node 4" in step and '--nnodes 2 --rdzv-endpoint "$head:$((port + 0))"' in step
+    assert "--nproc-per-node 4" in step and "--nnodes 2" in step and '--rdzv-endpoint "$head:$((port + 0))"' in step
     assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in out
     assert not (tmp_path / "slurm").exists()  # --dry-run writes nothing
     r = subprocess.run(["bash", "-n"], input=out, text=True, capture_output=True)
@@ -114,13 +119,13 @@ def test_multinode_torchrun_script(capsys, tmp_path):
 
 
 def test_single_node_cpu_script_has_no_gpus_and_no_rendezvous(capsys, tmp_path):
-    out = dry_run(capsys, "--nodes", "1", "--gpus-per-node", "2", *CASE, "--store", str(tmp_path))
+    out = dry_run(capsys, "--nnodes", "1", "--nproc-per-node", "2", *CASE, "--store", str(tmp_path))
     assert "--gpus-per-node" not in out and "--rdzv-endpoint" not in out
     assert "--nnodes 1" in out and "--nproc-per-node 2" in out
 
 
 def test_srun_mode_script(capsys, tmp_path):
-    out = dry_run(capsys, "--nodes", "2", "--gpus-per-node", "8", "--mode", "srun", "--store", str(tmp_path))
+    out = dry_run(capsys, "--nnodes", "2", "--nproc-per-node", "8", "--mode", "srun", "--store", str(tmp_path))
     assert "#SBATCH --ntasks-per-node=8" in out
     step = next(ln for ln in out.splitlines() if ln.startswith("step srun"))
     for opt in ("--nodes=2", "--ntasks=16", "--ntasks-per-node=8", "--gpus-per-node=8", "--kill-on-bad-exit=0"):
@@ -129,8 +134,8 @@ def test_srun_mode_script(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--nodes", "0"], ["nodes must be >= 1"]),
-    (["--gpus-per-node", "0"], ["gpus-per-node"]),
+    (["--nnodes", "0"], ["nnodes must be >= 1"]),
+    (["--nproc-per-node", "0"], ["nproc-per-node must be >= 1"]),
     (["--model", "nope"], ["nope"]),
     (["--port", "70000"], ["port"]),
     (["no-such-suite"], ["no-such-suite"]),
@@ -142,6 +147,15 @@ def test_bad_slurm_input_exits_2(argv, words, capsys, tmp_path):
     assert len(err.splitlines()) == 1
     for w in words:
         assert w in err
+
+
+def test_old_allocation_options_still_work_with_a_warning(capsys, tmp_path):
+    argv = ["slurm", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--model", "gpt2", "--store", str(tmp_path)]
+    assert cli.main(argv) == 0
+    got = capsys.readouterr()
+    assert "#SBATCH --nodes=2" in got.out and "#SBATCH --gpus-per-node=4" in got.out
+    assert "--nodes is deprecated; use --nnodes" in got.err
+    assert "--gpus-per-node is deprecated; use --nproc-per-node" in got.err
 
 
 def test_no_sbatch_is_bad_input(capsys, tmp_path, monkeypatch):
@@ -237,7 +251,7 @@ def _job_output(store: Path, name: str, job: str) -> str:
 def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
     store = tmp_path / "store"
     name = f"dlscale-test-{mode}"
-    job = _submit(capsys, "--nodes", "1", "--gpus-per-node", "2", *CASE, "--store", str(store), "--mode", mode,
+    job = _submit(capsys, "--nnodes", "1", "--nproc-per-node", "2", *CASE, "--store", str(store), "--mode", mode,
                   "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()))
     try:
         code = _wait_job(job, 120)  # ~20 s on an idle 2-core machine

@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from dlscale import ConfigError, cli
-from dlscale.batchsearch import batch_size_arg, max_case_key, search_max_batch
+from dlscale.batchsearch import search_max_batch
+from dlscale.caseargs import batch_size_arg
 from dlscale.commands import sweep as sweep_cmd
 from dlscale.config import RunConfig, parse_injection
 from dlscale.store import ResultStore
@@ -63,7 +64,8 @@ def test_shipped_suites_load_and_expand():
     rn = load_suite("dlperf-resnet50")
     assert {(c.precision, c.batch_size) for c in rn.cases} == {("fp32", 128), ("amp-fp16", 256)}
     g = load_suite("gpt2")
-    assert sum(g.batch_max) == 1 and g.cases[-1].batch_size == g.settings["max_batch_start"]
+    assert sum(c.batch_search for c in g.cases) == 1 and g.cases[-1].batch_size == "max"
+    assert g.cases[-1].max_batch_start == g.settings["max_batch_start"]
     # loading by path works too, and the name is the file's stem
     assert load_suite(str(quick.path)).name == "quick"
 
@@ -86,15 +88,17 @@ def test_matrix_order_exclude_cases_and_duplicates(tmp_path):
       - {model: gpt2, flavor: tiny, strategy: single, devices: 1, batch_size: 4, precision: fp32}
     """)
     s = load_suite(p)
-    got = [(c.model, c.strategy, c.nnodes, c.nproc_per_node, "max" if m else c.batch_size)
-           for c, m in zip(s.cases, s.batch_max)]
+    got = [(c.model, c.strategy, c.nnodes, c.nproc_per_node, c.batch_size) for c in s.cases]
     assert got == [("gpt2", "single", 1, 1, 4), ("gpt2", "ddp", 1, 2, 4), ("gpt2", "single", 1, 1, "max"),
                    ("gpt2", "ddp", 1, 2, "max"), ("resnet50", "single", 1, 1, 4), ("resnet50", "ddp", 1, 2, 4),
                    ("bert-base", "ddp", 2, 2, 8)]
     assert s.duplicates == 1  # the explicit gpt2 single case equals a matrix case
     assert s.name == "s" and s.settings["repeats"] == 1 and s.cases[0].warmup == 1
-    # a "max" case starts the search at max_batch_start (default 8) and has its own resume key
-    assert s.cases[2].batch_size == 8 and s.sweep_key(2) == max_case_key(s.cases[2]) != s.cases[2].case_key()
+    # a "max" case has its own resume key, never that of a real batch size
+    import dataclasses
+
+    assert s.cases[2].case_key().startswith("max-")
+    assert s.cases[2].case_key() != dataclasses.replace(s.cases[2], batch_size=8).case_key()
 
 
 @pytest.mark.parametrize("body, words", [
@@ -114,8 +118,10 @@ def test_matrix_order_exclude_cases_and_duplicates(tmp_path):
      ["key 'matrix[1].devices'", "not both"]),
     ("matrix: {models: [gpt2], strategies: [model], devices: [1], batch_sizes: [8]}",
      ["impossible case", "needs at least 2 processes"]),
-    ("matrix: {models: [gpt2], batch_sizes: [8], strategy_options: [{bucket: 1}]}",
+    ("matrix: {models: [gpt2], strategies: [ddp], batch_sizes: [8], strategy_options: [{bucket: 1}]}",
      ["impossible case", "unknown ddp option(s) bucket"]),
+    ("matrix: {models: [gpt2], batch_sizes: [8], strategy_options: [{bucket: 1}]}",  # auto: single on 1 device
+     ["impossible case", "strategy=auto", "unknown single option(s) bucket; allowed: none"]),
     ("matrix: {models: [gpt2], devices: [1]}", ["key 'matrix.batch_sizes'", "missing"]),
     ("repeats: 0\nmatrix: {models: [gpt2], batch_sizes: [8]}", ["key 'repeats'", "positive integer"]),
     ("device: tpu\nmatrix: {models: [gpt2], batch_sizes: [8]}", ["key 'device'", "auto, cuda, cpu"]),
@@ -175,7 +181,7 @@ def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):
     s = load_suite(p)
     ok = {"kind": "run", "status": "ok", "id": "a" * 32, "created": "2026-01-01T00:00:00+00:00"}
     recs = [dict(ok, case_key=s.cases[0].case_key()),
-            dict(ok, case_key=RunConfig(model="gpt2").case_key(), batch_search={"case_key": s.sweep_key(3)}),
+            dict(ok, case_key=RunConfig(model="gpt2").case_key(), batch_search={"case_key": s.cases[3].case_key()}),
             dict(ok, case_key=s.cases[1].case_key(), status="oom")]
     plan = sweep_cmd.plan(s, list(range(len(s.cases))), recs, force=False, gpus=2)
     assert [(p.action, p.reason.split(" ")[0]) for p in plan] == [
@@ -246,15 +252,18 @@ def test_run_batch_size_max_is_wired(tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def fake(cfg, store, **kw):
-        seen.update(cfg=cfg, **kw)
-        return {"status": "ok", "error": None, "id": "f" * 32, "config": cfg.to_dict(), "world_size": 1,
-                "summary": None, "batch_search": {"max": 24}}
+    def fake(cfg, spawner, **kw):
+        from dlscale.record import Record
 
-    monkeypatch.setattr(batchsearch, "run_case_max_batch", fake)
+        seen.update(cfg=cfg, **kw)
+        return Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=None,
+                      command="x", device_type="cpu", world_size=1, env={}, batch_search={"max": 24})
+
+    monkeypatch.setattr(batchsearch, "measure_max_batch", fake)
     rc = cli.main(["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--batch-size", "max",
                    "--max-batch-start", "4", "--max-batch-cap", "64", "--store", str(tmp_path / "st"), "--json"])
-    assert rc == 0 and seen["start"] == 4 and seen["cap"] == 64 and seen["cfg"].batch_size == 4
+    cfg = seen["cfg"]
+    assert rc == 0 and cfg.batch_size == "max" and cfg.max_batch_start == 4 and cfg.max_batch_cap == 64
     assert json.loads(capsys.readouterr().out)["batch_search"]["max"] == 24
 
 
@@ -361,17 +370,17 @@ def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path,
 
 def test_run_length_overrides(tmp_path, capsys):
     s = load_suite("dlperf-bert")
-    short = s.with_run_lengths(warmup=5, steps=20, repeats=2)
+    short = s.with_overrides(warmup=5, steps=20, repeats=2)
     assert {(c.warmup, c.steps, c.repeats) for c in short.cases} == {(5, 20, 2)}
     assert short.settings["repeats"] == 2
     # repeats do not change a case's identity; steps do
-    assert s.with_run_lengths(repeats=1).cases[0].case_key() == s.cases[0].case_key()
+    assert s.with_overrides(repeats=1).cases[0].case_key() == s.cases[0].case_key()
     assert short.cases[0].case_key() != s.cases[0].case_key()
-    assert s.with_run_lengths() is s
-    with pytest.raises(ConfigError, match="--steps must be an integer >= 1, got 0"):
-        s.with_run_lengths(steps=0)
+    assert s.with_overrides() is s
+    with pytest.raises(ConfigError, match="steps must be >= 1, got 0"):
+        s.with_overrides(steps=0)
     assert cli.main(["sweep", "quick", "--repeats", "0", "--dry-run", "--store", str(tmp_path / "st")]) == 2
-    assert "--repeats must be an integer >= 1" in capsys.readouterr().err
+    assert "repeats must be >= 1" in capsys.readouterr().err
 
 
 def test_sweep_summary_finds_baselines_stored_by_another_sweep(tmp_path):

@@ -1,137 +1,30 @@
 """`dlscale run` (one case, repeated) and `dlscale env` (a paste-ready environment report)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from typing import Any
 
-from dlscale import ConfigError, envinfo
-from dlscale.compiling import COMPILE_MODES
-from dlscale.config import PRECISIONS, RunConfig
-
-DEFAULTS = RunConfig()
-
-
-def parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
-    """--option KEY=VALUE pairs -> dict, values parsed as JSON where they parse (ints, bools)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{flag} must look like KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def option_args(flag: str, options: dict[str, Any]) -> list[str]:
-    """The inverse of parse_options: ``[flag, "KEY=VALUE", ...]`` that parse back to ``options``."""
-    out: list[str] = []
-    for k, v in options.items():
-        text = v if isinstance(v, str) and not _parses_as_json(v) else json.dumps(v)
-        out += [flag, f"{k}={text}"]
-    return out
-
-
-def _parses_as_json(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except json.JSONDecodeError:
-        return False
-
-
-def add_case_arguments(p: argparse.ArgumentParser) -> None:
-    """The options that describe one case (shared by run and the multi-node verbs)."""
-    from dlscale.models import FLAVORS
-
-    p.add_argument("--model", default=DEFAULTS.model, help="registered model name (see `dlscale run --list`)")
-    p.add_argument("--flavor", default=DEFAULTS.flavor, choices=FLAVORS,
-                   help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
-    p.add_argument("--strategy", default=DEFAULTS.strategy, help="registered parallel strategy name")
-    p.add_argument("--nproc-per-node", type=int, default=DEFAULTS.nproc_per_node,
-                   help="processes (devices) per machine")
-    from dlscale.batchsearch import batch_size_arg
-    p.add_argument("--batch-size", type=batch_size_arg, default=DEFAULTS.batch_size,
-                   help="per-device micro-batch size, or max: the largest that fits (run only; docs/sweeps.md)")
-    p.add_argument("--precision", default=DEFAULTS.precision, help=f"one of {', '.join(PRECISIONS)} "
-                   "(fp32 uses TF32 tensor cores on GPUs, recorded as such)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (the analogue of XLA)")
-    p.add_argument("--compile-mode", default=DEFAULTS.compile_mode, choices=COMPILE_MODES,
-                   help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs; max-autotune: "
-                   "also autotuned matmul/convolution templates and coordinate-descent tuning, a long compile); "
-                   "CUDA graphs with strategies single and ddp only")
-    p.add_argument("--inductor-option", action="append", metavar="KEY=VALUE",
-                   help="with --compile: a torch._inductor.config setting over the mode's, repeatable "
-                   "(e.g. coordinate_descent_tuning=true); default: none")
-    p.add_argument("--clip-grad-norm", type=float, default=None, help="clip gradients to this global norm")
-    p.add_argument("--grad-accum", type=int, default=DEFAULTS.grad_accum,
-                   help="micro-batches accumulated per optimizer step")
-    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup, help="untimed steps before the window")
-    p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="timed optimizer steps per repeat")
-    p.add_argument("--repeats", type=int, default=DEFAULTS.repeats,
-                   help="independent runs (fresh processes) of the case; the median is reported")
-    p.add_argument("--device", default=DEFAULTS.device, choices=("auto", "cuda", "cpu"),
-                   help="auto picks CUDA when a GPU is visible, else the CPU with gloo")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of weights and synthetic data")
-    p.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit,
-                   help="wall-clock seconds for each repeat; a case past it is killed and recorded timeout")
-    p.add_argument("--collective-timeout", type=float, default=DEFAULTS.collective_timeout,
-                   help="seconds before a stalled collective raises in the workers")
-    p.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
-                   help="strategy option, repeatable (e.g. -o bucket_cap_mb=50)")
-    p.add_argument("--label", default=None, help="free-form label stored with the record (for compare)")
-    p.add_argument("--no-monitor", dest="monitor", action="store_false",
-                   help="do not sample GPU/CPU/memory/disk/network utilisation during the repeats")
-    p.add_argument("--sample-interval", type=float, default=DEFAULTS.sample_interval,
-                   help="seconds between utilisation samples (0.01 to 10)")
-    p.add_argument("--breakdown", action="store_true",
-                   help="after the window, time data/forward/backward/optimizer and exposed communication "
-                   "(a no_sync comparison run); see docs/metrics.md")
-    p.add_argument("--profile", action="store_true",
-                   help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
-                   "the median repeat's trace is kept in STORE/traces/")
-    p.add_argument("--inject-failure", default=None, metavar="KIND@STEP[:RANK]",
-                   help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), or "
-                   "oom-above@N: run out of memory whenever the batch size exceeds N")
-
-
-def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
-    fields = dict(model=args.model, flavor=args.flavor, strategy=args.strategy,
-                  nproc_per_node=args.nproc_per_node, batch_size=args.batch_size, precision=args.precision,
-                  compile=args.compile, compile_mode=args.compile_mode,
-                  inductor_options=parse_options(args.inductor_option, "--inductor-option"),
-                  clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
-                  warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
-                  time_limit=args.time_limit, collective_timeout=args.collective_timeout,
-                  strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,
-                  sample_interval=args.sample_interval, breakdown=args.breakdown, profile=args.profile,
-                  inject_failure=args.inject_failure)
-    fields.update(overrides)
-    return RunConfig(**fields)
+from dlscale import envinfo
+from dlscale.caseargs import add_case_arguments, config_from_args
 
 
 def register(sub) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser("run", help="measure one training case (repeated) and store the record",
-                       formatter_class=fmt, description="Train a model under a parallel strategy with "
-                       "synthetic data: W warm-up steps, N timed steps, R repeats; report the median.")
-    add_case_arguments(p)
+                       description="Train a model under a parallel strategy with synthetic data: W warm-up "
+                       "steps, N timed steps, R repeats; report the median.")
+    # without a GPU the defaults are the tiny flavour in fp32 (a note says so); --flavor/--precision ask
+    add_case_arguments(p, defaults={"flavor": None, "precision": None},
+                       default_notes={"flavor": "full with a GPU, tiny without one",
+                                      "precision": "amp-bf16 with a GPU, fp32 without one"})
     p.add_argument("--store", default="results", help="result store directory (JSONL files)")
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output")
     p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
-    p.add_argument("--max-batch-start", type=int, default=None, help="--batch-size max: first probe (default 8)")
-    p.add_argument("--max-batch-cap", type=int, default=None,
-                   help="--batch-size max: largest batch tried (default 4096 on GPUs, 64 on the CPU)")
     from dlscale.multinode import add_rendezvous_arguments
-    add_rendezvous_arguments(p)  # --nnodes --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
+    add_rendezvous_arguments(p)  # --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
     p.set_defaults(func=cmd_run)
 
-    e = sub.add_parser("env", help="print a paste-ready environment report", formatter_class=fmt)
+    e = sub.add_parser("env", help="print a paste-ready environment report")
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
     e.set_defaults(func=cmd_env)
 
@@ -142,43 +35,76 @@ def cmd_env(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from dlscale import console
-    from dlscale.cli import STATUS_EXIT
-    from dlscale.multinode import rendezvous_from_args, run_case, was_recorded
+def _list() -> int:
     from dlscale.models import get_model, model_names
-    from dlscale.store import ResultStore
     from dlscale.strategies import get_strategy, strategy_names
 
+    for m in model_names():
+        spec = get_model(m, "full")
+        print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
+    for s in strategy_names():
+        print(f"strategy  {s:12s} {get_strategy(s).description}")
+    return 0
+
+
+def _machine_defaults(args) -> str | None:
+    """Flavour and precision when not given: the full model in amp-bf16 on a GPU; on a machine
+    without one the tiny flavour in fp32 (a full model, or bf16 emulated on a CPU, runs for many
+    minutes a case). Returns the note that says so, or None."""
+    from dlscale.config import DEFAULTS, resolve_device
+
+    cpu = resolve_device(args.device) == "cpu"
+    chosen = []
+    if args.flavor is None:
+        args.flavor = "tiny" if cpu else DEFAULTS["flavor"]
+        chosen += ["the tiny flavour (--flavor full runs the real model, minutes a step on a CPU)"] if cpu else []
+    if args.precision is None:
+        args.precision = "fp32" if cpu else DEFAULTS["precision"]
+        chosen += ["fp32 (--precision amp-bf16 asks for bf16 autocast)"] if cpu else []
+    return f"# note: no GPU here, so this runs {' and '.join(chosen)}" if chosen else None
+
+
+def cmd_run(args) -> int:
+    from dlscale import console, launch
+    from dlscale.batchsearch import measure_max_batch
+    from dlscale.cli import STATUS_EXIT
+    from dlscale.config import validate_for_launch
+    from dlscale.multinode import is_multinode, measure_node, rendezvous_from_args, was_recorded
+    from dlscale.store import ResultStore
+
     if args.list:
-        for m in model_names():
-            spec = get_model(m, "full")
-            print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
-        for s in strategy_names():
-            print(f"strategy  {s:12s} {get_strategy(s).description}")
-        return 0
-    search = args.batch_size == "max"  # largest batch that fits: probes, then the case (batchsearch.py)
-    cfg = config_from_args(args, nnodes=args.nnodes, **({"batch_size": args.max_batch_start or 8} if search else {}))
+        return _list()
+    note = _machine_defaults(args)
+    cfg = config_from_args(args)
     rdzv = rendezvous_from_args(args, cfg.nproc_per_node)
+    validate_for_launch(cfg)  # bad input: one line, before the header
     store = ResultStore(args.store)
+    store.check_writable()
     quiet = args.json
     if not quiet:
+        if note:
+            print(note)
         console.print_header(cfg)
-    if search:
-        from dlscale.batchsearch import run_case_max_batch
-        rec = run_case_max_batch(cfg, store, start=args.max_batch_start, cap=args.max_batch_cap, verbose=args.verbose,
-                                 on_event=None if quiet else console.progress_printer(cfg),
-                                 on_probe=None if quiet else lambda e: print(
-                                     f"#   probe batch {e['batch_size']}: {e['status']} ({e['seconds']:.1f} s)", flush=True))
+    spawner = launch.TorchrunSpawner(rdzv=rdzv, on_line=(lambda line: print(line, file=sys.stderr))
+                                     if args.verbose else None)
+    events = None if quiet else console.progress_printer(cfg)
+    if cfg.batch_search:
+        rec = measure_max_batch(cfg, spawner, files_root=store.root, on_event=events,
+                                on_probe=None if quiet else lambda e: print(
+                                    f"#   probe batch {e['batch_size']}: {e['status']} ({e['seconds']:.1f} s)",
+                                    flush=True))
+    elif is_multinode(rdzv):
+        rec = measure_node(cfg, spawner, files_root=store.root, on_event=events)
     else:
-        rec = run_case(cfg, store, rdzv=rdzv, verbose=args.verbose,
-                       on_event=None if quiet else console.progress_printer(cfg))
+        rec = launch.measure(cfg, spawner, files_root=store.root, on_event=events)
+    if was_recorded(rec):
+        store.append(rec.to_dict())
     if quiet:
-        print(json.dumps(rec, indent=1, default=str))
+        print(json.dumps(rec.to_dict(), indent=1, default=str))
     else:
-        console.print_result(rec)
+        console.print_result(rec.to_dict())
         if was_recorded(rec):
-            print(f"record {rec['id'][:12]} appended to {store.file}")
-    if rec["status"] != "ok":
-        print(f"dlscale: case {rec['status']}: {rec['error']}", file=sys.stderr)
-    return STATUS_EXIT[rec["status"]]
+            print(f"record {rec.id[:12]} appended to {store.file}")
+    if rec.status != "ok":
+        print(f"dlscale: case {rec.status}: {rec.error}", file=sys.stderr)
+    return STATUS_EXIT[rec.status]

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError, DlscaleError
-from dlscale.commands.run import option_args
+from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
@@ -35,8 +34,7 @@ RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a resul
 class Planned:
     index: int  # position in the suite
     cfg: RunConfig
-    batch_max: bool
-    key: str  # sweep key (what resume matches on)
+    key: str  # the case key (what resume matches on; a batch-search case's is its search's)
     action: str  # "run", "done" (an ok record exists) or "skip" (cannot run here)
     reason: str = ""
 
@@ -59,10 +57,10 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the cases and what the sweep would do; run nothing")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="override the suite's device (default: the suite's; it is part of each case's identity)")
+    from dlscale.suite import MATCH_KEYS
     p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
                    help="only cases matching (repeatable; different keys must all match, values of one key "
-                        "any): model, flavor, strategy, devices, nodes, nproc_per_node, batch_size, precision, "
-                        "compile, grad_accum")
+                        f"any): {', '.join(MATCH_KEYS)}")
     p.add_argument("--max-batch-cap", type=int, default=None,
                    help="override the suite's cap of the largest-batch search (batch_sizes: [max])")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
@@ -78,10 +76,10 @@ def register(sub) -> None:
 
 # ----------------------------------------------------------------------------- planning
 
-def describe(cfg: RunConfig, batch_max: bool = False, found: str = "") -> str:
+def describe(cfg: RunConfig, found: str = "") -> str:
     name = cfg.model + (f" ({cfg.flavor})" if cfg.flavor != "full" else "")
     devices = f"x{cfg.world_size}" if cfg.nnodes == 1 else f"{cfg.nnodes}x{cfg.nproc_per_node}"
-    parts = [name, cfg.strategy, devices, f"batch {'max' + found if batch_max else cfg.batch_size}", cfg.precision,
+    parts = [name, cfg.strategy, devices, f"batch {cfg.batch_size}{found if cfg.batch_search else ''}", cfg.precision,
              "compiled" if cfg.compile else "eager"]
     if cfg.grad_accum > 1:
         parts.append(f"accum {cfg.grad_accum}")
@@ -112,71 +110,31 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
     done = done_keys(records)
     out = []
     for i in indices:
-        cfg, is_max = suite.cases[i], suite.batch_max[i]
-        key = suite.sweep_key(i)
-        p = Planned(i, cfg, is_max, key, "run")
+        cfg = suite.cases[i]
+        p = Planned(i, cfg, cfg.case_key(), "run")
         if cfg.nnodes > 1:
             p.action, p.reason = "skip", (f"needs {cfg.nnodes} nodes; a sweep runs on one node "
                                           f"(use dlscale slurm, or dlscale run --nnodes on each node)")
         elif gpus is not None and cfg.nproc_per_node > gpus:
             p.action, p.reason = "skip", f"needs {cfg.nproc_per_node} GPUs, this machine has {gpus}"
-        elif key in done and not force:
-            p.action, p.reason = "done", f"ok record {str(done[key].get('id'))[:12]} in the store"
+        elif p.key in done and not force:
+            p.action, p.reason = "done", f"ok record {str(done[p.key].get('id'))[:12]} in the store"
         out.append(p)
     return out
 
 
-def run_command(cfg: RunConfig, batch_max: bool = False, start: int | None = None, cap: int | None = None) -> str:
-    """The `dlscale run` command line that measures this case alone (stored in the record)."""
-    a = ["dlscale", "run", "--model", cfg.model, "--flavor", cfg.flavor, "--strategy", cfg.strategy,
-         "--nproc-per-node", str(cfg.nproc_per_node)]
-    if cfg.nnodes > 1:
-        a += ["--nnodes", str(cfg.nnodes)]
-    a += ["--batch-size", "max" if batch_max else str(cfg.batch_size)]
-    if batch_max:
-        a += (["--max-batch-start", str(start)] if start else []) + (["--max-batch-cap", str(cap)] if cap else [])
-    a += ["--precision", cfg.precision] + (["--compile"] if cfg.compile else [])
-    if cfg.compile_mode != "default":
-        a += ["--compile-mode", cfg.compile_mode]
-    a += option_args("--inductor-option", cfg.inductor_options)
-    if cfg.grad_accum != 1:
-        a += ["--grad-accum", str(cfg.grad_accum)]
-    if cfg.clip_grad_norm is not None:
-        a += ["--clip-grad-norm", str(cfg.clip_grad_norm)]
-    a += ["--warmup", str(cfg.warmup), "--steps", str(cfg.steps), "--repeats", str(cfg.repeats),
-          "--device", cfg.device, "--seed", str(cfg.seed), "--time-limit", f"{cfg.time_limit:g}",
-          "--collective-timeout", f"{cfg.collective_timeout:g}"]
-    a += option_args("-o", dict(sorted(cfg.strategy_options.items())))
-    if cfg.label is not None:
-        a += ["--label", cfg.label]
-    if cfg.inject_failure:
-        a += ["--inject-failure", cfg.inject_failure]
-    return " ".join(shlex.quote(x) for x in a)
-
-
 # ----------------------------------------------------------------------------- running
 
-class _SafeStore:
-    """Appends with SIGINT/SIGTERM held off, so an interrupt never tears a record line."""
-
-    def __init__(self, store):
-        self.store = store
-
-    def check_writable(self) -> None:
-        self.store.check_writable()
-
-    def append(self, record: dict[str, Any]) -> None:
-        sigs = {signal.SIGINT, signal.SIGTERM}
-        main = threading.current_thread() is threading.main_thread()
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
-        try:
-            self.store.append(record)
-        finally:
-            if main:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
+def _append_uninterrupted(store, record: dict[str, Any]) -> None:
+    """Append with SIGINT/SIGTERM held off, so an interrupt never tears a record line."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
+    try:
+        store.append(record)
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001
@@ -195,12 +153,12 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
     width = len(str(total))
     head = f"[{n:>{width}}/{total}]"
     found = ""
-    if rec is not None and p.batch_max and isinstance(rec.get("batch_search"), dict):
+    if rec is not None and p.cfg.batch_search and isinstance(rec.get("batch_search"), dict):
         s = rec["batch_search"]
         best = s.get("max")
         found = (f"={best}" + (" (the cap)" if s.get("capped") else "") if best else "=none") + \
             f" after {len(s.get('probes') or [])} probes"
-    what = describe(p.cfg, p.batch_max, found)
+    what = describe(p.cfg, found)
     if rec is None:
         return f"{head} {'ERROR':<8} {what}: not run: {error}"
     status = rec["status"]
@@ -215,18 +173,18 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
     return f"{head} {status.upper() if status != 'ok' else 'ok':<8} {what}: {result} [{seconds:.1f} s]"
 
 
-def _run_one(p: Planned, store, suite, settings: dict[str, Any], verbose: bool, on_probe) -> dict[str, Any]:
+def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:
+    """Measure one planned case; the Record carries where it came from (``sweep``)."""
     from dlscale import batchsearch, launch
 
-    extra = {"sweep": {"suite": suite.name, "file": str(suite.path)}}
-    if p.batch_max:
-        start = settings.get("max_batch_start") or batchsearch.DEFAULT_START
-        cap = settings.get("max_batch_cap") or batchsearch.default_cap(p.cfg.device)
-        return batchsearch.run_case_max_batch(p.cfg, store, start=start, cap=cap, extra=extra,
-                                              command=run_command(p.cfg, True, start, cap), on_probe=on_probe,
-                                              verbose=verbose)
-    return launch.run_case(p.cfg, batchsearch.AnnotatingStore(store, extra), command=run_command(p.cfg),
-                           verbose=verbose)
+    spawner = launch.TorchrunSpawner(on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
+    if p.cfg.batch_search:
+        rec = batchsearch.measure_max_batch(p.cfg, spawner, files_root=root, command=command_line(p.cfg),
+                                            on_probe=on_probe)
+    else:
+        rec = launch.measure(p.cfg, spawner, files_root=root, command=command_line(p.cfg))
+    rec.sweep = {"suite": suite.name, "file": str(suite.path)}
+    return rec
 
 
 def summary_tables(store_root, keys: set[str]) -> str:
@@ -265,66 +223,89 @@ def summary_tables(store_root, keys: set[str]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def cmd_sweep(args) -> int:
+def _selected(args):
+    """The suite (with the command line's overrides) and the indices of the cases to consider."""
+    from dlscale.suite import filter_suite, load_suite, parse_filters, shipped_suites
+
+    if not args.suite:
+        raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
+    suite = load_suite(args.suite)
+    if args.device:
+        suite = suite.with_device(args.device)
+    suite = suite.with_overrides(warmup=args.warmup, steps=args.steps, repeats=args.repeats,
+                                 max_batch_cap=args.max_batch_cap)
+    return suite, filter_suite(suite, parse_filters(args.filter))
+
+
+def _visible_gpus(suite, indices: list[int], dry_run: bool) -> int | None:
+    """GPUs on this machine when a selected case runs on CUDA (None: a CPU sweep, or a dry run
+    without GPUs, which lists every case as if they were there)."""
     from dlscale.config import resolve_device
+
+    if "cuda" not in {resolve_device(suite.cases[i].device) for i in indices}:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if dry_run:
+        print("# no CUDA GPU visible here: the list assumes enough GPUs; a real run needs them")
+        return None
+    raise ConfigError(f"suite {suite.name} runs on device cuda but no CUDA GPU is visible "
+                      f"(--device cpu runs it on the CPU)")
+
+
+def _report_end(suite, store, planned: list[Planned], results: list, n_done: int, n_skipped: int,
+                store_arg: str) -> int:
+    """The DLPerf tables of the sweep's cases, the closing lines and the exit code."""
+    tables = summary_tables(store.root, {p.key for p in planned if p.action != "skip"})
+    if tables:
+        print()
+        print(tables, end="")
+    statuses = [rec["status"] if rec else "error" for _, rec in results]
+    counts = {s: statuses.count(s) for s in ("ok", "oom", "unsupported", "timeout", "failed", "error") if s in statuses}
+    bad = [(p, rec) for p, rec in results if rec is None or rec["status"] not in RESULT_STATUSES]
+    ran = ", ".join(f"{v} {k}" for k, v in counts.items()) or "none"
+    print(f"# sweep {suite.name}: {len(planned)} case(s): {len(results)} ran ({ran}), {n_done} already ok, "
+          f"{n_skipped} skipped (cannot run here)")
+    if results:
+        print(f"# records in {store.file}; full report: dlscale report {store_arg}")
+    if bad:
+        print(f"dlscale: {len(bad)} case(s) failed or timed out: "
+              + "; ".join(describe(p.cfg) for p, _ in bad[:5]) + ("; ..." if len(bad) > 5 else ""),
+              file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_sweep(args) -> int:
     from dlscale.store import ResultStore
-    from dlscale.suite import display_path, filter_suite, load_suite, parse_filters, shipped_suites
+    from dlscale.suite import display_path, load_suite, shipped_suites
 
     if args.list:
         for name in shipped_suites():
             s = load_suite(name)
             print(f"{name:18s} {len(s.cases):3d} case(s)  {s.description}")
         return EXIT_OK
-    if not args.suite:
-        raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
-    suite = load_suite(args.suite)
-    if args.device:
-        suite = suite.with_device(args.device)
-    suite = suite.with_run_lengths(warmup=args.warmup, steps=args.steps, repeats=args.repeats)
-    settings = dict(suite.settings)
-    if args.max_batch_cap is not None:
-        if args.max_batch_cap < 1:
-            raise ConfigError(f"--max-batch-cap must be >= 1, got {args.max_batch_cap}")
-        settings["max_batch_cap"] = args.max_batch_cap
-    indices = filter_suite(suite, parse_filters(args.filter))
-    if any(suite.batch_max[i] for i in indices):
-        from dlscale.batchsearch import DEFAULT_START
-
-        start = settings.get("max_batch_start") or DEFAULT_START
-        if settings.get("max_batch_cap") and settings["max_batch_cap"] < start:
-            raise ConfigError(f"max batch cap {settings['max_batch_cap']} is below the search start {start}")
-
-    devices = {resolve_device(suite.cases[i].device) for i in indices}
-    gpus = None
-    if "cuda" in devices:
-        import torch
-
-        if torch.cuda.is_available():
-            gpus = torch.cuda.device_count()
-        elif args.dry_run:
-            print("# no CUDA GPU visible here: the list assumes enough GPUs; a real run needs them")
-        else:
-            raise ConfigError(f"suite {suite.name} runs on device cuda but no CUDA GPU is visible "
-                              f"(--device cpu runs it on the CPU)")
+    suite, indices = _selected(args)
+    gpus = _visible_gpus(suite, indices, args.dry_run)
     store = ResultStore(args.store)
     loaded = store.load()
     if loaded.warning():
         print(f"dlscale: warning: {loaded.warning()}", file=sys.stderr)
-    records = loaded.records
-    planned = plan(suite, indices, records, args.force, gpus)
+    planned = plan(suite, indices, loaded.records, args.force, gpus)
     todo = [p for p in planned if p.action == "run"]
     done = [p for p in planned if p.action == "done"]
     skipped = [p for p in planned if p.action == "skip"]
 
-    where = display_path(suite.path)
     sel = f"{len(indices)} of {len(suite.cases)}" if len(indices) != len(suite.cases) else f"{len(indices)}"
-    print(f"# sweep {suite.name} ({where}): {sel} case(s): {len(todo)} to run, {len(done)} already ok in "
-          f"{args.store}{' (--force re-measures them)' if done else ''}, {len(skipped)} skipped")
+    print(f"# sweep {suite.name} ({display_path(suite.path)}): {sel} case(s): {len(todo)} to run, {len(done)} "
+          f"already ok in {args.store}{' (--force re-measures them)' if done else ''}, {len(skipped)} skipped")
     for p in skipped:
-        print(f"#   skip {describe(p.cfg, p.batch_max)}: {p.reason}")
+        print(f"#   skip {describe(p.cfg)}: {p.reason}")
     if args.dry_run:
         for n, p in enumerate(planned, 1):
-            print(f"{n:>4}  {p.action:<4}  {describe(p.cfg, p.batch_max)}" + (f"  ({p.reason})" if p.reason else ""))
+            print(f"{n:>4}  {p.action:<4}  {describe(p.cfg)}" + (f"  ({p.reason})" if p.reason else ""))
         if suite.duplicates:
             print(f"# {suite.duplicates} duplicate case(s) of the suite were dropped")
         return EXIT_OK
@@ -335,10 +316,10 @@ def cmd_sweep(args) -> int:
     sigterm_installed = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGTERM, _on_sigterm) if sigterm_installed else None
     try:
-        _sweep_loop(todo, suite, settings, _SafeStore(store), args.verbose, results)
+        _sweep_loop(todo, suite, store, args.verbose, results)
     except KeyboardInterrupt:
         n_done = len(results)
-        what = describe(todo[n_done].cfg, todo[n_done].batch_max) if n_done < len(todo) else "-"
+        what = describe(todo[n_done].cfg) if n_done < len(todo) else "-"
         print(f"dlscale: sweep interrupted during case {n_done + 1}/{len(todo)} ({what}): no record for it; "
               f"{n_done} finished case(s) are in {store.file}; run the same command again to carry on",
               file=sys.stderr)
@@ -346,30 +327,10 @@ def cmd_sweep(args) -> int:
     finally:
         if sigterm_installed:
             signal.signal(signal.SIGTERM, old_handler)
-
-    keys = {p.key for p in planned if p.action != "skip"}
-    tables = summary_tables(store.root, keys)
-    if tables:
-        print()
-        print(tables, end="")
-    statuses = [rec["status"] if rec else "error" for _, rec in results]
-    counts = {s: statuses.count(s) for s in ("ok", "oom", "unsupported", "timeout", "failed", "error") if s in statuses}
-    bad = [(p, rec) for p, rec in results if rec is None or rec["status"] not in RESULT_STATUSES]
-    ran = ", ".join(f"{v} {k}" for k, v in counts.items()) or "none"
-    print(f"# sweep {suite.name}: {len(planned)} case(s): {len(results)} ran ({ran}), {len(done)} already ok, "
-          f"{len(skipped)} skipped (cannot run here)")
-    if results:
-        print(f"# records in {store.file}; full report: dlscale report {args.store}")
-    if bad:
-        print(f"dlscale: {len(bad)} case(s) failed or timed out: "
-              + "; ".join(describe(p.cfg, p.batch_max) for p, _ in bad[:5]) + ("; ..." if len(bad) > 5 else ""),
-              file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return _report_end(suite, store, planned, results, len(done), len(skipped), args.store)
 
 
-def _sweep_loop(todo: list[Planned], suite, settings: dict[str, Any], store, verbose: bool,
-                results: list) -> None:
+def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -384,7 +345,7 @@ def _sweep_loop(todo: list[Planned], suite, settings: dict[str, Any], store, ver
     with progress:
         task = progress.add_task("", total=total, i=1, eta="?")
         for n, p in enumerate(todo, 1):
-            what = describe(p.cfg, p.batch_max)
+            what = describe(p.cfg)
             progress.update(task, description=what, i=n)
 
             def on_probe(entry: dict[str, Any], _what=what) -> None:
@@ -393,7 +354,9 @@ def _sweep_loop(todo: list[Planned], suite, settings: dict[str, Any], store, ver
             t = time.monotonic()
             rec, error = None, None
             try:
-                rec = _run_one(p, store, suite, settings, verbose, on_probe)
+                record = _run_one(p, suite, store.root, verbose, on_probe)
+                rec = record.to_dict()
+                _append_uninterrupted(store, rec)
             except DlscaleError as e:  # cannot start here (bad input found at launch): next case
                 error = str(e)
             results.append((p, rec))

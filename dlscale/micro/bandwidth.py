@@ -92,21 +92,19 @@ def _time_op(op: str, size: int, dev, gen, warmup: int, iters: int, min_sample_s
 # CLI
 
 def add_parser(sub) -> None:
-    from dlscale.micro.cli import HelpFormatter, add_common_options
 
     p = sub.add_parser(
         "bandwidth", help="device memory bandwidth (copy, scale, add) in GB/s",
         description="Time dst.copy_(src), c = a * s and c = a + b over fp32 buffers of each size; "
                     "GB/s = (bytes read + bytes written) / median time / 1e9 (copy and scale move 2x "
                     "the buffer size, add 3x), and percent of the datasheet memory bandwidth "
-                    "(dlscale/micro/peaks.py; null for unknown devices and CPUs).",
-        formatter_class=HelpFormatter)
+                    "(dlscale/micro/peaks.py; null for unknown devices and CPUs).")
     p.add_argument("--size", action="append", default=None, metavar="BYTES[,BYTES...]",
                    help=f"buffer sizes in bytes with binary suffixes (64M, 1G), comma-separated or "
                         f"repeated (default: auto = {GPU_SIZE} on GPU, {CPU_SIZE} on CPU)")
     p.add_argument("--op", action="append", default=None, metavar="OP[,OP...]",
                    help=f"ops from {', '.join(OPS)}, comma-separated or repeated (default: all = every op)")
-    add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
+    common.add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
     p.set_defaults(func=main)
 
 

@@ -157,7 +157,6 @@ def run_comm(ops: Sequence[str], min_bytes: int, max_bytes: int, factor: float, 
 # CLI
 
 def add_parser(sub) -> None:
-    from dlscale.micro.cli import HelpFormatter, add_common_options
 
     p = sub.add_parser(
         "comm", help="collective time, algbw and busbw per message size (nccl-tests conventions)",
@@ -167,8 +166,7 @@ def add_parser(sub) -> None:
                     "definitions (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; "
                     "broadcast, reduce 1). S follows nccl-tests: the whole array (for all_gather the "
                     "gathered output, for reduce_scatter the input). One process is allowed: busbw is "
-                    "then 0 for all_reduce/all_gather/reduce_scatter/all_to_all, per the formula.",
-        formatter_class=HelpFormatter)
+                    "then 0 for all_reduce/all_gather/reduce_scatter/all_to_all, per the formula.")
     p.add_argument("--op", action="append", default=None, metavar="OP[,OP...]",
                    help=f"collectives from {', '.join(OPS)}, comma-separated or repeated; all = every "
                         "one (default: all_reduce)")
@@ -177,11 +175,13 @@ def add_parser(sub) -> None:
                    help=f"largest size S; auto = {GPU_MAX} on GPU, {CPU_MAX} on CPU")
     p.add_argument("--factor", type=float, default=2.0, help="size multiplication factor between steps")
     p.add_argument("--dtype", default="fp32", help=f"element type: {', '.join(DTYPE_BYTES)}")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0, metavar="SECONDS",
                    help="process-group timeout: a collective stalled this long fails")
+    from dlscale.cli import deprecated_alias
+    deprecated_alias(p, "--timeout", "--collective-timeout", dest="timeout", type=float)
     p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
                    help="wall-clock limit of the whole torchrun run; the process tree is killed after it")
-    add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10),
+    common.add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10),
                        nproc_help="ranks (processes) on this machine, one GPU each on CUDA; the world "
                                   "size. 1 is allowed (busbw 0 where the factor is 0)")
     p.set_defaults(func=main)

@@ -1,6 +1,8 @@
 """Shared pieces of the micro-benchmarks: input parsing, timing, errors, statuses, output."""
 from __future__ import annotations
 
+import argparse
+
 import math
 import re
 import statistics
@@ -366,3 +368,26 @@ def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[d
 
 def print_done(record: dict[str, Any], path: str) -> None:
     print(f"record {record['id']} appended to {path} (status {record['status']})")
+
+
+def add_common_options(p: argparse.ArgumentParser, warmup_defaults: tuple[int, int],
+                       iters_defaults: tuple[int, int], nproc_help: str | None = None) -> None:
+    """--nproc-per-node, --device, --warmup, --steps, --store (defaults: (GPU, CPU) pairs); --iters
+    is the old spelling of --steps."""
+    from dlscale.cli import deprecated_alias
+
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help=nproc_help or "processes (devices) to use; this micro-benchmark measures one "
+                                      "device in this process, so only 1 is accepted")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="where to run: auto = cuda when a GPU is visible, else cpu")
+    p.add_argument("--warmup", type=int_or_auto, default="auto", metavar="N",
+                   help=f"untimed calls before timing each case; auto = {warmup_defaults[0]} on GPU, "
+                        f"{warmup_defaults[1]} on CPU")
+    p.add_argument("--steps", dest="iters", type=int_or_auto, default="auto", metavar="N",
+                   help=f"timed samples per case (the median is reported); auto = {iters_defaults[0]} "
+                        f"on GPU, {iters_defaults[1]} on CPU")
+    deprecated_alias(p, "--iters", "--steps", dest="iters", type=int_or_auto)
+    p.add_argument("--store", default="results", metavar="DIR",
+                   help="result store directory; one record of kind 'micro' is appended to "
+                        "DIR/results.jsonl")

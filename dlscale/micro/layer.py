@@ -7,6 +7,8 @@ pre-RMSNorm, no biases, ReLU, no relative position bias). FLOPs: ``layer_flops``
 """
 from __future__ import annotations
 
+import sys
+
 import contextlib
 from typing import Any, Sequence
 
@@ -15,7 +17,8 @@ from dlscale.micro import common
 
 KINDS = ("bert", "gpt2", "t5-encoder", "t5-decoder")
 SIZES = ("base", "large")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # rows and the peak table use the compute dtype's name
+CLI_PRECISIONS = ("fp32", "tf32", "amp-bf16", "amp-fp16")  # --precision takes dlscale run's names
 # (d_model, d_ff, heads) per family and size
 SHAPES: dict[str, dict[str, tuple[int, int, int]]] = {
     "bert": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},
@@ -253,15 +256,13 @@ def _time_pass(layer, kind: str, which: str, batch: int, seq: int, d: int, preci
 # CLI
 
 def add_parser(sub) -> None:
-    from dlscale.micro.cli import HelpFormatter, add_common_options
 
     p = sub.add_parser(
         "layer", help="forward and forward+backward TFLOPS of one transformer layer",
         description="Time one transformer layer with BERT, GPT-2 or T5 shapes (plain torch: SDPA "
                     "attention, MLP, norms) in forward and forward+backward; TFLOPS from the analytic "
                     "matmul FLOPs (docs/micro.md: forward 24*b*s*h^2 + 4*b*s^2*h for d_ff = 4h, "
-                    "T5 decoder adds cross-attention, forward+backward = 3 x forward).",
-        formatter_class=HelpFormatter)
+                    "T5 decoder adds cross-attention, forward+backward = 3 x forward).")
     p.add_argument("--kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
     p.add_argument("--size", default="base",
                    help="base (d_model 768, d_ff 3072, 12 heads) or large (1024, 4096, 16 heads; for "
@@ -273,11 +274,11 @@ def add_parser(sub) -> None:
                    help=f"sequence lengths, comma-separated or repeated (the T5 decoder attends to an "
                         f"encoder output of the same length) (default: auto = {GPU_SEQ} on GPU, {CPU_SEQ} on CPU)")
     p.add_argument("--precision", default="auto",
-                   help=f"one of {', '.join(PRECISIONS)} (bf16/fp16 = autocast over fp32 weights; fp32 "
-                        "= TF32 off); auto = bf16 on GPU, fp32 on CPU")
+                   help=f"one of {', '.join(CLI_PRECISIONS)} (dlscale run's names: amp-* = autocast over fp32 "
+                        "weights; fp32 = TF32 off, tf32 = on); auto = amp-bf16 on GPU, fp32 on CPU")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout probability on attention and residual branches (0 = off)")
-    add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
+    common.add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
     p.set_defaults(func=main)
 
 
@@ -289,8 +290,11 @@ def main(args) -> int:
     if size not in SIZES:
         raise ConfigError(f"unknown layer size {args.size!r}; choose from: {', '.join(SIZES)}")
     precision = args.precision.lower()
+    if precision in ("bf16", "fp16"):  # the old spellings
+        print(f"dlscale: warning: --precision {precision} is deprecated; use amp-{precision}", file=sys.stderr)
+    precision = {"amp-bf16": "bf16", "amp-fp16": "fp16"}.get(precision, precision)
     if precision != "auto" and precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {args.precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
+        raise ConfigError(f"unknown precision {args.precision!r}; choose from: auto, {', '.join(CLI_PRECISIONS)}")
     if not 0.0 <= args.dropout < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {args.dropout}")
     device = common.resolve_device(args.device)

@@ -160,15 +160,13 @@ def _time_shape(m: int, n: int, k: int, dtype: str, dev, gen, cache: int, warmup
 # CLI
 
 def add_parser(sub) -> None:
-    from dlscale.micro.cli import HelpFormatter, add_common_options
 
     p = sub.add_parser(
         "matmul", help="dense matmul TFLOPS per shape and dtype",
         description="Time C = A @ B (A: M x K, B: K x N) for square sizes and/or given shapes in each "
                     "dtype; TFLOPS = 2*M*N*K / median time, and percent of the datasheet peak "
                     "(dlscale.metrics.PEAK_FLOPS). Inputs are random; small inputs rotate among "
-                    "several buffer pairs so that they do not stay in L2.",
-        formatter_class=HelpFormatter)
+                    "several buffer pairs so that they do not stay in L2.")
     p.add_argument("--sizes", action="append", metavar="N[,N...]",
                    help="square sizes N (M=N=K), comma-separated or repeated (default: auto = "
                         f"{','.join(map(str, GPU_SIZES))} on GPU, {','.join(map(str, CPU_SIZES))} on CPU, "
@@ -179,7 +177,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", action="append", metavar="DTYPE[,DTYPE...]", default=None,
                    help=f"dtypes from {', '.join(DTYPES)}, comma-separated or repeated (default: auto = all "
                         "four on GPU, fp32,fp16,bf16 on CPU; tf32 asked for on CPU is recorded unsupported)")
-    add_common_options(p, warmup_defaults=(10, 2), iters_defaults=(50, 10))
+    common.add_common_options(p, warmup_defaults=(10, 2), iters_defaults=(50, 10))
     p.set_defaults(func=main)
 
 

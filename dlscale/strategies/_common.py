@@ -9,13 +9,12 @@
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 from typing import Any
 
 import torch
 
-from dlscale import ConfigError
+from dlscale import ConfigError, precision
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -80,10 +79,7 @@ def optimizer_recipe(spec, cfg, device: torch.device) -> tuple[type, dict[str, A
 
 def autocast(cfg, device: torch.device):
     """The same autocast context the worker's standard step uses (a no-op for fp32)."""
-    if cfg.precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+    return precision.autocast(cfg.precision, device.type)
 
 
 def is_transformer(spec) -> bool:

@@ -32,6 +32,7 @@ import sys
 
 import torch
 
+from dlscale.precision import compute_dtype
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
 
@@ -98,7 +99,7 @@ def parallelize(model, spec, cfg, denv):
     conf = ds_config(cfg, opts, denv.world_size)
     engine, ds_opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=conf,
                                                 dist_init_required=False)
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16 if cfg.precision == "amp-fp16" else None
+    dtype = compute_dtype(cfg.precision)
 
     def step(micro_batches: list[tuple]) -> torch.Tensor:
         loss = None

@@ -38,6 +38,7 @@ import contextlib
 import torch
 
 from dlscale import ConfigError
+from dlscale.precision import compute_dtype
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
 
@@ -57,9 +58,9 @@ def mp_policy(cfg, enabled: bool):
     """The MixedPrecisionPolicy for --precision (None: keep everything fp32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if not enabled or cfg.precision == "fp32":
+    dtype = compute_dtype(cfg.precision)
+    if not enabled or dtype is None:
         return None
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlscale import ConfigError
+from dlscale.precision import needs_grad_scaler
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import autocast, parse_options, unique_params
 
@@ -458,7 +459,7 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
     packer = _Packer()
     last_module = next((m for m in modules if m.last), None)
 
-    scaler = _StageScaler(device) if cfg.precision == "amp-fp16" else None
+    scaler = _StageScaler(device) if needs_grad_scaler(cfg.precision) else None
 
     def loss_fn(output, target):
         loss = last_module.shell.head(output, *packer.unpack(target))

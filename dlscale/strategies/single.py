@@ -1,9 +1,11 @@
 """`single`: one process, one device, no parallelism (the 1-device baseline)."""
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies._common import parse_options
 
 
 def _validate(cfg) -> None:
+    parse_options("single", cfg, {})  # no options: a misspelt one must not pass silently
     if cfg.world_size != 1:
         raise ConfigError(f"strategy single runs one process, got {cfg.world_size} "
                           f"(nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}); use ddp for more")
