@@ -55,6 +55,31 @@ def parse_injection(spec: str) -> tuple[str, int, int | None]:
     return kind, step, rank
 
 
+_ENV_NAME_DENY = ("PLUGIN", "PATH", "DIR", "FILE", "LIB", "PRELOAD", "CMD", "EXEC", "SHELL")
+
+
+def check_case_env(env: dict[str, Any]) -> None:
+    """A case's environment variables: only the tuning variables a record keeps (NCCL_*,
+    TORCH_NCCL_*, the allocator, ...), never one that names a plugin, path, library or command,
+    and plain values (no path, no shell syntax): a suite file must not be able to load code."""
+    from dlscale.envinfo import TUNING_NAMES, TUNING_PREFIXES
+
+    for k, v in env.items():
+        name = str(k)
+        if not (name.startswith(TUNING_PREFIXES) or name in TUNING_NAMES):
+            raise ConfigError(f"env {name}: not a tuning variable dlscale sets for a case; allowed: "
+                              f"{', '.join(p + '*' for p in TUNING_PREFIXES)}, {', '.join(TUNING_NAMES)}")
+        if any(bad in name.upper() for bad in _ENV_NAME_DENY):
+            raise ConfigError(f"env {name}: variables that name a plugin, path, library or command are refused "
+                              f"(they can make a process load code)")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ConfigError(f"env {name}: the value must be a string or a number, got {v!r}")
+        text = str(v)
+        if not text or any(c in text for c in "/\\$`;|&<>\n\r\0 '\"") or len(text) > 256:
+            raise ConfigError(f"env {name}: the value must be a plain word or number (no path, spaces or shell "
+                              f"syntax), got {text!r}")
+
+
 @dataclass(frozen=True)
 class Opt:
     """What a RunConfig field is, for the CLI, suites and the case identity."""
@@ -121,6 +146,10 @@ class RunConfig:
                              late=None, setting=True,
                              help="CPU threads per rank (OMP_NUM_THREADS and torch's intra-op threads); "
                                   "default: the cores divided among the node's ranks")
+    env: dict = _f({}, type=dict, kind="options", cli="--env", metavar="NAME=VALUE", axis="env", late={},
+                   validator=check_case_env,
+                   help="an environment variable for the case's processes, repeatable (tuning variables only: "
+                        "NCCL_*, TORCH_NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS, the allocator...); part of the case")
     strategy_options: dict = _f({}, type=dict, kind="options", cli="--option", short="-o", metavar="KEY=VALUE",
                                 axis="strategy_options",
                                 help="strategy option, repeatable (e.g. -o bucket_cap_mb=50)")
@@ -274,6 +303,8 @@ def check_value(name: str, value: Any) -> Any:
     if o.type is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
             raise ConfigError(f"{what} must be a mapping of option names to values, got {value!r}")
+        if o.validator is not None:
+            o.validator(value)
         return value
     if o.type is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -219,6 +219,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     emit = on_event or (lambda kind, payload: None)
     env = thread_env(device_type, cfg, spawner.local_world(cfg))
     rec.omp_num_threads = env.get("OMP_NUM_THREADS") if device_type == "cpu" else None
+    env.update({k: str(v) for k, v in cfg.env.items()})  # the case's own tuning variables
     local_world = spawner.local_world(cfg)
     rank_results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dlscale-traces-") as staging:

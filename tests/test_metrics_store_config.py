@@ -181,3 +181,54 @@ def test_process_phases_by_hand():
     assert process_phases({"started": 102.0, "imported": 104.5, "finished": 106.0}, 100.0, 107.0) == {
         "launch": 2.0, "import": 2.5, "after": 1.5, "exit": 1.0}
     assert process_phases(None, 0.0, 1.0) is None
+
+
+def test_stored_records_keep_their_case_keys():
+    """The restructured RunConfig gives every record in docs/bench-data the key it was stored with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "docs" / "bench-data"
+    checked = 0
+    for f in sorted(root.rglob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("kind") != "run" or "config" not in rec:
+                continue
+            assert RunConfig.from_dict(rec["config"]).case_key() == rec["case_key"], (f.name, rec["id"])
+            checked += 1
+    assert checked >= 100
+
+
+def test_every_field_reaches_cli_suite_and_filters():
+    """One field's metadata is the whole of its plumbing: an axis field is a suite axis and, when
+    marked, a filter key; every field with an option round-trips (tests/test_slurm.py)."""
+    from dlscale.config import FIELDS
+    from dlscale.suite import CASE_KEYS, EXPANSION_ORDER, MATCH_KEYS, SETTINGS
+
+    for name, o in FIELDS.items():
+        if o.axis and name not in ("nproc_per_node", "nnodes"):
+            assert o.axis in EXPANSION_ORDER, name
+        if o.match:
+            assert {"nnodes": "nodes"}.get(name, name) in MATCH_KEYS, name
+        if o.setting:
+            assert name in SETTINGS, name
+        assert name in CASE_KEYS or name in ("nproc_per_node", "nnodes"), name
+    assert "compile_mode" in MATCH_KEYS  # the filter key the hand-written lists missed
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"LD_PRELOAD": "x.so"}, "not a tuning variable"),
+    ({"NCCL_NET_PLUGIN": "ib"}, "name a plugin, path, library or command"),
+    ({"TORCHINDUCTOR_CACHE_DIR": "x"}, "name a plugin, path, library or command"),
+    ({"NCCL_ALGO": "Ring;touch x"}, "plain word or number"),
+    ({"NCCL_TUNER_PLUGIN": "x"}, "name a plugin, path, library or command"),
+    ({"NCCL_ALGO": "/tmp/x"}, "plain word or number"),
+])
+def test_case_env_never_loads_code(env, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        RunConfig(env=env)
+    ok = RunConfig(env={"TORCH_NCCL_HIGH_PRIORITY": 1, "NCCL_ALGO": "Ring"})
+    assert ok.case_key() != RunConfig().case_key()  # part of the case; left out when empty
