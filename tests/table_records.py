@@ -1,4 +1,4 @@
-"""Minimal reader of published tables (format dlscale-table/1, /work docs: docs/perfmodel.md) into
+"""Minimal reader of published tables (format dlscale-table/1, docs/perfmodel.md) into
 record dicts of kind ``imported``, for the tests and the validation script only.
 
 ``dlscale import --format table`` is the real importer (another branch); until it is on main this
