@@ -212,3 +212,18 @@ def test_validate_bad_input(vstore, tmp_path, capsys):
     assert main(["predict", "--validate", str(tmp_path / "one")]) == 2
     err = capsys.readouterr().err
     assert "no multi-device ok ddp record" in err and err.count("\n") == 1
+
+
+def test_measured_beats_imported_when_picking_the_workload():
+    """A measured 1-device record and a published table of the same workload: predict rests on the measured
+    one; --source picks the table."""
+    recs = load_table(TABLES / "dlperf-ngc-tf1-resnet50-v100.yaml")
+    own = run_record(1, 400.0, "single", "2025-01-01T00:00:00+00:00", model="resnet50", params=25_557_032,
+                     precision="fp32", batch_size=128)
+    opts = ModelOptions(param_sizes="uniform", intra_busbw_gbps=100.0)
+    q = Query(model="resnet50", precision="fp32", batch_size=128)
+    pred = predict_workload(recs + [own], q, opts, parse_shapes("1x2"))
+    assert pred.inputs["baseline_kind"] == "run" and pred.rows[0].measured_samples_per_s == 400.0
+    q.source = "NVIDIA-TensorFlow-ResNet50"
+    pred = predict_workload(recs + [own], q, opts, parse_shapes("1x2"))
+    assert pred.inputs["baseline_kind"] == "imported" and pred.rows[0].measured_samples_per_s == pytest.approx(362.44)

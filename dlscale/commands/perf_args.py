@@ -117,6 +117,9 @@ def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
                    help="only torch.compile'd records")
     p.add_argument("--eager", dest="compile", action="store_const", const=False, help="only eager records")
     p.add_argument("--label", default=None, help="only records with this label")
+    p.add_argument("--source", default=None, metavar="TEXT",
+                   help="only imported records whose source contains TEXT (measured records beat imported ones "
+                        "of the same workload anyway)")
     g = p.add_argument_group("links (alpha-beta model; GB/s = 1e9 B/s, nccl-tests bus bandwidth)")
     g.add_argument("--intra-busbw", dest="intra_busbw", type=positive_float, default=None, metavar="GBPS",
                    help="intra-node all-reduce busbw; default: the source's stated figure (imported records), else "
@@ -159,7 +162,7 @@ def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
 
 def query_from_args(args) -> Query:
     return Query(model=args.model, precision=args.precision, batch_size=args.batch_size, compile=args.compile,
-                 label=args.label, flavor=args.flavor)
+                 label=args.label, flavor=args.flavor, source=args.source)
 
 
 def options_from_args(args, strategy: str | None = None) -> ModelOptions:

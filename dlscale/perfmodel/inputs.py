@@ -36,6 +36,7 @@ class Query:
     compile: bool | None = None
     label: str | None = None
     flavor: str | None = None
+    source: str | None = None  # a part of an imported record's provenance source (case-insensitive)
 
     def matches(self, rec: dict[str, Any]) -> bool:
         cfg = rec_config(rec)
@@ -44,7 +45,8 @@ class Query:
                 and (self.batch_size is None or cfg.get("batch_size") == self.batch_size)
                 and (self.compile is None or bool(cfg.get("compile")) == self.compile)
                 and (self.label is None or str(rec.get("label", cfg.get("label"))) == self.label)
-                and (self.flavor is None or str(cfg.get("flavor") or "full") == self.flavor))
+                and (self.flavor is None or str(cfg.get("flavor") or "full") == self.flavor)
+                and (self.source is None or self.source.lower() in str(source_of(rec) or "").lower()))
 
 
 @dataclass
@@ -139,7 +141,7 @@ def only_one(keys: list[str], what: str) -> str:
     varying = sorted({k for d in dicts for k in d if len({freeze(x.get(k)) for x in dicts}) > 1})
     options = "; ".join(", ".join(f"{k}={d.get(k)}" for k in varying) for d in dicts)
     raise ConfigError(f"{len(keys)} workloads have {what} ({options}): narrow with --precision, --batch-size, "
-                      f"--compile/--eager, --flavor or --label")
+                      f"--compile/--eager, --flavor, --label or --source")
 
 
 def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the store") -> Workload:
@@ -152,6 +154,8 @@ def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the
                           f"(models there: {', '.join(models) or 'none'})")
     workloads = group_workloads(recs)
     have = [k for k, w in workloads.items() if w.baseline is not None]
+    measured = [k for k in have if workloads[k].baseline.record.get("kind") == "run"]  # type: ignore[union-attr]
+    have = measured or have  # measured beats imported
     if not have:
         raise ConfigError(f"no ok 1-device record of model {query.model!r} matching the filters: the model needs "
                           f"the measured 1-device step (dlscale run --model {query.model} --nproc-per-node 1)")
