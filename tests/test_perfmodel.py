@@ -1,15 +1,18 @@
-"""Performance model: pure functions against hand-computed values, and the ``predict`` verb on a store."""
+"""Performance model: the terms and the step model against hand-computed values, and ``predict`` on a store."""
 from __future__ import annotations
 
 import json
+import math
+import random
 
 import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.perfmodel import (MIB, Link, Shape, StepModel, allreduce_phases_s, allreduce_s, allreduce_time_s,
-                               bucket_sizes, calibrate_overhead, compute_terms, gradient_bytes, overlap_model,
-                               parse_shapes, ring_allreduce_s)
+from dlscale.commands.perf_args import DeprecatedAlias
+from dlscale.perfmodel import (MIB, Link, Links, Measured, OverheadLaw, Shape, WorkloadModel, allreduce_phases_s,
+                               allreduce_s, bucket_sizes, compute_terms, gradient_bytes, overlap_model, parse_shapes,
+                               ring_allreduce_s, tree_allreduce_s)
 from dlscale.store import ResultStore, new_record
 
 PARAMS = 125_000_000          # G = 500e6 bytes of fp32 gradients
@@ -68,15 +71,16 @@ def run_json(argv, capsys):
 
 # ----------------------------------------------------------------------------- alpha-beta all-reduce
 
-def test_ring_allreduce_hand_computed():
+def test_ring_and_tree_allreduce_hand_computed():
     link = Link(250e9)
     assert ring_allreduce_s(500e6, 2, link) == pytest.approx(2e-3)          # 500e6 * 1 / 250e9
     assert ring_allreduce_s(500e6, 4, link) == pytest.approx(3e-3)          # 500e6 * 1.5 / 250e9
     assert ring_allreduce_s(500e6, 8, link) == pytest.approx(3.5e-3)        # 500e6 * 1.75 / 250e9
     assert ring_allreduce_s(500e6, 1, link) == 0.0
-    # latency: 2(n-1) alpha = 6 x 5 us
-    assert ring_allreduce_s(500e6, 4, Link(250e9, 5e-6)) == pytest.approx(30e-6 + 3e-3)
-    assert allreduce_time_s(500e6, 2, 250e9) == pytest.approx(2e-3)          # the v1 helper
+    assert ring_allreduce_s(500e6, 4, Link(250e9, 5e-6)) == pytest.approx(30e-6 + 3e-3)   # 2(n-1) alpha
+    # NCCL's tree: each node sends and receives the gradient once: S / B, and 2 ceil(log2 n) alpha
+    assert tree_allreduce_s(400e6, 4, Link(10e9, 5e-6)) == pytest.approx(20e-6 + 40e-3)
+    assert tree_allreduce_s(400e6, 5, Link(10e9, 5e-6)) == pytest.approx(30e-6 + 40e-3)
     assert gradient_bytes(PARAMS) == 500e6 and gradient_bytes(PARAMS, 2) == 250e6
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ConfigError):
@@ -86,19 +90,32 @@ def test_ring_allreduce_hand_computed():
 
 
 def test_hierarchical_allreduce_hand_computed():
-    intra, inter = Link(100e9, 2e-6), Link(10e9, 5e-6)
+    links = Links({0: Link(100e9, 2e-6)}, Link(10e9, 5e-6), inter_algorithm="ring")
     s = 400e6
-    ti, te = allreduce_phases_s(s, Shape(4, 8), intra, inter)
+    ti, te = allreduce_phases_s(s, Shape(4, 8), links)
     # intra reduce-scatter + all-gather: 2 x 7 x 2 us + 2 x 400e6 x 7/8 / 100e9
     assert ti == pytest.approx(28e-6 + 7e-3)
-    # across 4 nodes the node's NIC carries 400e6 x 2 x 3/4 at 10 GB/s: 2 x 3 x 5 us + 60 ms
+    # ring across 4 nodes: the node's NIC carries 400e6 x 2 x 3/4 at 10 GB/s: 2 x 3 x 5 us + 60 ms
     assert te == pytest.approx(30e-6 + 60e-3)
-    assert allreduce_s(s, Shape(4, 8), intra, inter) == pytest.approx(ti + te)
-    # one node: exactly the flat ring; one GPU per node: the ring of nodes on the network
-    assert allreduce_s(s, Shape(1, 8), intra) == pytest.approx(ring_allreduce_s(s, 8, intra))
-    assert allreduce_s(s, Shape(8, 1), None, inter) == pytest.approx(ring_allreduce_s(s, 8, inter))
+    assert allreduce_s(s, Shape(4, 8), links) == pytest.approx(ti + te)
+    # auto takes NCCL's tree here: 2 x 2 x 5 us + 40 ms; at 2 nodes ring and tree carry the same bytes
+    auto = Links(links.intra, links.inter)
+    assert allreduce_phases_s(s, Shape(4, 8), auto)[1] == pytest.approx(20e-6 + 40e-3)
+    assert allreduce_phases_s(s, Shape(2, 8), auto)[1] == pytest.approx(10e-6 + 40e-3)
+    # one node: exactly the flat ring
+    assert allreduce_s(s, Shape(1, 8), links) == pytest.approx(ring_allreduce_s(s, 8, Link(100e9, 2e-6)))
     with pytest.raises(ConfigError, match="--inter-busbw"):
-        allreduce_s(s, Shape(2, 8), intra, None)
+        allreduce_s(s, Shape(2, 8), Links({0: Link(100e9)}))
+    with pytest.raises(ConfigError):
+        Links(inter_algorithm="star")
+
+
+def test_intra_link_by_gpu_count():
+    """A source may state the intra-node busbw per GPU count (a DGX-1's 2 GPUs share one NVLink)."""
+    links = Links({2: Link(21e9), 4: Link(85e9), 8: Link(130e9)})
+    assert links.intra_for(2).busbw_bps == 21e9 and links.intra_for(3).busbw_bps == 85e9
+    assert links.intra_for(8).busbw_bps == 130e9 and links.intra_for(16).busbw_bps == 130e9
+    assert Links({0: Link(50e9)}).intra_for(8).busbw_bps == 50e9 and Links().intra_for(2) is None
 
 
 def test_parse_shapes():
@@ -112,13 +129,9 @@ def test_parse_shapes():
 # ----------------------------------------------------------------------------- buckets and overlap
 
 def test_bucket_sizes_ddp_rule():
-    # uniform: 60 MiB in 25 MiB buckets
     assert bucket_sizes(60 * MIB, 25 * MIB) == [25 * MIB, 25 * MIB, 10 * MIB]
-    # parameters in ready order: a bucket closes once it holds >= the cap
     assert bucket_sizes(65, 25, [10, 20, 30, 5]) == [30, 30, 5]
-    # a parameter larger than the cap closes its bucket at once (its own bucket when it opens one)
     assert bucket_sizes(102, 25, [100, 1, 1]) == [100, 2]
-    # DDP's small first bucket
     assert bucket_sizes(31.2, 25, [0.5, 0.7, 30], first_cap_bytes=1) == [1.2, 30]
     assert bucket_sizes(0, 25) == []
 
@@ -128,19 +141,16 @@ def test_bucket_pipeline_hand_example():
     20, 40, 60 ms. Ready at 10, 30, 60 ms. b1 10->30; b2 30->70; b3 waits for b2: 70->130.
     Exposed = 130 - 60 = 70 ms of 120 ms."""
     buckets = [10e6, 20e6, 30e6]
-    link = Link(0.5e9)
-    ov = overlap_model(buckets, 0.060, Shape(1, 2), link, None, "buckets")
-    assert ov.allreduce_s == pytest.approx(0.120)
-    assert ov.exposed_s == pytest.approx(0.070)
+    links = Links({0: Link(0.5e9)})
+    ov = overlap_model(buckets, 0.060, Shape(1, 2), links, "buckets")
+    assert ov.allreduce_s == pytest.approx(0.120) and ov.exposed_s == pytest.approx(0.070)
     assert ov.intra_s == pytest.approx(0.120) and ov.inter_s == 0.0
-    assert overlap_model(buckets, 0.060, Shape(1, 2), link, None, "none").exposed_s == pytest.approx(0.120)
-    assert overlap_model(buckets, 0.060, Shape(1, 2), link, None, 0.25).exposed_s == pytest.approx(0.090)
-    # a long backward hides everything but the last bucket's all-reduce
-    assert overlap_model(buckets, 1.0, Shape(1, 2), link, None).exposed_s == pytest.approx(0.060)
-    with pytest.raises(ConfigError):
-        overlap_model(buckets, 0.06, Shape(1, 2), link, None, 1.5)
-    with pytest.raises(ConfigError):
-        overlap_model(buckets, 0.06, Shape(1, 2), link, None, "sometimes")
+    assert overlap_model(buckets, 0.060, Shape(1, 2), links).exposed_s == pytest.approx(0.120)   # default: none
+    assert overlap_model(buckets, 0.060, Shape(1, 2), links, 0.25).exposed_s == pytest.approx(0.090)
+    assert overlap_model(buckets, 1.0, Shape(1, 2), links, "buckets").exposed_s == pytest.approx(0.060)
+    for bad in (1.5, "sometimes", True):
+        with pytest.raises(ConfigError):
+            overlap_model(buckets, 0.06, Shape(1, 2), links, bad)
 
 
 def test_compute_terms_split():
@@ -153,85 +163,177 @@ def test_compute_terms_split():
     assert c.total_s == pytest.approx(0.120)
 
 
-def test_step_model_and_overhead_calibration():
-    """t1 = 100 ms (32 samples), G = 500 MB in one bucket, no overlap, busbw 250 GB/s.
-    N=2: t_ar 2 ms; measured 600/s -> t2 = 64/600 s = 106.667 ms; o = 106.667 - 102 = 4.667 ms.
-    N=4: t = 100 + 4.667 + 3 = 107.667 ms -> 128 / 0.107667 samples/s."""
-    m = StepModel(compute_terms(0.1), 32, [500e6], Link(250e9), Link(12.5e9), "none")
-    r2 = m.predict(Shape(1, 2))
-    assert r2["allreduce_ms"] == pytest.approx(2.0) and r2["step_ms"] == pytest.approx(102.0)
-    o = calibrate_overhead(m, Shape(1, 2), 600.0)
-    assert o == pytest.approx(64 / 600 - 0.102)
-    m.overhead_s = o
-    assert m.predict(Shape(1, 2))["samples_per_s"] == pytest.approx(600.0)
-    r4 = m.predict(Shape(1, 4))
-    assert r4["step_ms"] == pytest.approx(100 + o * 1e3 + 3.0)
-    assert r4["samples_per_s"] == pytest.approx(128 / (0.103 + o))
-    assert r4["speedup"] == pytest.approx(r4["samples_per_s"] / 320.0)
-    assert r4["efficiency"] == pytest.approx(r4["speedup"] / 4) and r4["ideal_speedup"] == 4
-    assert r4["limiting"] == "overhead"                            # 4.67 ms overhead > 3 ms all-reduce
-    r1 = m.predict(Shape(1, 1))                                   # no overhead, no communication at N=1
-    assert r1["step_ms"] == pytest.approx(100.0) and r1["samples_per_s"] == pytest.approx(320.0)
-    # 2 nodes x 8: intra 2 x 500e6 x 7/8 / 250e9 = 3.5 ms, inter 2 x 500e6 x 1/2 / 12.5e9 = 40 ms
-    r16 = m.predict(Shape(2, 8))
-    assert r16["allreduce_intra_ms"] == pytest.approx(3.5) and r16["allreduce_inter_ms"] == pytest.approx(40.0)
-    assert r16["limiting"] == "inter-node all-reduce"
+# ----------------------------------------------------------------------------- the step model
+
+LAW = OverheadLaw({"ln_gpus": 0.05}, {"ln_nodes": 0.1}, {"from-1-gpu": 0.2, "from-node": 0.1})
+
+
+def model(measured=(), law=LAW, **kw) -> WorkloadModel:
+    """t1 = 100 ms, 32 samples per step, G = 500 MB in one bucket, intra 250 GB/s, inter 12.5 GB/s."""
+    return WorkloadModel(compute_terms(0.1), 32, [500e6], Links({0: Link(250e9)}, Link(12.5e9)), "none", law,
+                         kw.pop("base_rel_spread", None), list(measured), **kw)
+
+
+def test_model_from_one_gpu_hand_computed():
+    """1x4: exposed 2 x 500e6 x 3/4 / 250e9 = 3 ms, o = 0.05 ln 4 x 100 ms = 6.931 ms.
+    2x4: + 40 ms across 2 nodes (ring = tree = S / B), o_net = 0.1 ln 2 x t_node(4)."""
+    m = model()
+    p1 = m.predict(Shape(1, 1))
+    assert p1.step_s == pytest.approx(0.1) and p1.samples_per_s == pytest.approx(320.0) and p1.basis == "measured"
+    p4 = m.predict(Shape(1, 4))
+    o4 = 0.05 * 0.1 * math.log(4)
+    assert p4.overlap.exposed_s == pytest.approx(0.003) and p4.node_overhead_s == pytest.approx(o4)
+    assert p4.step_s == pytest.approx(0.103 + o4) and p4.samples_per_s == pytest.approx(128 / (0.103 + o4))
+    assert p4.basis == "from-1-gpu" and p4.band_pct == pytest.approx(20.0)
+    assert p4.low == pytest.approx(0.8 * p4.samples_per_s) and p4.high == pytest.approx(1280.0)  # capped at ideal
+    p24 = m.predict(Shape(2, 4))
+    t_node = 0.103 + o4
+    assert p24.overlap.inter_s == pytest.approx(0.040)
+    assert p24.net_overhead_s == pytest.approx(0.1 * math.log(2) * t_node)
+    assert p24.step_s == pytest.approx(0.143 + o4 + 0.1 * math.log(2) * t_node)
+    # 4 nodes: the tree (40 ms) beats the ring (60 ms)
+    assert m.predict(Shape(4, 4)).overlap.inter_s == pytest.approx(0.040)
+    d = p24.to_dict()
+    assert d["ideal_speedup"] == 8 and d["speedup"] == pytest.approx(p24.samples_per_s / 320.0)
+    assert d["efficiency"] == pytest.approx(d["speedup"] / 8) and d["allreduce_inter_ms"] == pytest.approx(40.0)
+
+
+def test_model_calibrated_on_measured_points():
+    """Measured 1x4 step 115 ms: o_node(4) = 115 - 100 - 3 = 12 ms, reproduced at 1x4; 1x8 takes the law's
+    growth from 4 to 8 on top (0.05 x 100 ms x ln 2); 2x4 rests on the measured node (from-node)."""
+    node = Measured(Shape(1, 4), 0.115, 0.02, "run n4")
+    m = model([node], base_rel_spread=0.01)
+    p4 = m.predict(Shape(1, 4))
+    assert p4.step_s == pytest.approx(0.115) and p4.basis == "measured"
+    assert p4.band_pct == pytest.approx(100 * math.hypot(0.01, 0.02))        # input spread only
+    p8 = m.predict(Shape(1, 8))
+    assert p8.node_overhead_s == pytest.approx(0.012 + 0.005 * math.log(2)) and p8.basis == "from-1-gpu"
+    p24 = m.predict(Shape(2, 4))
+    assert p24.basis == "from-node" and p24.band_pct == pytest.approx(100 * math.hypot(0.01, 0.02, 0.1))
+    assert p24.step_s == pytest.approx(0.1 + 0.043 + 0.012 + 0.1 * math.log(2) * 0.115)
+    # a measured multi-node point scales the law's network term: it is then reproduced exactly
+    m2 = model([node, Measured(Shape(2, 4), 0.170, None, "run 2x4")])
+    assert m2.predict(Shape(2, 4)).step_s == pytest.approx(0.170)
+    assert m2.predict(Shape(4, 4)).net_overhead_s == pytest.approx(0.015 * math.log(4) / math.log(2))
+    # a fixed overhead replaces law and calibration
+    m3 = model([node], fixed_overhead_s=0.005)
+    assert m3.predict(Shape(2, 4)).step_s == pytest.approx(0.1 + 0.043 + 0.005)
+    assert m3.predict(Shape(2, 4)).basis == "fixed overhead"
+
+
+def test_negative_overhead_is_clamped_never_used():
+    """A measured 1x4 step faster than the modelled communication allows: the overhead is clamped at 0,
+    with a note, and the prediction stays at or below ideal."""
+    p = model([Measured(Shape(1, 4), 0.101)]).predict(Shape(1, 4))
+    assert p.node_overhead_s == 0.0 and p.step_s == pytest.approx(0.103)
+    assert any("clamped at 0" in n for n in p.notes)
+    with pytest.raises(ConfigError, match=">= 0"):
+        model(fixed_overhead_s=-0.001)
     with pytest.raises(ConfigError):
-        calibrate_overhead(m, Shape(1, 1), 320.0)
+        OverheadLaw({"ln_gpus": -0.01})
+    with pytest.raises(ConfigError):
+        OverheadLaw({"sunspots": 0.01})
+
+
+def test_no_prediction_above_ideal_or_with_negative_overhead():
+    """Random workloads, links, laws and measured points (some faster than ideal): every predicted
+    throughput and band edge is at most ideal, every overhead term >= 0."""
+    rng = random.Random(7)
+    for _ in range(300):
+        t1 = rng.uniform(0.005, 2.0)
+        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2)}, {"ln_nodes": rng.uniform(0, 0.2)},
+                          {"from-1-gpu": rng.uniform(0, 0.5), "from-node": rng.uniform(0, 0.5)})
+        links = Links({0: Link(rng.uniform(1e9, 900e9), rng.uniform(0, 2e-5))},
+                      Link(rng.uniform(1e9, 400e9), rng.uniform(0, 2e-5)))
+        meas = [Measured(Shape(rng.choice([1, 2]), g), t1 * rng.uniform(0.5, 1.5), rng.uniform(0, 0.3))
+                for g in rng.sample([2, 4, 8], rng.randint(0, 3))]
+        m = WorkloadModel(compute_terms(t1), rng.choice([1, 16, 256]), [rng.uniform(1e6, 2e9)], links,
+                          rng.choice(["none", "buckets", 0.5]), law, rng.uniform(0, 0.1), meas)
+        for sh in (Shape(1, 1), Shape(1, 2), Shape(1, 8), Shape(2, 8), Shape(16, 8), Shape(512, 8), Shape(4, 1)):
+            p = m.predict(sh)
+            assert p.node_overhead_s >= 0 and p.net_overhead_s >= 0
+            assert p.samples_per_s <= p.ideal_samples_per_s * (1 + 1e-12)
+            assert p.high <= p.ideal_samples_per_s * (1 + 1e-12) and 0 <= p.low <= p.samples_per_s
+            assert p.speedup <= sh.devices * (1 + 1e-12)
+
+
+def test_limited_by_names_a_cause_only_with_evidence():
+    big_law = OverheadLaw({"ln_gpus": 0.5}, {"ln_nodes": 0.5})
+    p = model(law=big_law).predict(Shape(1, 8))            # the law's overhead dominates, nothing measured
+    assert p.limiting == "unknown" and "default overhead law" in p.evidence
+    slow = WorkloadModel(compute_terms(0.1), 32, [500e6], Links({0: Link(1e9)}, sources={"intra": "--intra-busbw 1"}),
+                         "none", OverheadLaw())
+    p = slow.predict(Shape(1, 8))
+    assert p.limiting == "intra-node all-reduce" and p.evidence == "--intra-busbw 1"
+    p = model(law=OverheadLaw()).predict(Shape(1, 2))     # 2 ms of 102: a loss, the link has no source given
+    assert p.limiting == "intra-node all-reduce"
+    tiny = WorkloadModel(compute_terms(0.1), 32, [1e6], Links({0: Link(250e9)}), "none", OverheadLaw())
+    assert tiny.predict(Shape(1, 2)).limiting == "compute"
 
 
 # ----------------------------------------------------------------------------- predict verb
 
 def test_predict_cli_json_from_store(store, capsys):
-    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--gpus-per-node-max", "4",
+    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--nproc-per-node", "4",
                     "--devices", "2,4", "--overlap", "none", "--overhead-ms", "0"], capsys)
     inp = out["inputs"]
-    assert inp["intra_busbw_gbps"] == pytest.approx(BUSBW)        # largest all_reduce row, not all_gather
-    # latency from the 8-byte row: (20 us - 8 B / 250 GB/s) / 2(n-1)
-    assert inp["intra_latency_us"] == pytest.approx((20e-6 - 8 / 250e9) / 2 * 1e6)
+    assert inp["intra_busbw_gbps"] == {"2": pytest.approx(BUSBW)}   # largest all_reduce row, at its 2 ranks
     assert inp["step_ms"] == pytest.approx(STEP_MS) and inp["gradient_bytes"] == 500e6
-    assert inp["backward_ms"] == pytest.approx(STEP_MS * 2 / 3)    # no 1-device breakdown: FLOPs split
+    assert inp["backward_ms"] == pytest.approx(STEP_MS * 2 / 3)     # no 1-device breakdown: FLOPs split
     rows = {r["shape"]: r for r in out["rows"]}
-    assert sorted(rows) == ["1x1", "1x2", "1x4"]                  # --devices is the last --shapes given
-    # 20 buckets (19 x 25 MiB + the rest), each with 2 x 1 x alpha of latency
-    alpha = inp["intra_latency_us"] * 1e-6
+    assert sorted(rows) == ["1x1", "1x2", "1x4"]                   # --devices (deprecated) is the last --shapes
+    # latency from the 8-byte row: (20 us - 8 B / 250 GB/s) / 2(n-1); 20 buckets, each 2 x 1 x alpha
+    alpha = (20e-6 - 8 / 250e9) / 2
     assert inp["buckets"] == 20
     assert rows["1x2"]["allreduce_ms"] == pytest.approx((500e6 / 250e9 + 20 * 2 * alpha) * 1e3)
-    assert rows["1x2"]["measured_samples_per_s"] == 600.0
+    assert rows["1x2"]["measured_samples_per_s"] == 600.0 and rows["1x2"]["basis"] == "fixed overhead"
     t2 = 0.1 + 500e6 / 250e9 + 40 * alpha
     assert rows["1x2"]["error_pct"] == pytest.approx((64 / t2 - 600) / 600 * 100)
     assert rows["1x4"]["measured_samples_per_s"] is None
+    for r in out["rows"]:
+        assert r["samples_per_s_low"] <= r["samples_per_s"] <= r["samples_per_s_high"]
 
 
-def test_predict_calibrates_overhead_on_two_devices(store, capsys):
-    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--intra-busbw", "250",
+def test_deprecated_spellings_warn_once(store, capsys):
+    DeprecatedAlias.warned.clear()
+    assert main(["predict", store, "--model", "m", "--devices", "2", "--busbw", "250", "--gpus-per-node-max", "2",
+                 "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    for old, new in (("--devices", "--shapes"), ("--busbw", "--intra-busbw"),
+                     ("--gpus-per-node-max", "--nproc-per-node")):
+        assert f"warning: {old} is deprecated; use {new}" in err
+    assert main(["predict", store, "--model", "m", "--devices", "2", "--format", "json"]) == 0
+    assert "deprecated" not in capsys.readouterr().err          # once per process
+
+
+def test_predict_calibrates_on_the_measured_point(store, capsys):
+    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2,1x8", "--intra-busbw", "250",
                     "--overlap", "none", "--param-sizes", "uniform"], capsys)
-    row = next(r for r in out["rows"] if r["shape"] == "1x2")
-    assert row["calibration_point"] and row["samples_per_s"] == pytest.approx(600.0)
-    assert out["inputs"]["overhead_ms"] == pytest.approx((64 / 600 - 0.102) * 1e3)
-    assert "calibrated" in out["inputs"]["overhead_source"]
+    rows = {r["shape"]: r for r in out["rows"]}
+    assert rows["1x2"]["calibration_point"] and rows["1x2"]["samples_per_s"] == pytest.approx(600.0)
+    assert rows["1x2"]["basis"] == "measured"
+    assert rows["1x2"]["overhead_ms"] == pytest.approx((64 / 600 - 0.102) * 1e3)
+    assert "fitted on the measured 1x2" in out["inputs"]["overhead_source"]
+    assert rows["1x8"]["basis"] == "from-1-gpu" and rows["1x8"]["overhead_ms"] > rows["1x2"]["overhead_ms"]
 
 
-def test_predict_markdown_terms_and_plot(store, capsys, tmp_path):
+def test_predict_markdown_terms_band_and_plot(store, capsys, tmp_path):
     plot = tmp_path / "speedup.png"
-    assert main(["predict", store, "--model", "m", "--shapes", "1x2,2x2,64x2", "--busbw", "100",
+    assert main(["predict", store, "--model", "m", "--shapes", "1x2,2x2,64x2", "--intra-busbw", "100",
                  "--inter-busbw", "12.5", "--overhead-ms", "0", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
-    header = ("| shape | GPUs | data (ms) | fwd (ms) | bwd (ms) | upd (ms) | overhead (ms) | all-reduce (ms) | "
-              "exposed (ms) | step (ms) | seq/s | speedup | ideal | efficiency | limited by |")
-    assert header in out
+    assert ("| shape | GPUs | data+fwd (ms) | bwd+upd (ms) | overhead (ms) | all-reduce (ms) | exposed (ms) | "
+            "step (ms) | seq/s | band (seq/s) | speedup | ideal | efficiency | basis | limited by |") in out
     assert "| 64x2 | 128 |" in out and "inter-node all-reduce" in out
     assert plot.exists() and plot.stat().st_size > 1000
 
 
-def test_predict_overlap_auto_uses_breakdown(store, capsys):
-    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--overlap", "auto"], capsys)
+def test_predict_overlap_auto(store, capsys):
+    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2"], capsys)
     assert out["inputs"]["overlap"] == 0.5 and "breakdown" in out["inputs"]["overlap_source"]
-    s = ResultStore(store)
-    s.append(run_record(1, 320.0, "single", "2025-01-03T00:00:00+00:00", precision="fp32"))
-    out = run_json(["predict", store, "--model", "m", "--precision", "fp32", "--shapes", "1x2",
-                    "--overlap", "auto"], capsys)
-    assert out["inputs"]["overlap"] == "buckets" and "no measured breakdown" in out["inputs"]["overlap_source"]
+    ResultStore(store).append(run_record(1, 320.0, "single", "2025-01-03T00:00:00+00:00", precision="fp32"))
+    out = run_json(["predict", store, "--model", "m", "--precision", "fp32", "--shapes", "1x2"], capsys)
+    assert out["inputs"]["overlap"] == "none" and "no measured breakdown" in out["inputs"]["overlap_source"]
 
 
 def test_predict_registered_model_buckets(tmp_path, capsys):
@@ -244,25 +346,42 @@ def test_predict_registered_model_buckets(tmp_path, capsys):
     assert out["inputs"]["gradient_bytes"] == 25_557_032 * 4
 
 
+def test_predict_says_cpu_and_flavour(tmp_path, capsys):
+    s = ResultStore(tmp_path / "cpu")
+    for n, v in ((1, 50.0), (2, 90.0)):
+        rec = run_record(n, v, "single" if n == 1 else "ddp", f"2025-01-01T0{n}:00:00+00:00", flavor="tiny",
+                         device="cpu")
+        rec["device_type"] = "cpu"
+        s.append(rec)
+    assert main(["predict", str(tmp_path / "cpu"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "from CPU records, tiny flavour" in out.splitlines()[0]
+    out = run_json(["predict", str(tmp_path / "cpu"), "--model", "m", "--flavor", "tiny", "--shapes", "1x2",
+                    "--intra-busbw", "5"], capsys)
+    assert out["qualifier"] == "CPU records, tiny flavour" and out["flavor"] == "tiny"
+    assert main(["predict", str(tmp_path / "cpu"), "--model", "m", "--flavor", "full", "--intra-busbw", "5"]) == 2
+    assert "no run or imported records" in capsys.readouterr().err
+
+
 def test_predict_one_line_errors(store, capsys):
     cases = [
         (["--shapes", "1x4"], "more than the 2 of the measured node"),      # env saw 2 GPUs
         (["--shapes", "2x2"], "--inter-busbw"),                              # spans nodes, no inter figure
-        (["--precision", "fp32"], "no run records"),
+        (["--precision", "fp32"], "no run or imported records"),
     ]
     for extra, text in cases:
         assert main(["predict", store, "--model", "m"] + extra) == 2
         err = capsys.readouterr().err
         assert err.startswith("dlscale: error: ") and err.count("\n") == 1 and text in err
-    # explicit link figures lift the node limit; so does --gpus-per-node-max
     assert main(["predict", store, "--model", "m", "--shapes", "1x4", "--intra-busbw", "100"]) == 0
-    assert main(["predict", store, "--model", "m", "--shapes", "1x4", "--gpus-per-node-max", "8"]) == 0
+    assert main(["predict", store, "--model", "m", "--shapes", "1x4", "--nproc-per-node", "8"]) == 0
     capsys.readouterr()
     assert main(["predict", store]) == 2 and "--model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra", [["--intra-busbw", "0"], ["--inter-busbw", "-3"], ["--shapes", "0x8"],
-                                   ["--overlap", "1.5"], ["--intra-latency-us", "-1"]])
+                                   ["--overlap", "1.5"], ["--intra-latency-us", "-1"], ["--overhead-ms", "-1"],
+                                   ["--nnodes", "0"], ["--inter-algorithm", "star"]])
 def test_predict_bad_numbers_exit_2(store, capsys, extra):
     with pytest.raises(SystemExit) as e:
         main(["predict", store, "--model", "m"] + extra)
@@ -275,9 +394,9 @@ def test_predict_needs_bandwidth(tmp_path, capsys):
     assert main(["predict", str(tmp_path / "r"), "--model", "m", "--shapes", "1x2"]) == 2
     err = capsys.readouterr().err
     assert "--intra-busbw" in err and "micro comm" in err and err.count("\n") == 1
-    out = run_json(["predict", str(tmp_path / "r"), "--model", "m", "--busbw", "250", "--shapes", "1x2"], capsys)
-    assert out["inputs"]["overlap"] == "buckets" and out["inputs"]["overhead_ms"] == 0.0
-    assert "no measured 2-device" in out["inputs"]["overhead_source"]
+    out = run_json(["predict", str(tmp_path / "r"), "--model", "m", "--intra-busbw", "250", "--shapes", "1x2"], capsys)
+    assert out["inputs"]["overlap"] == "none" and "default law" in out["inputs"]["overhead_source"]
+    assert out["rows"][1]["basis"] == "from-1-gpu" and out["rows"][1]["overhead_ms"] > 0
 
 
 def test_ambiguous_workload(store, capsys):

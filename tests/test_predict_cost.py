@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.commands.cost import BUILTIN_PRICES, load_prices, record_power_w
-from dlscale.perfmodel import cheapest_meeting_deadline, training_cost
+from dlscale.commands.perf_args import DeprecatedAlias
+from dlscale.perfmodel.law import DEFAULT_LAW
+from dlscale.perfmodel.cost import (BUILTIN_PRICES, cheapest_meeting_deadline, load_prices, record_power_w,
+                                    training_cost)
 from dlscale.report.data import Row
 from dlscale.store import ResultStore
 from test_perfmodel import comm_record, run_record
@@ -84,45 +87,99 @@ def test_energy_per_sample_from_sampled_power(store):
 
 
 def test_cost_measured_with_energy(store, capsys):
-    c = cost_json([store, "--model", "m", "--devices", "2", "--tokens", "1e9", "--price-per-gpu-hour", "2"], capsys)
+    c = cost_json([store, "--model", "m", "--shape", "2", "--tokens", "1e9", "--price-per-gpu-hour", "2"], capsys)
     hours = 1e9 / 1024 / 600 / 3600
     assert c["hours"] == pytest.approx(hours) and c["cost"] == pytest.approx(hours * 2 * 2)
     assert c["cost_per_million_samples"] == pytest.approx(1e6 * 2 * 2 / (600 * 3600))
     assert c["energy_j_per_sample"] == pytest.approx(610 / 600)
     assert c["energy_kwh"] == pytest.approx(610 * hours / 1000)
     # a shape picks that shape: 2 nodes x 2
-    c = cost_json([store, "--model", "m", "--devices", "2x2", "--samples", "1e6", "--price-per-gpu-hour", "1"], capsys)
+    c = cost_json([store, "--model", "m", "--shape", "2x2", "--samples", "1e6", "--price-per-gpu-hour", "1"], capsys)
+    assert c["samples_per_s"] == 1150.0
+    c = cost_json([store, "--model", "m", "--nnodes", "2", "--nproc-per-node", "2", "--samples", "1e6",
+                   "--price-per-gpu-hour", "1"], capsys)
     assert c["samples_per_s"] == 1150.0 and c["energy_j_per_sample"] == pytest.approx(1240 / 1150)
-    assert main(["cost", store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-per-gpu-hour",
+    assert main(["cost", store, "--model", "m", "--shape", "2", "--samples", "1e6", "--price-per-gpu-hour",
                  "2"]) == 0
     text = capsys.readouterr().out
     assert "| energy per seq |" in text and "| cost per million seq |" in text
 
 
-def test_cost_predicted(store, capsys):
-    c = cost_json([store, "--model", "m", "--devices", "1x2", "--samples", "1e6", "--predicted", "--overlap", "none",
+def test_cost_measured_beats_predicted(store, capsys):
+    """A measured shape uses its record; the prediction only stands beside it. A shape nothing was measured
+    at takes the prediction, with its band."""
+    c = cost_json([store, "--model", "m", "--shape", "1x2", "--samples", "1e6", "--predicted", "--overlap", "none",
                    "--price-per-gpu-hour", "1"], capsys)
-    assert c["samples_per_s"] == pytest.approx(600.0)          # calibrated on the measured 1x2 record
-    assert c["energy_j_per_sample"] == pytest.approx(350 * 2 / 600)  # estimate: 1-device power x 2
+    assert c["samples_per_s"] == 600.0 and c["kind"] == "run"
+    # beside it: what the model says at 1x2 without that record (the default law; 20 buckets of latency)
+    alpha = (20e-6 - 8 / 250e9) / 2
+    t2 = 0.1 + 500e6 / 250e9 + 40 * alpha + DEFAULT_LAW.node["ln_gpus"] * math.log(2) * 0.1
+    assert c["predicted_samples_per_s"] == pytest.approx(64 / t2)
+    assert c["energy_j_per_sample"] == pytest.approx(610 / 600)
+    c = cost_json([store, "--model", "m", "--shape", "4x2", "--samples", "1e6", "--predicted", "--overlap", "none",
+                   "--inter-busbw", "12.5", "--price-per-gpu-hour", "1"], capsys)
+    assert c["kind"] == "predicted" and c["samples_per_s_low"] < c["samples_per_s"] <= c["samples_per_s_high"]
+    assert c["hours_range"][0] < c["hours"] < c["hours_range"][1]
+    assert c["energy_j_per_sample"] == pytest.approx(350 * 8 / c["samples_per_s"])  # estimate: 1-device x 8
     assert "estimate" in c["power_source"]
+
+
+def test_deadline_planner_ranks_the_measured_record_not_the_prediction(tmp_path, capsys):
+    """The 4x8-style bug: a measured 2x2 record that misses the deadline must not be replaced by a faster
+    prediction of the same shape that meets it."""
+    s = ResultStore(tmp_path / "d")
+    s.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"))
+    s.append(run_record(2, 600.0, "ddp", "2025-01-01T01:00:00+00:00"))
+    s.append(run_record(2, 700.0, "ddp", "2025-01-01T02:00:00+00:00", nnodes=2))    # slow: 2 nodes, 700/s
+    s.append(comm_record())
+    argv = [str(tmp_path / "d"), "--model", "m", "--deadline-hours", "3", "--samples", "1e7", "--price-per-gpu-hour",
+            "1", "--predicted", "--shapes", "1x2,2x2", "--inter-busbw", "100", "--overlap", "none"]
+    out = cost_json(argv, capsys)
+    opts = {o["config"]: o for o in out["options"]}
+    assert set(opts) == {"single 1x1", "ddp 1x2", "ddp 2x2"}                         # no predicted 2x2 option
+    two = opts["ddp 2x2"]
+    assert two["samples_per_s"] == 700.0 and two["kind"] == "run"
+    assert two["predicted_samples_per_s"] > 1000.0                                  # the model beside it
+    assert two["hours"] == pytest.approx(1e7 / 700 / 3600) and not two["meets_deadline"]   # 3.97 h > 3 h
+    assert two["predicted_hours"] < 3.0                      # the prediction alone would have met the deadline
+    assert out["cheapest"] is None and out["fastest"] == "ddp 2x2"
+    assert main(["cost"] + argv) == 0
+    text = capsys.readouterr().out
+    assert "predicted hours" in text and "| ddp 2x2 | 4 | 700.0 |" in text
+
+
+def test_cost_says_cpu_and_flavour(tmp_path, capsys):
+    s = ResultStore(tmp_path / "cpu")
+    rec = run_record(1, 50.0, "single", "2025-01-01T00:00:00+00:00", flavor="tiny", device="cpu")
+    rec["device_type"] = "cpu"
+    s.append(rec)
+    assert main(["cost", str(tmp_path / "cpu"), "--model", "m", "--flavor", "tiny", "--shape", "1",
+                 "--samples", "1e6", "--price-per-gpu-hour", "1"]) == 0
+    assert "from CPU records, tiny flavour" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_cost_devices_is_a_deprecated_alias(store, capsys):
+    DeprecatedAlias.warned.clear()
+    c = cost_json([store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-per-gpu-hour", "1"], capsys)
+    assert c["samples_per_s"] == 600.0
 
 
 def test_price_files(store, tmp_path, capsys):
     entries = load_prices("builtin")
     assert BUILTIN_PRICES.exists() and all(e["usd_per_gpu_hour"] > 0 and e["source"] for e in entries)
-    c = cost_json([store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-file", "builtin"], capsys)
+    c = cost_json([store, "--model", "m", "--shape", "2", "--samples", "1e6", "--price-file", "builtin"], capsys)
     h100 = next(e for e in entries if e["name"] == "aws-capacity-block-h100")
     assert c["price_per_gpu_hour"] == h100["usd_per_gpu_hour"] and "capacityblocks" in c["price_source"]
-    c = cost_json([store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-file", "builtin",
+    c = cost_json([store, "--model", "m", "--shape", "2", "--samples", "1e6", "--price-file", "builtin",
                    "--price", "aws-on-demand-h100-2023"], capsys)
     assert c["price_per_gpu_hour"] == 12.29
     own = tmp_path / "p.yaml"
     own.write_text("prices:\n  - {name: mine, gpu: 'H100', usd_per_gpu_hour: 0, source: me}\n")
-    assert main(["cost", store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-file", str(own)]) == 2
+    assert main(["cost", store, "--model", "m", "--shape", "2", "--samples", "1e6", "--price-file", str(own)]) == 2
     err = capsys.readouterr().err
     assert "positive" in err and err.count("\n") == 1
     own.write_text("prices:\n  - {name: mine, gpu: 'A100', usd_per_gpu_hour: 1.5, source: me}\n")
-    assert main(["cost", store, "--model", "m", "--devices", "2", "--samples", "1e6", "--price-file", str(own)]) == 2
+    assert main(["cost", store, "--model", "m", "--shape", "2", "--samples", "1e6", "--price-file", str(own)]) == 2
     assert "matches GPU 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().err
 
 
@@ -149,10 +206,11 @@ def test_cost_deadline_picks_cheapest(store, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["cost", "{s}", "--model", "m", "--devices", "8", "--samples", "1000", "--price-per-gpu-hour", "2"],
-    ["cost", "{s}", "--model", "nope", "--devices", "2", "--samples", "1000", "--price-per-gpu-hour", "2"],
-    ["cost", "{s}", "--model", "m", "--devices", "2", "--samples", "1000"],                 # no price
-    ["cost", "{s}", "--model", "m", "--devices", "2", "--samples", "1000", "--price", "x"],
+    ["cost", "{s}", "--model", "m", "--shape", "8", "--samples", "1000", "--price-per-gpu-hour", "2"],
+    ["cost", "{s}", "--model", "nope", "--shape", "2", "--samples", "1000", "--price-per-gpu-hour", "2"],
+    ["cost", "{s}", "--model", "m", "--shape", "2", "--samples", "1000"],                 # no price
+    ["cost", "{s}", "--model", "m", "--shape", "2", "--samples", "1000", "--price", "x"],
+    ["cost", "{s}", "--model", "m", "--nnodes", "2", "--samples", "1000", "--price-per-gpu-hour", "2"],
 ])
 def test_cost_one_line_errors(store, capsys, argv):
     assert main([a.format(s=store) for a in argv]) == 2
@@ -161,11 +219,12 @@ def test_cost_one_line_errors(store, capsys, argv):
 
 
 @pytest.mark.parametrize("extra", [
-    ["--devices", "2", "--price-per-gpu-hour", "-2"],
-    ["--devices", "0", "--price-per-gpu-hour", "2"],
-    ["--price-per-gpu-hour", "2"],                                   # neither --devices nor --deadline-hours
+    ["--shape", "2", "--price-per-gpu-hour", "-2"],
+    ["--shape", "0", "--price-per-gpu-hour", "2"],
+    ["--price-per-gpu-hour", "2"],                                   # neither --shape nor --deadline-hours
     ["--deadline-hours", "0", "--price-per-gpu-hour", "2"],
-    ["--devices", "2", "--price-per-gpu-hour", "2", "--price-file", "builtin"],
+    ["--shape", "2", "--price-per-gpu-hour", "2", "--price-file", "builtin"],
+    ["--shape", "2", "--nnodes", "2", "--price-per-gpu-hour", "2"],
 ])
 def test_cost_bad_arguments_exit_2(store, capsys, extra):
     with pytest.raises(SystemExit) as e:

@@ -1,0 +1,150 @@
+"""Validate (and fit) the performance model on the published tables and the project's own 2-GPU records.
+
+    python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms]
+
+Inputs: every table in tests/fixtures/tables (format dlscale-table/1), the older
+tests/fixtures/published_mxnet_bert_base_v100.yaml, and the H200 pair stores docs/bench-data/*h200x2*.jsonl
+(with their micro comm record). Runs on the CPU in seconds; no GPU, nothing measured.
+
+What it prints (markdown, for docs/perfmodel.md):
+* ``--forms``: the candidate overhead laws compared by their leave-one-table-out errors;
+* the default law's leave-one-table-out validation: per protocol (from-1-gpu, from-node) the mean and
+  max |error|, over / under counts and the share inside the band, per table, and every point;
+* the project's own 2-GPU records predicted from their 1-GPU records (law fitted without them);
+* ``--fit``: the law fitted on everything, with its band, as the Python literal of ``DEFAULT_LAW``.
+
+Published tables are read by ``dlscale import --format table`` when that importer is installed, else by
+the minimal reader in tests/table_records.py (the same record shape).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from dlscale import ConfigError  # noqa: E402
+from dlscale.perfmodel.fit import (CANDIDATE_FORMS, band_from, datasets_by_source, fit_law,  # noqa: E402
+                                   leave_one_out)
+from dlscale.perfmodel.inputs import ModelOptions  # noqa: E402
+from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS  # noqa: E402
+from dlscale.perfmodel.render import fmt, md_table, plot_validation, summary_table  # noqa: E402
+from dlscale.perfmodel.validate import Validation  # noqa: E402
+from dlscale.report.data import load_records  # noqa: E402
+
+TABLES = [ROOT / "tests/fixtures/tables", ROOT / "tests/fixtures/published_mxnet_bert_base_v100.yaml"]
+OWN = sorted(p for p in (ROOT / "docs/bench-data").glob("*h200x2*.jsonl")
+             if "bare" not in p.name and "micro" not in p.name) + [ROOT / "docs/bench-data/dlperf-h200x2/results.jsonl"]
+COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"
+
+
+def published_records() -> list[dict]:
+    try:  # the real importer, once it is there
+        from dlscale.importers.table import load_table_records  # type: ignore[import-not-found]
+    except ImportError:
+        from table_records import load_tables
+
+        return load_tables(TABLES)
+    out: list[dict] = []
+    for p in TABLES:
+        for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p]):
+            out += load_table_records(f)
+    return out
+
+
+def own_stores() -> dict[str, list[dict]]:
+    comm = load_records(COMM).records
+    out = {}
+    for p in OWN:
+        try:
+            out[p.relative_to(ROOT / "docs/bench-data").as_posix()] = load_records(p).records + comm
+        except ConfigError:  # a file of bare-loop lines, not dlscale records
+            continue
+    return out
+
+
+def per_table(val: Validation) -> str:
+    body = []
+    for g in sorted({r.group for r in val.rows}):
+        cells = [g]
+        for p in PROTOCOLS:
+            s = val.summary(p, [g])
+            cells += ([str(s.n), fmt(s.mean_abs_error_pct, 1, " %"), fmt(s.max_abs_error_pct, 1, " %"),
+                       f"{s.over}/{s.under}"] if s.n else ["0", "-", "-", "-"])
+        body.append(cells)
+    return md_table(["table", "1-GPU n", "MAE", "max", "over/under", "node n", "MAE", "max", "over/under"], body)
+
+
+def points(val: Validation) -> str:
+    body = [[r.series, r.shape, r.protocol, fmt(r.measured, 1), fmt(r.predicted, 1),
+             f"{fmt(r.low, 0)}..{fmt(r.high, 0)}", fmt(r.error_pct, 1, " %"), r.limiting]
+            for r in sorted(val.rows, key=lambda r: (r.series, r.protocol, r.devices))]
+    return md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "limited by"], body)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="directory for validation.json and validation.png")
+    ap.add_argument("--fit", action="store_true", help="print the law fitted on everything (DEFAULT_LAW)")
+    ap.add_argument("--forms", action="store_true", help="compare the candidate forms of the law")
+    ap.add_argument("--points", action="store_true", help="print every predicted point")
+    args = ap.parse_args()
+    opts = ModelOptions()
+    pub = datasets_by_source(published_records())
+    own = own_stores()
+    everything = {**pub, **own}
+    node_terms, net_terms = tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net)
+
+    if args.forms:
+        body = []
+        for nt, mt in CANDIDATE_FORMS:
+            law = fit_law(everything, opts, nt, mt)
+            v = leave_one_out(everything, opts, nt, mt)
+            s1, s2, so = v.summary("from-1-gpu", pub), v.summary("from-node", pub), v.summary("from-1-gpu", own)
+            body.append([law.describe(), fmt(s1.mean_abs_error_pct, 1, " %"), fmt(s1.max_abs_error_pct, 1, " %"),
+                         fmt(s2.mean_abs_error_pct, 1, " %"), fmt(s2.max_abs_error_pct, 1, " %"),
+                         f"{s2.over}/{s2.under}", fmt(so.mean_abs_error_pct, 1, " %"),
+                         fmt(so.max_abs_error_pct, 1, " %")])
+        print("## Candidate laws (each table and store predicted with the law fitted on all the others)\n")
+        print(md_table(["law (fitted on all)", "tables from 1 GPU: MAE", "max", "from node: MAE", "max",
+                        "over/under", "own 2-GPU: MAE", "max"], body))
+        print()
+
+    val = leave_one_out(everything, opts, node_terms, net_terms, band=DEFAULT_LAW.band)
+    print(f"## Leave-one-out validation: {DEFAULT_LAW.describe()} (the form; refitted without each table or store)\n")
+    print("Published tables:\n")
+    print(summary_table(val, list(pub)))
+    print()
+    print(per_table(Validation([r for r in val.rows if r.group in pub])))
+    print()
+    if args.points:
+        print(points(val))
+        print()
+    print("The project's own 2-GPU records, predicted from their 1-GPU records (each store held out):\n")
+    body = [[r.group, r.series, r.shape, fmt(r.measured, 1), fmt(r.predicted, 1), fmt(r.error_pct, 1, " %")]
+            for r in val.rows if r.group in own]
+    print(md_table(["store", "case", "shape", "measured", "predicted", "error"], body))
+    so = val.summary("from-1-gpu", own)
+    if so.n:
+        print(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
+              f"over / under {so.over} / {so.under}")
+    if args.fit:
+        held_out_published = Validation([r for r in val.rows if r.group in pub])
+        law = fit_law(everything, opts, node_terms, net_terms, band=band_from(held_out_published),
+                      source="benchmarks/perfmodel_validate.py --fit")
+        print("\n## Fitted on everything (paste into dlscale/perfmodel/law.py)\n")
+        print(f"node={law.node!r}, net={law.net!r}, band={law.band!r}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.json").write_text(json.dumps(val.to_dict(), indent=2, sort_keys=True))
+        plot_validation(val, str(out / "validation.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

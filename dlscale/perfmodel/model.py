@@ -1,0 +1,237 @@
+"""One workload's step model: the 1-device step, its gradients and links, the overhead law and the
+measured multi-device points it is calibrated on; ``predict(shape)`` gives one shape's terms with a band.
+
+    t(M x g) = t_1 + exposed all-reduce(M x g) + o_node(g) + b x t_node(g) x h(M)
+    t_node(g) = t_1 + exposed all-reduce(1 x g) + o_node(g)
+
+o_node(g): measured where the workload has a 1 x g point (t_meas - t_1 - exposed), else the law plus
+the offset the nearest measured node size shows, else the law. b: fitted on the workload's measured
+multi-node points, else the law's. Every overhead is clamped at 0 (with a note): the model never
+predicts more than ideal scaling.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale import ConfigError
+from dlscale.perfmodel.core import NO_COMM, Compute, Links, Overlap, Shape, overlap_model, positive
+from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured point: its shape, seconds per optimizer step (N x b / median samples/s), the relative
+    spread of its repeats (stdev / median; None: one figure) and what it is (record id, label)."""
+
+    shape: Shape
+    step_s: float
+    rel_spread: float | None = None
+    ref: str = ""
+
+
+@dataclass
+class ShapePrediction:
+    """Every term of one shape's predicted step (seconds), the throughput with its band, and why."""
+
+    shape: Shape
+    compute: Compute
+    overlap: Overlap
+    node_overhead_s: float
+    net_overhead_s: float
+    step_s: float
+    samples_per_s: float
+    low: float
+    high: float
+    ideal_samples_per_s: float
+    basis: str  # measured | from-node | from-1-gpu | fixed overhead
+    band_pct: float
+    limiting: str
+    evidence: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.node_overhead_s + self.net_overhead_s
+
+    @property
+    def speedup(self) -> float:
+        return self.samples_per_s / (self.ideal_samples_per_s / self.shape.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        c, ov, n = self.compute, self.overlap, self.shape.devices
+        sps1 = self.ideal_samples_per_s / n
+        return {
+            "shape": self.shape.label, "nodes": self.shape.nodes, "gpus_per_node": self.shape.gpus_per_node,
+            "devices": n, "data_ms": c.data_s * 1e3, "forward_ms": c.forward_s * 1e3,
+            "backward_ms": c.backward_s * 1e3, "update_ms": c.update_s * 1e3,
+            "overhead_ms": self.overhead_s * 1e3, "node_overhead_ms": self.node_overhead_s * 1e3,
+            "net_overhead_ms": self.net_overhead_s * 1e3, "allreduce_ms": ov.allreduce_s * 1e3,
+            "allreduce_intra_ms": ov.intra_s * 1e3, "allreduce_inter_ms": ov.inter_s * 1e3,
+            "exposed_ms": ov.exposed_s * 1e3, "step_ms": self.step_s * 1e3, "samples_per_s": self.samples_per_s,
+            "samples_per_s_low": self.low, "samples_per_s_high": self.high, "band_pct": self.band_pct,
+            "speedup": self.speedup, "speedup_low": self.low / sps1, "speedup_high": self.high / sps1,
+            "ideal_speedup": float(n), "efficiency": self.speedup / n, "comm_share": ov.exposed_s / self.step_s,
+            "basis": self.basis, "limiting": self.limiting, "evidence": self.evidence, "notes": list(self.notes),
+        }
+
+
+def _rel(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) and x > 0 else 0.0
+
+
+@dataclass
+class WorkloadModel:
+    """Everything the model needs for one workload (see the module docstring)."""
+
+    compute: Compute
+    samples_per_device_step: float
+    buckets: list[float]
+    links: Links
+    overlap: str | float = "none"
+    law: OverheadLaw = DEFAULT_LAW
+    base_rel_spread: float | None = None
+    measured: list[Measured] = field(default_factory=list)
+    fixed_overhead_s: float | None = None  # --overhead-ms: replaces the law and the calibration
+    overhead_source: str = ""
+
+    def __post_init__(self) -> None:
+        positive("samples per device and step", self.samples_per_device_step)
+        if self.fixed_overhead_s is not None and (not math.isfinite(self.fixed_overhead_s)
+                                                  or self.fixed_overhead_s < 0):
+            raise ConfigError(f"a fixed overhead must be >= 0 ms (a negative one would predict more than "
+                              f"ideal scaling), got {self.fixed_overhead_s * 1e3:g} ms")
+
+    @property
+    def t1_s(self) -> float:
+        return self.compute.total_s
+
+    @property
+    def grad_bytes(self) -> float:
+        return float(sum(self.buckets))
+
+    def exposed(self, shape: Shape) -> Overlap:
+        if shape.devices == 1:
+            return NO_COMM
+        return overlap_model(self.buckets, self.compute.backward_s, shape, self.links, self.overlap)
+
+    # ------------------------------------------------------------------ calibration
+
+    def _single_node(self) -> dict[int, Measured]:
+        return {m.shape.gpus_per_node: m for m in self.measured if m.shape.nodes == 1 and m.shape.devices > 1}
+
+    def _measured_node_overhead(self, m: Measured) -> float:
+        return m.step_s - self.t1_s - self.exposed(m.shape).exposed_s
+
+    def node_overhead(self, gpus: int) -> tuple[float, str, Measured | None, list[str]]:
+        """(o_node(g) in s, how it was obtained, the measured point it rests on, notes)."""
+        if gpus == 1:
+            return 0.0, "one GPU per node: none", None, []
+        law_o = self.law.node_s(self.t1_s, gpus)
+        nodes = self._single_node()
+        notes: list[str] = []
+        if gpus in nodes:
+            m = nodes[gpus]
+            o, how = self._measured_node_overhead(m), f"measured at 1x{gpus} ({m.ref})"
+            anchor: Measured | None = m
+        elif nodes:
+            g0 = min(nodes, key=lambda g: (abs(math.log(g / gpus)), -g))
+            anchor = nodes[g0]
+            offset = self._measured_node_overhead(anchor) - self.law.node_s(self.t1_s, g0)
+            o, how = law_o + offset, f"law + the offset measured at 1x{g0} ({anchor.ref})"
+        else:
+            o, how, anchor = law_o, "default law (no measured multi-GPU point)", None
+        if o < 0:
+            notes.append(f"node overhead at {gpus} GPUs came out {o * 1e3:.2f} ms (the measured step is shorter than "
+                         f"the modelled communication: a link figure too low, or overlap the model does not "
+                         f"assume); clamped at 0")
+            o = 0.0
+        return o, how, anchor, notes
+
+    def node_step_s(self, gpus: int) -> float:
+        return self.t1_s + self.exposed(Shape(1, gpus)).exposed_s + self.node_overhead(gpus)[0]
+
+    def _net_shape(self, nodes: int) -> float:
+        """The law's network terms as a shape (ln M when the law has none)."""
+        f = self.law.net_factor(nodes)
+        return f if sum(self.law.net.values()) > 0 else math.log(nodes)
+
+    def net_factor(self, nodes: int) -> tuple[float, str]:
+        """The network overhead as a share of the node's step at ``nodes`` nodes, and how it was obtained:
+        the law's shape scaled to the workload's measured multi-node points (least squares, >= 0), else the
+        law as it is."""
+        pts = [m for m in self.measured if m.shape.nodes > 1]
+        if not pts:
+            return self.law.net_factor(nodes), "default law"
+        num = den = 0.0
+        for m in pts:
+            g = m.shape.gpus_per_node
+            t_node = self.node_step_s(g)
+            x = t_node * self._net_shape(m.shape.nodes)
+            y = m.step_s - t_node - (self.exposed(m.shape).exposed_s - self.exposed(Shape(1, g)).exposed_s)
+            num, den = num + x * y, den + x * x
+        scale = max(0.0, num / den) if den > 0 else 0.0
+        refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
+        return scale * self._net_shape(nodes), f"fitted on measured {refs}"
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict(self, shape: Shape) -> ShapePrediction:
+        c = self.compute
+        n = shape.devices
+        sps1 = self.samples_per_device_step / self.t1_s
+        ideal = n * sps1
+        ov = self.exposed(shape)
+        notes: list[str] = []
+        rel_in = _rel(self.base_rel_spread)
+        if n == 1:
+            o_node = o_net = 0.0
+            basis, how = "measured", "1-device step"
+        elif self.fixed_overhead_s is not None:
+            o_node, o_net = self.fixed_overhead_s, 0.0
+            basis, how = "fixed overhead", self.overhead_source or "fixed overhead"
+        else:
+            o_node, how_node, anchor, notes = self.node_overhead(shape.gpus_per_node)
+            o_net, how = 0.0, how_node
+            if shape.nodes > 1:
+                t_node = self.t1_s + self.exposed(Shape(1, shape.gpus_per_node)).exposed_s + o_node
+                f, how_net = self.net_factor(shape.nodes)
+                o_net = t_node * f
+                how = f"node: {how_node}; network: {how_net}"
+            measured_here = any(m.shape == shape for m in self.measured)
+            if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
+                rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
+                basis = "measured" if (shape.nodes == 1 or measured_here) else "from-node"
+            else:
+                basis = "from-1-gpu"
+        t = self.t1_s + ov.exposed_s + o_node + o_net
+        sps = n * self.samples_per_device_step / t
+        sps = min(sps, ideal)  # t >= t_1 holds by construction; this guards rounding only
+        rel_fit = self.law.band.get(basis, 0.0) if basis in ("from-node", "from-1-gpu") else 0.0
+        if basis == "fixed overhead":
+            rel_fit = self.law.band.get("from-1-gpu", 0.0)
+        band = math.hypot(rel_in, rel_fit)
+        low, high = sps * (1.0 - band), min(ideal, sps * (1.0 + band))
+        limiting, evidence = self._limiting(shape, ov, o_node + o_net, t, how, basis)
+        return ShapePrediction(shape, c, ov, o_node, o_net, t, sps, max(0.0, low), high, ideal, basis,
+                               band * 100.0, limiting, evidence, notes)
+
+    def _limiting(self, shape: Shape, ov: Overlap, overhead_s: float, step_s: float, how: str,
+                  basis: str) -> tuple[str, str]:
+        """The largest loss against the 1-device step, named only with evidence for it."""
+        if shape.devices == 1:
+            return "-", ""
+        share = ov.exposed_s / ov.allreduce_s if ov.allreduce_s > 0 else 0.0
+        losses = {"intra-node all-reduce": ov.intra_s * share, "inter-node all-reduce": ov.inter_s * share,
+                  "overhead": overhead_s}
+        name, loss = max(losses.items(), key=lambda kv: kv[1])
+        if loss < 0.01 * step_s:
+            return "compute", "every loss term is under 1 % of the step"
+        if name == "overhead":
+            if basis == "from-1-gpu" and self.fixed_overhead_s is None and not self.measured:
+                return "unknown", ("the largest term is the default overhead law; no multi-device point of this "
+                                   "workload is measured, so nothing shows what it is")
+            return "overhead", how
+        src = self.links.sources.get("intra" if name.startswith("intra") else "inter", "")
+        return name, src
