@@ -40,8 +40,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if (isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction,
                                 argparse._HelpAction))
-                or "default" in text or action.default is argparse.SUPPRESS or not action.option_strings):
+                or "default" in text or action.default is argparse.SUPPRESS):
             return text
+        if not action.option_strings and action.nargs not in ("?", "*"):
+            return text  # a required positional has no default
         if action.default is None or action.default == []:
             return text + " (default: none)"
         return text + " (default: %(default)s)"

@@ -62,7 +62,7 @@ def test_sample_interval_out_of_range_is_exit_2(tmp_path, capsys, interval):
 
     code = main(["run", "--flavor", "tiny", "--sample-interval", interval, "--store", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "sampling interval must be between" in err[0]
+    assert code == 2 and len(err) == 1 and "sample-interval must be" in err[0]
     assert not (tmp_path / "results.jsonl").exists()
 
 

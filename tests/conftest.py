@@ -1,0 +1,52 @@
+"""Test-suite rules that apply to every test.
+
+A test that starts a process (a worker, torchrun, a browser, the dlscale CLI in a subprocess) must
+be marked ``slow``: ``pytest -m "not slow"`` is the quick tier a developer runs while editing, and
+it must stay under a minute. An unmarked test that starts one fails here, naming the command.
+Short-lived system tools (git, nvidia-smi, ip, ...) that the code under test asks for facts do
+not count: they are part of reading the environment, not of running a benchmark.
+"""
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+_TOOLS = {"git", "nvidia-smi", "ip", "uname", "lscpu", "hostname", "nproc", "which", "scontrol", "sinfo",
+          "lsblk", "df", "free", "numactl", "sbatch", "squeue"}
+
+
+def _is_tool(args) -> bool:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args or [])
+    if not argv:
+        return False
+    first = str(argv[0]).split()[0] if isinstance(argv[0], str) else str(argv[0])
+    return Path(first).name in _TOOLS
+
+
+@pytest.fixture(autouse=True)
+def _process_starting_tests_are_slow(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    started: list[str] = []
+    real_popen = subprocess.Popen.__init__
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def popen(self, args, *a, **kw):
+        if not _is_tool(args):
+            started.append(str(args)[:120])
+        return real_popen(self, args, *a, **kw)
+
+    def start(self):
+        started.append(f"multiprocessing {self.name}")
+        return real_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    yield
+    if started:
+        pytest.fail(f"this test starts a process ({started[0]}) but is not marked slow", pytrace=False)
