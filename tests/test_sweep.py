@@ -400,3 +400,17 @@ def test_sweep_summary_finds_baselines_stored_by_another_sweep(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| 1 | ")]
     assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]  # the baseline row came along
     assert "100.0" in rows[0] and "—" not in rows[1].split("|")[4]
+
+
+def test_huge_suite_is_refused_before_expansion(tmp_path, capsys, monkeypatch):
+    """10^6 cases would take minutes and gigabytes to expand: the product of the axes is checked first."""
+    from dlscale import suite as suite_mod
+
+    sizes = ", ".join(str(b) for b in range(1, 1001))
+    p = write(tmp_path, f"matrix: {{models: [gpt2], batch_sizes: [{sizes}], grad_accum: [{sizes}]}}\n", "big.yaml")
+    monkeypatch.setattr(suite_mod, "_expand_block", lambda *a: pytest.fail("expanded before counting"))
+    with pytest.raises(ConfigError, match="expands to 1,000,000 cases, more than the limit of 10,000"):
+        load_suite(p)
+    monkeypatch.undo()
+    assert cli.main(["sweep", str(p), "--dry-run", "--max-cases", "0"]) == 2
+    assert "--max-cases must be >= 1" in capsys.readouterr().err
