@@ -22,7 +22,8 @@ PROCEDURE_FIELDS = ("repeats", "time_limit", "collective_timeout", "label", "inj
                     "sample_interval", "breakdown", "profile")
 # fields added after records were first stored, with what a record without them means: left out
 # of case_key (and the report's grouping) at that value, so earlier records keep their keys
-LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}}
+LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}, "data": "synthetic", "data_workers": None,
+                       "data_decode": "cpu", "data_cold_read": False}
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -70,6 +71,13 @@ class RunConfig:
     # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
     # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
     inject_failure: str | None = None
+    # input data (dlscale/inputs, docs/data.md): synthetic | imagefolder:PATH | tokens:PATH[:uint16|uint32];
+    # DataLoader workers per rank (None: auto, 0: in the training process), decode on cpu|gpu,
+    # evict the data set from the page cache before each repeat
+    data: str = "synthetic"
+    data_workers: int | None = None
+    data_decode: str = "cpu"
+    data_cold_read: bool = False
 
     def __post_init__(self) -> None:
         for name in ("nproc_per_node", "nnodes", "batch_size", "grad_accum", "steps", "repeats"):
@@ -95,6 +103,9 @@ class RunConfig:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
         if self.inject_failure is not None:
             parse_injection(self.inject_failure)
+        from dlscale.inputs.spec import check_fields
+
+        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read)
         from dlscale.monitor import validate_interval
 
         validate_interval(self.sample_interval)
@@ -173,6 +184,9 @@ def validate_case(cfg: RunConfig) -> None:
                           f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
     if strat.validate is not None:
         strat.validate(cfg)
+    from dlscale.inputs import check_case
+
+    check_case(cfg)  # the data set's files against the model
 
 
 def validate_for_launch(cfg: RunConfig) -> str:
@@ -187,4 +201,7 @@ def validate_for_launch(cfg: RunConfig) -> str:
         n = torch.cuda.device_count()
         if cfg.nproc_per_node > n:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
+    from dlscale.inputs import check_machine
+
+    check_machine(cfg, device)
     return device

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import envinfo, metrics
+from dlscale import envinfo, inputs, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import Rendezvous, spawn_torchrun
@@ -110,6 +110,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     if len(nodes) > 1:
         entry["utilisation_per_node"] = nodes
     entry["breakdown"] = r0.get("breakdown") if r0 else None
+    entry["data"] = inputs.merge_ranks(ranks)  # real data: waits, loader CPU and reads (None: synthetic)
     if r0 is not None and r0.get("profile"):  # rank 0's top ops (the trace file itself is staged)
         entry["profile_top_ops"] = r0["profile"].get("top_ops")
     if status == "ok" and r0 is not None:
@@ -175,7 +176,8 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     env = envinfo.capture()
     base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,
                 command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env)
+                config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env,
+                data_set=inputs.describe(cfg))
     reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
     if reason:
         rec = new_record(status="unsupported", error=reason, ranks=[], repeats=[], summary=None, **base)
@@ -272,7 +274,7 @@ def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, 
     """Utilisation, breakdown and profiler trace of the median repeat, for the record's top level."""
     med = median_repeat(repeats)
     if med is None:
-        return {"utilisation": None, "breakdown": None, "trace": None, "profile_top_ops": None}
+        return {"utilisation": None, "breakdown": None, "trace": None, "profile_top_ops": None, "data": None}
     trace = None
     staged = staging / f"trace-r{med['repeat']}.json"
     if staged.exists():
@@ -281,4 +283,5 @@ def _median_repeat_extras(repeats: list[dict], store: ResultStore, rec_id: str, 
         shutil.move(str(staged), dest)
         trace = str(dest.relative_to(store.root))
     return {"utilisation": med.get("utilisation"), "breakdown": med.get("breakdown"),
-            "median_repeat": med["repeat"], "trace": trace, "profile_top_ops": med.get("profile_top_ops")}
+            "median_repeat": med["repeat"], "trace": trace, "profile_top_ops": med.get("profile_top_ops"),
+            "data": med.get("data")}

@@ -94,6 +94,19 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
                    "the median repeat's trace is kept in STORE/traces/")
+    from dlscale.inputs.spec import DECODE_DEVICES
+    p.add_argument("--data", default=DEFAULTS.data, metavar="SPEC",
+                   help="input data: synthetic (batches made once, on the device), imagefolder:PATH (class "
+                   "folders of images, ImageNet layout) or tokens:PATH[:uint16|uint32] (a flat file of token ids, "
+                   "uint16 by default); docs/data.md")
+    p.add_argument("--data-workers", type=int, default=None, metavar="N",
+                   help="DataLoader worker processes per rank; 0 loads in the training process (default: auto: "
+                   "CPU decode every core of the rank's share but one, GPU decode up to 4, tokens 1 or 2)")
+    p.add_argument("--data-decode", default=DEFAULTS.data_decode, choices=DECODE_DEVICES,
+                   help="decode images on the cpu (Pillow, in the workers) or the gpu (nvJPEG through torchvision)")
+    p.add_argument("--data-cold-read", action="store_true",
+                   help="evict the data set from the page cache before each repeat (posix_fadvise), so the "
+                   "first epoch reads from the device")
     p.add_argument("--inject-failure", default=None, metavar="KIND@STEP[:RANK]",
                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), or "
                    "oom-above@N: run out of memory whenever the batch size exceeds N")
@@ -109,7 +122,8 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
                   time_limit=args.time_limit, collective_timeout=args.collective_timeout,
                   strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,
                   sample_interval=args.sample_interval, breakdown=args.breakdown, profile=args.profile,
-                  inject_failure=args.inject_failure)
+                  inject_failure=args.inject_failure, data=args.data, data_workers=args.data_workers,
+                  data_decode=args.data_decode, data_cold_read=args.data_cold_read)
     fields.update(overrides)
     return RunConfig(**fields)
 

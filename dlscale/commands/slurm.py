@@ -179,6 +179,10 @@ def case_cli_args(cfg: RunConfig, batch_max: bool = False) -> list[str]:
         a.append("--profile")
     if cfg.inject_failure is not None:
         a += ["--inject-failure", cfg.inject_failure]
+    if getattr(cfg, "data", "synthetic") != "synthetic":
+        a += ["--data", cfg.data, "--data-decode", cfg.data_decode] + (
+            ["--data-workers", str(cfg.data_workers)] if cfg.data_workers is not None else []) + (
+            ["--data-cold-read"] if cfg.data_cold_read else [])
     if batch_max:
         a += ["--max-batch-start", str(cfg.batch_size)]
     return a
