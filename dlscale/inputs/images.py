@@ -260,11 +260,11 @@ class GpuDecoder:
             try:
                 for i, img in zip(jpeg, self.decode([datas[i] for i in jpeg])):
                     out[i] = img
-            except RuntimeError:  # one bad file fails the batched call: decode them one by one
+            except (RuntimeError, *_BAD_IMAGE):  # one bad file fails the batched call: one by one
                 for i in jpeg:
                     try:
                         out[i] = self.decode([datas[i]])[0]
-                    except RuntimeError:
+                    except (RuntimeError, *_BAD_IMAGE):
                         pass
         fallbacks = 0
         for i, img in enumerate(out):
