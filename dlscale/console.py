@@ -92,6 +92,11 @@ def data_line(d: dict[str, Any]) -> str:
     mbs = d.get("read_mb_s_total")
     loader = d.get("loader") or {}
     bad = f", {d['bad_files_total']} unreadable file(s) skipped" if d.get("bad_files_total") else ""
+    if d.get("wait_may_be_understated"):
+        from dlscale.inputs.spec import BUFFER_MARGIN
+
+        bad += (f"; the window took {d.get('window_batches')} batches, under {BUFFER_MARGIN}x the "
+                f"{d.get('prefetch_buffer_batches')} the loader held ready: the wait may be understated (more --steps)")
     return (f"data: waited {wait} of the window ({verdict}); loader {loader.get('workers')} worker(s)/rank, "
             f"{'-' if cores is None else f'{cores:.2f}'} cores, {'-' if mbs is None else f'{mbs:.1f}'} MB/s read, "
             f"{loader.get('decoder')}{bad}")

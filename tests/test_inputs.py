@@ -321,8 +321,9 @@ def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
 
     png = torch.frombuffer(bytearray(_png_bytes(Image)), dtype=torch.uint8)
     junk = torch.frombuffer(bytearray(b"\xff\xd8 broken jpeg"), dtype=torch.uint8)
-    datas, labels, boxes, flips, meta = images.collate_bytes([byt[k] for k in keys[:2]])
-    item = ([png, junk], labels, [(0, 0, 20, 20), (0, 0, 10, 10)], [False, True], meta)
+    _flat, _lengths, labels, boxes, flips, meta = images.collate_bytes([byt[k] for k in keys[:2]])
+    item = (torch.cat([png, junk]), [len(png), len(junk)], labels, [(0, 0, 20, 20), (0, 0, 10, 10)],
+            [False, True], meta)
     (x, _), meta = dec(item)
     assert x.shape == (2, 3, 48, 48) and meta["decode_fallbacks"] == 1 and meta["bad"] == 1
 

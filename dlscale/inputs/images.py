@@ -163,10 +163,20 @@ def _meta(items: list, nbytes_at: int, bad_at: int) -> dict[str, Any]:
     return {"bytes": sum(it[nbytes_at] for it in items), "bad": len(bad), "bad_names": bad[:BAD_NAMES_KEPT]}
 
 
+_STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD x 255 as (1,3,1,1) tensors on ``device``, made once (no copy per batch)."""
+    if device not in _STATS:
+        _STATS[device] = (torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255.0,
+                          torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255.0)
+    return _STATS[device]
+
+
 def _normalize_(x: torch.Tensor) -> torch.Tensor:
     """uint8 NCHW (any memory format) -> float normalised, in the same memory format."""
-    mean = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1) * 255.0
-    std = torch.tensor(STD, device=x.device).view(1, 3, 1, 1) * 255.0
+    mean, std = _mean_std(x.device)
     return x.float().sub_(mean).div_(std)
 
 
@@ -213,8 +223,11 @@ class ImageBytesData(_Folder):
 
 
 def collate_bytes(items: list):
-    return ([it[0] for it in items], torch.tensor([it[1] for it in items], dtype=torch.int64),
-            [it[2] for it in items], [it[3] for it in items], _meta(items, 4, 5))
+    """The files of a batch as ONE uint8 tensor and their lengths: one shared-memory block (and
+    file descriptor) per batch between processes, not one per image."""
+    return (torch.cat([it[0] for it in items]), [len(it[0]) for it in items],
+            torch.tensor([it[1] for it in items], dtype=torch.int64), [it[2] for it in items],
+            [it[3] for it in items], _meta(items, 4, 5))
 
 
 def torchvision_decoder(device: torch.device) -> tuple[Callable[[list[torch.Tensor]], list[torch.Tensor]], str]:
@@ -279,7 +292,8 @@ class GpuDecoder:
     def __call__(self, item):
         import torch.nn.functional as F
 
-        datas, labels, boxes, flips, meta = item
+        flat, lengths, labels, boxes, flips, meta = item
+        datas = list(torch.split(flat, lengths))
         imgs, fallbacks = self._decode_all(datas)
         good = [i for i, im in enumerate(imgs) if im is not None]
         if not good:
@@ -298,8 +312,7 @@ class GpuDecoder:
             crop = img[:, top:top + h, left:left + w].unsqueeze(0).float()
             r = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
             out[i].copy_(r[0].flip(-1) if flips[i] else r[0])
-        mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1) * 255.0
-        std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1) * 255.0
+        mean, std = _mean_std(self.device)
         out.sub_(mean).div_(std)
         meta = dict(meta, decode_fallbacks=fallbacks, bad=meta["bad"] + bad)
         return (out, labels.to(self.device, non_blocking=True)), meta

@@ -28,7 +28,7 @@ import torch
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.spec import INPUT_BOUND_SHARE, DataSpec, parse_data
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, parse_data
 
 PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
@@ -254,6 +254,8 @@ class LoaderSource:
         per_epoch = self.info.micro_batches_per_epoch
         start_m = (w0.metas // self.accum) * self.accum if w0 else 0
         ms = [w * 1e3 for w in waits_s]
+        buffer = (self.info.workers * (self.info.prefetch_factor or 0)
+                  + (DEVICE_DEPTH if self.prefetcher is not None else 0))
         return {
             "data_wait_ms": [round(x, 4) for x in ms],
             "data_wait_ms_total": total * 1e3,
@@ -276,6 +278,9 @@ class LoaderSource:
             "decode_fallbacks": sum(m.get("decode_fallbacks", 0) for m in self._metas),
             "epoch_at_window_start": start_m / per_epoch,
             "epoch_at_window_end": (start_m + len(metas)) / per_epoch,
+            "window_batches": len(metas),
+            "prefetch_buffer_batches": buffer,
+            "wait_may_be_understated": len(metas) < BUFFER_MARGIN * buffer,
             "loader": asdict(self.info),
             "page_cache": self.page_cache,
         }

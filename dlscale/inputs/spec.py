@@ -24,6 +24,9 @@ DATA_KINDS = ("image", "causal-lm", "mlm-nsp")
 SPEC_HELP = "synthetic, imagefolder:PATH or tokens:PATH[:uint16|uint32]"
 # a case whose steps waited for data this share of the window or more is input-bound (docs/data.md)
 INPUT_BOUND_SHARE = 0.05
+# a window that takes fewer than this many times the batches the loader holds ready at its start
+# may understate the wait: its first batches come from the prefetch buffer filled during warm-up
+BUFFER_MARGIN = 10
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import os
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from dlscale.inputs.spec import INPUT_BOUND_SHARE
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -149,6 +149,10 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
             notes.append(f"{r.node_gpu}: input-bound: the steps waited for data {fmt(r.data_wait_pct, 1)} % "
                          f"of the window (loader: {_one_line(str((d.get('loader') or {}).get('decoder')), 60)}, "
                          f"{(d.get('loader') or {}).get('workers')} worker(s) per rank)")
+        if d.get("wait_may_be_understated"):
+            notes.append(f"{r.node_gpu}: the window took {d.get('window_batches')} batches, under {BUFFER_MARGIN}x the "
+                         f"{d.get('prefetch_buffer_batches')} the loader held ready at its start: the data wait "
+                         "may be understated (run more steps)")
         if d.get("bad_files_total"):
             notes.append(f"{r.node_gpu}: {d['bad_files_total']} unreadable image(s) skipped, e.g. "
                          f"{_one_line('; '.join(d.get('bad_names') or []), 160)}")
