@@ -353,7 +353,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     })
     result.update(_peak_memory(device))
     if fetch is not None:
-        result["data"] = source.summary(waits, window)
+        result["data"] = source.summary(waits, window, step_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
     # Extra measurements, all after the window and after the memory peak was read.

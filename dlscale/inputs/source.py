@@ -51,7 +51,7 @@ class SyntheticSource:
     def window_end(self) -> None:
         pass
 
-    def summary(self, waits_s: list[float], window_s: float) -> None:
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> None:
         return None
 
     def close(self) -> None:
@@ -239,8 +239,10 @@ class LoaderSource:
     def window_end(self) -> None:
         self._w1 = self._snapshot()
 
-    def summary(self, waits_s: list[float], window_s: float) -> dict[str, Any]:
-        """The rank's data record for the window (``waits_s``: the per-step waits the worker timed)."""
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> dict[str, Any]:
+        """The rank's data record for the window (``waits_s``: the per-step waits the worker timed;
+        ``step_ms``: the step times, for the share of the window's second half, when the prefetch
+        buffer filled during warm-up has been used up)."""
         w0, w1 = self._w0, self._w1
         metas = self._metas[w0.metas:w1.metas] if w0 and w1 else []
         total = sum(waits_s)
@@ -256,10 +258,13 @@ class LoaderSource:
         ms = [w * 1e3 for w in waits_s]
         buffer = (self.info.workers * (self.info.prefetch_factor or 0)
                   + (DEVICE_DEPTH if self.prefetcher is not None else 0))
+        h = len(waits_s) // 2
+        late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         return {
             "data_wait_ms": [round(x, 4) for x in ms],
             "data_wait_ms_total": total * 1e3,
             "data_wait_share": share,
+            "data_wait_share_last_half": sum(waits_s[h:]) * 1e3 / late if late > 0 else None,
             "data_wait_ms_p50": statistics.median(ms) if ms else None,
             "data_wait_ms_max": max(ms) if ms else None,
             "input_bound": None if share is None else share >= INPUT_BOUND_SHARE,
