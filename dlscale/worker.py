@@ -290,9 +290,9 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     waits = [0.0] * n  # real data: host seconds each step waited at the loader boundary
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
 
+    source.window_start()  # real data: the loader's CPU and read counters (before the barrier)
     _sync(device)
     pg_barrier()
-    source.window_start()
     # ---- timed window: nothing but training steps between here and the closing sync ----
     wall_start = time.time()
     t0 = time.perf_counter()

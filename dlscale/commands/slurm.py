@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dlscale import ConfigError, DlscaleError
+from dlscale import ConfigError, DlscaleError, inputs
 from dlscale.commands.run import add_case_arguments, config_from_args, option_args
 from dlscale.config import RunConfig
 
@@ -368,7 +368,8 @@ def cmd_task(args) -> int:
     reason = reason(cfg, {"device_type": device_type}) if reason else None
     base = dict(kind="run", case_key=cfg.case_key(), label=cfg.label,
                 command="dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size)
+                config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size,
+                data_set=inputs.describe(cfg))
     if reason:
         if rank == 0:
             store.append(new_record(status="unsupported", error=reason, ranks=[], repeats=[], summary=None,
@@ -422,7 +423,7 @@ def cmd_task(args) -> int:
             global_batch=cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None,
             tf32=next((r.get("tf32") for r in ok_ranks if "tf32" in r), None),
             strategy_info=next((r.get("strategy_info") for r in ok_ranks if r.get("strategy_info")), None),
-            repeats=repeats,
+            repeats=repeats, data=(launch.median_repeat(repeats) or {}).get("data"),
             summary=launch.summarize_case(cfg, spec, repeats, ok_ranks, device_type)
             if any(r["status"] == "ok" for r in repeats) else None,
             **base)
