@@ -485,3 +485,50 @@ def test_micro_io_measures_loaders(tmp_path, data_dir):
     for r in rows.values():
         assert r["samples_per_s"] > 0 and r["batches"] >= 1 and r["workers"] == 1
     assert "Pillow" in rows["image-cpu"]["decoder"]
+
+
+@pytest.mark.slow
+def test_threaded_device_paths_through_worker_processes(data_dir):
+    """The GPU paths' structure on the CPU: DataLoader worker processes, the input thread finishing
+    one batch ahead (uint8 copy + normalise; or bytes -> decode -> crop), accounting, shutdown."""
+    from dlscale.inputs.source import LoaderInfo, LoaderSource
+
+    lst = dataset_info.list_imagefolder(data_dir.imgs)
+    dev = torch.device("cpu")
+    labels = []
+    for gpu in (False, True):
+        if gpu:
+            ds = images.ImageBytesData(lst.root, lst.files, lst.labels, 32, 0)
+            collate = images.collate_bytes
+            finish = images.GpuDecoder(dev, 32, True, decode=_pil_list_decode, name="pil")
+        else:
+            ds = images.ImageFolderData(lst.root, lst.files, lst.labels, 32, 0)
+            collate = images.collate_uint8
+
+            def finish(item):
+                return images.finish_on_device(item, dev, True)
+        sampler = GlobalBatchSampler(len(ds), 8, 0, 8, 0)
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=collate,
+                                             prefetch_factor=2, persistent_workers=True)
+        info = LoaderInfo("imagefolder", "image", 2, "gpu" if gpu else "cpu", "x", "device thread", False, 2, True,
+                          8, 8, len(ds), sampler.per_epoch)
+        src = LoaderSource(loader, finish, dev, 1, info, threaded=True, page_cache={})
+        try:
+            src.next()
+            src.window_start()
+            waits = []
+            for _ in range(4):
+                src.next()
+                waits.append(0.0)
+            src.window_end()
+            s = src.summary(waits, 1.0, [10.0] * 4)
+            x, y = src.batches[0]
+            assert x.shape == (8, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
+            labels.append(y.tolist())
+            assert s["samples"] == 32 and s["prefetch_buffer_batches"] == 2 * 2 + 2
+            assert s["wait_may_be_understated"] is True and s["data_wait_share_last_half"] == 0.0
+            assert s["loader_cpu_cores"] is None or s["loader_cpu_cores"] >= 0
+        finally:
+            src.close()
+        assert not src.prefetcher.thread.is_alive()
+    assert labels[0] == labels[1]  # same sampler, same samples, whichever decoder

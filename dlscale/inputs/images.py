@@ -64,7 +64,7 @@ def decoder_name() -> str:
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The random numbers of one sample in one epoch (independent of worker, rank and order)."""
-    return np.random.default_rng((int(seed), int(epoch), int(index)))
+    return np.random.default_rng((int(seed) % 2**63, int(epoch), int(index)))  # numpy takes seeds >= 0
 
 
 def crop_params(width: int, height: int, rng: np.random.Generator,

@@ -30,7 +30,7 @@ class GlobalBatchSampler:
         self.per_epoch = n_samples // global_batch
 
     def permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng((int(self.seed), int(epoch))).permutation(self.n)
+        return np.random.default_rng((int(self.seed) % 2**63, int(epoch))).permutation(self.n)
 
     def micro_batch(self, m: int, perm: np.ndarray | None = None) -> list[tuple[int, int]]:
         """This rank's keys of global micro-batch ``m``."""

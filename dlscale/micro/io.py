@@ -56,6 +56,14 @@ def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds
     if decode == "gpu" and dev.type != "cuda":
         row.update(status="unsupported", reason="image-gpu decodes on a CUDA device; none here")
         return row
+    if decode == "gpu":
+        from dlscale.inputs.images import torchvision_decoder
+
+        try:
+            torchvision_decoder(dev)
+        except ConfigError as e:  # no torchvision: this row cannot run, the others can
+            row.update(status="unsupported", reason=str(e))
+            return row
     spec = parse_data(data)
     model = get_model(MODEL[pipeline], flavor)
     src = None
