@@ -132,7 +132,8 @@ def register(sub) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser("run", help="measure one training case (repeated) and store the record",
                        formatter_class=fmt, description="Train a model under a parallel strategy with "
-                       "synthetic data: W warm-up steps, N timed steps, R repeats; report the median.")
+                       "synthetic data (or a data set from disk: --data): W warm-up steps, N timed steps, R "
+                       "repeats; report the median.")
     add_case_arguments(p)
     p.add_argument("--store", default="results", help="result store directory (JSONL files)")
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
