@@ -41,8 +41,8 @@ def register(subparsers) -> None:
         "micro", help="micro-benchmarks: matmul, memory bandwidth, one transformer layer, collectives, input",
         description="Micro-benchmarks that show what the hardware delivers: dense matmul TFLOPS, "
                     "memory bandwidth, one transformer layer's TFLOPS, collective bandwidth "
-                    "(nccl-tests conventions) and input-pipeline throughput (io). Each run prints a table and appends one record of kind "
-                    "'micro' to the result store. Formulas: docs/micro.md.",
+                    "(nccl-tests conventions) and input-pipeline throughput (io). Each run prints a table "
+                    "and appends one record of kind 'micro' to the result store. Formulas: docs/micro.md.",
         formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="micro_command", metavar="BENCHMARK")
     sub.required = True

@@ -40,8 +40,6 @@ def _cpus() -> int:
 def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds: float, device: str,
                      flavor: str = "full", seed: int = 0) -> dict[str, Any]:
     """One row: the loader of ``pipeline`` over ``data`` with ``workers`` DataLoader workers."""
-    import torch
-
     from dlscale.inputs.sampler import GlobalBatchSampler
     from dlscale.inputs.source import make_reader, start_source
     from dlscale.inputs.spec import parse_data

@@ -56,9 +56,8 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("loader CPU (cores)", lambda r: (r.loader_cores,)),
 )
 DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
-             f"(host clock around each fetch; the slowest rank's), input-bound at {INPUT_BOUND_SHARE:.0%} or more; "
-             "loader CPU = "
-             "cores the loader processes and threads of all ranks kept busy (docs/data.md)")
+             f"(host clock around each fetch; the slowest rank's), input-bound at {INPUT_BOUND_SHARE:.0%} or "
+             "more; loader CPU = cores the loader processes and threads of all ranks kept busy (docs/data.md)")
 EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
               "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
               "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
@@ -352,7 +351,8 @@ CSV_COLUMNS = [
     "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90",
     "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
-    "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound", "trace", "grad_accum", "strategy_options",
+    "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound",
+    "trace", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
 ]
 
