@@ -94,14 +94,14 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
                    "the median repeat's trace is kept in STORE/traces/")
-    from dlscale.inputs.spec import DECODE_DEVICES
+    from dlscale.inputs.spec import DECODE_DEVICES, workers_arg
     p.add_argument("--data", default=DEFAULTS.data, metavar="SPEC",
                    help="input data: synthetic (batches made once, on the device), imagefolder:PATH (class "
                    "folders of images, ImageNet layout) or tokens:PATH[:uint16|uint32] (a flat file of token ids, "
                    "uint16 by default); docs/data.md")
-    p.add_argument("--data-workers", type=int, default=None, metavar="N",
-                   help="DataLoader worker processes per rank; 0 loads in the training process (default: auto: "
-                   "CPU decode every core of the rank's share but one, GPU decode up to 4, tokens 1 or 2)")
+    p.add_argument("--data-workers", type=workers_arg, default="auto", metavar="N",
+                   help="DataLoader worker processes per rank; 0 loads in the training process; auto: CPU decode "
+                   "every core of the rank's share but one, GPU decode up to 4, tokens 1 or 2")
     p.add_argument("--data-decode", default=DEFAULTS.data_decode, choices=DECODE_DEVICES,
                    help="decode images on the cpu (Pillow, in the workers) or the gpu (nvJPEG through torchvision)")
     p.add_argument("--data-cold-read", action="store_true",

@@ -181,7 +181,7 @@ def case_cli_args(cfg: RunConfig, batch_max: bool = False) -> list[str]:
         a += ["--inject-failure", cfg.inject_failure]
     if getattr(cfg, "data", "synthetic") != "synthetic":
         a += ["--data", cfg.data, "--data-decode", cfg.data_decode] + (
-            ["--data-workers", str(cfg.data_workers)] if cfg.data_workers is not None else []) + (
+            ["--data-workers", "auto" if cfg.data_workers is None else str(cfg.data_workers)]) + (
             ["--data-cold-read"] if cfg.data_cold_read else [])
     if batch_max:
         a += ["--max-batch-start", str(cfg.batch_size)]

@@ -22,6 +22,18 @@ def parse_count(text: str, name: str = "size") -> int:
     return value
 
 
+def _jobs(text: str) -> int | None:
+    if str(text).lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"--jobs must be a positive integer or all, got {text!r}")
+    return n
+
+
 def register(sub) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser("data", help="make test data sets; describe a data set",
@@ -42,7 +54,7 @@ def register(sub) -> None:
     im.add_argument("--size", required=True, help="number of images (k, M suffixes: 20k)")
     im.add_argument("--classes", type=int, default=1000, help="class folders (at most the model's outputs)")
     im.add_argument("--seed", type=int, default=0, help="the set is a pure function of the seed")
-    im.add_argument("--jobs", type=int, default=None, help="processes (default: every core)")
+    im.add_argument("--jobs", type=_jobs, default="all", help="processes generating images (all: one per core)")
     im.add_argument("--quality", type=int, default=90, help="JPEG quality")
     im.add_argument("--json", action="store_true", help="print the statistics as JSON")
     im.set_defaults(func=cmd_make_images)

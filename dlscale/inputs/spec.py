@@ -66,6 +66,16 @@ def parse_data(text: str) -> DataSpec:
     return DataSpec("tokens", path, dtype)
 
 
+def workers_arg(text: str) -> int | None:
+    """argparse type of --data-workers: "auto" -> None, else an integer (checked by RunConfig)."""
+    if str(text).lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
+
+
 def check_fields(data: str, workers: int | None, decode: str, cold_read: bool) -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
