@@ -3,7 +3,8 @@
 Measured after the timed window (never inside it), on the same model, batches and optimizer:
 
 1. ``k`` steps with device events between the phases (CUDA events on the stream, or host clocks
-   on the CPU, where every op is synchronous): data (taking the next micro-batch), forward,
+   on the CPU, where every op is synchronous): data (taking the next micro-batch: with real data
+   the wait at the loader boundary, as in the window), forward,
    backward (for DDP this includes waiting for the gradient all-reduce that did not overlap),
    optimizer (clip + step + zero_grad);
 2. ``k`` steps the same way inside ``no_sync()`` (gradient communication disabled): the backward
@@ -51,7 +52,8 @@ class _PhaseTimer:
         return [(self.host[i + 1] - self.host[i]) * 1e3 for i in range(len(self.host) - 1)]
 
 
-def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -> list[list[float]]:
+def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool,
+                  fetch: Callable[[], list] | None = None) -> list[list[float]]:
     from dlscale.compiling import step_marker
     from dlscale.step import optimizer_step
 
@@ -67,7 +69,8 @@ def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool) -
         # marks: 0 start | 1 data taken | per micro-batch: forward end, backward end | optimizer end
         t = _PhaseTimer(device, 3 + 2 * accum)
         t.mark(0)
-        batch_list = [batches[i] for i in range(accum)]  # the data "wait": synthetic, in memory
+        # the data wait: the next batches from the loader (real data), or the pre-made ones
+        batch_list = list(fetch()) if fetch is not None else [batches[i] for i in range(accum)]
         t.mark(1)
         for i, b in enumerate(batch_list):
             # as in the real step, only the last micro-batch synchronises gradients
@@ -103,7 +106,7 @@ def _allreduce_ms(params, device, group, k: int) -> float:
 
 
 def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], autocast: Callable,
-                      world_size: int, k: int = 10) -> dict[str, Any]:
+                      world_size: int, k: int = 10, fetch: Callable[[], list] | None = None) -> dict[str, Any]:
     """Median per-phase times (ms) of k steps with and without gradient sync; see module doc.
 
     Every collective here is issued the same number of times on every rank.
@@ -111,8 +114,8 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
     if par.step is not None:
         return {"supported": False, "reason": "strategy has its own step (pipeline schedule)"}
     # two untimed steps first: the breakdown's own warm-up (e.g. no_sync variants compile anew)
-    _phased_steps(par, cfg, device, batches, autocast, 2, sync_off=False)
-    with_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=False)
+    _phased_steps(par, cfg, device, batches, autocast, 2, sync_off=False, fetch=fetch)
+    with_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=False, fetch=fetch)
     med = [statistics.median(col) for col in zip(*with_sync)]
     data_ms, fwd_ms, bwd_ms, opt_ms = med
     res: dict[str, Any] = {"supported": True, "steps": k, "data_ms": data_ms, "forward_ms": fwd_ms,
@@ -122,8 +125,8 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
                            "backward_compute_ms": None}
     distributed = world_size > 1 and par.dp_size > 1 and par.no_sync is not contextlib.nullcontext
     if distributed:
-        _phased_steps(par, cfg, device, batches, autocast, 1, sync_off=True)
-        no_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=True)
+        _phased_steps(par, cfg, device, batches, autocast, 1, sync_off=True, fetch=fetch)
+        no_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=True, fetch=fetch)
         bwd_compute = statistics.median(r[2] for r in no_sync)
         exposed = max(0.0, bwd_ms - bwd_compute)
         params = [p for g in par.optimizer.param_groups for p in g["params"]]

@@ -57,8 +57,10 @@ def batch_size_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'max', got {value!r}") from None
 
 
-def _number(kind: type):
+def _number(kind: type, optional: bool = False):
     def parse(value: str):
+        if optional and value.strip().lower() == "auto":
+            return None
         try:
             return kind(value)
         except ValueError:
@@ -93,7 +95,7 @@ def add_case_arguments(p: argparse.ArgumentParser, defaults: dict[str, Any] | No
         if o.kind == "batch":
             kw["type"] = batch_size_arg
         elif o.type in (int, float):
-            kw["type"] = _number(o.type)
+            kw["type"] = _number(o.type, o.optional)
         if o.metavar:
             kw["metavar"] = o.metavar
         if isinstance(o.choices, tuple):  # checked by RunConfig, with its one-line message

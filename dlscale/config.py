@@ -24,6 +24,7 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale import compiling
 from dlscale.compiling import COMPILE_MODES
+from dlscale.inputs.spec import DECODE_DEVICES, SPEC_HELP, parse_data
 from dlscale.precision import PRECISIONS
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -146,6 +147,18 @@ class RunConfig:
                              late=None, setting=True,
                              help="CPU threads per rank (OMP_NUM_THREADS and torch's intra-op threads); "
                                   "default: the cores divided among the node's ranks")
+    # input data (dlscale/inputs, docs/data.md): synthetic batches made once on the device, or files
+    data: str = _f("synthetic", axis="data", match=True, late="synthetic", validator=parse_data,
+                   help=f"input data: {SPEC_HELP} (docs/data.md)")
+    data_workers: int | None = _f(None, type=int, minimum=0, maximum=1024, optional=True, late=None, setting=True,
+                                  help="DataLoader worker processes per rank with --data from files (0: load in "
+                                       "the training process); auto: CPU decode every core of the rank's share "
+                                       "but one, GPU decode up to 4, tokens 1 or 2")
+    data_decode: str = _f("cpu", choices=DECODE_DEVICES, axis="data_decodes", match=True, late="cpu",
+                          help="where images from files are decoded: cpu (DataLoader workers) or gpu (nvJPEG)")
+    data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
+                              help="evict the data set from the page cache before each repeat (posix_fadvise), "
+                                   "so the first epoch reads from disk")
     env: dict = _f({}, type=dict, kind="options", cli="--env", metavar="NAME=VALUE", axis="env", late={},
                    validator=check_case_env,
                    help="an environment variable for the case's processes, repeatable (tuning variables only: "
@@ -213,6 +226,9 @@ class RunConfig:
             raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
         if not self.compile and self.inductor_options:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
+        from dlscale.inputs.spec import check_fields
+
+        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:
@@ -406,6 +422,9 @@ def validate_case(cfg: RunConfig) -> None:
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:
         strat.validate(cfg)
+    from dlscale.inputs import check_case
+
+    check_case(cfg)  # the data set's files against the model
 
 
 def validate_for_launch(cfg: RunConfig) -> str:
@@ -420,4 +439,7 @@ def validate_for_launch(cfg: RunConfig) -> str:
         n = torch.cuda.device_count()
         if cfg.nproc_per_node > n:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
+    from dlscale.inputs import check_machine
+
+    check_machine(cfg, device)
     return device

@@ -45,6 +45,8 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['samples_per_s']:,.2f} samples/s "
                       f"(window {e['window_s']:.3f} s, warm-up {e.get('warmup_s') or 0:.1f} s, "
                       f"process {e['process_s']:.1f} s{': ' + where if where else ''})", flush=True)
+                if e.get("data"):
+                    print(f"#     {data_line(e['data'])}", flush=True)
             else:
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['status'].upper()}: {e['error']}", flush=True)
 
@@ -79,6 +81,25 @@ def result_table(records: list[dict[str, Any]]) -> str:
             cells = "  ".join(f"{(fn(r, None) if i < 5 else '-'):>{w}}" for i, (_, w, fn) in enumerate(COLUMNS))
         lines.append(f"{cells}  {r['status']}")
     return "\n".join(lines)
+
+
+def data_line(d: dict[str, Any]) -> str:
+    """One line on a repeat's real-data loading (dlscale/inputs)."""
+    share = d.get("data_wait_share_max")
+    wait = "-" if share is None else f"{share * 100:.1f} %"
+    verdict = {True: "input-bound", False: "not input-bound", None: "no verdict"}[d.get("input_bound")]
+    cores = d.get("loader_cpu_cores_total")
+    mbs = d.get("read_mb_s_total")
+    loader = d.get("loader") or {}
+    bad = f", {d['bad_files_total']} unreadable file(s) skipped" if d.get("bad_files_total") else ""
+    if d.get("wait_may_be_understated"):
+        from dlscale.inputs.spec import BUFFER_MARGIN
+
+        bad += (f"; the window took {d.get('window_batches')} batches, under {BUFFER_MARGIN}x the "
+                f"{d.get('prefetch_buffer_batches')} the loader held ready: the wait may be understated (more --steps)")
+    return (f"data: waited {wait} of the window ({verdict}); loader {loader.get('workers')} worker(s)/rank, "
+            f"{'-' if cores is None else f'{cores:.2f}'} cores, {'-' if mbs is None else f'{mbs:.1f}'} MB/s read, "
+            f"{loader.get('decoder')}{bad}")
 
 
 def print_result(rec: dict[str, Any]) -> None:

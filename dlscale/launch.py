@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, metrics
+from dlscale import envinfo, inputs, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
@@ -112,6 +112,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     if len(nodes) > 1:
         entry["utilisation_per_node"] = nodes
     entry["breakdown"] = r0.get("breakdown") if r0 else None
+    entry["data"] = inputs.merge_ranks(ranks)  # real data: waits, loader CPU and reads (None: synthetic)
     if r0 is not None and r0.get("profile"):  # rank 0's top ops (the trace file itself is staged)
         entry["profile_top_ops"] = r0["profile"].get("top_ops")
     if status == "ok" and r0 is not None:
@@ -211,7 +212,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
                  command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                  device_type=device_type, world_size=cfg.world_size, env=envinfo.capture(),
-                 backend="nccl" if device_type == "cuda" else "gloo")
+                 backend="nccl" if device_type == "cuda" else "gloo", data_set=inputs.describe(cfg))
     reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
     if reason:
         rec.status, rec.error = "unsupported", reason
@@ -312,3 +313,4 @@ def _median_repeat_extras(rec: Record, root: Path | None, staging: Path) -> None
         rec.trace = str(dest.relative_to(root))
     rec.utilisation, rec.breakdown = med.get("utilisation"), med.get("breakdown")
     rec.median_repeat, rec.profile_top_ops = med["repeat"], med.get("profile_top_ops")
+    rec.data = med.get("data")

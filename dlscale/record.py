@@ -14,7 +14,8 @@ from typing import Any
 
 from dlscale.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
 
-_OPTIONAL = ("backend", "threads", "batch_search", "sweep", "nodes", "rendezvous", "recorded_by", "validity")
+_OPTIONAL = ("backend", "threads", "data_set", "data", "batch_search", "sweep", "nodes", "rendezvous", "recorded_by",
+             "validity")
 
 
 def _now() -> str:
@@ -55,6 +56,8 @@ class Record:
     # ---- written only when set
     backend: str | None = None  # the process group's: gloo or nccl
     threads: list[int] | None = None  # intra-op threads each rank used, as torch reports them
+    data_set: dict[str, Any] | None = None  # the input data's identity (dlscale/inputs)
+    data: dict[str, Any] | None = None  # the median repeat's data wait and loader figures
     batch_search: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None
     nodes: list[dict[str, Any]] | None = None

@@ -32,6 +32,7 @@ from dlscale import multinode, precision  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
+from dlscale.inputs import open_source  # noqa: E402
 from dlscale.models import count_parameters, get_model  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
 
@@ -204,16 +205,21 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         par.module = compile_module(par.module, cfg)
     result["dp_size"] = par.dp_size
     result["strategy_info"] = par.info
-    batches = make_batches(spec, cfg, par, par.info.get("dp_rank", denv.rank), device)
+    dp_rank = par.info.get("dp_rank", denv.rank)
+    # synthetic: the pre-made batches; real data: a DataLoader that refills ``batches`` in place
+    source = open_source(spec, cfg, par, dp_rank, device, denv.local_rank, denv.local_world_size,
+                         lambda: make_batches(spec, cfg, par, dp_rank, device))
+    batches = source.batches
     step = build_step(par, cfg, device, batches)
     inject = _Injected(cfg.inject_failure, denv.rank, cfg.batch_size)
 
     sampler = _start_sampler(cfg, denv, out_dir)
     try:
-        _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir)
+        _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
     finally:
         if sampler is not None:
             sampler.stop()
+        source.close()
 
 
 def _local_gpu_uuids(denv: DistEnv) -> list[str] | None:
@@ -244,14 +250,17 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     return sampler
 
 
-def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir) -> None:
+def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
     device = denv.device
+    fetch = None if source.static else source.next  # real data: refills ``batches`` each step
     # Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read
     # here (a host sync per step is harmless outside the window) for correctness checks.
     losses = []
     t_w = time.perf_counter()
     for i in range(cfg.warmup):
         inject.check(i)
+        if fetch is not None:
+            fetch()
         loss = step()
         losses.append(_loss_value(loss) if par.reports_loss else None)
     result["warmup_s"] = time.perf_counter() - t_w
@@ -262,23 +271,44 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
     host_marks = [0.0] * (n + 1)
+    waits = [0.0] * n  # real data: host seconds each step waited at the loader boundary
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
 
+    source.window_start()  # real data: the loader's CPU and read counters (before the barrier)
     _sync(device)
     pg_barrier()
     # ---- timed window: nothing but training steps between here and the closing sync ----
     wall_start = time.time()
     t0 = time.perf_counter()
-    if cuda:
+    if fetch is None:  # synthetic batches: no per-step work at all
+        if cuda:
+            events[0].record()
+            for i in range(n):
+                inject.check(cfg.warmup + i)
+                loss = step()
+                events[i + 1].record()
+        else:
+            host_marks[0] = t0
+            for i in range(n):
+                inject.check(cfg.warmup + i)
+                loss = step()
+                host_marks[i + 1] = time.perf_counter()
+    elif cuda:
         events[0].record()
         for i in range(n):
             inject.check(cfg.warmup + i)
+            ta = time.perf_counter()
+            fetch()
+            waits[i] = time.perf_counter() - ta
             loss = step()
             events[i + 1].record()
     else:
         host_marks[0] = t0
         for i in range(n):
             inject.check(cfg.warmup + i)
+            ta = time.perf_counter()
+            fetch()
+            waits[i] = time.perf_counter() - ta
             loss = step()
             host_marks[i + 1] = time.perf_counter()
     _sync(device)
@@ -286,6 +316,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     t1 = time.perf_counter()
     wall_end = time.time()
     # ---- end of timed window ----
+    source.window_end()
 
     window = t1 - t0
     result.setdefault("marks", {})["window_done"] = time.time()
@@ -305,6 +336,8 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "loss_last": _loss_value(loss) if par.reports_loss else None,
     })
     result.update(_peak_memory(device))
+    if fetch is not None:
+        result["data"] = source.summary(waits, window, step_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
     # Extra measurements, all after the window and after the memory peak was read.
@@ -312,7 +345,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         from dlscale.breakdown import measure_breakdown
 
         result["breakdown"] = measure_breakdown(par, cfg, device, batches, _autocast(cfg, device),
-                                                denv.world_size)
+                                                denv.world_size, fetch=fetch)
     if cfg.profile:
         from dlscale.breakdown import profile_steps
 

@@ -10,8 +10,8 @@ from dlscale.caseargs import add_case_arguments, config_from_args
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="measure one training case (repeated) and store the record",
-                       description="Train a model under a parallel strategy with synthetic data: W warm-up "
-                       "steps, N timed steps, R repeats; report the median.")
+                       description="Train a model under a parallel strategy with synthetic data (or a data set "
+                       "from disk: --data): W warm-up steps, N timed steps, R repeats; report the median.")
     # without a GPU the defaults are the tiny flavour in fp32 (a note says so); --flavor/--precision ask
     add_case_arguments(p, defaults={"flavor": None, "precision": None},
                        default_notes={"flavor": "full with a GPU, tiny without one",

@@ -1,16 +1,17 @@
-"""``dlscale micro matmul|bandwidth|layer|comm``: registration with the top-level CLI."""
+"""``dlscale micro matmul|bandwidth|layer|comm|io``: registration with the top-level CLI."""
 from __future__ import annotations
 
+
 def register(subparsers) -> None:
-    from dlscale.micro import bandwidth, comm, layer, matmul
+    from dlscale.micro import bandwidth, comm, io, layer, matmul
 
     p = subparsers.add_parser(
-        "micro", help="micro-benchmarks: matmul, memory bandwidth, one transformer layer, collectives",
+        "micro", help="micro-benchmarks: matmul, memory bandwidth, one transformer layer, collectives, input",
         description="Micro-benchmarks that show what the hardware delivers: dense matmul TFLOPS, "
-                    "memory bandwidth, one transformer layer's TFLOPS and collective bandwidth "
-                    "(nccl-tests conventions). Each run prints a table and appends one record of kind "
-                    "'micro' to the result store. Formulas: docs/micro.md.")
+                    "memory bandwidth, one transformer layer's TFLOPS, collective bandwidth "
+                    "(nccl-tests conventions) and input-pipeline throughput (io). Each run prints a table "
+                    "and appends one record of kind 'micro' to the result store. Formulas: docs/micro.md.")
     sub = p.add_subparsers(dest="micro_command", metavar="BENCHMARK")
     sub.required = True
-    for mod in (matmul, bandwidth, layer, comm):
+    for mod in (matmul, bandwidth, layer, comm, io):
         mod.add_parser(sub)

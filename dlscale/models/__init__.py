@@ -39,6 +39,8 @@ class ModelSpec:
     lr: float = 1e-4
     weight_decay: float = 0.01
     channels_last: bool = False  # convnets run faster in NHWC on GPUs
+    # the batch a real-data reader must make for it (dlscale/inputs): image | causal-lm | mlm-nsp
+    data_kind: str | None = None
     # blocks(module) -> list of the repeated blocks (transformer layers, residual stages);
     # strategies use it for FSDP wrapping, pipeline stage splits and activation checkpointing.
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None

@@ -217,6 +217,7 @@ def make_spec(flavor: str) -> ModelSpec:
         lr=1e-4,
         weight_decay=0.01,
         channels_last=False,
+        data_kind="mlm-nsp",
         blocks=lambda m: list(m.blocks),
         extra={
             "n_heads": cfg.n_heads,
@@ -228,5 +229,6 @@ def make_spec(flavor: str) -> ModelSpec:
             "n_params": n_params,
             "flops_params": flops_params,
             "n_embed_args": 2,
+            "mlm_prob": cfg.mlm_prob,
         },
     )

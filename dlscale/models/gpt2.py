@@ -195,6 +195,7 @@ def _make_spec(name: str, flavor: str, cfg: GPTConfig) -> ModelSpec:
         lr=6e-4,
         weight_decay=0.1,
         channels_last=False,
+        data_kind="causal-lm",
         blocks=lambda m: list(m.blocks),
         extra={
             "n_heads": cfg.n_heads,

@@ -154,6 +154,7 @@ def make_spec(flavor: str) -> ModelSpec:
         lr=0.1,
         weight_decay=1e-4,
         channels_last=True,
+        data_kind="image",
         blocks=lambda m: m.block_list(),
         extra={
             "momentum": 0.9,

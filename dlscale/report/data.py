@@ -393,6 +393,23 @@ class Row:
         return None if r is None else r * 100.0
 
     @property
+    def data(self) -> dict[str, Any] | None:
+        """The record's real-data measurements (median repeat; dlscale/inputs), None for synthetic data."""
+        d = self.record.get("data")
+        return d if isinstance(d, dict) else None
+
+    @property
+    def data_wait_pct(self) -> float | None:
+        """Share of the timed window the steps waited for data (slowest rank), in %."""
+        v = num((self.data or {}).get("data_wait_share_max"))
+        return None if v is None else v * 100.0
+
+    @property
+    def loader_cores(self) -> float | None:
+        """CPU cores the data loaders of all ranks kept busy over the window."""
+        return num((self.data or {}).get("loader_cpu_cores_total"))
+
+    @property
     def trace(self) -> str | None:
         t = self.record.get("trace")
         return t if isinstance(t, str) and t else None
@@ -489,6 +506,8 @@ class Group:
                   f"batch {self.batch_size}/device"]
         if self.label is not None:
             parts.append(f"label {self.label}")
+        if f.get("data") not in (None, "synthetic") and "data" not in self.extras:
+            parts.append(f"data {f['data']}")
         if self.device_type != "cuda":
             parts.append(self.device_type)
         for k, v in self.extras.items():

@@ -8,6 +8,7 @@ import os
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -51,7 +52,12 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
                                     _scaled(r.util("net_recv_bps_mean"), MB))),
     ("exposed comm (%)", lambda r: (r.exposed_comm_pct,)),
     ("overlap (%)", lambda r: (r.overlap_pct,)),
+    ("data wait (%)", lambda r: (r.data_wait_pct,)),
+    ("loader CPU (cores)", lambda r: (r.loader_cores,)),
 )
+DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
+             f"(host clock around each fetch; the slowest rank's), input-bound at {INPUT_BOUND_SHARE:.0%} or "
+             "more; loader CPU = cores the loader processes and threads of all ranks kept busy (docs/data.md)")
 EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
               "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
               "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
@@ -123,6 +129,8 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
     notes = [group.baseline_note()]
     if extra_columns(group):
         notes.append(EXTRA_NOTE)
+    if any(r.data_wait_pct is not None for r in group.rows if r.ok):
+        notes.append(DATA_NOTE)
     for r in group.rows:
         if r.borrowed:
             notes.append(f"{r.node_gpu} row: the {r.strategy} baseline run, shown for reference")
@@ -135,6 +143,18 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
             notes.append(f"{r.node_gpu}: status ok but no samples/s recorded")
         if r.borrowed or not r.ok:
             continue
+        d = r.data or {}
+        if d.get("input_bound"):
+            notes.append(f"{r.node_gpu}: input-bound: the steps waited for data {fmt(r.data_wait_pct, 1)} % "
+                         f"of the window (loader: {_one_line(str((d.get('loader') or {}).get('decoder')), 60)}, "
+                         f"{(d.get('loader') or {}).get('workers')} worker(s) per rank)")
+        if d.get("wait_may_be_understated"):
+            notes.append(f"{r.node_gpu}: the window took {d.get('window_batches')} batches, under {BUFFER_MARGIN}x the "
+                         f"{d.get('prefetch_buffer_batches')} the loader held ready at its start: the data wait "
+                         "may be understated (run more steps)")
+        if d.get("bad_files_total"):
+            notes.append(f"{r.node_gpu}: {d['bad_files_total']} unreadable image(s) skipped, e.g. "
+                         f"{_one_line('; '.join(d.get('bad_names') or []), 160)}")
         b = r.record.get("breakdown")
         if isinstance(b, dict) and b.get("supported") is False:
             notes.append(f"{r.node_gpu}: no step-time breakdown ({_one_line(b.get('reason') or 'unsupported', 120)})")
@@ -331,7 +351,8 @@ CSV_COLUMNS = [
     "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90",
     "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
-    "exposed_comm_pct", "overlap_pct", "trace", "grad_accum", "strategy_options",
+    "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound",
+    "trace", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
 ]
 
@@ -345,7 +366,10 @@ def utilisation_fields(row: Row) -> dict[str, Any]:
     b = row.breakdown or {}
     out: dict[str, Any] = {k: row.util(k) for k in UTIL_FIELDS}
     out.update({"exposed_comm_ms": num(b.get("exposed_comm_ms")), "breakdown_step_ms": num(b.get("step_ms")),
-                "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct, "trace": row.trace})
+                "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct,
+                "data": rec_config(row.record).get("data", "synthetic"), "data_wait_pct": row.data_wait_pct,
+                "loader_cpu_cores": row.loader_cores, "input_bound": (row.data or {}).get("input_bound"),
+                "trace": row.trace})
     return out
 
 

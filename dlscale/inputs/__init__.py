@@ -1,0 +1,112 @@
+"""Real input pipelines: image folders and token files read from disk (docs/data.md).
+
+What the rest of dlscale calls:
+
+* ``check_case(cfg)`` (from config.validate_case): the data set exists, has the right shape and
+  fits the model; ConfigError naming the file otherwise, before anything starts;
+* ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
+  torchvision;
+* ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
+* ``open_source(...)`` (worker): the rank's batch source;
+* ``merge_ranks(ranks)`` (launcher): one repeat's data record from its ranks'.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dlscale import ConfigError
+from dlscale.inputs.spec import INPUT_BOUND_SHARE, DataSpec, check_fields, parse_data
+
+__all__ = ["INPUT_BOUND_SHARE", "DataSpec", "check_case", "check_fields", "check_machine", "describe",
+           "merge_ranks", "open_source", "parse_data"]
+
+
+def open_source(*args, **kwargs):
+    """The rank's batch source (dlscale.inputs.source.open_source; imported here on first use,
+    so that parsing a config does not import torch)."""
+    from dlscale.inputs.source import open_source as _open
+
+    return _open(*args, **kwargs)
+
+
+def _need_samples(cfg) -> int:
+    """One global batch at the largest data-parallel size the case could have (every process)."""
+    return cfg.batch_size * cfg.world_size
+
+
+def check_case(cfg) -> None:
+    """The files behind ``cfg.data`` against the model; ConfigError (one line) naming the file."""
+    spec = parse_data(cfg.data)
+    if spec.synthetic:
+        return
+    from dlscale.inputs import dataset_info, images
+    from dlscale.models import get_model
+
+    model = get_model(cfg.model, cfg.flavor)
+    kind = model.data_kind
+    if kind is None:
+        raise ConfigError(f"model {cfg.model} has no real-data reader; use --data synthetic")
+    if spec.kind == "imagefolder":
+        if kind != "image":
+            raise ConfigError(f"model {cfg.model} trains on token sequences; --data {cfg.data} is an image "
+                              f"folder (use tokens:PATH)")
+        images.pil()
+        listing = dataset_info.list_imagefolder(spec.path)
+        classes = int(model.extra["num_classes"])
+        if len(listing.classes) > classes:
+            raise ConfigError(f"imagefolder {spec.path} has {len(listing.classes)} class folders; model "
+                              f"{cfg.model} ({cfg.flavor}) has {classes} outputs")
+        need = _need_samples(cfg)
+        if len(listing.files) < need:
+            raise ConfigError(f"imagefolder {spec.path}: {len(listing.files)} images, fewer than one global "
+                              f"batch of {need} (batch-size x processes)")
+    else:
+        if kind == "image":
+            raise ConfigError(f"model {cfg.model} trains on images; --data {cfg.data} is a token file "
+                              f"(use imagefolder:PATH)")
+        seq = int(model.seq_len)
+        dataset_info.check_tokens(spec, int(model.extra["vocab"]), _need_samples(cfg) * seq + 1)
+
+
+def check_machine(cfg, device_type: str) -> None:
+    """Checks that need this machine: GPU decode needs a GPU and torchvision."""
+    if cfg.data_decode != "gpu":
+        return
+    if device_type != "cuda":
+        raise ConfigError("data-decode gpu needs a CUDA device; use --data-decode cpu")
+    import torch
+
+    from dlscale.inputs.images import torchvision_decoder
+
+    torchvision_decoder(torch.device("cuda"))
+
+
+def describe(cfg) -> dict[str, Any] | None:
+    """The record's ``data_set``: identity of the data read (None for synthetic batches)."""
+    spec = parse_data(cfg.data)
+    if spec.synthetic:
+        return None
+    from dlscale.inputs import dataset_info
+    from dlscale.models import get_model
+
+    return dataset_info.identity(spec, get_model(cfg.model, cfg.flavor).seq_len).to_dict()
+
+
+def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One repeat's data record: rank 0's, with every rank's wait share and the loader totals.
+
+    The slowest rank defines the window, so the case's verdict uses the largest wait share.
+    """
+    datas = [(r.get("rank"), r["data"]) for r in ranks if isinstance(r.get("data"), dict)]
+    if not datas:
+        return None
+    out = dict(next((d for rank, d in datas if rank == 0), datas[0][1]))
+    shares = [d.get("data_wait_share") for _, d in datas]
+    known = [s for s in shares if s is not None]
+    out["per_rank_data_wait_share"] = shares
+    out["data_wait_share_max"] = max(known) if known else None
+    out["input_bound"] = None if not known else max(known) >= INPUT_BOUND_SHARE
+    for key in ("loader_cpu_cores", "storage_read_mb_s", "read_mb_s", "bad_files"):
+        vals = [d.get(key) for _, d in datas]
+        out[key + "_total"] = sum(vals) if vals and all(v is not None for v in vals) else None
+    return out

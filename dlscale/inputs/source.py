@@ -1,0 +1,431 @@
+"""A batch source per rank: what the worker's training step reads its micro-batches from.
+
+``SyntheticSource`` holds the pre-made batches and does nothing per step (the worker does not even
+call it inside the window). ``LoaderSource`` reads real data through ``torch.utils.data.DataLoader``
+(worker processes, pinned memory, prefetch, persistent workers) and, on a GPU, finishes every batch
+on the device one step ahead in a background thread on its own CUDA stream: the copy from pinned
+memory (non-blocking), normalisation, or the whole decode (``--data-decode gpu``). ``next()``
+refills ``batches`` in place (the list the step closes over) and returns it.
+
+The worker times ``next()`` with the host clock: that is the wait for data at the loader boundary.
+With the loader keeping up it is a queue hand-over (microseconds); when it does not, the wait is
+the time the training loop had nothing to train on. Its sum over the window divided by the window
+is the data-wait share; at ``INPUT_BOUND_SHARE`` or more the case is input-bound (the step would be
+that much shorter with free data, past the run-to-run noise of a few per cent).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import statistics
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from dlscale import ConfigError
+from dlscale.inputs import dataset_info, images, tokens
+from dlscale.inputs.sampler import GlobalBatchSampler
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, parse_data
+
+PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
+DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
+
+
+class SyntheticSource:
+    """The pre-made batches; nothing happens per step."""
+
+    static = True
+
+    def __init__(self, batches: list[tuple]):
+        self.batches = batches
+
+    def next(self) -> list[tuple]:
+        return self.batches
+
+    def window_start(self) -> None:
+        pass
+
+    def window_end(self) -> None:
+        pass
+
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class Prefetcher:
+    """A thread that takes host batches from ``it``, finishes them (``finish(item) -> (tensors,
+    meta)``) on its own CUDA stream and queues them ``depth`` deep; ``get()`` hands one to the
+    training stream (event wait + ``record_stream``, so the allocator keeps the memory until the
+    step used it). On the CPU there is no stream; the thread still runs ahead."""
+
+    def __init__(self, it, finish: Callable, device: torch.device, depth: int = DEVICE_DEPTH):
+        self.it, self.finish, self.device = it, finish, device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.native_id: int | None = None
+        self.thread = threading.Thread(target=self._run, name="dlscale-input", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.native_id = threading.get_native_id()
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.device)
+            while not self.stop.is_set():
+                item = next(self.it)
+                with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                    out, meta = self.finish(item)
+                    event = None
+                    if self.cuda:
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                self._put((out, meta, event, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread, raised there
+            self._put((None, None, None, e))
+
+    def _put(self, entry) -> None:
+        while not self.stop.is_set():
+            try:
+                self.q.put(entry, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self):
+        while True:
+            try:
+                out, meta, event, err = self.q.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError("the input thread ended without a batch") from None
+        if err is not None:
+            raise err
+        if self.cuda:
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_event(event)
+            for t in out:
+                t.record_stream(cur)
+        return out, meta
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.q.get_nowait()
+        self.thread.join(timeout=10)
+
+
+def _cpu_finish(item):
+    *tensors, meta = item
+    return tuple(tensors), meta
+
+
+@dataclass
+class LoaderInfo:
+    """How a rank reads its data (recorded)."""
+
+    kind: str
+    data_kind: str
+    workers: int
+    decode: str  # cpu | gpu
+    decoder: str
+    finish_on: str  # where batches are normalised / moved: "worker", "device thread"
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    local_batch: int
+    global_batch: int
+    n_samples: int
+    micro_batches_per_epoch: int
+
+
+@dataclass
+class _Snapshot:
+    metas: int
+    cpu_s: float | None
+    storage_read: int | None
+
+
+class LoaderSource:
+    """Real data through a DataLoader; see the module doc."""
+
+    static = False
+
+    def __init__(self, loader, finish: Callable, device: torch.device, accum: int, info: LoaderInfo,
+                 threaded: bool, page_cache: dict[str, Any]):
+        self.info, self.accum, self.page_cache = info, accum, page_cache
+        self.loader = loader
+        self.it = iter(loader)
+        self.prefetcher = Prefetcher(self.it, finish, device) if threaded else None
+        self._get = self.prefetcher.get if threaded else (lambda: finish(next(self.it)))
+        self.batches: list[tuple] = []
+        self._metas: list[dict] = []
+        self._w0: _Snapshot | None = None
+        self._w1: _Snapshot | None = None
+        self._procs = self._loader_processes()
+
+    def next(self) -> list[tuple]:
+        out = []
+        for _ in range(self.accum):
+            batch, meta = self._get()
+            self._metas.append(meta)
+            out.append(batch)
+        self.batches[:] = out
+        return self.batches
+
+    # -- accounting (outside the window) ----------------------------------------------------
+
+    def _loader_processes(self):
+        try:
+            import psutil
+        except ImportError:
+            return None
+        procs = []
+        for w in getattr(self.it, "_workers", []) or []:
+            with contextlib.suppress(Exception):
+                procs.append(psutil.Process(w.pid))
+        return procs
+
+    def _thread_ids(self) -> list[int]:
+        ids = []
+        if self.prefetcher is not None and self.prefetcher.native_id:
+            ids.append(self.prefetcher.native_id)
+        pin = getattr(self.it, "_pin_memory_thread", None)
+        if pin is not None and getattr(pin, "native_id", None):
+            ids.append(pin.native_id)
+        return ids
+
+    def _snapshot(self) -> _Snapshot:
+        """CPU seconds of the loader (worker processes + the input and pin-memory threads) and the
+        bytes its workers read from storage (/proc/PID/io read_bytes: page-cache hits excluded)."""
+        if self._procs is None:  # no psutil
+            return _Snapshot(len(self._metas), None, None)
+        import psutil
+
+        cpu: float | None = 0.0
+        storage: int | None = 0 if self._procs else None
+        for p in self._procs:
+            try:
+                t = p.cpu_times()
+                cpu = None if cpu is None else cpu + t.user + t.system
+            except (psutil.Error, OSError):
+                cpu = None
+            try:
+                storage = None if storage is None else storage + p.io_counters().read_bytes
+            except (psutil.Error, OSError, AttributeError):
+                storage = None
+        ids = set(self._thread_ids())
+        if cpu is not None and ids:
+            try:
+                cpu += sum(th.user_time + th.system_time for th in psutil.Process().threads() if th.id in ids)
+            except (psutil.Error, OSError):
+                cpu = None
+        if not self._procs and self.prefetcher is None:
+            cpu = None  # loading runs in the training thread itself: not separable
+        return _Snapshot(len(self._metas), cpu, storage)
+
+    def window_start(self) -> None:
+        self._w0 = self._snapshot()
+
+    def window_end(self) -> None:
+        self._w1 = self._snapshot()
+
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> dict[str, Any]:
+        """The rank's data record for the window (``waits_s``: the per-step waits the worker timed;
+        ``step_ms``: the step times, for the share of the window's second half, when the prefetch
+        buffer filled during warm-up has been used up)."""
+        w0, w1 = self._w0, self._w1
+        metas = self._metas[w0.metas:w1.metas] if w0 and w1 else []
+        total = sum(waits_s)
+        share = total / window_s if window_s > 0 else None
+        samples = len(metas) * self.info.local_batch
+        nbytes = sum(m["bytes"] for m in metas)
+        cpu_s = (w1.cpu_s - w0.cpu_s) if w0 and w1 and w0.cpu_s is not None and w1.cpu_s is not None else None
+        storage = (w1.storage_read - w0.storage_read) if (w0 and w1 and w0.storage_read is not None
+                                                          and w1.storage_read is not None) else None
+        bad = sum(m["bad"] for m in self._metas)
+        per_epoch = self.info.micro_batches_per_epoch
+        start_m = (w0.metas // self.accum) * self.accum if w0 else 0
+        ms = [w * 1e3 for w in waits_s]
+        buffer = (self.info.workers * (self.info.prefetch_factor or 0)
+                  + (DEVICE_DEPTH if self.prefetcher is not None else 0))
+        h = len(waits_s) // 2
+        late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
+        return {
+            "data_wait_ms": [round(x, 4) for x in ms],
+            "data_wait_ms_total": total * 1e3,
+            "data_wait_share": share,
+            "data_wait_share_last_half": sum(waits_s[h:]) * 1e3 / late if late > 0 else None,
+            "data_wait_ms_p50": statistics.median(ms) if ms else None,
+            "data_wait_ms_max": max(ms) if ms else None,
+            "input_bound": None if share is None else share >= INPUT_BOUND_SHARE,
+            "input_bound_threshold": INPUT_BOUND_SHARE,
+            "samples": samples,
+            "samples_per_s": samples / window_s if window_s > 0 else None,
+            "bytes_read": nbytes,
+            "read_mb_s": nbytes / window_s / 1e6 if window_s > 0 else None,
+            "loader_cpu_s": cpu_s,
+            "loader_cpu_cores": cpu_s / window_s if cpu_s is not None and window_s > 0 else None,
+            "samples_per_loader_core_s": samples / cpu_s if cpu_s else None,
+            "storage_read_bytes": storage,
+            "storage_read_mb_s": storage / window_s / 1e6 if storage is not None and window_s > 0 else None,
+            "bad_files": bad,
+            "bad_names": [n for m in self._metas for n in m["bad_names"]][:images.BAD_NAMES_KEPT],
+            "decode_fallbacks": sum(m.get("decode_fallbacks", 0) for m in self._metas),
+            "epoch_at_window_start": start_m / per_epoch,
+            "epoch_at_window_end": (start_m + len(metas)) / per_epoch,
+            "window_batches": len(metas),
+            "prefetch_buffer_batches": buffer,
+            "wait_may_be_understated": len(metas) < BUFFER_MARGIN * buffer,
+            "loader": asdict(self.info),
+            "page_cache": self.page_cache,
+        }
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        shutdown = getattr(self.it, "_shutdown_workers", None)
+        if shutdown is not None:
+            with contextlib.suppress(Exception):
+                shutdown()
+        self.it = None
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resolve_workers(requested: int | None, kind: str, decode: str, local_world: int) -> int:
+    """DataLoader workers of one rank. Auto: CPU decode takes every core of the rank's share of the
+    host but one (left to the training process); GPU decode only reads files (up to 4); token
+    batches are cheap (1, or 2 with 4+ cores per rank)."""
+    if requested is not None:
+        return requested
+    per_rank = max(1, _cpus() // max(1, local_world))
+    if kind == "tokens":
+        return 2 if per_rank >= 4 else 1
+    if decode == "gpu":
+        return max(1, min(4, per_rank - 1))
+    return max(1, per_rank - 1)
+
+
+def _barrier(device: torch.device) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if device.type == "cuda":
+            dist.barrier(device_ids=[device.index if device.index is not None else torch.cuda.current_device()])
+        else:
+            dist.barrier()
+
+
+def _page_cache(paths: list[str], cold: bool, local_rank: int) -> dict[str, Any]:
+    """Cold read (local rank 0 of each node evicts the files) and the resident share after it."""
+    out: dict[str, Any] = {"cold_read": cold}
+    if local_rank != 0:
+        return out
+    sample = dataset_info.sample_paths(paths)
+    if cold:
+        out["resident_share_before_cold_read"] = dataset_info.resident_share(sample)
+        out["files_dropped"] = dataset_info.drop_from_cache(paths)
+    out["resident_share_at_start"] = dataset_info.resident_share(sample)
+    out["resident_sample_files"] = len(sample)
+    return out
+
+
+@dataclass
+class Reader:
+    """How samples of one data set become batches for one model."""
+
+    dataset: Any
+    collate: Callable
+    finish: Callable  # host batch -> (tensors on the device, meta)
+    decoder: str
+    finish_on: str
+    paths: list[str]  # the files (page cache)
+    data_kind: str
+
+
+def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int) -> Reader:
+    """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``."""
+    kind = model.data_kind
+    if kind is None:
+        raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
+    cuda = device.type == "cuda"
+    if spec.kind == "imagefolder":
+        listing = dataset_info.list_imagefolder(spec.path)
+        paths = [os.path.join(listing.root, f) for f in listing.files]
+        size = int(model.extra["image_size"])
+        channels_last = bool(model.channels_last) and cuda
+        if decode == "gpu":
+            ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
+            gpu = images.GpuDecoder(device, size, channels_last)
+            return Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", paths, kind)
+        ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
+        if not cuda:
+            return Reader(ds, images.collate_normalized, _cpu_finish, images.decoder_name(), "worker", paths, kind)
+
+        def finish(item):
+            return images.finish_on_device(item, device, channels_last)
+
+        return Reader(ds, images.collate_uint8, finish, images.decoder_name(), "device thread", paths, kind)
+    vocab, seq = int(model.extra["vocab"]), int(model.seq_len)
+    if kind == "mlm-nsp":
+        ds = tokens.BertPairs(spec.path, spec.dtype, seq, vocab, seed, float(model.extra["mlm_prob"]))
+    else:
+        ds = tokens.TokenWindows(spec.path, spec.dtype, seq, vocab, seed)
+    if not cuda:
+        return Reader(ds, tokens.collate_batch, _cpu_finish, f"numpy.memmap {spec.dtype}", "worker", [spec.path], kind)
+
+    def finish_tokens(item):
+        return tokens.finish_on_device(item, device)
+
+    return Reader(ds, tokens.collate_batch, finish_tokens, f"numpy.memmap {spec.dtype}", "device thread",
+                  [spec.path], kind)
+
+
+def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, workers: int, decode: str,
+                 device: torch.device, accum: int, page_cache: dict[str, Any]) -> LoaderSource:
+    """A DataLoader over ``reader`` with ``workers`` processes, pinned memory on CUDA, prefetch and
+    persistent workers; returned holding its first batch."""
+    cuda = device.type == "cuda"
+    loader = torch.utils.data.DataLoader(
+        reader.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=reader.collate, pin_memory=cuda,
+        prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0)
+    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, reader.decoder, reader.finish_on, cuda,
+                      PREFETCH_FACTOR if workers else None, workers > 0, sampler.b, sampler.g, sampler.n,
+                      sampler.per_epoch)
+    src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache)
+    src.next()
+    return src
+
+
+def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank: int, local_world: int,
+                make_synthetic: Callable[[], list[tuple]]):
+    """The rank's batch source: ``make_synthetic()`` for --data synthetic, else a LoaderSource
+    already holding its first batch (the DataLoader workers are up before the warm-up)."""
+    spec: DataSpec = parse_data(cfg.data)
+    if spec.synthetic:
+        return SyntheticSource(make_synthetic())
+    b = cfg.batch_size * int(par.info.get("devices_per_process", 1))
+    g = cfg.batch_size * par.dp_size
+    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed)
+    sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
+    page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
+    _barrier(device)  # every rank starts reading after its node's cache was dropped
+    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, local_world)
+    return start_source(reader, spec, sampler, workers, cfg.data_decode, device, cfg.grad_accum, page)

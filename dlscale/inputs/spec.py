@@ -1,0 +1,96 @@
+"""What ``--data`` names, parsed and checked before anything starts.
+
+``synthetic`` (default): the pre-made batches of the model's ``make_batch``, on the device.
+``imagefolder:PATH``: ImageNet layout, one folder per class holding image files.
+``tokens:PATH[:uint16|uint32]``: a flat binary file of token ids (default uint16, as nanoGPT and
+llm.c write them), memory-mapped.
+
+Parsing (``parse_data``) is syntax only, so a stored config always loads; ``check_case`` looks
+at the files and the model and raises ConfigError naming the file and what is wrong.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dlscale import ConfigError
+
+KINDS = ("synthetic", "imagefolder", "tokens")
+TOKEN_DTYPES = ("uint16", "uint32")
+DECODE_DEVICES = ("cpu", "gpu")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# what a model's ``ModelSpec.data_kind`` may say: the batch layout a real-data reader must produce
+DATA_KINDS = ("image", "causal-lm", "mlm-nsp")
+SPEC_HELP = "synthetic, imagefolder:PATH or tokens:PATH[:uint16|uint32]"
+# a case whose steps waited for data this share of the window or more is input-bound (docs/data.md)
+INPUT_BOUND_SHARE = 0.05
+# a window that takes fewer than this many times the batches the loader holds ready at its start
+# may understate the wait: its first batches come from the prefetch buffer filled during warm-up
+BUFFER_MARGIN = 10
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str  # one of KINDS
+    path: str | None = None
+    dtype: str | None = None  # tokens only
+
+    @property
+    def synthetic(self) -> bool:
+        return self.kind == "synthetic"
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "uint16" else 4
+
+
+def parse_data(text: str) -> DataSpec:
+    """``--data`` text -> DataSpec; ConfigError (one line) for anything else. No disk access."""
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"data must be {SPEC_HELP}, got {text!r}")
+    if text == "synthetic":
+        return DataSpec("synthetic")
+    kind, sep, rest = text.partition(":")
+    if kind not in ("imagefolder", "tokens") or not sep or not rest:
+        raise ConfigError(f"data must be {SPEC_HELP}, got {text!r}")
+    if kind == "imagefolder":
+        return DataSpec("imagefolder", rest)
+    path, dtype = rest, "uint16"
+    head, colon, tail = rest.rpartition(":")
+    if colon and tail in TOKEN_DTYPES:
+        path, dtype = head, tail
+    elif colon and tail.startswith(("uint", "int", "float")):
+        raise ConfigError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {tail!r} in {text!r}")
+    if not path:
+        raise ConfigError(f"data must be {SPEC_HELP}, got {text!r}")
+    return DataSpec("tokens", path, dtype)
+
+
+def workers_arg(text: str) -> int | None:
+    """argparse type of --data-workers: "auto" -> None, else an integer (checked by RunConfig)."""
+    if str(text).lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
+
+
+def check_fields(data: str, workers: int | None, decode: str, cold_read: bool) -> DataSpec:
+    """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
+    spec = parse_data(data)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f"data-workers must be an integer >= 0 (0: load in the training process), got {workers!r}")
+    if decode not in DECODE_DEVICES:
+        raise ConfigError(f"unknown data-decode {decode!r}; choose one of: {', '.join(DECODE_DEVICES)}")
+    if spec.synthetic:
+        given = [n for n, v, d in (("data-workers", workers, None), ("data-decode", decode, "cpu"),
+                                   ("data-cold-read", cold_read, False)) if v != d]
+        if given:
+            raise ConfigError(f"{', '.join(given)} needs --data imagefolder:PATH or tokens:PATH "
+                              f"(synthetic batches are made once, on the device)")
+    if decode == "gpu" and spec.kind != "imagefolder":
+        raise ConfigError(f"data-decode gpu decodes images; --data {data} is {spec.kind}")
+    if cold_read and not hasattr(os, "posix_fadvise"):
+        raise ConfigError("data-cold-read needs posix_fadvise (Linux and most Unix); this OS has none")
+    return spec

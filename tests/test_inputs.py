@@ -1,0 +1,546 @@
+"""Real input data (dlscale/inputs): specs, checks, readers, sharding, masking, GPU-decode logic,
+bad inputs; and 2-process gloo runs reading a generated image folder and token files."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from dlscale import ConfigError
+from dlscale.config import RunConfig, workload_fields
+from dlscale.inputs import check_case, merge_ranks, parse_data
+from dlscale.inputs import dataset_info, images, make, tokens
+from dlscale.inputs.sampler import GlobalBatchSampler
+from dlscale.inputs.source import Prefetcher, make_reader, open_source
+from dlscale.models import get_model
+
+pytest.importorskip("PIL")
+
+
+# ----------------------------------------------------------------------------- shared data
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small generated ImageNet-like folder (3 classes) and token files for the tiny models."""
+    root = tmp_path_factory.mktemp("data")
+    stats = make.make_imagenet_like(str(root / "imgs"), 24, classes=3, seed=1, jobs=1)
+    make.make_tokens(str(root / "gpt"), 40_000, "uint16", vocab=500, seed=2)
+    make.make_tokens(str(root / "bert"), 40_000, "uint32", vocab=1000, seed=3)
+    return SimpleNamespace(root=root, imgs=str(root / "imgs"), stats=stats,
+                           gpt=f"tokens:{root}/gpt/tokens.bin", bert=f"tokens:{root}/bert/tokens.bin:uint32")
+
+
+def _arange_tokens(path: Path, n: int, dtype="uint16") -> str:
+    np.arange(n, dtype=dtype).tofile(path)
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- specs and config
+
+@pytest.mark.parametrize("text,kind,path,dtype", [
+    ("synthetic", "synthetic", None, None),
+    ("imagefolder:/data/imagenet/train", "imagefolder", "/data/imagenet/train", None),
+    ("tokens:/d/train.bin", "tokens", "/d/train.bin", "uint16"),
+    ("tokens:/d/train.bin:uint32", "tokens", "/d/train.bin", "uint32"),
+    ("tokens:/d/a:b.bin", "tokens", "/d/a:b.bin", "uint16"),  # a colon in the path is kept
+])
+def test_parse_data(text, kind, path, dtype):
+    s = parse_data(text)
+    assert (s.kind, s.path, s.dtype) == (kind, path, dtype)
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("", "data must be synthetic, imagefolder:PATH or tokens:PATH"),
+    ("imagenet", "data must be synthetic"),
+    ("tokens:", "data must be synthetic"),
+    ("tokens:/x.bin:int8", "token dtype must be one of uint16, uint32, got 'int8'"),
+])
+def test_parse_data_rejects(text, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        parse_data(text)
+
+
+def test_config_fields_checked_and_case_key_kept_at_defaults():
+    # the data fields at their defaults leave every earlier case key as it was
+    assert "data" not in workload_fields(RunConfig().to_dict())
+    assert RunConfig(data="tokens:/x.bin").case_key() != RunConfig().case_key()
+    assert workload_fields(RunConfig(data="tokens:/x.bin", data_workers=0).to_dict())["data_workers"] == 0
+    with pytest.raises(ConfigError, match="data-workers, data-decode needs --data"):
+        RunConfig(data_workers=2, data_decode="gpu")
+    with pytest.raises(ConfigError, match="data-decode gpu decodes images"):
+        RunConfig(data="tokens:/x.bin", data_decode="gpu")
+    with pytest.raises(ConfigError, match="data-workers must be >= 0"):
+        RunConfig(data="tokens:/x.bin", data_workers=-1)
+    with pytest.raises(ConfigError, match="unknown data-decode 'tpu'"):
+        RunConfig(data="tokens:/x.bin", data_decode="tpu")
+
+
+# ----------------------------------------------------------------------------- bad inputs, up front
+
+def _cfg(model, data, flavor="tiny", **kw):
+    return RunConfig(model=model, flavor=flavor, data=data, device="cpu", **kw)
+
+
+def test_bad_data_sets_are_one_line_config_errors(tmp_path, data_dir):
+    (tmp_path / "empty").mkdir()
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.JPEG").write_bytes(b"x")
+    noimg = tmp_path / "noimg"
+    (noimg / "cls").mkdir(parents=True)
+    (noimg / "cls" / "readme.txt").write_text("x")
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x00" * 7)
+    short = _arange_tokens(tmp_path / "short.bin", 10)
+    big_ids = tmp_path / "big.bin"
+    np.full(10_000, 600, dtype=np.uint16).tofile(big_ids)
+    cases = [
+        (_cfg("resnet50", f"imagefolder:{tmp_path}/nope"), f"imagefolder {tmp_path}/nope: no such folder"),
+        (_cfg("resnet50", f"imagefolder:{tmp_path}/empty"), "is empty"),
+        (_cfg("resnet50", f"imagefolder:{flat}"), "has no class folders, only 1 file(s) at its top level"),
+        (_cfg("resnet50", f"imagefolder:{noimg}"), "class folder 'cls' holds no image files"),
+        (_cfg("resnet50", f"imagefolder:{data_dir.imgs}", batch_size=32), "24 images, fewer than one global batch"),
+        (_cfg("gpt2", f"tokens:{odd}"), "size 7 bytes is not a multiple of 2 (uint16)"),
+        (_cfg("gpt2", f"tokens:{short}"), "10 tokens, fewer than"),
+        (_cfg("gpt2", f"tokens:{big_ids}", batch_size=2), "id 600 exceeds the model's vocabulary of 500"),
+        (_cfg("gpt2", f"tokens:{tmp_path}"), "is not a file"),
+        (_cfg("resnet50", data_dir.gpt), "model resnet50 trains on images"),
+        (_cfg("bert-base", f"imagefolder:{data_dir.imgs}"), "trains on token sequences"),
+    ]
+    for cfg, fragment in cases:
+        with pytest.raises(ConfigError) as e:
+            check_case(cfg)
+        msg = str(e.value)
+        assert fragment in msg and "\n" not in msg, msg
+    # more class folders than the model has outputs
+    many = tmp_path / "many"
+    for c in range(11):
+        (many / f"c{c:02d}").mkdir(parents=True)
+        os.link(next(Path(data_dir.imgs).glob("*/*.JPEG")), many / f"c{c:02d}" / "x.JPEG")
+    with pytest.raises(ConfigError, match="has 11 class folders; model resnet50 \\(tiny\\) has 10 outputs"):
+        check_case(_cfg("resnet50", f"imagefolder:{many}", batch_size=1))
+
+
+def test_run_cli_bad_data_exits_2_before_anything(tmp_path, capsys):
+    from dlscale.cli import main
+
+    code = main(["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--store", str(tmp_path / "s"),
+                 "--data", f"tokens:{tmp_path}/missing.bin"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"tokens {tmp_path}/missing.bin: no such file" in err[0]
+    assert not (tmp_path / "s" / "results.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------- generator, identity, cache
+
+def test_generated_imagenet_like_set_looks_like_imagenet(data_dir):
+    st = data_dir.stats
+    files = sorted(Path(data_dir.imgs).glob("n*/n*_*.JPEG"))
+    assert st["images"] == len(files) == 24 and st["classes"] == 3
+    assert json.loads((Path(data_dir.imgs) / make.MANIFEST).read_text())["mean_bytes"] == st["mean_bytes"]
+    sizes = [f.stat().st_size for f in files]
+    assert sum(sizes) == st["bytes"]
+    assert 60e3 < st["mean_bytes"] < 170e3  # ImageNet: ~110 KB (24 images: a wide band)
+    assert len(set(sizes)) == 24 and min(sizes) < 0.8 * max(sizes)
+    from PIL import Image
+
+    dims = {Image.open(f).size for f in files}
+    assert len(dims) > 3 and all(200 <= max(d) <= 1000 for d in dims)
+    # a pure function of the seed
+    assert make.image_bytes(1, 5) == (Path(data_dir.imgs) / "n00000002" / "n00000002_5.JPEG").read_bytes()
+
+
+def test_make_refuses_non_empty_out(tmp_path):
+    (tmp_path / "x").write_text("keep me")
+    with pytest.raises(ConfigError, match="exists and is not an empty folder"):
+        make.make_tokens(str(tmp_path), 100)
+
+
+def test_identity_and_fingerprint(tmp_path, data_dir):
+    spec = parse_data(data_dir.gpt)
+    ident = dataset_info.identity(spec, seq_len=64)
+    assert ident.n_tokens == 40_000 and ident.size_bytes == 80_000 and ident.n_samples == 625
+    assert ident.vocab_check == "full" and ident.max_token_id <= 499 and ident.fits_in_memory is True
+    img = dataset_info.identity(parse_data(f"imagefolder:{data_dir.imgs}"))
+    assert img.n_files == 24 and img.n_classes == 3 and img.size_bytes == data_dir.stats["bytes"]
+    # any change of a token file's bytes changes its fingerprint
+    p = tmp_path / "t.bin"
+    _arange_tokens(p, 1000)
+    a = dataset_info.identity(parse_data(f"tokens:{p}"), 10).fingerprint
+    data = bytearray(p.read_bytes())
+    data[100] ^= 1
+    p.write_bytes(bytes(data))
+    os.utime(p, ns=(1, 1))
+    assert dataset_info.identity(parse_data(f"tokens:{p}"), 10).fingerprint != a
+
+
+def test_cold_read_evicts_where_the_kernel_says(tmp_path):
+    p = tmp_path / "t.bin"
+    _arange_tokens(p, 1 << 20)
+    p.read_bytes()
+    before = dataset_info.resident_share([str(p)])
+    if before is None:
+        pytest.skip("mincore is not available here")
+    assert dataset_info.drop_from_cache([str(p)]) == 1
+    after = dataset_info.resident_share([str(p)])
+    assert after < before or before == 0  # some file systems ignore the advice; never more resident
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def test_ranks_read_slices_of_the_single_process_global_batch():
+    n, b, world = 103, 4, 3
+    single = GlobalBatchSampler(n, b * world, 0, b * world, seed=7)
+    ranks = [GlobalBatchSampler(n, b * world, r * b, b, seed=7) for r in range(world)]
+    assert single.per_epoch == 103 // 12 == 8
+    for m in range(20):  # past an epoch boundary
+        assert sum((s.micro_batch(m) for s in ranks), []) == single.micro_batch(m)
+    epoch0 = [i for m in range(8) for _, i in single.micro_batch(m)]
+    assert len(set(epoch0)) == 96  # no repeats within an epoch; the last partial batch dropped
+    assert single.micro_batch(8)[0][0] == 1 and single.micro_batch(0) != single.micro_batch(8)
+    it = iter(ranks[1])
+    assert [next(it) for _ in range(3)] == [ranks[1].micro_batch(m) for m in range(3)]
+    with pytest.raises(ConfigError, match="has 5 samples, fewer than one global batch of 8"):
+        GlobalBatchSampler(5, 8, 0, 4, 0)
+
+
+# ----------------------------------------------------------------------------- token readers
+
+def test_gpt_windows_shift_by_one_and_check_the_vocabulary(tmp_path):
+    path = _arange_tokens(tmp_path / "t.bin", 1000)
+    ds = tokens.TokenWindows(path, "uint16", seq_len=8, vocab=2000, seed=0)
+    assert len(ds) == 124
+    x, y, meta = ds.__getitems__([(0, 0), (0, 3)])
+    assert x.dtype == torch.int64 and x.shape == (2, 8)
+    assert x[1].tolist() == list(range(24, 32)) and y[1].tolist() == list(range(25, 33))
+    assert meta["bytes"] == 2 * 9 * 2
+    small = tokens.TokenWindows(path, "uint16", seq_len=8, vocab=100, seed=0)
+    with pytest.raises(ConfigError, match=r"id 104 near window 12 exceeds the model's vocabulary of 100"):
+        small.__getitems__([(0, 12)])
+
+
+def test_bert_pairs_look_like_the_synthetic_batch(tmp_path):
+    spec = get_model("bert-base", "tiny")
+    T, vocab = spec.seq_len, spec.extra["vocab"]
+    ids_file = tmp_path / "t.bin"
+    (np.arange(20_000) % 997).astype(np.uint16).tofile(ids_file)  # known content: id = position mod 997
+    ds = tokens.BertPairs(str(ids_file), "uint16", T, vocab, seed=0, mlm_prob=spec.extra["mlm_prob"])
+    keys = [(0, i) for i in range(64)]
+    ids, types, labels, nsp, _meta = ds.__getitems__(keys)
+    synth = spec.make_batch(64, torch.device("cpu"), torch.Generator().manual_seed(0))
+    for real, fake in zip((ids, types, labels, nsp), synth):
+        assert real.shape == fake.shape and real.dtype == fake.dtype
+    assert torch.equal(types, synth[1])
+    n_mask = round(0.15 * T)
+    assert ((labels != -100).sum(dim=1) == n_mask).all()
+    assert set(nsp.tolist()) == {0, 1}
+    for r, (_, i) in enumerate(keys):
+        window = (np.arange(i * T, (i + 1) * T) % 997)
+        a_ok = all(labels[r, p] == window[p] for p in range(T // 2) if labels[r, p] != -100)
+        assert a_ok  # masked labels of segment A are the file's ids there
+        b_pos = [p for p in range(T // 2, T) if labels[r, p] != -100]
+        same = all(labels[r, p] == window[p] for p in b_pos)
+        if nsp[r] == 0:
+            assert same  # "is next": segment B is the rest of the window
+        kept = [p for p in range(T) if labels[r, p] == -100]
+        if nsp[r] == 0:
+            assert all(ids[r, p] == window[p] for p in kept)  # unmasked positions unchanged
+    masked = labels != -100
+    share_mask_token = (ids[masked] == tokens.MASK_ID).float().mean().item()
+    assert 0.7 < share_mask_token < 0.9  # 80 % [MASK]
+    again = ds.__getitems__(keys[:3])
+    assert torch.equal(again[0], ids[:3]) and torch.equal(again[2], labels[:3])  # per-sample seeds
+
+
+# ----------------------------------------------------------------------------- image readers
+
+def test_crop_params_as_torchvision():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        w, h = int(rng.integers(20, 900)), int(rng.integers(20, 900))
+        left, top, cw, ch = images.crop_params(w, h, rng)
+        assert 0 <= left and left + cw <= w and 0 <= top and top + ch <= h and cw > 0 and ch > 0
+    # no try fits a 1000x10 strip: the centre crop at the largest allowed ratio (4/3): 13 x 10
+    assert images.crop_params(1000, 10, np.random.default_rng(1)) == ((1000 - 13) // 2, 0, 13, 10)
+    assert images.crop_params(300, 200, images.sample_rng(0, 1, 2)) == images.crop_params(
+        300, 200, images.sample_rng(0, 1, 2))
+
+
+def test_image_items_labels_and_bad_files_skipped_and_counted(tmp_path, data_dir):
+    listing = dataset_info.list_imagefolder(data_dir.imgs)
+    assert listing.classes == ["n00000000", "n00000001", "n00000002"] and len(listing.files) == 24
+    ds = images.ImageFolderData(listing.root, listing.files, listing.labels, 32, seed=0)
+    img, label, nbytes, bad = ds[(0, 9)]
+    assert img.shape == (32, 32, 3) and img.dtype == np.uint8 and label == listing.labels[9] and not bad
+    assert nbytes == os.path.getsize(os.path.join(listing.root, listing.files[9]))
+    # a truncated and a garbage JPEG: both skipped, counted and named; the next good file fills in
+    root = tmp_path / "set"
+    (root / "a").mkdir(parents=True)
+    good = (Path(listing.root) / listing.files[0]).read_bytes()
+    (root / "a" / "0.jpg").write_bytes(good[: len(good) // 3])
+    (root / "a" / "1.jpg").write_bytes(b"not an image at all")
+    (root / "a" / "2.jpg").write_bytes(good)
+    lst = dataset_info.list_imagefolder(str(root))
+    ds = images.ImageFolderData(lst.root, lst.files, lst.labels, 16, seed=0)
+    img, _, _, bad = ds[(0, 0)]
+    assert img.shape == (16, 16, 3) and len(bad) == 2
+    assert bad[0].startswith("a/0.jpg: OSError") and "truncated" in bad[0] and bad[1].startswith("a/1.jpg:")
+    batch = images.collate_uint8([ds[(0, 0)], ds[(0, 2)]])
+    assert batch[0].shape == (2, 16, 16, 3) and batch[2]["bad"] == 2 and len(batch[2]["bad_names"]) == 2
+    # a folder of nothing but broken files stops the run instead of spinning
+    (root / "a" / "2.jpg").write_bytes(b"broken too")
+    with pytest.raises(RuntimeError, match="unreadable images in a row"):
+        images.ImageFolderData(lst.root, lst.files, lst.labels, 16, seed=0)[(0, 0)]
+
+
+def _pil_list_decode(datas):
+    return [images._pil_chw(d) for d in datas]
+
+
+def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
+    """The GPU path's crop/resize/flip/normalise (driven here by a Pillow decoder on the CPU) gives
+    the CPU path's batch up to interpolation rounding; PNG and broken files are handled and counted."""
+    listing = dataset_info.list_imagefolder(data_dir.imgs)
+    cpu = images.ImageFolderData(listing.root, listing.files, listing.labels, 48, seed=3)
+    byt = images.ImageBytesData(listing.root, listing.files, listing.labels, 48, seed=3)
+    dec = images.GpuDecoder(torch.device("cpu"), 48, channels_last=True, decode=_pil_list_decode, name="pil")
+    keys = [(1, i) for i in range(0, 24, 3)]
+    x_cpu, y_cpu, _ = images.collate_normalized([cpu[k] for k in keys])
+    (x_gpu, y_gpu), meta = dec(images.collate_bytes([byt[k] for k in keys]))
+    assert x_gpu.shape == x_cpu.shape and x_gpu.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y_gpu, y_cpu)
+    assert (x_gpu - x_cpu).abs().mean() < 0.05 < x_cpu.std()
+    assert meta["decode_fallbacks"] == 0 and meta["bad"] == 0
+    # a PNG goes to the host decoder; a file neither decoder reads is replaced and counted
+    from PIL import Image
+
+    png = torch.frombuffer(bytearray(_png_bytes(Image)), dtype=torch.uint8)
+    junk = torch.frombuffer(bytearray(b"\xff\xd8 broken jpeg"), dtype=torch.uint8)
+    _flat, _lengths, labels, boxes, flips, meta = images.collate_bytes([byt[k] for k in keys[:2]])
+    item = (torch.cat([png, junk]), [len(png), len(junk)], labels, [(0, 0, 20, 20), (0, 0, 10, 10)],
+            [False, True], meta)
+    (x, _), meta = dec(item)
+    assert x.shape == (2, 3, 48, 48) and meta["decode_fallbacks"] == 1 and meta["bad"] == 1
+
+
+def _png_bytes(Image) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((30, 40, 3), 100, dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_prefetcher_runs_ahead_hands_over_in_order_and_raises_errors():
+    it = iter(range(100))
+    p = Prefetcher(it, lambda i: ((torch.tensor([i]),), {"bytes": 0, "bad": 0, "bad_names": []}),
+                   torch.device("cpu"), depth=2)
+    assert [p.get()[0][0].item() for _ in range(5)] == [0, 1, 2, 3, 4]
+    p.close()
+    assert not p.thread.is_alive()
+
+    def boom(i):
+        raise ValueError(f"bad batch {i}")
+
+    p = Prefetcher(iter(range(3)), boom, torch.device("cpu"))
+    with pytest.raises(ValueError, match="bad batch 0"):
+        p.get()
+    p.close()
+
+
+def test_in_process_sources_and_their_record(data_dir):
+    """open_source with 0 workers (in this process): batches of the model's shapes, and the window record."""
+    par = SimpleNamespace(info={}, dp_size=1)
+    for model, data, batch in (("resnet50", f"imagefolder:{data_dir.imgs}", 4), ("gpt2", data_dir.gpt, 4),
+                               ("bert-base", data_dir.bert, 4)):
+        spec = get_model(model, "tiny")
+        cfg = RunConfig(model=model, flavor="tiny", data=data, batch_size=batch, device="cpu", data_workers=0,
+                        grad_accum=2)
+        src = open_source(spec, cfg, par, 0, torch.device("cpu"), 0, 1, None)
+        try:
+            synth = spec.make_batch(batch, torch.device("cpu"), torch.Generator().manual_seed(0))
+            assert len(src.batches) == 2
+            for real, fake in zip(src.batches[0], synth):
+                assert real.shape == fake.shape and real.dtype == fake.dtype
+            src.window_start()
+            src.next()
+            src.window_end()
+            s = src.summary([0.002], 0.1)
+            assert s["samples"] == 2 * batch and s["data_wait_share"] == pytest.approx(0.02)
+            assert s["input_bound"] is False and s["loader"]["workers"] == 0 and s["loader_cpu_cores"] is None
+            assert s["epoch_at_window_start"] == pytest.approx(2 / s["loader"]["micro_batches_per_epoch"])
+            assert s["bytes_read"] > 0 and s["page_cache"]["cold_read"] is False
+        finally:
+            src.close()
+    # the synthetic source is the pre-made list, untouched
+    cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu")
+    made = [("x",)]
+    src = open_source(get_model("gpt2", "tiny"), cfg, par, 0, torch.device("cpu"), 0, 1, lambda: made)
+    assert src.static and src.next() is made and src.summary([], 1.0) is None
+
+
+def test_merge_ranks_takes_the_slowest_rank_for_the_verdict():
+    r0 = {"rank": 0, "data": {"data_wait_share": 0.01, "loader_cpu_cores": 1.5, "storage_read_mb_s": 2.0,
+                              "read_mb_s": 10.0, "bad_files": 0, "loader": {"workers": 3}}}
+    r1 = {"rank": 1, "data": {"data_wait_share": 0.08, "loader_cpu_cores": 2.5, "storage_read_mb_s": None,
+                              "read_mb_s": 12.0, "bad_files": 1}}
+    m = merge_ranks([r1, r0])
+    assert m["loader"] == {"workers": 3} and m["per_rank_data_wait_share"] == [0.08, 0.01]
+    assert m["data_wait_share_max"] == 0.08 and m["input_bound"] is True
+    assert m["loader_cpu_cores_total"] == 4.0 and m["read_mb_s_total"] == 22.0 and m["bad_files_total"] == 1
+    assert m["storage_read_mb_s_total"] is None  # one rank did not know: no total
+    assert merge_ranks([{"rank": 0}]) is None
+
+
+def test_reader_needs_a_model_that_has_one():
+    spec = SimpleNamespace(data_kind=None, name="toy")
+    with pytest.raises(ConfigError, match="model toy has no real-data reader"):
+        make_reader(parse_data("tokens:/x.bin"), spec, torch.device("cpu"), "cpu", 0)
+
+
+# ----------------------------------------------------------------------------- 2-process runs (gloo)
+
+FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1", "--warmup", "2",
+        "--steps", "3", "--nproc-per-node", "2", "--strategy", "ddp", "--no-monitor", "--json"]
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dlscale", "run", *FAST, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir):
+    """One 2-process run per reader (image folder + breakdown, GPT tokens, BERT tokens), one store."""
+    store = data_dir.root / "store"
+    out = {}
+    for name, args in (("resnet50", ["--model", "resnet50", "--batch-size", "4", "--data",
+                                     f"imagefolder:{data_dir.imgs}", "--breakdown"]),
+                       ("gpt2", ["--model", "gpt2", "--batch-size", "4", "--data", data_dir.gpt]),
+                       ("bert-base", ["--model", "bert-base", "--batch-size", "4", "--data", data_dir.bert,
+                                      "--data-workers", "1"])):
+        p = _run(*args, "--store", str(store))
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[name] = json.loads(p.stdout)
+    return SimpleNamespace(store=store, recs=out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet50", "gpt2", "bert-base"])
+def test_two_process_runs_read_real_data_and_record_the_wait(runs, data_dir, model):
+    rec = runs.recs[model]
+    assert rec["status"] == "ok" and rec["world_size"] == 2
+    ds = rec["data_set"]
+    assert ds["kind"] == ("imagefolder" if model == "resnet50" else "tokens")
+    assert ds["fingerprint"].startswith("sha256:") and ds["fits_in_memory"] is True
+    d = rec["data"]
+    rep = rec["repeats"][0]
+    assert rep["data"] == d  # the median repeat's, lifted to the record
+    assert len(d["data_wait_ms"]) == 3 and all(w >= 0 for w in d["data_wait_ms"])
+    assert d["data_wait_ms_total"] == pytest.approx(sum(d["data_wait_ms"]), rel=1e-3)
+    assert d["data_wait_share"] == pytest.approx(d["data_wait_ms_total"] / 1e3 / rep["window_s"], rel=0.05)
+    assert len(d["per_rank_data_wait_share"]) == 2 and d["data_wait_share_max"] == max(d["per_rank_data_wait_share"])
+    assert d["input_bound"] == (d["data_wait_share_max"] >= 0.05)
+    assert d["samples"] == 3 * 4 and d["bytes_read"] > 0
+    loader = d["loader"]
+    assert loader["global_batch"] == 8 and loader["local_batch"] == 4 and loader["workers"] >= 1
+    assert loader["data_kind"] == {"resnet50": "image", "gpt2": "causal-lm", "bert-base": "mlm-nsp"}[model]
+    assert loader["persistent_workers"] is True and loader["pin_memory"] is False  # CPU: nothing to pin for
+    if d["loader_cpu_cores"] is not None:
+        assert d["loader_cpu_cores"] >= 0 and d["loader_cpu_cores_total"] >= d["loader_cpu_cores"]
+    assert d["epoch_at_window_end"] > d["epoch_at_window_start"] > 0
+    if model == "resnet50":
+        assert "Pillow" in loader["decoder"] and loader["finish_on"] == "worker"
+        b = rec["breakdown"]
+        assert b["supported"] and b["data_ms"] >= 0  # the breakdown's data phase read from the loader
+    else:
+        assert loader["decoder"].startswith("numpy.memmap")
+
+
+@pytest.mark.slow
+def test_report_shows_the_data_wait(runs):
+    p = subprocess.run([sys.executable, "-m", "dlscale", "report", str(runs.store)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "data wait (%)" in p.stdout and "loader CPU (cores)" in p.stdout
+    assert "data imagefolder:" in p.stdout and "data wait = the share of the timed window" in p.stdout
+
+
+@pytest.mark.slow
+def test_micro_io_measures_loaders(tmp_path, data_dir):
+    p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "io", "--flavor", "tiny", "--device", "cpu",
+                        "--data", f"imagefolder:{data_dir.imgs}", "--workers", "1",
+                        "--seconds", "0.3", "--batch-size", "4", "--pipeline", "image-cpu",
+                        "--store", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rec = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
+    assert rec["micro"] == "io" and rec["status"] == "ok"
+    (row,) = rec["results"]
+    assert row["pipeline"] == "image-cpu" and row["workers"] == 1 and row["batch"] == 4
+    assert row["samples_per_s"] > 0 and row["batches"] >= 1 and "Pillow" in row["decoder"]
+    assert row["samples_per_s"] == pytest.approx(row["batches"] * 4 / row["seconds"])
+    assert rec["config"]["resolved"]["generated"] is False
+
+
+@pytest.mark.slow
+def test_threaded_device_paths_through_worker_processes(data_dir):
+    """The GPU paths' structure on the CPU: DataLoader worker processes, the input thread finishing
+    one batch ahead (uint8 copy + normalise; or bytes -> decode -> crop), accounting, shutdown."""
+    from dlscale.inputs.source import LoaderInfo, LoaderSource
+
+    lst = dataset_info.list_imagefolder(data_dir.imgs)
+    dev = torch.device("cpu")
+    labels = []
+    for gpu in (False, True):
+        if gpu:
+            ds = images.ImageBytesData(lst.root, lst.files, lst.labels, 32, 0)
+            collate = images.collate_bytes
+            finish = images.GpuDecoder(dev, 32, True, decode=_pil_list_decode, name="pil")
+        else:
+            ds = images.ImageFolderData(lst.root, lst.files, lst.labels, 32, 0)
+            collate = images.collate_uint8
+
+            def finish(item):
+                return images.finish_on_device(item, dev, True)
+        sampler = GlobalBatchSampler(len(ds), 8, 0, 8, 0)
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=collate,
+                                             prefetch_factor=2, persistent_workers=True)
+        info = LoaderInfo("imagefolder", "image", 2, "gpu" if gpu else "cpu", "x", "device thread", False, 2, True,
+                          8, 8, len(ds), sampler.per_epoch)
+        src = LoaderSource(loader, finish, dev, 1, info, threaded=True, page_cache={})
+        try:
+            src.next()
+            src.window_start()
+            waits = []
+            for _ in range(4):
+                src.next()
+                waits.append(0.0)
+            src.window_end()
+            s = src.summary(waits, 1.0, [10.0] * 4)
+            x, y = src.batches[0]
+            assert x.shape == (8, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
+            labels.append(y.tolist())
+            assert s["samples"] == 32 and s["prefetch_buffer_batches"] == 2 * 2 + 2
+            assert s["wait_may_be_understated"] is True and s["data_wait_share_last_half"] == 0.0
+            assert s["loader_cpu_cores"] is None or s["loader_cpu_cores"] >= 0
+        finally:
+            src.close()
+        assert not src.prefetcher.thread.is_alive()
+    assert labels[0] == labels[1]  # same sampler, same samples, whichever decoder
+
+
+@pytest.mark.slow
+def test_micro_io_generates_data_that_fits_the_models(tmp_path):
+    from dlscale.micro.io import _generated
+
+    specs = _generated(str(tmp_path), ["image-cpu", "bert"], images=4, tokens=5000, flavor="tiny")
+    img, tok = parse_data(specs["image"]), parse_data(specs["tokens"])
+    assert len(dataset_info.list_imagefolder(img.path).files) == 4
+    for model in ("gpt2", "bert-base"):  # one token file inside both tiny vocabularies
+        check_case(RunConfig(model=model, flavor="tiny", data=specs["tokens"], batch_size=2, device="cpu"))
+    assert dataset_info.token_count(tok) == 5000
