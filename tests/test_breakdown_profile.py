@@ -13,6 +13,7 @@ def run(*args, timeout=240):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_breakdown_profile_and_utilisation_in_record(tmp_path):
     p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
             "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4", "--warmup", "3",
@@ -66,6 +67,7 @@ def test_sample_interval_out_of_range_is_exit_2(tmp_path, capsys, interval):
     assert not (tmp_path / "results.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_no_monitor_leaves_utilisation_empty(tmp_path):
     p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
             "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",

@@ -109,6 +109,7 @@ def _cli(*args, cwd=None):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_bad_compile_options_exit_2_and_store_nothing(tmp_path):
     store = tmp_path / "store"
     for extra, msg in ((["--compile-mode", "reduce-overhead"], "compile-mode reduce-overhead needs --compile"),
@@ -124,6 +125,7 @@ def test_cli_bad_compile_options_exit_2_and_store_nothing(tmp_path):
     assert not list(store.glob("*.jsonl")) if store.exists() else True
 
 
+@pytest.mark.slow
 def test_compiled_run_with_mode_and_option_on_cpu(tmp_path):
     """A real compiled run: the mode and the option reach torch.compile (an unknown option would
     fail there), the record keeps them, and the losses match the eager run's."""

@@ -312,6 +312,7 @@ def test_bad_input_exits_2(tmp_path, capsys, argv):
     assert not store.exists()
 
 
+@pytest.mark.slow
 def test_bad_input_subprocess(tmp_path):
     store = tmp_path / "st"
     p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "comm", "--op", "all_reduce,bogus",

@@ -79,6 +79,7 @@ def test_not_started_and_idempotent_stop():
 # ---------------------------------------------------------------------------- loads
 
 
+@pytest.mark.slow
 def test_cpu_busy_loop_one_core():
     ncpu = psutil.cpu_count()
     s = _started(interval_s=0.1)
@@ -113,6 +114,7 @@ def test_cpu_busy_loop_one_core():
         assert 35 <= mean <= 75
 
 
+@pytest.mark.slow
 def test_disk_write_shows(tmp_path):
     size = 64 << 20
     before = psutil.disk_io_counters()
@@ -144,6 +146,7 @@ def test_disk_write_shows(tmp_path):
     assert total >= 0.5 * size
 
 
+@pytest.mark.slow
 def test_loopback_traffic_shows():
     nbytes = 50_000_000
     lo0 = psutil.net_io_counters(pernic=True).get("lo")
@@ -188,6 +191,7 @@ def test_loopback_traffic_shows():
     assert out["net_sent_bps_max"] > 0 and out["net_recv_bps_mean"] > 0
 
 
+@pytest.mark.slow
 def test_host_memory_and_process_tree_rss():
     s = _started(interval_s=0.05)
     try:
@@ -211,6 +215,7 @@ def test_host_memory_and_process_tree_rss():
 # ---------------------------------------------------------------------------- NVML
 
 
+@pytest.mark.slow
 def test_without_nvml_gpu_fields_are_null():
     variants = [dict(nvml=False)]
     if not _nvml_usable():
@@ -324,6 +329,7 @@ def nvmlDeviceGetFieldValues(h, ids):
 """
 
 
+@pytest.mark.slow
 def test_nvml_path_with_a_fake_driver(tmp_path, monkeypatch):
     """Exercises the NVML code (rates from counters, NotSupported -> null, the blocking PCIe
     fallback, averaging over GPUs) on any machine, through a stand-in pynvml module."""
@@ -353,6 +359,7 @@ def test_nvml_path_with_a_fake_driver(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- failures
 
 
+@pytest.mark.slow
 def test_killed_sampler_reports_error_and_stop_is_quick():
     s = _started(interval_s=0.05)
     time.sleep(0.3)
@@ -368,6 +375,7 @@ def test_killed_sampler_reports_error_and_stop_is_quick():
     assert "SIGKILL" in s.summary(0, t)["sampling_error"]
 
 
+@pytest.mark.slow
 def test_hung_sampler_is_killed_within_bounded_time():
     s = _started(interval_s=0.05)
     os.kill(s.sampler_pid, signal.SIGSTOP)
@@ -387,6 +395,7 @@ def test_unwritable_series_path_does_not_raise(tmp_path):
     assert out["sampling_error"].startswith("failed to start the sampler")
 
 
+@pytest.mark.slow
 def test_exception_inside_sampler_is_reported(tmp_path, monkeypatch):
     (tmp_path / "psutil.py").write_text("raise RuntimeError('psutil is broken here')\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -400,6 +409,7 @@ def test_exception_inside_sampler_is_reported(tmp_path, monkeypatch):
     assert "exited with code 1" in err and "psutil is broken here" in err
 
 
+@pytest.mark.slow
 def test_sampler_exits_when_its_parent_dies():
     code = ("import os,sys,time\nfrom dlscale.monitor import HardwareSampler\n"
             "s=HardwareSampler(0.05); s.start(); s.wait_ready(15)\n"
@@ -423,6 +433,7 @@ def test_sampler_exits_when_its_parent_dies():
 # ---------------------------------------------------------------------------- series + overhead
 
 
+@pytest.mark.slow
 def test_series_file_written_as_it_goes(tmp_path):
     path = tmp_path / "series.jsonl"
     s = _started(interval_s=0.05, series_path=str(path))
@@ -438,6 +449,7 @@ def test_series_file_written_as_it_goes(tmp_path):
     assert {"t", "dt", "cpu_util_pct", "cpu_util_per_core", "disk_write_bps", "net_recv_bps", "gpus"} <= set(samples[0])
 
 
+@pytest.mark.slow
 def test_overhead_is_small():
     s = _started(interval_s=0.1)
     proc = psutil.Process(s.sampler_pid)
@@ -455,6 +467,7 @@ def test_overhead_is_small():
     assert out["sampler_cpu_pct"] is not None and out["sampler_cpu_pct"] < 5.0
 
 
+@pytest.mark.slow
 def test_cli_live_table():
     r = subprocess.run([sys.executable, "-m", "dlscale.monitor", "--interval", "0.1", "--duration", "0.6"],
                        capture_output=True, text=True, timeout=30)

@@ -269,6 +269,7 @@ def _chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no /usr/bin/chromium here (CI installs it)")
 def test_html_report_renders_in_headless_chromium(store, tmp_path, capsys):
     import matplotlib.image as mpimg

@@ -256,6 +256,7 @@ def test_store_dir_of_a_single_jsonl_file(store, capsys):
     assert rc == 0, err and "missing from the store" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no /usr/bin/chromium here (CI installs it)")
 def test_html_with_over_time_plot_renders_in_chromium(store, tmp_path, capsys):
     html = tmp_path / "report.html"

@@ -53,6 +53,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_stored(tmp_path, capsys, argv,
     assert not (store / "results.jsonl").exists() or ResultStore(store).load().records == []
 
 
+@pytest.mark.slow
 def test_unwritable_store_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -77,6 +78,7 @@ def test_help_lists_every_option_with_default(capsys):
     assert "(default: 20)" in out and "(default: 100)" in out and "(default: 5)" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt2", "bert-base"])
 def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
     """2-process gloo DDP with batch 4 each trains exactly like one process with batch 8."""
@@ -113,6 +115,7 @@ def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
     assert rd["config"]["model"] == model and rd["case_key"]
 
 
+@pytest.mark.slow
 def test_ddp_fp16_comm_hook_trains_like_single(tmp_path):
     """-o comm_hook=fp16 all-reduces in fp16: same training within fp16 rounding, recorded; false parses as False."""
     common = ["--model", "gpt2", *FAST, "--warmup", "3", "--steps", "2", "--json"]
@@ -128,6 +131,7 @@ def test_ddp_fp16_comm_hook_trains_like_single(tmp_path):
     assert ld == pytest.approx(ls, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_repeats_table_and_grad_accum(tmp_path):
     p = dlscale("run", "--model", "resnet50", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
                 "--strategy", "single", "--batch-size", "4", "--grad-accum", "2", "--clip-grad-norm", "1.0",
@@ -143,6 +147,7 @@ def test_repeats_table_and_grad_accum(tmp_path):
     assert len(rec["repeats"]) == 2
 
 
+@pytest.mark.slow
 def test_injected_oom_in_one_rank_records_oom_exit_3(tmp_path):
     p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
                 "--batch-size", "2", "--warmup", "2", "--steps", "2", "--inject-failure", "oom@1:1",
@@ -154,6 +159,7 @@ def test_injected_oom_in_one_rank_records_oom_exit_3(tmp_path):
     assert rec["summary"] is None
 
 
+@pytest.mark.slow
 def test_crash_records_failed_exit_5(tmp_path):
     p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
                 "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0",
@@ -164,6 +170,7 @@ def test_crash_records_failed_exit_5(tmp_path):
     assert len(rec["repeats"]) == 1  # a failed repeat stops the case
 
 
+@pytest.mark.slow
 def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
     t = time.monotonic()
     p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
@@ -179,6 +186,7 @@ def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
     assert left.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_json_output_and_env_command(tmp_path, monkeypatch):
     # tuning variables travel into the record (and only those: an unrelated variable stays out)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
