@@ -22,7 +22,7 @@ PROCEDURE_FIELDS = ("repeats", "time_limit", "collective_timeout", "label", "inj
                     "sample_interval", "breakdown", "profile")
 # fields added after records were first stored, with what a record without them means: left out
 # of case_key (and the report's grouping) at that value, so earlier records keep their keys
-LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}}
+LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}, "framework": "torch"}
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -49,6 +49,7 @@ class RunConfig:
     # torch.compile's mode and inductor settings over it (dlscale/compiling.py); need compile
     compile_mode: str = "default"
     inductor_options: dict[str, Any] = field(default_factory=dict)
+    framework: str = "torch"  # torch | jax (dlscale/frameworks/)
     clip_grad_norm: float | None = None
     grad_accum: int = 1
     warmup: int = 20
@@ -93,6 +94,9 @@ class RunConfig:
             raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
         if not self.compile and self.inductor_options:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
+        from dlscale.frameworks import check_framework
+
+        check_framework(self.framework)
         if self.inject_failure is not None:
             parse_injection(self.inject_failure)
         from dlscale.monitor import validate_interval
@@ -173,6 +177,9 @@ def validate_case(cfg: RunConfig) -> None:
                           f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
     if strat.validate is not None:
         strat.validate(cfg)
+    from dlscale import frameworks
+
+    frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
 
 
 def validate_for_launch(cfg: RunConfig) -> str:

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import envinfo, metrics
+from dlscale import envinfo, frameworks, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import Rendezvous, spawn_torchrun
@@ -172,11 +172,11 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     store.check_writable()
     spec = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
-    env = envinfo.capture()
+    env = envinfo.capture(framework=cfg.framework, device_type=device_type)
     base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,
                 command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env)
-    reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
+    reason = frameworks.unsupported_reason(cfg, {"device_type": device_type}, strat.check)
     if reason:
         rec = new_record(status="unsupported", error=reason, ranks=[], repeats=[], summary=None, **base)
         store.append(rec)
@@ -198,7 +198,7 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
             with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
                 tmp_path = Path(tmp)
                 (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-                proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
+                proc = spawn_torchrun(frameworks.worker_module(cfg.framework), ["--config", str(tmp_path / "config.json"), "--out", tmp],
                                       nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
                                       on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
                 rank_results = read_rank_files(tmp_path)

@@ -67,6 +67,8 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inductor-option", action="append", metavar="KEY=VALUE",
                    help="with --compile: a torch._inductor.config setting over the mode's, repeatable "
                    "(e.g. coordinate_descent_tuning=true); default: none")
+    p.add_argument("--framework", default=DEFAULTS.framework, choices=("torch", "jax"),
+                   help="training framework: torch, or jax (XLA; needs pip install -e '.[jax]'; docs/frameworks.md)")
     p.add_argument("--clip-grad-norm", type=float, default=None, help="clip gradients to this global norm")
     p.add_argument("--grad-accum", type=int, default=DEFAULTS.grad_accum,
                    help="micro-batches accumulated per optimizer step")
@@ -104,7 +106,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
                   nproc_per_node=args.nproc_per_node, batch_size=args.batch_size, precision=args.precision,
                   compile=args.compile, compile_mode=args.compile_mode,
                   inductor_options=parse_options(args.inductor_option, "--inductor-option"),
-                  clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
+                  framework=args.framework, clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
                   warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
                   time_limit=args.time_limit, collective_timeout=args.collective_timeout,
                   strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,
