@@ -42,13 +42,13 @@ AXES = {"models": "model", "flavors": "flavor", "strategies": "strategy", "devic
         "nodes": "nodes", "nproc_per_node": "nproc_per_node", "batch_sizes": "batch_size",
         "precisions": "precision", "compile": "compile", "compile_modes": "compile_mode",
         "inductor_options": "inductor_options", "grad_accum": "grad_accum",
-        "strategy_options": "strategy_options"}
+        "strategy_options": "strategy_options", "frameworks": "framework"}
 # keys a case (explicit) may set; exclude entries and --filter match the first group
 MATCH_KEYS = ("model", "flavor", "strategy", "devices", "nodes", "nproc_per_node", "batch_size", "precision",
-              "compile", "grad_accum")
+              "compile", "grad_accum", "framework")
 CASE_KEYS = MATCH_KEYS + ("compile_mode", "inductor_options", "strategy_options", "warmup", "steps", "repeats",
                           "time_limit", "inject_failure")
-EXPANSION_ORDER = ("models", "flavors", "precisions", "compile", "compile_modes", "inductor_options", "batch_sizes",
+EXPANSION_ORDER = ("models", "frameworks", "flavors", "precisions", "compile", "compile_modes", "inductor_options", "batch_sizes",
                    "grad_accum", "strategy_options",
                    "strategies")
 
@@ -243,6 +243,10 @@ def _axis_values(where: _Where, key: str, axis: str, value: Any) -> list[Any]:
         return _check_list(where, key, value, _batch_ok, BATCHES)
     if axis == "compile":
         return _check_list(where, key, value, lambda v: isinstance(v, bool), "a list of true/false")
+    if axis in ("frameworks", "framework"):
+        from dlscale.frameworks import FRAMEWORKS
+
+        return _one_of(where, key, value, FRAMEWORKS, "framework")
     if axis in ("compile_modes", "compile_mode"):
         return _one_of(where, key, value, COMPILE_MODES, "compile mode")
     if axis in ("strategy_options", "inductor_options"):
@@ -373,7 +377,7 @@ def _expand_block(where: _Where, key: str, block: Any, settings: dict[str, Any])
     axes: dict[str, list[Any]] = {}
     defaults = {"flavors": ["full"], "strategies": ["ddp"], "precisions": [RunConfig().precision],
                 "compile": [False], "compile_modes": ["default"], "inductor_options": [{}], "grad_accum": [1],
-                "strategy_options": [{}]}
+                "strategy_options": [{}], "frameworks": ["torch"]}
     for axis in EXPANSION_ORDER:
         if axis in block:
             axes[axis] = _axis_values(where, f"{key}.{axis}", axis, block[axis])

@@ -214,6 +214,19 @@ def test_env_records_jax_versions_and_backend():
     assert "jax" not in envinfo.capture(include_topology=False)
 
 
+def test_suite_frameworks_axis(tmp_path):
+    from dlscale.suite import load_suite
+
+    path = tmp_path / "fw.yaml"
+    path.write_text("device: cpu\nmatrix:\n  models: [gpt2]\n  flavors: [tiny]\n  frameworks: [torch, jax]\n"
+                    "  strategies: [ddp]\n  devices: [1, 2]\n  batch_sizes: [2]\n")
+    cases = load_suite(path).cases
+    assert sorted((c.framework, c.world_size) for c in cases) == [("jax", 1), ("jax", 2), ("torch", 1), ("torch", 2)]
+    path.write_text("matrix:\n  models: [gpt2]\n  frameworks: [tf]\n  batch_sizes: [2]\n")
+    with pytest.raises(ConfigError, match="framework"):
+        load_suite(path)
+
+
 # ---------------------------------------------------------------- 2-process runs (gloo)
 
 _RECORDS: dict[tuple, dict] = {}

@@ -83,6 +83,9 @@ def describe(cfg: RunConfig, batch_max: bool = False, found: str = "") -> str:
     devices = f"x{cfg.world_size}" if cfg.nnodes == 1 else f"{cfg.nnodes}x{cfg.nproc_per_node}"
     parts = [name, cfg.strategy, devices, f"batch {'max' + found if batch_max else cfg.batch_size}", cfg.precision,
              "compiled" if cfg.compile else "eager"]
+    if cfg.framework != "torch":
+        # JAX is always XLA-compiled; the compile flag names torch.compile (recorded unsupported)
+        parts[-1] = cfg.framework + (" compiled" if cfg.compile else "")
     if cfg.grad_accum > 1:
         parts.append(f"accum {cfg.grad_accum}")
     if cfg.strategy_options:
