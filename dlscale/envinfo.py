@@ -74,7 +74,7 @@ def gpu_info() -> dict[str, Any]:
 # stream's priority, the allocator, thread counts, inductor); a record without them cannot be
 # reproduced. Matched by prefix or exact name; nothing else from the environment is recorded.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHINDUCTOR_", "NVSHMEM_",
-                   "TORCH_SYMM_MEM_")
+                   "TORCH_SYMM_MEM_", "XLA_", "JAX_")  # XLA_FLAGS, XLA_PYTHON_CLIENT_*: the JAX runs
 TUNING_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS")
 

@@ -84,6 +84,32 @@ def test_missing_jax_is_one_line_exit_2(tmp_path, monkeypatch):
     assert not (tmp_path / "st" / "results.jsonl").exists()
 
 
+def test_profile_kernels_by_kind_from_jax_and_torch_traces():
+    from dlscale.frameworks.jax.profile import by_kind, top_ops
+
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "XLA Ops"}}]
+    ev = [{"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_hsh_gemm", "dur": 3000},
+          {"ph": "X", "pid": 1, "tid": 7, "name": "cudnn_generated_fort_native_sdpa", "dur": 1000},
+          {"ph": "X", "pid": 1, "tid": 7, "name": "loop_add_convert_fusion", "dur": 500},
+          {"ph": "X", "pid": 1, "tid": 8, "name": "dot.3", "dur": 3000},  # derived op line: not counted
+          {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction(step)", "dur": 9000}]  # host
+    jk = by_kind({"traceEvents": meta + ev}, steps=2)
+    assert jk == {"matmul": {"ms_per_step": 1.5, "kernels_per_step": 0.5},
+                  "attention": {"ms_per_step": 0.5, "kernels_per_step": 0.5},
+                  "other": {"ms_per_step": 0.25, "kernels_per_step": 0.5}}
+    torch_trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "dur": 800},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 5000},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "dur": 200}]}
+    assert by_kind(torch_trace, 1) == {"attention": {"ms_per_step": 0.8, "kernels_per_step": 1.0},
+                                       "memcpy/memset": {"ms_per_step": 0.2, "kernels_per_step": 1.0}}
+    top = top_ops({"traceEvents": meta + ev}, 2)
+    assert top[0]["name"] == "nvjet_hsh_gemm" and top[0]["kind"] == "matmul" and top[0]["share"] == 3000 / 4500
+
+
 @pytest.mark.slow
 def test_dlscale_imports_without_jax():
     code = ("import sys, dlscale.cli, dlscale.launch, dlscale.frameworks, dlscale.report.cli; "

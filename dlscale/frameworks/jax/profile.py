@@ -24,7 +24,7 @@ TOP = 15
 
 KINDS = (  # (kind, pattern of a lower-cased kernel name), first match wins
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|softmax_warp")),
-    ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|implicit_?gemm|winograd")),
+    ("convolution", re.compile(r"conv(?!ert)|fprop|dgrad|wgrad|implicit_?gemm|winograd")),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|\bdot\b|splitk")),
     ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter")),
     ("memcpy/memset", re.compile(r"memcpy|memset")),
