@@ -9,8 +9,10 @@ Slow tier (2-process gloo runs through `dlscale run`, module-scoped so each case
 JAX dp and fsdp against JAX single on the same global batch. REL as in test_strategies: fp32 on
 the CPU, the runs differ only in the order of the gradient all-reduce's and the loss mean's
 summation (measured ~1e-7 relative after 3 AdamW steps). XLA's CPU compile dominates each run
-(several seconds on 2 cores); the tests ask XLA for its cheapest backend optimisation (the
-numbers are not performance figures).
+(the step and the eval-loss program, once per process); the tests ask XLA for its cheapest
+backend optimisation (the numbers are not performance figures). Five 1- and 2-process runs;
+on a shared 2-core machine under load ~10 the slow tier took 6.3 min, most of it compiling.
+All JAX tests skip without the jax extra, except those that check dlscale without it.
 """
 from __future__ import annotations
 
