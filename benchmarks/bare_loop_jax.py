@@ -56,7 +56,7 @@ def main() -> None:
     else:
         tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
     params, stats = jax.device_put(model.init(HostInit(0)))
-    opt = tx.init(params)
+    opt = jax.jit(tx.init)(params)  # one small program, not one per parameter shape
     batch = jax.device_put(model.to_numpy(spec.make_batch(args.batch_size, torch.device("cpu"),
                                                           torch.Generator().manual_seed(0))))
     key = jax.random.PRNGKey(1)
