@@ -12,7 +12,8 @@
 # Time: XLA's compile of the full models' steps took 91-137 s each on a loaded 2-core CPU (GPT-2,
 # BERT-base, ResNet-50); on the GPU host expect ~0.5-1 min per JAX compile and ~1-1.5 min per
 # torch.compile, so ~3-4 min per model: if one call must stay under 10 min, run gpt2 alone, then
-# bert-base resnet50 (the summary reads whatever OUTDIR holds, so the second call completes it).
+# bert-base resnet50 (with pack_out, NAMEs jaxgpu1 and jaxgpu2), and summarise both afterwards:
+#   python benchmarks/summarize_jax_gpu.py jaxgpu1 jaxgpu2
 # Usage: [W=5] [S=30] bash benchmarks/jax_gpu.sh OUTDIR [MODEL...]
 #   FLAVOR=tiny: a smoke test of the script itself on a CPU (tiny models, batch 4, --device cpu)
 #   on the device tool: bash benchmarks/pack_out.sh $OUT 590 jaxgpu bash benchmarks/jax_gpu.sh

@@ -5,7 +5,7 @@ and, for the GPT-2 profile, the JAX bare loop's trace (OUTDIR/prof/gpt2-jax-trac
 torch compiled record's profiler trace (in the store): device time per step by kind of kernel
 (dlscale.frameworks.jax.profile.by_kind), side by side.
 
-    python benchmarks/summarize_jax_gpu.py OUTDIR
+    python benchmarks/summarize_jax_gpu.py OUTDIR [OUTDIR...]   # several: the calls of one table
 """
 from __future__ import annotations
 
@@ -50,8 +50,13 @@ def _f(v, nd=1, pct=False):
     return "—" if v is None else f"{v * 100 if pct else v:.{nd}f}"
 
 
-def main(out: Path) -> None:
-    recs, bare = _records(out), _bare(out)
+def main(outs: list[Path]) -> None:
+    recs: dict = {}
+    bare: dict = {}
+    for o in outs:  # later directories win
+        recs.update(_records(o))
+        bare.update(_bare(o))
+    out = next((o for o in outs if (o / "prof" / "gpt2-jax-trace.json").exists()), outs[0])
     print("| model | batch | torch eager | torch compiled | JAX (dlscale) | JAX bare | dlscale/bare (JAX) | "
           "JAX / torch compiled | MFU % eager / compiled / JAX / JAX bare | JAX compile (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -100,4 +105,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main([Path(a) for a in sys.argv[1:]])
