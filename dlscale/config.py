@@ -24,6 +24,7 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale import compiling
 from dlscale.compiling import COMPILE_MODES
+from dlscale.frameworks import FRAMEWORKS
 from dlscale.inputs.spec import DECODE_DEVICES, SPEC_HELP, parse_data
 from dlscale.precision import PRECISIONS
 
@@ -122,6 +123,8 @@ class RunConfig:
 
     model: str = _f("gpt2", choices="models", axis="models", match=True,
                     help="registered model name (see `dlscale run --list`)")
+    framework: str = _f("torch", choices=FRAMEWORKS, axis="frameworks", match=True, late="torch",
+                        help="training framework: torch, or jax (XLA; pip install -e '.[jax]'; docs/frameworks.md)")
     flavor: str = _f("full", choices="flavors", axis="flavors", match=True,
                      help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
     precision: str = _f("amp-bf16", choices=PRECISIONS, axis="precisions", match=True,
@@ -422,6 +425,9 @@ def validate_case(cfg: RunConfig) -> None:
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:
         strat.validate(cfg)
+    from dlscale import frameworks
+
+    frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model

@@ -74,7 +74,7 @@ def gpu_info() -> dict[str, Any]:
 # stream's priority, the allocator, thread counts, inductor); a record without them cannot be
 # reproduced. Matched by prefix or exact name; nothing else from the environment is recorded.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHINDUCTOR_", "NVSHMEM_",
-                   "TORCH_SYMM_MEM_")
+                   "TORCH_SYMM_MEM_", "XLA_", "JAX_")  # XLA_FLAGS, XLA_PYTHON_CLIENT_*: the JAX runs
 TUNING_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS")
 
@@ -86,8 +86,10 @@ def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
             if k.startswith(TUNING_PREFIXES) or k in TUNING_NAMES}
 
 
-def capture(include_topology: bool = True) -> dict[str, Any]:
-    """Environment of this host: versions, devices, host, CPU, topology."""
+def capture(include_topology: bool = True, framework: str = "torch",
+            device_type: str | None = None) -> dict[str, Any]:
+    """Environment of this host: versions, devices, host, CPU, topology; for framework jax also
+    jax/jaxlib/optax/flax versions and the backend the workers are told to use."""
     import psutil
     import torch
 
@@ -117,6 +119,13 @@ def capture(include_topology: bool = True) -> dict[str, Any]:
         env["gpus"] = [{"index": i, "name": torch.cuda.get_device_name(i),
                         "memory_total_bytes": torch.cuda.get_device_properties(i).total_memory}
                        for i in range(torch.cuda.device_count())]
+    env["framework"] = framework
+    if framework == "jax":
+        from dlscale.frameworks import versions
+
+        # the backend the JAX worker is pinned to (jax_platforms); never initialised here, where
+        # it would take the GPUs' memory from the workers
+        env["jax"] = {**versions("jax"), "backend": {"cuda": "gpu", "cpu": "cpu"}.get(device_type or "", None)}
     env["topology"] = None
     if include_topology and shutil.which("nvidia-smi"):
         env["topology"] = _run(["nvidia-smi", "topo", "-m"])

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, inputs, metrics
+from dlscale import envinfo, frameworks, inputs, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
 from dlscale.strategies import get_strategy
 
-WORKER_MODULE = "dlscale.worker"
 
 
 def read_rank_files(out_dir: Path) -> list[dict[str, Any]]:
@@ -181,7 +180,7 @@ class TorchrunSpawner:
     rdzv: Rendezvous | None = None
     env: dict[str, str] | None = None
     on_line: Callable[[str], None] | None = None
-    module: str = WORKER_MODULE
+    module: str | None = None  # the worker; default: the case's framework's (dlscale/frameworks)
 
     def _nproc(self, cfg: RunConfig) -> int:
         # nn.DataParallel drives all the node's devices from one process
@@ -192,7 +191,8 @@ class TorchrunSpawner:
         return self._nproc(cfg) if (get_strategy(cfg.strategy).single_process or multi) else cfg.world_size
 
     def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult:
-        return spawn_torchrun(self.module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
+        module = self.module or frameworks.worker_module(cfg.framework)
+        return spawn_torchrun(module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
                               self._nproc(cfg), cfg.time_limit, env={**(self.env or {}), **env}, rdzv=self.rdzv,
                               on_line=self.on_line)
 
@@ -211,9 +211,10 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     strat = get_strategy(cfg.strategy)
     rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
                  command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                 device_type=device_type, world_size=cfg.world_size, env=envinfo.capture(),
+                 device_type=device_type, world_size=cfg.world_size,
+                 env=envinfo.capture(framework=cfg.framework, device_type=device_type),
                  backend="nccl" if device_type == "cuda" else "gloo", data_set=inputs.describe(cfg))
-    reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
+    reason = frameworks.unsupported_reason(cfg, {"device_type": device_type}, strat.check)
     if reason:
         rec.status, rec.error = "unsupported", reason
         return rec

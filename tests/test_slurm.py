@@ -55,7 +55,7 @@ def test_case_options_round_trip():
                   breakdown=True, profile=True, data="imagefolder:/data/train", data_workers=3, data_decode="gpu",
                   data_cold_read=True)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
-    search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60)
+    search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60, framework="jax")
     untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n)
                       and getattr(search, n) == getattr(RunConfig(), n))
     assert not untested, f"give these new RunConfig fields a non-default value in this test: {untested}"

@@ -268,13 +268,14 @@ class SrunTaskSpawner:
         return 1
 
     def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult:
-        from dlscale import launch
+        from dlscale import frameworks
 
         for p in Path(self.env["DLSCALE_NODE_DIR"]).glob("failure*.json"):
             p.unlink()  # the last repeat's failure reports
         run_env = {**self.env, **env, "MASTER_PORT": str(self.base_port + self.repeat)}
         self.repeat += 1
-        proc = spawn([sys.executable, "-m", launch.WORKER_MODULE, "--config", str(workdir / "config.json"),
+        proc = spawn([sys.executable, "-m", frameworks.worker_module(cfg.framework), "--config",
+                      str(workdir / "config.json"),
                       "--out", str(workdir)], cfg.time_limit, env=run_env,
                      on_line=(lambda line: print(line, file=sys.stderr)) if self.verbose else None)
         if proc.returncode != 0 and not self.verbose and proc.output_tail:  # the job's output file says why

@@ -84,6 +84,9 @@ def describe(cfg: RunConfig, found: str = "") -> str:
     devices = f"x{cfg.world_size}" if cfg.nnodes == 1 else f"{cfg.nnodes}x{cfg.nproc_per_node}"
     parts = [name, cfg.strategy, devices, f"batch {cfg.batch_size}{found if cfg.batch_search else ''}", cfg.precision,
              "compiled" if cfg.compile else "eager"]
+    if cfg.framework != "torch":
+        # JAX is always XLA-compiled; the compile flag names torch.compile (recorded unsupported)
+        parts[-1] = cfg.framework + (" compiled" if cfg.compile else "")
     if cfg.grad_accum > 1:
         parts.append(f"accum {cfg.grad_accum}")
     if cfg.strategy_options:

@@ -75,6 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="store B (default: A again; then --label-a and --label-b pick the two sides)")
     c.add_argument("--label-a", metavar="LABEL", help="only records of A with this label (default: any label)")
     c.add_argument("--label-b", metavar="LABEL", help="only records of B with this label (default: any label)")
+    c.add_argument("--framework-a", metavar="FW",
+                   help="only A's cases of this framework (torch, torch-compiled, jax); with either "
+                        "--framework-a or --framework-b, cases are matched on their workload without the "
+                        "framework (default: any framework, matched on case_key)")
+    c.add_argument("--framework-b", metavar="FW", help="only B's cases of this framework (default: any)")
     c.add_argument("--format", choices=COMPARE_FORMATS, default="md", help="output format")
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
     c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
@@ -148,8 +153,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from dlscale.report import compare as cmp
 
-    if args.store_b is None and (args.label_a is None or args.label_b is None):
-        raise ConfigError("compare needs two stores (A B), or one store with --label-a and --label-b")
+    if args.store_b is None and (args.label_a is None or args.label_b is None) and (
+            args.framework_a is None or args.framework_b is None):
+        raise ConfigError("compare needs two stores (A B), or one store with --label-a and --label-b "
+                          "or --framework-a and --framework-b")
     if args.resamples < 100:
         raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
     if not 50.0 <= args.confidence < 100.0:
@@ -160,7 +167,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
-    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts)
+    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
+                         args.framework_a, args.framework_b)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:

@@ -32,11 +32,14 @@ class Side:
     loaded: Loaded
     label: str | None
     rows: dict[tuple[str, str], Row]
+    framework: str | None = None  # a framework label (report/frameworks.py): compare across frameworks
 
     def describe(self) -> str:
         s = f"`{self.loaded.store}`"
         if self.label is not None:
             s += f" label `{self.label}`"
+        if self.framework is not None:
+            s += f" framework `{self.framework}`"
         return s + f" ({len(self.rows)} case(s))"
 
 
@@ -83,16 +86,22 @@ class Pair:
         return None if self.ratio is None else (self.ratio - 1.0) * 100.0
 
 
-def _side(name: str, loaded: Loaded, label: str | None, filters: Filters) -> Side:
+def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, framework: str | None = None,
+          across: bool = False) -> Side:
+    from dlscale.report.frameworks import framework_label, match_key
+
     recs = [r for r in loaded.records if r.get("kind") == "run" and filters.match_run(r)
             and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
-            and (label is None or str(rec_label(r)) == label)]
-    rows = {(case_key_of(r.record), rec_device_type(r.record)): r for r in select_cases(recs, by_label=False)}
+            and (label is None or str(rec_label(r)) == label)
+            and (framework is None or framework_label(r) == framework)]
+    rows = {(match_key(r.record) if across else case_key_of(r.record), rec_device_type(r.record)): r
+            for r in select_cases(recs, by_label=False)}
     if not rows:
         what = f" with label {label!r}" if label is not None else ""
+        what += f" of framework {framework}" if framework is not None else ""
         extra = f" matching {filters.describe()}" if filters.describe() else ""
         raise ConfigError(f"side {name}: no run records{what}{extra} in {loaded.store}")
-    return Side(name, loaded, label, rows)
+    return Side(name, loaded, label, rows, framework)
 
 
 def judge(pair: Pair, opts: Options) -> Pair:
@@ -160,9 +169,12 @@ class Comparison:
 
 
 def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filters: Filters,
-            opts: Options) -> Comparison:
-    side_a = _side("A", a, label_a, filters)
-    side_b = _side("B", b, label_b, filters)
+            opts: Options, framework_a: str | None = None, framework_b: str | None = None) -> Comparison:
+    """Pairs of A's and B's cases: on case_key, or, when a framework side is named, on the workload
+    without its framework identity (torch eager/compiled vs jax of the same model, batch, devices)."""
+    across = framework_a is not None or framework_b is not None
+    side_a = _side("A", a, label_a, filters, framework_a, across)
+    side_b = _side("B", b, label_b, filters, framework_b, across)
     keys = list(side_a.rows) + [k for k in side_b.rows if k not in side_a.rows]
     pairs = []
     for k in keys:

@@ -170,6 +170,9 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(_figures(by_key.get(g.name, [])))
         body.append("</section>")
 
+    from dlscale.report import frameworks
+
+    body += frameworks.html(report)
     if report.micro:
         body.append('<h2 id="micro">Micro-benchmarks</h2>')
     for m in report.micro:

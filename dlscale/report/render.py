@@ -304,6 +304,9 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):
             out.append("")
+    from dlscale.report import frameworks
+
+    out += frameworks.markdown(report)
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
@@ -354,6 +357,7 @@ CSV_COLUMNS = [
     "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound",
     "trace", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
+    "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
 ]
 
 
@@ -407,9 +411,12 @@ def to_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
+    from dlscale.report import frameworks
+
+    fw = frameworks.csv_fields(report)
     for g in report.groups:
         for r in g.own_rows:
-            d = case_dict(g, r)
+            d = {**case_dict(g, r), **fw[id(r.record)]}
             if d["n_repeats"] is not None:
                 d["n_repeats"] = int(d["n_repeats"])
             w.writerow({k: "" if v is None else v for k, v in d.items()})
@@ -435,6 +442,8 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
 
 
 def to_json_obj(report: Report) -> dict[str, Any]:
+    from dlscale.report import frameworks
+
     dlperf: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for g in report.groups:
@@ -465,6 +474,7 @@ def to_json_obj(report: Report) -> dict[str, Any]:
         "generated": report.generated,
         "filters": report.filters.describe() or None,
         "selection": SELECTION_RULE,
+        "frameworks": frameworks.json_obj(report),
     }
 
 

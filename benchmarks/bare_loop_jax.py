@@ -1,0 +1,111 @@
+"""A bare hand-written JAX training loop over dlscale's JAX models: the yardstick for dlscale's JAX runs.
+
+The JAX analogue of benchmarks/bare_loop.py: what a user writes in a few lines of JAX around the
+model (dlscale's JAX definition, as bare_loop.py uses dlscale's torch models): parameters from the
+model's init, optax (AdamW betas (0.9, 0.95) / SGD momentum 0.9, the spec's lr and weight decay),
+bf16 compute with fp32 master weights, one ``jax.jit`` step with the state donated, a fixed
+synthetic batch on the device, W warm-up steps, then N steps between two ``block_until_ready``.
+No dlscale worker, launcher, mesh, loss scale or records. One process, one device.
+
+    python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16
+    python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16 --profile /tmp/prof   # + top GPU ops
+
+Prints one JSON line: {"bench": "bare_loop_jax", "model", "samples_per_s", "mfu", "compile_s", ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2", help="resnet50, bert-base, gpt2 or gpt2-vpad")
+    ap.add_argument("--flavor", default="full", choices=("full", "tiny"))
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
+    ap.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"),
+                    help="jax.nn.dot_product_attention implementation (cudnn falls back to xla where it cannot run)")
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--profile", metavar="DIR", default=None,
+                    help="after the window, trace 3 steps with jax.profiler into DIR and print the top device ops")
+    args = ap.parse_args()
+
+    import jax
+    import optax
+    import torch
+
+    from dlscale import metrics
+    from dlscale.frameworks.jax import layers
+    from dlscale.frameworks.jax.layers import Ctx, HostInit
+    from dlscale.frameworks.jax.models import get_jax_model
+
+    gpu = jax.default_backend() == "gpu"
+    if gpu and args.precision == "fp32":
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32")
+    model = get_jax_model(args.model, args.flavor)
+    spec = model.spec
+    ctx = Ctx(dtype="bfloat16" if args.precision == "amp-bf16" else "float32", train=True,
+              attention=args.attention if gpu else "xla", vocab_multiple=64 if gpu else 1)
+    if spec.optimizer == "sgd":
+        tx = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.sgd(spec.lr, momentum=0.9))
+    else:
+        tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
+    params, stats = jax.device_put(model.init(HostInit(0)))
+    opt = jax.jit(tx.init)(params)  # one small program, not one per parameter shape
+    batch = jax.device_put(model.to_numpy(spec.make_batch(args.batch_size, torch.device("cpu"),
+                                                          torch.Generator().manual_seed(0))))
+    key = jax.random.PRNGKey(1)
+
+    def train_step(params, stats, opt, key, batch):
+        key, sub = jax.random.split(key)
+        (loss, stats), grads = jax.value_and_grad(
+            lambda p: model.loss(p, stats, batch, ctx, sub if model.uses_dropout else None), has_aux=True)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), stats, opt, key, loss
+
+    step = jax.jit(train_step, donate_argnums=(0, 1, 2, 3))
+    t = time.perf_counter()
+    step = step.lower(params, stats, opt, key, batch).compile()
+    compile_s = time.perf_counter() - t
+    for _ in range(args.warmup):
+        params, stats, opt, key, loss = step(params, stats, opt, key, batch)
+    jax.block_until_ready(params)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        params, stats, opt, key, loss = step(params, stats, opt, key, batch)
+    jax.block_until_ready((params, loss))
+    dt = time.perf_counter() - t0
+    sps = args.steps * args.batch_size / dt
+    dev = jax.devices()[0]
+    name = dev.device_kind if gpu else None
+    peak, _ = metrics.peak_flops(name, metrics.precision_dtype(args.precision, "cuda" if gpu else "cpu"))
+    mem = (dev.memory_stats() or {}).get("peak_bytes_in_use") if gpu else None
+    out = {"bench": "bare_loop_jax", "model": args.model, "flavor": args.flavor, "device": name or "cpu",
+           "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
+           "attention": sorted(layers.ATTENTION_USED), "compile_s": round(compile_s, 2),
+           "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,
+           "mfu": metrics.mfu(spec.flops_per_sample, sps, peak) if peak else None,
+           "loss": float(loss), "peak_mem_gib": mem / 2**30 if mem else None,
+           "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}
+    if args.profile:
+        from dlscale.frameworks.jax.profile import profile_steps
+
+        os.makedirs(args.profile, exist_ok=True)
+        # profile_steps expects step(state, batch) -> (state, loss)
+        def as_state_step(state, b):
+            *new, loss = step(*state, b)
+            return tuple(new), loss
+
+        _, info = profile_steps(as_state_step, (params, stats, opt, key), batch,
+                                trace_path=Path(args.profile) / f"{args.model}-jax-trace.json")
+        out["profile_top_ops"] = info["top_ops"]
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
