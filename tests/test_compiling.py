@@ -62,13 +62,12 @@ def test_options_are_the_modes_then_the_users():
 def test_case_key_keeps_earlier_records_keys_and_tells_modes_apart():
     base = RunConfig(compile=True)
     # the key of a config without the late fields, as records made before them were keyed
-    legacy = {k: v for k, v in base.to_dict().items() if k not in ("compile_mode", "inductor_options", "threads",
-                                                                   "env")}
+    from dlscale.config import LATE_FIELD_DEFAULTS, PROCEDURE_FIELDS
+
+    legacy = {k: v for k, v in base.to_dict().items() if k not in LATE_FIELD_DEFAULTS and k not in PROCEDURE_FIELDS}
+    assert {"compile_mode", "inductor_options"} <= set(LATE_FIELD_DEFAULTS)
     import hashlib
 
-    for k in ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
-              "sample_interval", "breakdown", "profile", "max_batch_start", "max_batch_cap"):
-        legacy.pop(k)
     assert base.case_key() == hashlib.sha1(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()[:16]
     graphs = RunConfig(compile=True, compile_mode="reduce-overhead")
     tuned = RunConfig(compile=True, compile_mode="reduce-overhead", inductor_options={"coordinate_descent_tuning": True})
