@@ -53,7 +53,7 @@ def _option(text: str) -> tuple[str, object]:
         return key, value
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="gpt2")
@@ -77,7 +77,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default=None, metavar="DIR", help="also write DIR/rank<R>.json (default: none)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))

@@ -19,8 +19,9 @@ SUITE: a suite of benchmarks/suites/ by name (core, ddp-overlap, ...), a shipped
    the command that made it in DIR/index.md.
 
 Both stores resume: the same command again measures only what is not yet ok (--force: all again).
-Exit: 0 done; 2 bad input; 5 a case or bare run failed or timed out, or a table could not be made;
-75 stopped by --time-budget (run it again to carry on); 130 interrupted.
+Exit: 0 done; 2 bad input; 5 a case or bare run failed or timed out, or a table failed (one with
+nothing to show, say a comparison whose side a --filter left out, is listed as not made); 75
+stopped by --time-budget (run it again to carry on); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -53,24 +54,37 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 2, 5, 7
 RESULT_STATUSES = ("ok", "oom", "unsupported")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Each default said once: not for on/off flags, not where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_Help)
     p.add_argument("suite", metavar="SUITE", nargs="?",
                    help="benchmark suite: a name in benchmarks/suites/, a shipped dlscale suite, or a .yaml path")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="output directory (default: $OUT/SUITE when OUT is set, else bench-out/SUITE)")
     p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
-                   help="only cases (and bare runs) matching, as `dlscale sweep --filter` (repeatable)")
+                   help="only cases (and bare runs) matching, as `dlscale sweep --filter` (repeatable; "
+                        "default: all)")
     p.add_argument("--only", choices=("all", "dlscale", "bare"), default="all",
-                   help="run only the dlscale cases, or only the bare-loop runs (tables are made either way)")
+                   help="run everything, only the dlscale cases, or only the bare-loop runs (the tables are "
+                        "made either way)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="override the suite's device (default: the suite's)")
     for name, what in (("warmup", "warm-up steps"), ("steps", "timed steps"), ("repeats", "repeats")):
         p.add_argument(f"--{name}", type=int, default=None, metavar="N",
                        help=f"override the suite's {what} per case, for dlscale and bare runs alike "
                             f"(default: the suite's)")
-    p.add_argument("--force", action="store_true", help="measure again what the stores already hold ok")
+    p.add_argument("--force", action="store_true",
+                   help="measure again what the stores already hold ok (appends new records)")
     p.add_argument("--dry-run", action="store_true", help="show what would run and which tables; run nothing")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="end within S seconds: measuring stops early enough for the tables (and --pack); "
@@ -338,7 +352,7 @@ def planned_tables(plan: Plan) -> list[Table]:
     from dlscale.store import ResultStore
 
     s = plan.stores
-    have = {k: bool(ResultStore(v).files()) for k, v in s.items()}
+    have = {k: bool(ResultStore(v).load().records) for k, v in s.items()}
     out: list[Table] = []
 
     def both(stem: str, argv: list[str], what: str) -> None:
@@ -361,10 +375,17 @@ def planned_tables(plan: Plan) -> list[Table]:
 
 
 def make_tables(tables: list[Table]) -> None:
+    """Each table by `dlscale` in this process; a table's error line is kept for the index."""
+    import io
+
     from dlscale.cli import main as dlscale_main
 
     for t in tables:
-        t.rc = dlscale_main(t.argv)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            t.rc = dlscale_main(t.argv)
+        sys.stderr.write(err.getvalue())
+        t.note = next((ln for ln in err.getvalue().splitlines() if "error:" in ln), "")
 
 
 def write_index(plan: Plan, argv: list[str], tables: list[Table], lines: list[str]) -> None:
@@ -377,7 +398,8 @@ def write_index(plan: Plan, argv: list[str], tables: list[Table], lines: list[st
     for t in tables:
         shown = ["dlscale"] + [os.path.relpath(a, plan.out) if a.startswith(str(plan.out) + os.sep) else a
                                for a in t.argv]
-        result = "ok" if t.rc == 0 else f"not made (exit {t.rc})" if t.rc is not None else "not made"
+        why = t.note.split("error: ", 1)[-1].replace("|", "\\|")
+        result = "ok" if t.rc == 0 else f"not made (exit {t.rc}): {why}"
         out.append(f"| [{t.file}]({t.file}) | {t.what} | `{shlex.join(shown)}` | {result} |")
     (plan.out / "index.md").write_text("\n".join(out) + "\n", encoding="utf-8")
 
@@ -492,7 +514,7 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
     tables = planned_tables(plan)
     make_tables(tables)
     write_index(plan, argv, tables, lines)
-    if any(t.rc != 0 for t in tables):
+    if any(t.rc not in (0, EXIT_BAD_INPUT) for t in tables):  # 2: nothing to show (a filter left it out)
         code = EXIT_FAILED
     print(f"# tables and index in {plan.out}/index.md")
     if args.pack:
