@@ -173,7 +173,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     bare = [b for b in suite.bench.bare if matches(case_fields(b.cfg), filters)] if args.only != "dlscale" else []
     if not idx and not bare:
         filter_suite(suite, filters)  # raises, naming what the suite has
-        raise ConfigError(f"nothing to run: suite {suite.name} has no {args.only} runs")
+        what = {"bare": "bare-loop run", "dlscale": "dlscale case"}.get(args.only, "case or bare-loop run")
+        raise ConfigError(f"nothing to run: no {what} of suite {suite.name}"
+                          + (" matches the filters" if filters else ""))
     out = Path(args.out) if args.out else Path(os.environ["OUT"]) / suite.name if os.environ.get("OUT") \
         else Path("bench-out") / suite.name
     if out.exists() and not out.is_dir():
