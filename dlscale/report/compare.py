@@ -124,10 +124,9 @@ def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_f
     for r in select_cases(recs, by_label=False):
         key = (match_key(r.record, ignore), rec_device_type(r.record))
         if key in rows and name == "A":
+            first, second = (f"{Pair(x, None, [], []).case} {x.node_gpu}" for x in (rows[key], r))
             raise ConfigError(f"side A: two cases are the same once {', '.join(ignore)} are left out "
-                              f"({Pair(rows[key], None, [], []).case} {rows[key].node_gpu} and {Pair(r, None, [], []).case} "
-                              f"{r.node_gpu}); "
-                              f"narrow side A with --label-a or --filter-a")
+                              f"({first} and {second}); narrow side A with --label-a or --filter-a")
         rows[key if name == "A" or not ignore else key + (case_key_of(r.record),)] = r
     if not rows:
         what = f" with label {label!r}" if label is not None else ""
