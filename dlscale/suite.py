@@ -27,11 +27,11 @@ import dataclasses
 import difflib
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, benchsuite
 from dlscale.config import AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, RunConfig, check_value, expected, validate_case
 from dlscale.config import SETTINGS as CONFIG_SETTINGS
 
@@ -39,7 +39,7 @@ SUITES_DIR = Path(__file__).parent / "suites"
 
 # run settings: suite-wide, not part of the matrix (each a RunConfig field, with its default)
 SETTINGS = ("description",) + CONFIG_SETTINGS
-SECTIONS = ("matrix", "exclude", "cases")
+SECTIONS = ("matrix", "exclude", "cases") + benchsuite.SECTIONS  # bare, compare: dlscale/benchsuite.py
 _COUNT_AXES = ("devices", "nodes", "nproc_per_node")  # the device count: one node's, or nodes x per node
 _FILE_KEY = {"nnodes": "nodes"}  # a field's name in a suite file, where it differs
 # matrix axes in expansion order: RunConfig's field order, the device counts innermost
@@ -62,6 +62,7 @@ class Suite:
     cases: list[RunConfig]
     settings: dict[str, Any]
     duplicates: int = 0  # cases dropped because an earlier one had the same case_key
+    bench: benchsuite.BenchSections = field(default_factory=benchsuite.BenchSections)  # bare runs, comparisons
 
     @property
     def description(self) -> str:
@@ -90,7 +91,8 @@ class Suite:
         search_only = {k: v for k, v in given.items() if k in ("max_batch_start", "max_batch_cap")}
         every = {k: v for k, v in given.items() if k not in search_only}
         cases = [dataclasses.replace(c, **every, **(search_only if c.batch_search else {})) for c in self.cases]
-        return dataclasses.replace(self, cases=cases, settings={**self.settings, **given})
+        return dataclasses.replace(self, cases=cases, settings={**self.settings, **given},
+                                   bench=self.bench.with_overrides(every))
 
 
 # ----------------------------------------------------------------------------- locating
@@ -351,7 +353,11 @@ def parse_suite(data: Any, path: Path, name: str | None = None, max_cases: int =
             continue
         seen.add(k)
         cases.append(cfg)
-    return Suite(name or data.get("name") or path.stem, path, cases, settings, dups)
+    bench = benchsuite.parse_sections(data, benchsuite.Context(
+        error=where.error, unknown_keys=lambda prefix, got, allowed: _unknown_keys(where, prefix, got, allowed),
+        case=lambda key, entry: _build(where, key, _explicit_case(where, key, entry), settings, False),
+        case_keys=CASE_KEYS, filters=parse_filters, matches=lambda c, f: matches(case_fields(c), f), cases=cases))
+    return Suite(name or data.get("name") or path.stem, path, cases, settings, dups, bench)
 
 
 def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> Suite:
@@ -417,6 +423,11 @@ def parse_filters(items: Iterable[str] | None) -> list[dict[str, list[Any]]]:
             raise ConfigError(f"--filter key {key!r} is unknown; allowed: {', '.join(MATCH_KEYS)}")
         out.setdefault(key, []).extend(_filter_value(key, raw.strip()) for raw in value.split(","))
     return [out] if out else []
+
+
+def matches(fields: dict[str, Any], filters: list[dict[str, list[Any]]]) -> bool:
+    """Do a case's fields (a RunConfig's ``to_dict()``, or a stored record's config) match every filter?"""
+    return all(_matches(fields, f) for f in filters)
 
 
 def filter_suite(suite: Suite, filters: list[dict[str, list[Any]]]) -> list[int]:

@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also write every plot as PNG and SVG into DIR, created if needed (default: none; "
                         "the HTML report inlines its plots anyway)")
     p.add_argument("--no-plots", action="store_true", help="leave the plots out of the HTML report")
+    p.add_argument("--group-by", choices=("workload", "label"), default="workload",
+                   help="workload: the DLPerf tables, one per workload and label; label: one table per label, a row "
+                        "per case, the fields that differ between its cases as columns (md and json only)")
     _add_filters(p)
     p.set_defaults(func=cmd_report)
 
@@ -72,14 +75,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--fail-on-regression when a significant slowdown exceeds the given percentage.")
     c.add_argument("store_a", metavar="A", help="store A (the reference)")
     c.add_argument("store_b", nargs="?", metavar="B",
-                   help="store B (default: A again; then --label-a and --label-b pick the two sides)")
+                   help="store B (default: A again; then --label-a/--label-b or --filter-a/--filter-b pick the "
+                        "two sides)")
     c.add_argument("--label-a", metavar="LABEL", help="only records of A with this label (default: any label)")
     c.add_argument("--label-b", metavar="LABEL", help="only records of B with this label (default: any label)")
-    c.add_argument("--framework-a", metavar="FW",
-                   help="only A's cases of this framework (torch, torch-compiled, jax); with either "
-                        "--framework-a or --framework-b, cases are matched on their workload without the "
-                        "framework (default: any framework, matched on case_key)")
-    c.add_argument("--framework-b", metavar="FW", help="only B's cases of this framework (default: any)")
+    c.add_argument("--framework-a", metavar="FW", choices=FRAMEWORK_SIDES,
+                   help="only A's cases of this framework (torch, torch-compiled, jax), paired with B's on the "
+                        "workload without the framework (the same as --filter-a framework=... --ignore framework,"
+                        "compile,...; default: any framework)")
+    c.add_argument("--framework-b", metavar="FW", choices=FRAMEWORK_SIDES,
+                   help="only B's cases of this framework (default: any)")
     c.add_argument("--format", choices=COMPARE_FORMATS, default="md", help="output format")
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
     c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
@@ -90,6 +95,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="changes smaller than PCT %% count as no change even when significant")
     c.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 when a case is significantly slower by more than PCT %% (default: off)")
+    for side in ("a", "b"):
+        c.add_argument(f"--filter-{side}", action="append", metavar="KEY=VALUE[,VALUE]",
+                       help=f"only cases of {side.upper()} matching, with the keys of `dlscale sweep --filter` "
+                            f"(repeatable; default: all)")
+    c.add_argument("--ignore", action="append", metavar="FIELD[,FIELD]",
+                   help="pair A's cases with B's on their case fields without these (e.g. env; "
+                        "strategy,strategy_options,nproc_per_node against one strategy), one A case per pairing; "
+                        "default: pair on case_key")
     _add_filters(c)
     c.set_defaults(func=cmd_compare)
 
@@ -124,9 +137,17 @@ def _warn(lines: list[str]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from dlscale.report import render
 
+    if args.group_by == "label" and args.format not in ("md", "json"):
+        raise ConfigError(f"--group-by label renders md or json, not {args.format}")
     loaded = load_records(args.store)
     _warn(loaded.warnings())
     report = build_report(loaded, Filters.from_args(args))
+    if args.group_by == "label":
+        from dlscale.report import bylabel
+
+        text = bylabel.to_markdown(report) if args.format == "md" else bylabel.to_json(report)
+        _write(args.output or "-", text, [loaded])
+        return 0
     output = args.output or (DEFAULT_HTML if args.format == "html" else "-")
     plots, links = [], {}
     if args.plots_dir or (args.format == "html" and not args.no_plots):
@@ -153,22 +174,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from dlscale.report import compare as cmp
 
-    if args.store_b is None and (args.label_a is None or args.label_b is None) and (
-            args.framework_a is None or args.framework_b is None):
+    if args.store_b is None and (args.label_a is None or args.label_b is None) \
+            and not (args.filter_a or args.filter_b or (args.framework_a and args.framework_b)):
         raise ConfigError("compare needs two stores (A B), or one store with --label-a and --label-b "
-                          "or --framework-a and --framework-b")
+                          "(or --filter-a/--filter-b, or --framework-a and --framework-b)")
     if args.resamples < 100:
         raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
     if not 50.0 <= args.confidence < 100.0:
         raise ConfigError(f"--confidence must be a percentage in [50, 100), got {args.confidence:g}")
     if args.min_change < 0 or (args.fail_on_regression is not None and args.fail_on_regression < 0):
         raise ConfigError("--min-change and --fail-on-regression must be >= 0")
+    case_filters, ignore = _pairing(args)
     loaded_a = load_records(args.store_a)
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
     result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
-                         args.framework_a, args.framework_b)
+                         case_filters, ignore)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:
@@ -178,3 +200,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
     return 0
+
+
+# compare --framework-a/-b: the side's filter (torch-compiled: torch with --compile)
+FRAMEWORK_SIDES = {"torch": {"framework": ["torch"], "compile": [False]},
+                   "torch-compiled": {"framework": ["torch"], "compile": [True]},
+                   "jax": {"framework": ["jax"]}}
+
+
+def _pairing(args: argparse.Namespace) -> tuple[tuple[list, list], tuple[str, ...]]:
+    """--filter-a/--filter-b (as `dlscale sweep --filter`) and --ignore, checked."""
+    from dlscale.report.compare import IGNORABLE
+    from dlscale.suite import parse_filters
+
+    sides = []
+    for side in ("a", "b"):
+        try:
+            sides.append(parse_filters(getattr(args, f"filter_{side}", None)))
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("--filter", f"--filter-{side}", 1)) from None
+    ignore = tuple(dict.fromkeys(f.strip() for item in args.ignore or [] for f in item.split(",") if f.strip()))
+    for i, side in enumerate(("a", "b")):  # --framework-X: a side filter, paired across frameworks
+        fw = getattr(args, f"framework_{side}", None)
+        if fw is not None:
+            sides[i] = [{**(sides[i][0] if sides[i] else {}), **FRAMEWORK_SIDES[fw]}]
+            ignore += tuple(f for f in ("framework", "compile", "compile_mode", "inductor_options") if f not in ignore)
+    for f in ignore:
+        if f not in IGNORABLE:
+            raise ConfigError(f"--ignore {f}: not a field of the case identity; allowed: {', '.join(IGNORABLE)}")
+    return (sides[0], sides[1]), ignore

@@ -7,6 +7,13 @@ an exact two-sided Mann-Whitney U test on the repeats. A case is "faster" or "sl
 CI excludes 1 AND p < 1 - confidence (AND the change is at least --min-change %); otherwise
 "no change (within noise)". When the repeat counts cannot reach that p-value at all (e.g. 3 vs 3),
 the verdict is "inconclusive (too few repeats)".
+
+With ``ignore`` (``--ignore FIELD``) cases are paired on their case fields without those, so that
+variants meet their reference: B's ``TORCH_NCCL_HIGH_PRIORITY=1`` case against A's plain one
+(``--ignore env``), every strategy against ``ddp`` (``--filter-a strategy=ddp --ignore
+strategy,strategy_options,nproc_per_node``). A must then hold one case per pairing key; B may hold
+several, each paired with the same A. ``case_filters`` (``--filter-a``/``--filter-b``) narrow
+each side with the keys of `dlscale sweep --filter`.
 """
 from __future__ import annotations
 
@@ -18,11 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dlscale import ConfigError
-from dlscale.report.data import (Filters, Loaded, Row, case_key_of, rec_config, rec_device_type, rec_label,
+from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
 from dlscale.report.render import MISSING, fmt, md_table
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p
 
+# fields --ignore may leave out of the pairing: those of the case identity
+IGNORABLE = tuple(n for n in FIELDS if n not in PROCEDURE_FIELDS)
 FASTER, SLOWER, SAME, FEW = "faster", "slower", "no change (within noise)", "inconclusive (too few repeats)"
 
 
@@ -32,14 +42,11 @@ class Side:
     loaded: Loaded
     label: str | None
     rows: dict[tuple[str, str], Row]
-    framework: str | None = None  # a framework label (report/frameworks.py): compare across frameworks
 
     def describe(self) -> str:
         s = f"`{self.loaded.store}`"
         if self.label is not None:
             s += f" label `{self.label}`"
-        if self.framework is not None:
-            s += f" framework `{self.framework}`"
         return s + f" ({len(self.rows)} case(s))"
 
 
@@ -67,7 +74,8 @@ class Pair:
 
     @property
     def row(self) -> Row:
-        return self.a or self.b  # type: ignore[return-value]
+        """The row that names the pair: B's (the variant when pairing ignores fields), else A's."""
+        return self.b or self.a  # type: ignore[return-value]
 
     @property
     def case(self) -> str:
@@ -79,29 +87,53 @@ class Pair:
                   str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
-        return " ".join(parts)
+        return " ".join(parts + variant_details(cfg))
 
     @property
     def change_pct(self) -> float | None:
         return None if self.ratio is None else (self.ratio - 1.0) * 100.0
 
 
-def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, framework: str | None = None,
-          across: bool = False) -> Side:
-    from dlscale.report.frameworks import framework_label, match_key
+def variant_details(cfg: dict[str, Any]) -> list[str]:
+    """What tells variants of one case apart, where set: strategy options, compile mode and
+    inductor options, environment variables."""
+    out = [",".join(f"{k}={v}" for k, v in sorted((cfg.get("strategy_options") or {}).items()))]
+    if cfg.get("compile") and cfg.get("compile_mode") not in (None, "default"):
+        out.append(str(cfg.get("compile_mode")))
+    out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
+    out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
+    return [x for x in out if x]
+
+
+def match_key(rec: dict[str, Any], ignore: Sequence[str] = ()) -> str:
+    """What pairs a case of A with one of B: its case_key, or with ``ignore`` its case fields
+    without those."""
+    if not ignore:
+        return case_key_of(rec)
+    return freeze({k: v for k, v in workload_fields(rec_config(rec)).items() if k not in ignore})
+
+
+def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_filters: Sequence = (),
+          ignore: Sequence[str] = ()) -> Side:
+    from dlscale.suite import matches
 
     recs = [r for r in loaded.records if r.get("kind") == "run" and filters.match_run(r)
             and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
-            and (label is None or str(rec_label(r)) == label)
-            and (framework is None or framework_label(r) == framework)]
-    rows = {(match_key(r.record) if across else case_key_of(r.record), rec_device_type(r.record)): r
-            for r in select_cases(recs, by_label=False)}
+            and (label is None or str(rec_label(r)) == label) and matches(rec_config(r), list(case_filters))]
+    rows: dict[tuple, Row] = {}
+    for r in select_cases(recs, by_label=False):
+        key = (match_key(r.record, ignore), rec_device_type(r.record))
+        if key in rows and name == "A":
+            first, second = (f"{Pair(x, None, [], []).case} {x.node_gpu}" for x in (rows[key], r))
+            raise ConfigError(f"side A: two cases are the same once {', '.join(ignore)} are left out "
+                              f"({first} and {second}); narrow side A with --label-a or --filter-a")
+        rows[key if name == "A" or not ignore else key + (case_key_of(r.record),)] = r
     if not rows:
         what = f" with label {label!r}" if label is not None else ""
-        what += f" of framework {framework}" if framework is not None else ""
         extra = f" matching {filters.describe()}" if filters.describe() else ""
-        raise ConfigError(f"side {name}: no run records{what}{extra} in {loaded.store}")
-    return Side(name, loaded, label, rows, framework)
+        raise ConfigError(f"side {name}: no run records{what}{extra}"
+                          f"{' and its --filter-' + name.lower() if case_filters else ''} in {loaded.store}")
+    return Side(name, loaded, label, rows)
 
 
 def judge(pair: Pair, opts: Options) -> Pair:
@@ -140,6 +172,7 @@ class Comparison:
     b: Side
     opts: Options
     pairs: list[Pair]
+    ignore: tuple[str, ...] = ()
 
     def counts(self) -> Counter:
         return Counter(p.verdict for p in self.pairs)
@@ -165,32 +198,53 @@ class Comparison:
              f"p < {1 - self.opts.confidence:.2g}")
         if self.opts.min_change_pct:
             s += f" and the change is at least {self.opts.min_change_pct:g} %"
-        return s + "; otherwise no change (within noise). Each side uses the newest ok record of a case."
+        s += "; otherwise no change (within noise). Each side uses the newest ok record of a case."
+        if self.ignore:
+            s += (f" Cases are paired on their case fields without {', '.join(self.ignore)} (one A case per "
+                  f"pairing, any number of B cases).")
+        return s
+
+    def a_differs(self, p: Pair) -> str:
+        """The ignored fields in which the pair's A case differs from its B case."""
+        if p.a is None or p.b is None:
+            return MISSING
+        ca, cb = rec_config(p.a.record), rec_config(p.b.record)
+        value = lambda c, k: c.get(k, DEFAULTS.get(k))  # noqa: E731 - records older than a field lack it
+        diff = [f"{k}={_compact(value(ca, k))}" for k in self.ignore if freeze(value(ca, k)) != freeze(value(cb, k))]
+        return ", ".join(diff) or "same"
+
+
+def _compact(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{x}" for k, x in sorted(v.items())) + "}"
+    return str(v)
 
 
 def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filters: Filters,
-            opts: Options, framework_a: str | None = None, framework_b: str | None = None) -> Comparison:
-    """Pairs of A's and B's cases: on case_key, or, when a framework side is named, on the workload
-    without its framework identity (torch eager/compiled vs jax of the same model, batch, devices)."""
-    across = framework_a is not None or framework_b is not None
-    side_a = _side("A", a, label_a, filters, framework_a, across)
-    side_b = _side("B", b, label_b, filters, framework_b, across)
-    keys = list(side_a.rows) + [k for k in side_b.rows if k not in side_a.rows]
+            opts: Options, case_filters: tuple[Sequence, Sequence] = ((), ()),
+            ignore: Sequence[str] = ()) -> Comparison:
+    ignore = tuple(ignore)
+    side_a = _side("A", a, label_a, filters, case_filters[0], ignore)
+    side_b = _side("B", b, label_b, filters, case_filters[1], ignore)
+    paired: set[tuple] = set()
     pairs = []
-    for k in keys:
-        ra, rb = side_a.rows.get(k), side_b.rows.get(k)
-        pairs.append(judge(Pair(ra, rb, repeat_samples(ra.record) if ra else [],
-                                repeat_samples(rb.record) if rb else []), opts))
+    for kb, rb in side_b.rows.items():  # a B key starts with the A key it pairs with
+        ra = side_a.rows.get(kb[:2])
+        paired.add(kb[:2])
+        pairs.append(judge(Pair(ra, rb, repeat_samples(ra.record) if ra else [], repeat_samples(rb.record)), opts))
+    for ka, ra in side_a.rows.items():
+        if ka not in paired:
+            pairs.append(judge(Pair(ra, None, repeat_samples(ra.record), []), opts))
 
     def order(p: Pair) -> tuple:
         cfg = rec_config(p.row.record)
         return (p.a is None or p.b is None, p.case, p.row.devices, p.row.nnodes, str(cfg))
 
     pairs.sort(key=order)
-    return Comparison(side_a, side_b, opts, pairs)
+    return Comparison(side_a, side_b, opts, pairs, ignore)
 
 
-def _pair_dict(p: Pair) -> dict[str, Any]:
+def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
     cfg = rec_config(p.row.record)
     unit = (p.row.record.get("model") or {}).get("unit") if isinstance(p.row.record.get("model"), dict) else None
     return {
@@ -204,6 +258,7 @@ def _pair_dict(p: Pair) -> dict[str, Any]:
         "p_value": p.p, "p_method": p.p_method, "n_a": len(p.samples_a), "n_b": len(p.samples_b),
         "verdict": p.verdict, "record_a": p.a.record.get("id") if p.a else None,
         "record_b": p.b.record.get("id") if p.b else None,
+        **({"a_differs": c.a_differs(p)} if c is not None and c.ignore else {}),
     }
 
 
@@ -222,7 +277,12 @@ def to_markdown(c: Comparison) -> str:
         rows.append([p.case, p.row.nnodes, p.row.devices, fmt(p.median_a), fmt(p.median_b), fmt(p.ratio, 3),
                      chg, ci, MISSING if p.p is None else f"{p.p:.3g}",
                      f"{len(p.samples_a)} / {len(p.samples_b)}", p.verdict])
-    out += [md_table(headers, rows, numeric_from=1, numeric_to=len(headers) - 1), ""]
+    if c.ignore:  # which A case each B case met
+        headers.insert(1, "A differs in")
+        for row, p in zip(rows, c.pairs):
+            row.insert(1, c.a_differs(p))
+    start = 2 if c.ignore else 1
+    out += [md_table(headers, rows, numeric_from=start, numeric_to=len(headers) - 1), ""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     return "\n".join(out) + "\n"
@@ -230,7 +290,7 @@ def to_markdown(c: Comparison) -> str:
 
 def to_csv(c: Comparison) -> str:
     buf = io.StringIO()
-    rows = [_pair_dict(p) for p in c.pairs]
+    rows = [_pair_dict(p, c) for p in c.pairs]
     cols = list(rows[0]) if rows else ["case"]
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
@@ -247,8 +307,9 @@ def to_json(c: Comparison) -> str:
               "skipped_lines": c.b.loaded.skipped_lines},
         "method": {"statistic": "median B / median A of repeat samples/s", "ci": "percentile bootstrap",
                    "resamples": c.opts.resamples, "confidence": c.opts.confidence, "seed": c.opts.seed,
-                   "test": "Mann-Whitney U, two-sided", "min_change_pct": c.opts.min_change_pct},
-        "cases": [_pair_dict(p) for p in c.pairs],
+                   "test": "Mann-Whitney U, two-sided", "min_change_pct": c.opts.min_change_pct,
+                   "paired_on": "case_key" if not c.ignore else {"case fields without": list(c.ignore)}},
+        "cases": [_pair_dict(p, c) for p in c.pairs],
         "summary": dict(c.counts()),
         "warnings": c.warnings(),
     }
