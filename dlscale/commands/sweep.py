@@ -91,6 +91,10 @@ def describe(cfg: RunConfig, found: str = "") -> str:
         parts.append(f"accum {cfg.grad_accum}")
     if cfg.strategy_options:
         parts.append(",".join(f"{k}={v}" for k, v in sorted(cfg.strategy_options.items())))
+    if cfg.env:
+        parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
+    if cfg.label:
+        parts.append(f"[{cfg.label}]")
     return " ".join(parts)
 
 
