@@ -19,10 +19,9 @@ from typing import Any, Callable
 
 from dlscale import envinfo, metrics
 from dlscale.config import RunConfig, validate_for_launch
-from dlscale.models import get_model
 from dlscale.procs import Rendezvous, spawn_torchrun
 from dlscale.store import ResultStore, new_record
-from dlscale.strategies import get_strategy
+from dlscale.strategies import get_strategy, resolve_spec
 
 WORKER_MODULE = "dlscale.worker"
 
@@ -170,7 +169,7 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     """
     device_type = validate_for_launch(cfg)
     store.check_writable()
-    spec = get_model(cfg.model, cfg.flavor)
+    spec = resolve_spec(cfg)
     strat = get_strategy(cfg.strategy)
     env = envinfo.capture()
     base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,

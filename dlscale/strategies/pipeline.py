@@ -73,7 +73,9 @@ def num_blocks(spec, model=None) -> int:
         return int(spec.extra["n_layers"])
     if "layers" in spec.extra:  # resnet: blocks per stage
         return int(sum(spec.extra["layers"]))
-    if model is not None and spec.blocks:
+    if spec.blocks is None:
+        raise ConfigError(f"{spec.name} has no blocks (spec.blocks) to split into pipeline stages")
+    if model is not None:
         return len(spec.blocks(model))
     with torch.device("meta"):
         return len(spec.blocks(spec.build()))
