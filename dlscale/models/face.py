@@ -186,13 +186,17 @@ class FaceNet(nn.Module):
         return self.head(h, labels)
 
 
-@functools.lru_cache(maxsize=None)
 def backbone_forward_flops(cfg: FaceConfig) -> int:
     """Forward FLOPs of one image through the backbone to the features (2 per multiply-add), on meta."""
+    return _backbone_flops(replace(cfg, classes=2))  # one count for every class count
+
+
+@functools.lru_cache(maxsize=None)
+def _backbone_flops(cfg: FaceConfig) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.device("meta"):
-        model = FaceNet(replace(cfg, classes=1)).eval()
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = FaceNet(cfg).eval()
         x = torch.empty(1, 3, cfg.image, cfg.image)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:

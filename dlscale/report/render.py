@@ -51,11 +51,18 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
                                     _scaled(r.util("net_recv_bps_mean"), MB))),
     ("exposed comm (%)", lambda r: (r.exposed_comm_pct,)),
     ("overlap (%)", lambda r: (r.overlap_pct,)),
+    # model-parallel workloads: DLPerf reports Wide & Deep (unit "sample") by latency per iteration;
+    # sharding strategies record the bytes a rank sends per step (strategy_info.exchange_bytes_per_step)
+    ("step p50 / p90 (ms)", lambda r: (r.summary("step_ms_p50"), r.summary("step_ms_p90")) if r.unit == "sample"
+     else (None, None)),
+    ("exchange (MB/step/rank)", lambda r: (_scaled(r.exchange_bytes, MB),)),
 )
 EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
               "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
               "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
-              "all-reduce hidden behind backward, from the step-time breakdown measured after the window")
+              "all-reduce hidden behind backward, from the step-time breakdown measured after the window; "
+              "step p50 / p90: rank 0's step times in the window (CTR tables); exchange: bytes the busiest "
+              "rank sends to the others per step, as the sharding strategy recorded them (MB = 10^6 B)")
 
 
 def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float | None, ...]]]]:
@@ -331,7 +338,7 @@ CSV_COLUMNS = [
     "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90",
     "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
-    "exposed_comm_pct", "overlap_pct", "trace", "grad_accum", "strategy_options",
+    "exposed_comm_pct", "overlap_pct", "trace", "exchange_bytes_per_step", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
 ]
 
@@ -345,7 +352,8 @@ def utilisation_fields(row: Row) -> dict[str, Any]:
     b = row.breakdown or {}
     out: dict[str, Any] = {k: row.util(k) for k in UTIL_FIELDS}
     out.update({"exposed_comm_ms": num(b.get("exposed_comm_ms")), "breakdown_step_ms": num(b.get("step_ms")),
-                "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct, "trace": row.trace})
+                "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct, "trace": row.trace,
+                "exchange_bytes_per_step": row.exchange_bytes})
     return out
 
 

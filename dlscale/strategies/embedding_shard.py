@@ -102,7 +102,7 @@ def check(cfg, env) -> str | None:
     from dlscale.models import get_model
 
     if not supports(get_model(cfg.model, cfg.flavor)):
-        return f"{NAME} shards embedding tables; {cfg.model} has none (wide-deep has)"
+        return f"{NAME} shards embedding tables (model.embedding_groups(), as wide-deep's); this model has none"
     if cfg.clip_grad_norm is not None:
         return f"{NAME} does not clip gradients (each rank holds different table rows: a per-rank norm is wrong)"
     if cfg.precision == "amp-fp16":
@@ -283,7 +283,7 @@ def parallelize(model, spec, cfg, denv):
         per_rank = [None] * world
         dist.all_gather_object(per_rank, sent)
         totals = [sum(d.values()) for d in per_rank]
-        info["exchange_bytes_per_step"] = {"per_rank": totals, "max": max(totals), "by_kind_rank0": per_rank[0]}
+        info["exchange_bytes_per_step"] = {"max_per_rank": max(totals), "per_rank": totals, "by_kind_rank0": per_rank[0]}
         if replica_group is not None:  # ring all-reduce sends 2(n-1)/n of the shard per rank
             n = world // k
             shard_bytes = sum(st.weight.numel() * st.weight.element_size() for st in sharded.values())

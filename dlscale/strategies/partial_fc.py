@@ -74,7 +74,7 @@ def check(cfg, env) -> str | None:
     from dlscale.models import get_model
 
     if not supports(get_model(cfg.model, cfg.flavor)):
-        return f"{NAME} shards a margin-softmax classifier (model.margin); {cfg.model} has none (face has)"
+        return f"{NAME} shards a margin-softmax classifier (model.margin, as face's); this model has none"
     if cfg.clip_grad_norm is not None:
         return f"{NAME} does not clip gradients (each rank holds different class centres: a per-rank norm is wrong)"
     if cfg.precision == "amp-fp16":
@@ -167,8 +167,8 @@ def parallelize(model, spec, cfg, denv):
     }
     info = {"dp_rank": denv.rank, "classes": n, "class_ranges": [class_range(n, world, r) for r in range(world)],
             "head_bytes_per_rank": [4 * f * (e - s) for s, e in (class_range(n, world, r) for r in range(world))],
-            "exchange_bytes_per_step": {k: v * cfg.grad_accum for k, v in per_step.items()},
+            "exchange_bytes_per_step": {"max_per_rank": cfg.grad_accum * sum(per_step.values()),
+                                        "by_collective": {k: v * cfg.grad_accum for k, v in per_step.items()}},
             "reported_loss": "global batch (every rank computes the same sharded softmax loss)"}
-    info["exchange_bytes_per_step"]["total"] = sum(info["exchange_bytes_per_step"].values())
     return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
                         dp_size=world, no_sync=getattr(module, "no_sync", contextlib.nullcontext), info=info)

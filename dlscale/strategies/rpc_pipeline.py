@@ -224,7 +224,7 @@ def parallelize(model, spec, cfg, denv):
             "device_maps": maps or None, "optimizer": f"DistributedOptimizer({cls.__name__})",
             "schedule": "all micro-batches' forwards issued asynchronously, one distributed backward",
             "reported_loss": "the batch's mean (the last accumulation batch's); rank 0 drives, the others serve RPCs",
-            "activation_bytes_per_step": None}
+            "exchange_bytes_per_step": None}
     timeout = cfg.collective_timeout
     teardown = lambda: rpc.shutdown(graceful=True, timeout=timeout)  # noqa: E731
 
@@ -289,8 +289,9 @@ def parallelize(model, spec, cfg, denv):
                 rpc.rpc_sync(last_name, _set_tied_grads, args=(ctx, sums))
             optimizer.step(ctx)
         notices.extend(rpc.rpc_async(peer, _step_done) for peer in peers)
-        if info["activation_bytes_per_step"] is None:
-            info["activation_bytes_per_step"] = {"stage0_to_stage1_forward": sent, "gradients_back": sent}
+        if info["exchange_bytes_per_step"] is None:  # rank 0's activations out; their gradients come back
+            info["exchange_bytes_per_step"] = {"max_per_rank": sent, "stage0_activations": sent,
+                                               "stage1_gradients": sent}
         # as the worker's own step: the loss of the last accumulation batch
         return torch.stack(losses[-micro:]).detach().mean()
 
