@@ -36,8 +36,11 @@ exec > >(tee -a "$OUTDIR/log") 2>&1
 has() { case " $TAGS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 bare() {  # bare_mp.py arguments
   echo "-- bare $* ($(date -u +%T))"
+  local line
   # shellcheck disable=SC2086  # BARE_EXTRA is words
-  python benchmarks/bare_mp.py --warmup "$W" --steps "$S" "$@" ${BARE_EXTRA:-} 2>>"$OUTDIR/bare.err" | grep '^{' | tee -a "$OUTDIR/bare.jsonl"
+  line=$(python benchmarks/bare_mp.py --warmup "$W" --steps "$S" "$@" ${BARE_EXTRA:-} 2>>"$OUTDIR/bare.err" | grep '^{')
+  if [ -n "$line" ]; then echo "$line" | tee -a "$OUTDIR/bare.jsonl"
+  else echo "bare loop failed: $(grep -v '^\s*$' "$OUTDIR/bare.err" | tail -n 1)"; fi
 }
 run() {  # label model batch nproc repeats strategy [options...]
   local label=$1 model=$2 batch=$3 nproc=$4 reps=$5; shift 5
@@ -45,7 +48,7 @@ run() {  # label model batch nproc repeats strategy [options...]
   # shellcheck disable=SC2068,SC2086  # the strategy, its options and EXTRA are words
   python -m dlscale run --store "$OUTDIR/store" --label "$label" --model "$model" --batch-size "$batch" \
     --nproc-per-node "$nproc" --repeats "$reps" --precision amp-bf16 --warmup "$W" --steps "$S" --time-limit 150 \
-    ${EXTRA:-} --strategy $@ 2>&1 | grep -E 'samples/s|sample/s|img/s|seq/s|error|repeat [0-9]|unsupported'
+    ${EXTRA:-} --strategy $@ 2>&1 | grep -iE '^ +(wide-deep|face|gpt2) |error|repeat [0-9]|unsupported'
 }
 echo "== mp_gpu.sh $(date -u +%FT%T) tags: $TAGS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

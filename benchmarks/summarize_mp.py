@@ -13,7 +13,6 @@ from pathlib import Path
 from dlscale.store import ResultStore
 
 GIB = 2.0 ** 30
-DEFAULT_CLASSES = {"face": 85_742}
 
 
 def _opts(rec: dict) -> str:
@@ -31,8 +30,7 @@ def main(outdir: str) -> None:
     path = out / "bare.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         b = json.loads(line)
-        n = b["knobs"].get("classes", DEFAULT_CLASSES.get(b["model"]))
-        bare.setdefault((b["model"], b["batch_size"], n), []).append(b)
+        bare.setdefault((b["model"], b["batch_size"], b["knobs"].get("classes")), []).append(b)
     recs = ResultStore(out / "store").load("run").records if (out / "store").exists() else []
     device = next((r["summary"].get("device_name") for r in recs if r.get("summary")), None)
     print(f"device: {device}\n")
@@ -41,8 +39,11 @@ def main(outdir: str) -> None:
         bs = bare.get((model, batch, n), [])
         return (statistics.mean(b["samples_per_s"] for b in bs), bs) if bs else (None, bs)
 
-    def classes_of(rec):
-        return (rec["config"].get("strategy_options") or {}).get("classes", DEFAULT_CLASSES.get(rec["config"]["model"]))
+    def classes_of(rec):  # None: the flavour's own
+        return (rec["config"].get("strategy_options") or {}).get("classes")
+
+    def classes_shown(rec):
+        return (rec.get("strategy_info") or {}).get("classes") or classes_of(rec) or 0
 
     print("Sharded paths at sharding degree 1 (one GPU) against the bare loop (target: within 2 %)\n")
     print("| model | strategy | batch | dlscale samples/s (median, n) | bare loop (mean of runs) | dlscale/bare | "
@@ -67,13 +68,13 @@ def main(outdir: str) -> None:
               f"| {c['model']} | {c['strategy']} {_opts(r)} | {c['batch_size']} | {med:,.0f} | - | - | "
               f"{s['step_ms_p50']:.2f} / - | {_gib(s['peak_mem_allocated_bytes'])} / - |")
 
-    print("\nFace head against N, one GPU (partial-fc at degree 1 and the bare loop, batch 128)\n")
+    print("\nFace head against N, one GPU (partial-fc at degree 1 and the bare loop)\n")
     print("| classes | partial-fc img/s | bare img/s | partial-fc/bare | peak mem GiB partial-fc | bare | status |")
     print("|---:|---:|---:|---:|---:|---:|---|")
     rows = [r for r in recs if r.get("label") in ("face", "classes") and r["config"]["strategy"] == "partial-fc"]
-    for r in sorted(rows, key=classes_of):
-        n = classes_of(r)
-        ref, bs = bare_of("face", r["config"]["batch_size"], n)
+    for r in sorted(rows, key=classes_shown):
+        n = classes_shown(r)
+        ref, bs = bare_of("face", r["config"]["batch_size"], classes_of(r))
         bmem = max((b["peak_mem_bytes"] or 0) for b in bs) if bs else None
         if r["status"] != "ok":
             print(f"| {n:,} | {r['status']} | {ref or '-'} | | | {_gib(bmem)} | {(r.get('error') or '')[:80]} |")

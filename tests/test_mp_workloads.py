@@ -139,7 +139,7 @@ def test_face_full_shape_and_flops():
     assert m.margin.weight.shape == (85_742, 512)
     backbone = count_parameters(m) - 85_742 * 512
     assert backbone == 43_590_848  # iresnet50 at 112x112 (arcface_torch), the fixed BatchNorm1d weight included
-    # forward: 6.35 GMACs for the backbone (InsightFace lists r50 at 6.3 G), 2 x 512 x N for the head
+    # forward: 6.31 GMACs for the backbone (InsightFace lists r50 at 6.3 G), 2 x 512 x N for the head
     from dlscale.models.face import _CONFIGS, backbone_forward_flops
 
     bb = backbone_forward_flops(_CONFIGS["full"])

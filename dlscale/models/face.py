@@ -15,8 +15,9 @@ backbones, ArcFace loss, SGD momentum 0.9, weight decay 5e-4, batch 64 per devic
   cos(theta + m) for the target class (cos(theta) - m sin(m) past theta + m > pi), over the
   L2-normalised features and class centres (N x 512, initialised N(0, 0.01)); cross-entropy.
 
-Full flavour: 85,742 classes (MS1MV2), 43,585,344 backbone parameters (iresnet50 has 43.6 M) plus
-512 x N in the head. ``spec.resize(classes=N)`` changes N.
+Full flavour: 85,742 classes (MS1MV2), 43,590,848 backbone parameters (the fixed BatchNorm1d weight
+included) and 6.31 G multiply-adds per image forward (InsightFace lists r50 at 6.3 G), plus 512 x N
+in the head. ``spec.resize(classes=N)`` changes N.
 
 Structure strategies rely on:
 

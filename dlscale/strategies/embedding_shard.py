@@ -11,9 +11,11 @@ One forward of a ``ShardedTables`` (TorchRec's sequence of input dist, lookup, o
    ``shard=table`` - a field lives whole on one rank (fields dealt out largest first to the
    least-filled rank, over both widths: greedy by bytes); ``shard=row`` - rank r holds rows
    [r x ceil(rows/K), (r+1) x ceil(rows/K)) of every field (the last shares may be short);
-2. the ids are sorted by owner and exchanged (``all_to_all_single``); row-wise first exchanges
-   the counts (one small all-to-all and a host read of the split sizes: the only host sync;
-   table-wise counts are known in advance: B x the owner's fields);
+2. the ids are grouped by owner and exchanged (``all_to_all_single``). Table-wise: laid out field
+   by field with the fields ordered by owner (a fixed permutation, no sort; TorchRec's
+   feature-major layout), and the counts are known in advance (B x the owner's fields).
+   Row-wise: sorted by owner (stable), and the counts exchanged first (one small all-to-all and
+   a host read of the split sizes: the path's only host sync; skipped with one rank);
 3. the owner gathers the rows from its shard; the vectors go back by the reverse all-to-all and
    are put back in the batch's order. Backward: the vectors' gradients travel the same way back
    to the owners (scaled by 1/world: each rank's loss is the mean over its own slice, so the sum
@@ -149,7 +151,11 @@ class ShardedTables(nn.Module):
                 fill[self.owners[f]] += r
             local_rows = fill[group_rank]
             self.fields_of = [sum(1 for o in self.owners if o == j) for j in range(k)]
-            self.register_buffer("owner_t", torch.tensor(self.owners, dtype=torch.long, device=device),
+            order = sorted(range(nf), key=lambda f: (self.owners[f], f))  # fields grouped by owner
+            inverse = [order.index(f) for f in range(nf)]
+            self.register_buffer("field_order", torch.tensor(order, dtype=torch.long, device=device),
+                                 persistent=False)
+            self.register_buffer("field_inverse", torch.tensor(inverse, dtype=torch.long, device=device),
                                  persistent=False)
         else:
             self.block = [math.ceil(r / k) for r in self.rows]
@@ -174,42 +180,45 @@ class ShardedTables(nn.Module):
         self.held_rows = held  # rows of the whole tables this rank holds (row-wise: without the padding)
         self.sent = {"ids": 0, "vectors": 0, "gradients": 0, "counts": 0}
 
-    def _route(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(owner in the group, row in the owner's shard) of every id."""
-        if self.mode == "table":
-            owner = self.owner_t.expand_as(ids)
-            return owner, ids + self.off_t
-        owner = torch.div(ids, self.block_t, rounding_mode="floor")
-        return owner, ids - owner * self.block_t + self.off_t
-
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         b, nf = ids.shape
-        owner, row = self._route(ids)
-        owner, row = owner.reshape(-1), row.reshape(-1)
-        order = torch.argsort(owner, stable=True)
-        send_rows = row.index_select(0, order)
         counts_bytes = 0
         if self.mode == "table":
+            # field-major, fields grouped by owner (a fixed permutation; no sort): the ids for rank j
+            # are B x its fields, and every rank receives B x this rank's fields from each source
+            send_rows = (ids + self.off_t).t().index_select(0, self.field_order).reshape(-1)
             send = [b * self.fields_of[j] for j in range(self.k)]
-            recv = [b * self.fields_of[self.me]] * self.k  # every rank holds a slice of the same size
-        elif self.k == 1:
-            send = recv = [b * nf]
+            recv = [b * self.fields_of[self.me]] * self.k
+            order = None
         else:
-            counts = torch.bincount(owner, minlength=self.k)
-            got = torch.empty_like(counts)
-            dist.all_to_all_single(got, counts, group=self.group)
-            send, recv = counts.tolist(), got.tolist()  # the host sync of the row-wise exchange
-            counts_bytes = 8 * (self.k - 1)
+            owner = torch.div(ids, self.block_t, rounding_mode="floor")
+            row = (ids - owner * self.block_t + self.off_t).reshape(-1)
+            if self.k == 1:  # one owner: the sort and the count exchange are no-ops
+                send_rows, order, send = row, None, [b * nf]
+                recv = send
+            else:
+                owner = owner.reshape(-1)
+                order = torch.argsort(owner, stable=True)
+                send_rows = row.index_select(0, order)
+                counts = torch.bincount(owner, minlength=self.k)
+                got = torch.empty_like(counts)
+                dist.all_to_all_single(got, counts, group=self.group)
+                send, recv = counts.tolist(), got.tolist()  # the host sync of the row-wise exchange
+                counts_bytes = 8 * (self.k - 1)
         recv_rows = send_rows.new_empty(sum(recv))
         dist.all_to_all_single(recv_rows, send_rows, recv, send, group=self.group)
         vectors = F.embedding(recv_rows, self.weight)
         back = all_to_all(vectors, send, recv, self.group, self.grad_scale)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
         out_peers, in_peers = sum(send) - send[self.me], sum(recv) - recv[self.me]
         self.sent = {"ids": 8 * out_peers, "vectors": 4 * self.dim * in_peers,
                      "gradients": 4 * self.dim * out_peers, "counts": counts_bytes}
-        return back.index_select(0, inverse).reshape(b, nf, self.dim)
+        if self.mode == "table":  # (fields by owner, B, dim) -> (B, fields, dim)
+            return back.view(nf, b, self.dim).index_select(0, self.field_inverse).transpose(0, 1)
+        if order is None:
+            return back.view(b, nf, self.dim)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return back.index_select(0, inverse).view(b, nf, self.dim)
 
 
 def _groups(world: int, k: int, rank: int):

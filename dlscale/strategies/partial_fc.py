@@ -43,8 +43,8 @@ from dlscale import ConfigError
 from dlscale.models.face import arcface_logits, cosine
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies._sharding import (data_parallel, gather_labels, gather_rows, materialize, meta_spec, probe,
-                                          resized)
+from dlscale.strategies._sharding import (data_parallel, first_call, gather_labels, gather_rows, materialize,
+                                          meta_spec, probe, resized)
 
 NAME = "partial-fc"
 OPTIONS = {"classes": None}
@@ -135,6 +135,7 @@ class ShardedArcFace(torch.nn.Module):
         head.fill(self.weight.data, start)
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.itemsize = features.element_size()  # bf16 under autocast: what the all-gather moves
         feats = gather_rows(features, self.group, self.size, grad_scale=float(self.size))
         labels = gather_labels(labels, self.group, self.size)
         mine = (labels >= self.start) & (labels < self.end)
@@ -157,18 +158,24 @@ def parallelize(model, spec, cfg, denv):
     if spec.channels_last and device.type == "cuda":
         model.to(memory_format=torch.channels_last)
     module = data_parallel(model, ["margin.weight"], denv)
-    b, f = cfg.batch_size, head.weight.shape[1]
-    ring = (world - 1) / world
-    per_step = {  # bytes this rank sends per micro-batch, by collective
-        "features_allgather": int(ring * world * b * f * 4),
-        "labels_allgather": int(ring * world * b * 8),
-        "softmax_allreduce": int(2 * ring * world * b * 3 * 4),  # max, then (sum exp, target logit)
-        "feature_grad_reducescatter": int(ring * world * b * f * 4),
-    }
     info = {"dp_rank": denv.rank, "classes": n, "class_ranges": [class_range(n, world, r) for r in range(world)],
-            "head_bytes_per_rank": [4 * f * (e - s) for s, e in (class_range(n, world, r) for r in range(world))],
-            "exchange_bytes_per_step": {"max_per_rank": cfg.grad_accum * sum(per_step.values()),
-                                        "by_collective": {k: v * cfg.grad_accum for k, v in per_step.items()}},
+            "head_bytes_per_rank": [4 * head.weight.shape[1] * (e - s) for s, e in
+                                    (class_range(n, world, r) for r in range(world))],
+            "exchange_bytes_per_step": None,
             "reported_loss": "global batch (every rank computes the same sharded softmax loss)"}
+
+    def record_volume():
+        """Bytes each rank sends per step by collective (ring algorithms), from the first forward's dtypes."""
+        b, f, ring = cfg.batch_size, head.weight.shape[1], (world - 1) / world
+        per_micro = {
+            "features_allgather": int(ring * world * b * f * head.itemsize),
+            "labels_allgather": int(ring * world * b * 8),
+            "softmax_allreduce": int(2 * ring * world * b * 3 * 4),  # max, then (sum exp, target logit), fp32
+            "feature_grad_reducescatter": int(ring * world * b * f * head.itemsize),
+        }
+        info["exchange_bytes_per_step"] = {"max_per_rank": cfg.grad_accum * sum(per_micro.values()),
+                                           "by_collective": {k: v * cfg.grad_accum for k, v in per_micro.items()}}
+
+    first_call(model, record_volume)
     return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
                         dp_size=world, no_sync=getattr(module, "no_sync", contextlib.nullcontext), info=info)
