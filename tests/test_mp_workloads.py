@@ -112,7 +112,8 @@ def test_fill_rows_does_not_depend_on_the_sharding(monkeypatch):
 
     monkeypatch.setattr(_rows, "BLOCK_ROWS", 7)  # slices then cross block boundaries
     whole = _rows.fill_rows(torch.empty(30, 3), 0, 30, seed=11, table=2, kind="uniform", scale=0.05)
-    parts = [_rows.fill_rows(torch.empty(e - s, 3), s, 30, 11, 2, "uniform", 0.05) for s, e in ((0, 5), (5, 19), (19, 30))]
+    parts = [_rows.fill_rows(torch.empty(e - s, 3), s, 30, 11, 2, "uniform", 0.05)
+             for s, e in ((0, 5), (5, 19), (19, 30))]
     assert torch.equal(torch.cat(parts), whole)
     assert float(whole.abs().max()) <= 0.05 and whole.std() > 0
     other = _rows.fill_rows(torch.empty(30, 3), 0, 30, seed=11, table=3, kind="uniform", scale=0.05)
@@ -405,5 +406,6 @@ def test_report_renders_the_workloads(store):
     assert "step p50" not in face  # latency is the CTR tables' column
     rows = out[out.index("### wide-deep (tiny) · fp32 · eager · embedding-shard"):].splitlines()
     cells = next(line for line in rows if line.startswith("| 1 | 2 |")).split("|")
-    ex = _RECORDS[("wide-deep", "embedding-shard", 2, 16, ("shard=row",), 2)]["strategy_info"]["exchange_bytes_per_step"]
+    rec = _RECORDS[("wide-deep", "embedding-shard", 2, 16, ("shard=row",), 2)]
+    ex = rec["strategy_info"]["exchange_bytes_per_step"]
     assert cells[-2].strip() == f"{ex['max_per_rank'] / 1e6:.1f}"  # the last column, MB = 10^6 B

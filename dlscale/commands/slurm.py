@@ -346,10 +346,9 @@ def cmd_task(args) -> int:
     from dlscale import envinfo, launch, multinode
     from dlscale.cli import STATUS_EXIT
     from dlscale.config import validate_for_launch
-    from dlscale.models import get_model
     from dlscale.procs import spawn
     from dlscale.store import ResultStore, new_record
-    from dlscale.strategies import get_strategy
+    from dlscale.strategies import get_strategy, resolve_spec
 
     cfg = config_from_args(args, nnodes=args.nnodes)
     base_port = args.port or multinode.slurm_master_port()
@@ -359,7 +358,7 @@ def cmd_task(args) -> int:
     store = ResultStore(args.store)
     if rank == 0:
         store.check_writable()
-    spec = get_model(cfg.model, cfg.flavor)
+    spec = resolve_spec(cfg)  # the model the strategy trains (its options may resize it)
     reason = get_strategy(cfg.strategy).check
     reason = reason(cfg, {"device_type": device_type}) if reason else None
     base = dict(kind="run", case_key=cfg.case_key(), label=cfg.label,

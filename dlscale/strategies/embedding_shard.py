@@ -292,7 +292,8 @@ def parallelize(model, spec, cfg, denv):
         per_rank = [None] * world
         dist.all_gather_object(per_rank, sent)
         totals = [sum(d.values()) for d in per_rank]
-        info["exchange_bytes_per_step"] = {"max_per_rank": max(totals), "per_rank": totals, "by_kind_rank0": per_rank[0]}
+        info["exchange_bytes_per_step"] = {"max_per_rank": max(totals), "per_rank": totals,
+                                           "by_kind_rank0": per_rank[0]}
         if replica_group is not None:  # ring all-reduce sends 2(n-1)/n of the shard per rank
             n = world // k
             shard_bytes = sum(st.weight.numel() * st.weight.element_size() for st in sharded.values())
