@@ -31,7 +31,6 @@ Structure strategies rely on:
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -188,21 +187,20 @@ class FaceNet(nn.Module):
 
 
 def backbone_forward_flops(cfg: FaceConfig) -> int:
-    """Forward FLOPs of one image through the backbone to the features (2 per multiply-add), on meta."""
-    return _backbone_flops(replace(cfg, classes=2))  # one count for every class count
-
-
-@functools.lru_cache(maxsize=None)
-def _backbone_flops(cfg: FaceConfig) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = FaceNet(cfg).eval()
-        x = torch.empty(1, 3, cfg.image, cfg.image)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model.features(model.layer4(model.layer3(model.layer2(model.layer1(model.embed(x))))))
-    return int(counter.get_total_flops())
+    """Forward FLOPs of one image through the backbone to the features: 2 per multiply-add of the
+    convolutions and the linear layer (what torch's FlopCounterMode counts; BN and PReLU are not)."""
+    h = cfg.image
+    flops = 2 * 3 * cfg.widths[0] * 9 * h * h  # stem, stride 1
+    c = cfg.widths[0]
+    for n, w in zip(cfg.layers, cfg.widths):
+        for j in range(n):
+            stride = 2 if j == 0 else 1
+            out = h // stride
+            flops += 2 * c * w * 9 * h * h + 2 * w * w * 9 * out * out  # conv1 at h, conv2 (stride) to out
+            if stride != 1 or c != w:
+                flops += 2 * c * w * out * out  # 1x1 downsample
+            c, h = w, out
+    return flops + 2 * c * h * h * cfg.features
 
 
 def head_forward_flops(cfg: FaceConfig) -> int:
