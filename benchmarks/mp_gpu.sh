@@ -7,9 +7,10 @@
 # Through the device tool (everything under $OUT comes back in one archive):
 #   benchmarks/pack_out.sh $OUT 580 mp bash benchmarks/mp_gpu.sh
 #
-# Tags (default "wdl face classes", about 7 minutes on one H200; W=15 warm-up, S=40 timed steps,
-# bf16 autocast; the bare loop runs before and after its dlscale cases, 2 repeats for the cases
-# with a target):
+# Tags (default "wdl face classes": 13 dlscale repeats and 12 bare runs, each mostly process
+# start-up (~20 s), so an estimated 6-8 minutes on one H200, not yet timed there; W=15 warm-up,
+# S=40 timed steps, bf16 autocast; the bare loop runs before and after its dlscale cases; 2
+# repeats for the sharded cases, 1 for `single` and the classes sweep):
 #   wdl      wide-deep full (DLPerf's shape: 26 fields x 16 + 13 dense, 7 x 1024, 2 crossed wide
 #            features) at DLPerf's batch 16384: bare loop; `single` (dlscale's own loop, whole
 #            tables); embedding-shard table and row at 1 GPU (groups of one rank: the exchange,
@@ -55,14 +56,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 if has wdl; then
   bare --model wide-deep --batch-size "$WDL_B"
-  run wdl wide-deep "$WDL_B" 1 2 single
+  run wdl wide-deep "$WDL_B" 1 1 single
   run wdl wide-deep "$WDL_B" 1 2 embedding-shard -o shard=table
   run wdl wide-deep "$WDL_B" 1 2 embedding-shard -o shard=row
   bare --model wide-deep --batch-size "$WDL_B"
 fi
 if has face; then
   bare --model face --batch-size "$FACE_B"
-  run face face "$FACE_B" 1 2 single
+  run face face "$FACE_B" 1 1 single
   run face face "$FACE_B" 1 2 partial-fc
   bare --model face --batch-size "$FACE_B"
 fi
