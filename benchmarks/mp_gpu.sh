@@ -7,7 +7,7 @@
 # Through the device tool (everything under $OUT comes back in one archive):
 #   benchmarks/pack_out.sh $OUT 580 mp bash benchmarks/mp_gpu.sh
 #
-# Tags (default "wdl face classes": 13 dlscale repeats and 12 bare runs, each mostly process
+# Tags (default "wdl face classes": 12 dlscale repeats and 8 bare runs, each mostly process
 # start-up (~20 s), so an estimated 6-8 minutes on one H200, not yet timed there; W=15 warm-up,
 # S=40 timed steps, bf16 autocast; the bare loop runs before and after its dlscale cases; 2
 # repeats for the sharded cases, 1 for `single` and the classes sweep):
