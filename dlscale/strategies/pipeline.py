@@ -77,7 +77,7 @@ def num_blocks(spec, model=None) -> int:
         raise ConfigError(f"{spec.name} has no blocks (spec.blocks) to split into pipeline stages")
     if model is not None:
         return len(spec.blocks(model))
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # a model may draw its seed when built
         return len(spec.blocks(spec.build()))
 
 
