@@ -153,9 +153,9 @@ def cmd_run(args) -> int:
     if args.list:
         for m in model_names():
             spec = get_model(m, "full")
-            print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
+            print(f"model     {m:15s} unit {spec.unit:6s} seq {spec.seq_len or '-'}")
         for s in strategy_names():
-            print(f"strategy  {s:12s} {get_strategy(s).description}")
+            print(f"strategy  {s:15s} {get_strategy(s).description}")
         return 0
     search = args.batch_size == "max"  # largest batch that fits: probes, then the case (batchsearch.py)
     cfg = config_from_args(args, nnodes=args.nnodes, **({"batch_size": args.max_batch_start or 8} if search else {}))
