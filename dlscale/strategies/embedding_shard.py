@@ -110,7 +110,7 @@ def check(cfg, env) -> str | None:
     if cfg.precision == "amp-fp16":
         return f"{NAME} runs fp32 or amp-bf16 (torch's loss scaler checks each rank's shards alone)"
     if cfg.compile:
-        return f"{NAME} is not compiled (the exchange reads split sizes on the host)"
+        return f"{NAME} is not compiled (autograd functions with collectives; row-wise reads split sizes on the host)"
     return None
 
 
