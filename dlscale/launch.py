@@ -21,10 +21,9 @@ from typing import Any, Callable, Protocol
 
 from dlscale import envinfo, frameworks, inputs, metrics
 from dlscale.config import RunConfig, validate_for_launch
-from dlscale.models import get_model
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
-from dlscale.strategies import get_strategy
+from dlscale.strategies import get_strategy, resolve_spec
 
 
 
@@ -207,7 +206,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     ("repeat", entry) after each. Bad input raises ConfigError before anything runs.
     """
     device_type = validate_for_launch(cfg)
-    spec = get_model(cfg.model, cfg.flavor)
+    spec = resolve_spec(cfg)  # the model as the strategy's options size it
     strat = get_strategy(cfg.strategy)
     rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
                  command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),

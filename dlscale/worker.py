@@ -33,8 +33,8 @@ from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.inputs import open_source  # noqa: E402
-from dlscale.models import count_parameters, get_model  # noqa: E402
-from dlscale.strategies import DistEnv, Parallelized, get_strategy  # noqa: E402
+from dlscale.models import count_parameters  # noqa: E402
+from dlscale.strategies import DistEnv, Parallelized, get_strategy, resolve_spec  # noqa: E402
 
 EXIT_OOM = 3
 
@@ -171,7 +171,7 @@ def _loss_value(loss: torch.Tensor | None) -> float | None:
 def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path | None = None) -> None:
     """Everything between process-group start and the rank's result (filled into ``result``)."""
     device = denv.device
-    spec = get_model(cfg.model, cfg.flavor)
+    spec = resolve_spec(cfg)
     if device.type == "cuda":
         # fp32 means TF32 tensor cores on GPU (recorded), as the DLPerf fp32 runs on Ampere+.
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -216,6 +216,8 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
     sampler = _start_sampler(cfg, denv, out_dir)
     try:
         _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
+        if par.teardown is not None:
+            par.teardown()
     finally:
         if sampler is not None:
             sampler.stop()

@@ -23,7 +23,7 @@ def one_record(store_dir):
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["--model", "resnet51"], "unknown model 'resnet51'; choose one of: bert-base, gpt2"),
+    (["--model", "resnet51"], "unknown model 'resnet51'; choose one of: bert-base, face, gpt2"),
     (["--strategy", "zero9"], "unknown strategy 'zero9'; choose one of:"),
     (["--precision", "fp4"], "unknown precision 'fp4'; choose one of: fp32, amp-bf16, amp-fp16"),
     (["--batch-size", "0"], "batch-size must be >= 1"),

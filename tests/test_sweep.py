@@ -51,7 +51,7 @@ TINY = """\
 
 def test_shipped_suites_load_and_expand():
     counts = {name: len(load_suite(name).cases) for name in shipped_suites()}
-    assert counts == {"quick": 6, "dlperf-resnet50": 20, "dlperf-bert": 60, "gpt2": 17}
+    assert counts == {"quick": 6, "dlperf-resnet50": 20, "dlperf-bert": 60, "gpt2": 17, "dlperf-model-parallel": 47}
     quick = load_suite("quick")
     assert [(c.model, c.strategy, c.world_size) for c in quick.cases] == [
         ("gpt2", "single", 1), ("gpt2", "ddp", 2), ("bert-base", "single", 1), ("bert-base", "ddp", 2),

@@ -41,9 +41,9 @@ def _list() -> int:
 
     for m in model_names():
         spec = get_model(m, "full")
-        print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
+        print(f"model     {m:15s} unit {spec.unit:6s} seq {spec.seq_len or '-'}")
     for s in strategy_names():
-        print(f"strategy  {s:12s} {get_strategy(s).description}")
+        print(f"strategy  {s:15s} {get_strategy(s).description}")
     return 0
 
 

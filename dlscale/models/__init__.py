@@ -45,6 +45,9 @@ class ModelSpec:
     # strategies use it for FSDP wrapping, pipeline stage splits and activation checkpointing.
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # a model with size knobs (a face head's class count, a CTR model's vocabulary):
+    # resize(**knobs) -> this spec resized; ConfigError naming its knobs for an unknown one
+    resize: Callable[..., "ModelSpec"] | None = None
 
     @property
     def tokens_per_sample(self) -> int | None:

@@ -365,6 +365,18 @@ class Row:
             v = max(vs) if vs else None
         return v
 
+    @property
+    def unit(self) -> str | None:
+        m = self.record.get("model")
+        return m.get("unit") if isinstance(m, dict) else None
+
+    @property
+    def exchange_bytes(self) -> float | None:
+        """Bytes the busiest rank sends per step, as a sharding strategy recorded them (else None)."""
+        info = self.record.get("strategy_info")
+        ex = info.get("exchange_bytes_per_step") if isinstance(info, dict) else None
+        return num(ex.get("max_per_rank")) if isinstance(ex, dict) else None
+
     def util(self, key: str) -> float | None:
         """A flat key of the record's ``utilisation`` summary (median repeat, node 0), or None."""
         u = self.record.get("utilisation")

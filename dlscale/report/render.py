@@ -54,6 +54,11 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("overlap (%)", lambda r: (r.overlap_pct,)),
     ("data wait (%)", lambda r: (r.data_wait_pct,)),
     ("loader CPU (cores)", lambda r: (r.loader_cores,)),
+    # model-parallel workloads: DLPerf reports Wide & Deep (unit "sample") by latency per iteration;
+    # sharding strategies record the bytes a rank sends per step (strategy_info.exchange_bytes_per_step)
+    ("step p50 / p90 (ms)", lambda r: (r.summary("step_ms_p50"), r.summary("step_ms_p90")) if r.unit == "sample"
+     else (None, None)),
+    ("exchange (MB/step/rank)", lambda r: (_scaled(r.exchange_bytes, MB),)),
 )
 DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
              f"(host clock around each fetch; the slowest rank's), input-bound at {INPUT_BOUND_SHARE:.0%} or "
@@ -61,7 +66,9 @@ DATA_NOTE = ("data wait = the share of the timed window the training steps waite
 EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
               "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
               "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
-              "all-reduce hidden behind backward, from the step-time breakdown measured after the window")
+              "all-reduce hidden behind backward, from the step-time breakdown measured after the window; "
+              "step p50 / p90: rank 0's step times in the window (CTR tables); exchange: bytes the busiest "
+              "rank sends to the others per step, as the sharding strategy recorded them (MB = 10^6 B)")
 
 
 def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float | None, ...]]]]:
@@ -355,7 +362,7 @@ CSV_COLUMNS = [
     "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
     "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound",
-    "trace", "grad_accum", "strategy_options",
+    "trace", "exchange_bytes_per_step", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
     "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
 ]
@@ -373,7 +380,7 @@ def utilisation_fields(row: Row) -> dict[str, Any]:
                 "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct,
                 "data": rec_config(row.record).get("data", "synthetic"), "data_wait_pct": row.data_wait_pct,
                 "loader_cpu_cores": row.loader_cores, "input_bound": (row.data or {}).get("input_bound"),
-                "trace": row.trace})
+                "trace": row.trace, "exchange_bytes_per_step": row.exchange_bytes})
     return out
 
 

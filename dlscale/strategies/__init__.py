@@ -57,6 +57,8 @@ class Parallelized:
     # does this rank compute the loss value the worker reports? (pipeline: last stage only)
     reports_loss: bool = True
     info: dict[str, Any] = field(default_factory=dict)
+    # called once after a successful training loop, on every rank (torch.distributed.rpc's shutdown)
+    teardown: Callable[[], None] | None = None
 
 
 @dataclass
@@ -69,6 +71,8 @@ class StrategyInfo:
     min_world: int = 1
     # one process drives all nproc-per-node devices (nn.DataParallel): the launcher starts one
     single_process: bool = False
+    # model_spec(spec, cfg) -> the spec this strategy trains (its options may resize the model)
+    model_spec: Callable[[Any, Any], Any] | None = None
 
 
 _REGISTRY: dict[str, StrategyInfo] = {}
@@ -76,14 +80,14 @@ _LOADED = False
 
 
 def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1,
-                      single_process: bool = False):
+                      single_process: bool = False, model_spec=None):
     """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``."""
 
     def deco(fn):
         if name in _REGISTRY:
             raise RuntimeError(f"strategy {name!r} registered twice")
         _REGISTRY[name] = StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                       check, validate, min_world, single_process)
+                                       check, validate, min_world, single_process, model_spec)
         return fn
 
     return deco
@@ -109,6 +113,15 @@ def get_strategy(name: str) -> StrategyInfo:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def resolve_spec(cfg):
+    """The model a case trains: its registered flavour, resized by the strategy where it says so."""
+    from dlscale.models import get_model
+
+    spec = get_model(cfg.model, cfg.flavor)
+    hook = get_strategy(cfg.strategy).model_spec
+    return hook(spec, cfg) if hook is not None else spec
 
 
 def make_optimizer(params, spec, cfg, device: torch.device) -> torch.optim.Optimizer:

@@ -74,9 +74,11 @@ def num_blocks(spec, model=None) -> int:
         return int(spec.extra["n_layers"])
     if "layers" in spec.extra:  # resnet: blocks per stage
         return int(sum(spec.extra["layers"]))
-    if model is not None and spec.blocks:
+    if spec.blocks is None:
+        raise ConfigError(f"{spec.name} has no blocks (spec.blocks) to split into pipeline stages")
+    if model is not None:
         return len(spec.blocks(model))
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # a model may draw its seed when built
         return len(spec.blocks(spec.build()))
 
 
