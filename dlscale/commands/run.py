@@ -129,6 +129,8 @@ def register(sub) -> None:
                    help="--batch-size max: largest batch tried (default 4096 on GPUs, 64 on the CPU)")
     from dlscale.multinode import add_rendezvous_arguments
     add_rendezvous_arguments(p)  # --nnodes --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
+    from dlscale.external.cli import add_external_arguments
+    add_external_arguments(p)  # --command --parser --metric --unit --seq-len --cwd --stack
     p.set_defaults(func=cmd_run)
 
     e = sub.add_parser("env", help="print a paste-ready environment report", formatter_class=fmt)
@@ -149,7 +151,11 @@ def cmd_run(args) -> int:
     from dlscale.models import get_model, model_names
     from dlscale.store import ResultStore
     from dlscale.strategies import get_strategy, strategy_names
+    from dlscale.external.cli import check_external_only, cmd_run_external
 
+    if args.command is not None:  # an external training command (dlscale/external/)
+        return cmd_run_external(args)
+    check_external_only(args)
     if args.list:
         for m in model_names():
             spec = get_model(m, "full")
