@@ -153,7 +153,7 @@ def cmd_run(args) -> int:
     from dlscale.strategies import get_strategy, strategy_names
     from dlscale.external.cli import check_external_only, cmd_run_external
 
-    if args.command is not None:  # an external training command (dlscale/external/)
+    if args.external_command is not None:  # an external training command (dlscale/external/)
         return cmd_run_external(args)
     check_external_only(args)
     if args.list:

@@ -31,7 +31,8 @@ def add_external_arguments(p: argparse.ArgumentParser) -> None:
     from dlscale.external.parsers import parser_names
 
     g = p.add_argument_group("external command (--command: any training program; docs/external.md)")
-    g.add_argument("--command", default=None, metavar="CMD",
+    # dest: "command" is the CLI's subcommand name (dlscale/cli.py)
+    g.add_argument("--command", dest="external_command", default=None, metavar="CMD",
                    help="run this training command instead of a dlscale model: split like a shell line (shlex) but "
                         "never run by a shell; --model/--batch-size/--precision/--nproc-per-node/--nnodes describe "
                         "what it trains, --warmup/--steps the window its log is reduced over")
@@ -67,7 +68,7 @@ def case_from_args(args: argparse.Namespace):
     _check_native_only(args)
     if args.parser is None:
         raise ConfigError("--command needs --parser NAME (how to read its throughput); see dlscale run --help")
-    return ExternalCase(command=args.command, parser=args.parser, model=args.model, batch_size=args.batch_size,
+    return ExternalCase(command=args.external_command, parser=args.parser, model=args.model, batch_size=args.batch_size,
                         precision=args.precision, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         grad_accum=args.grad_accum, cwd=args.cwd, framework=args.stack, strategy=args.strategy,
                         compile=args.compile, seq_len=args.seq_len, unit=args.unit, metric=args.metric,
