@@ -103,10 +103,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     opts = options_from_args(args)
     store = ResultStore(args.store)
-    if not args.dry_run:
-        store.check_writable()
     records = import_path(args.path, args.format, opts)  # validates every record; raises before storing
     if not args.dry_run:
+        store.check_writable()
         for rec in records:
             store.append(rec)
     if args.json:
