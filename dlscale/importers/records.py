@@ -97,7 +97,10 @@ def imported_record(*, model: str, precision: str, batch_size: int, nnodes: int,
         label=label, config=config, world_size=world, device_type="cuda", status=status, error=error,
         global_batch=batch_size * world, repeats=repeats, summary=summary,
         model={"unit": unit, "seq_len": seq_len, "params": params},
-        env={"gpus": [{"index": 0, "name": gpu_name, "memory_total_bytes": None}] if gpu_name else [],
+        # the node's GPUs as stated (hardware.gpus_per_node, else what this case used)
+        env={"gpus": [{"index": i, "name": gpu_name, "memory_total_bytes": None}
+                      for i in range((provenance.get("hardware") or {}).get("gpus_per_node") or gpus_per_node)]
+             if gpu_name else [],
              "host": None, "stated_by": provenance.get("source")},
         provenance=provenance, system=system, note=note, warnings=list(warnings or []), ranks=[],
         command=None)
