@@ -243,3 +243,29 @@ def test_missing_path_and_unknown_format(tmp_path, capsys):
     assert "nope.yaml: table importer: no such file or directory" in capsys.readouterr().err
     assert run_cli("import", str(TABLE), "--format", "excel") == 2
     assert "invalid choice: 'excel'" in capsys.readouterr().err
+
+
+def test_compare_match_workload_pairs_stacks_and_names_their_kinds(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli("import", str(TABLE), "--format", "table", "--store", str(a)) == 0
+    f = tmp_path / "other.csv"
+    f.write_text("batch_size,nodes,gpus_per_node,runs\n32,1,1,160;161;159\n32,1,8,1100;1110;1090\n")
+    assert run_cli("import", str(f), "--format", "table", "--store", str(b), "--source", "my cluster", "--tool",
+                   "pytorch 2.9", "--model", "bert-base", "--gpu", "V100", "--precision", "fp32",
+                   "--framework", "pytorch") == 0
+    capsys.readouterr()
+    out = tmp_path / "c.json"
+    assert run_cli("compare", str(a), str(b), "--match", "workload", "--format", "json", "--output", str(out)) == 0
+    pairs = [p for p in json.loads(out.read_text())["cases"] if p["record_a"] and p["record_b"]]
+    assert {(p["nnodes"], p["nproc_per_node"]) for p in pairs} == {(1, 1), (1, 8)}
+    one = next(p for p in pairs if p["nproc_per_node"] == 1)
+    assert one["ratio"] == pytest.approx(160.0 / 150.11) and "[imported mxnet vs imported pytorch]" in one["case"]
+    # case_key matching pairs nothing across sources
+    assert run_cli("compare", str(a), str(b), "--format", "json", "--output", str(out)) == 0
+    assert not [p for p in json.loads(out.read_text())["cases"] if p["record_a"] and p["record_b"]]
+    # two cases of one workload on a side: ambiguous, one line
+    assert run_cli("import", str(f), "--format", "table", "--store", str(a), "--source", "x", "--tool", "t",
+                   "--model", "bert-base", "--gpu", "V100", "--precision", "fp32") == 0
+    capsys.readouterr()
+    assert run_cli("compare", str(a), str(b), "--match", "workload") == 2
+    assert "side A: two cases of workload bert-base fp32 b32 1n1g" in capsys.readouterr().err

@@ -177,7 +177,7 @@ def register(sub) -> None:
 def filtered_runs(loaded, args) -> list[dict[str, Any]]:
     out = []
     for rec in loaded.records:
-        if rec.get("kind") not in ("run", "imported"):  # imported: published tables (dlscale import)
+        if rec.get("kind") not in ("run", "imported", "external"):  # docs/external.md
             continue
         cfg = rec_config(rec)
         if args.model is not None and cfg.get("model") != args.model:
@@ -268,6 +268,8 @@ def _case_name(row: Row) -> str:
         parts.insert(1, str(cfg.get("flavor")))
     if row.record.get("label") is not None:
         parts.append(f"label {row.record.get('label')}")
+    if row.record.get("kind") in ("imported", "external"):  # never shown as dlscale's own measurement
+        parts.append(f"[{row.record['kind']}]")
     return " ".join(parts)
 
 

@@ -85,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="changes smaller than PCT %% count as no change even when significant")
     c.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 when a case is significantly slower by more than PCT %% (default: off)")
+    c.add_argument("--match", choices=("case", "workload"), default="case",
+                   help="pair cases on case_key, or on the workload only (model, precision, per-device batch, "
+                        "nodes x devices, device type): dlscale's model against an external stack or an imported "
+                        "table, each side holding one case per workload (docs/external.md)")
     _add_filters(c)
     c.set_defaults(func=cmd_compare)
 
@@ -160,7 +164,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
-    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts)
+    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
+                         match=args.match)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dlscale import ConfigError
+from dlscale.report import sources
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
 from dlscale.report.render import MISSING, fmt, md_table
@@ -76,6 +77,9 @@ class Pair:
                   str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
+        kinds = [sources.describe(r.record) for r in (self.a, self.b) if r is not None]
+        if any(k != "measured" for k in kinds):  # say which side is external or imported
+            parts.append("[" + " vs ".join(kinds) + "]")
         return " ".join(parts)
 
     @property
@@ -83,11 +87,14 @@ class Pair:
         return None if self.ratio is None else (self.ratio - 1.0) * 100.0
 
 
-def _side(name: str, loaded: Loaded, label: str | None, filters: Filters) -> Side:
-    recs = [r for r in loaded.records if r.get("kind") == "run" and filters.match_run(r)
+def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, match: str = "case") -> Side:
+    recs = [r for r in loaded.records if r.get("kind") in sources.CASE_KINDS and filters.match_run(r)
             and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
             and (label is None or str(rec_label(r)) == label)]
-    rows = {(case_key_of(r.record), rec_device_type(r.record)): r for r in select_cases(recs, by_label=False)}
+    if match == "workload":
+        rows = sources.rows_by_workload(name, select_cases(recs, by_label=False))
+    else:
+        rows = {(case_key_of(r.record), rec_device_type(r.record)): r for r in select_cases(recs, by_label=False)}
     if not rows:
         what = f" with label {label!r}" if label is not None else ""
         extra = f" matching {filters.describe()}" if filters.describe() else ""
@@ -160,9 +167,9 @@ class Comparison:
 
 
 def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filters: Filters,
-            opts: Options) -> Comparison:
-    side_a = _side("A", a, label_a, filters)
-    side_b = _side("B", b, label_b, filters)
+            opts: Options, match: str = "case") -> Comparison:
+    side_a = _side("A", a, label_a, filters, match)
+    side_b = _side("B", b, label_b, filters, match)
     keys = list(side_a.rows) + [k for k in side_b.rows if k not in side_a.rows]
     pairs = []
     for k in keys:

@@ -253,3 +253,33 @@ def provenance_lines(report: "Report") -> list[str]:
                    f"{prov.get('date') or 'not stated'}; GPU {hw.get('gpu') or 'not stated'}; "
                    f"{counts[key]} case(s) via {prov.get('format')} from `{prov.get('file')}`")
     return out + [""]
+
+
+# ----------------------------------------------------------------------------- compare --match workload
+
+def describe(rec: dict[str, Any]) -> str:
+    """measured / external (stack) / imported (stack): how compare names a side's kind."""
+    kind = kind_of(rec)
+    if kind == "run":
+        return "measured"
+    cfg = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+    return f"{kind} {cfg.get('framework') or ''}".strip()
+
+
+def rows_by_workload(side: str, rows: list["Row"]) -> dict[tuple, "Row"]:
+    """compare --match workload: one row per (model, precision, batch, nodes, devices, device type);
+    two cases of one workload on a side (eager and compiled, two stacks) are ambiguous: ConfigError."""
+    from dlscale import ConfigError
+    from dlscale.report.data import rec_config, rec_device_type
+
+    out: dict[tuple, "Row"] = {}
+    for r in rows:
+        c = rec_config(r.record)
+        key = (c.get("model"), c.get("precision"), c.get("batch_size"), r.nnodes, r.nproc_per_node,
+               rec_device_type(r.record))
+        if key in out:
+            raise ConfigError(f"side {side}: two cases of workload {key[0]} {key[1]} b{key[2]} {r.node_gpu} "
+                              f"({describe(out[key].record)}, {describe(r.record)}): with --match workload each side "
+                              f"needs one case per workload; narrow with --label-a/--label-b, --strategy or two stores")
+        out[key] = r
+    return out
