@@ -139,8 +139,8 @@ def test_csv_table_takes_table_fields_from_options(tmp_path):
                                                  precision="amp-bf16"))
     assert [r["summary"]["samples_per_s"]["median"] for r in recs] == [2500.0, 19200.0]
     assert recs[1]["note"] == "three runs" and recs[0]["model"]["unit"] == "img"
-    f.write_text("batch_size,nodes,gpus_per_node,throughput\n256,1,one,2500\n")
-    with pytest.raises(ImportFailure, match="line 2: column gpus_per_node: 'one' is not a number"):
+    f.write_text("# source: ignored\nbatch_size,nodes,gpus_per_node,throughput\n256,1,one,2500\n")
+    with pytest.raises(ImportFailure, match="row 1: column gpus_per_node: 'one' is not a number"):
         import_path(f, "table", ImportOptions(model="resnet50", source="p", tool="t", gpu="g", precision="fp32"))
 
 

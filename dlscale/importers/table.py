@@ -123,7 +123,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
     rows = table.get("rows")
     if not isinstance(rows, list) or not rows:
         raise ConfigError("rows must be a non-empty list of cases")
-    prov = provenance(source=source, tool=tool, date=_text(table.get("date"), "date"), fmt=f"table ({FORMAT_ID})",
+    prov = provenance(source=source, tool=tool, date=_text(table.get("date"), "date"), fmt="table",
                       file=file, gpu=gpu, gpus_per_node=gpn, interconnect=_text(hw.get("interconnect"),
                                                                                    "hardware.interconnect"))
     out, seen = [], set()
@@ -180,7 +180,8 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a CSV table, cells typed: integers, numbers, runs lists, booleans; blanks dropped."""
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
+        # '# key: value' lines are comments, not table fields (those come from the command line)
+        reader = csv.DictReader(line for line in f if not line.lstrip().startswith("#"))
         if not reader.fieldnames:
             raise ConfigError("empty CSV (no header row)")
         _known({k: None for k in reader.fieldnames if k}, ROW_KEYS, "CSV header")
@@ -189,7 +190,7 @@ def read_csv_rows(path: Path) -> list[dict[str, Any]]:
             row: dict[str, Any] = {}
             for k, v in raw.items():
                 if k is None:
-                    raise ConfigError(f"line {n}: more cells than header columns")
+                    raise ConfigError(f"row {n - 1}: more cells than header columns")
                 v = (v or "").strip()
                 if v == "":
                     continue
@@ -207,7 +208,8 @@ def read_csv_rows(path: Path) -> list[dict[str, Any]]:
                     else:
                         row[k] = v
                 except ValueError:
-                    raise ConfigError(f"line {n}: column {k}: {v!r} is not a {'number' if k != 'compile' else 'boolean'}")
+                    raise ConfigError(f"row {n - 1}: column {k}: {v!r} is not a "
+                                      f"{'number' if k != 'compile' else 'boolean'}")
             rows.append(row)
     return rows
 
