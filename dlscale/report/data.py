@@ -605,6 +605,8 @@ def _name_part(key: str, value: Any) -> str:
         s = str(value)
     elif key == "batch_size":
         s = f"b{value}"
+    elif key == "source_id":  # an imported table's source (sources.py)
+        s = f"src{value}"
     elif isinstance(value, dict):
         s = key + "-" + "-".join(f"{k}{_compact(v)}" for k, v in sorted(value.items()))
     else:
