@@ -208,9 +208,8 @@ def cmd_cost(args) -> int:
         chosen = newest(at_n[only_one(have, f"an ok record at {n} device(s)")])
         sps, unit = chosen.median, str(model_info(chosen).get("unit") or "sample")
         record = chosen.record
-        how = {"imported": "imported (made elsewhere, see its provenance)", "external": "measured (external command)"}
-        source = (f"{how.get(record.get('kind'), 'measured')}: median of {chosen.strategy} record "
-                  f"{str(record.get('id'))[:8]} at {shape_of(chosen).label}")
+        source = (f"measured: median of {chosen.strategy} record {str(record.get('id'))[:8]} at "
+                  f"{shape_of(chosen).label}")
         power, power_src = record_power_w(chosen)
     seq_len = num(model_info(Row(record)).get("seq_len"))
     if args.tokens is not None and not seq_len:

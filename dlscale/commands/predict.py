@@ -177,7 +177,7 @@ def register(sub) -> None:
 def filtered_runs(loaded, args) -> list[dict[str, Any]]:
     out = []
     for rec in loaded.records:
-        if rec.get("kind") not in ("run", "imported", "external"):  # docs/external.md
+        if rec.get("kind") != "run":
             continue
         cfg = rec_config(rec)
         if args.model is not None and cfg.get("model") != args.model:
@@ -268,8 +268,6 @@ def _case_name(row: Row) -> str:
         parts.insert(1, str(cfg.get("flavor")))
     if row.record.get("label") is not None:
         parts.append(f"label {row.record.get('label')}")
-    if row.record.get("kind") in ("imported", "external"):  # never shown as dlscale's own measurement
-        parts.append(f"[{row.record['kind']}]")
     return " ".join(parts)
 
 
@@ -486,8 +484,6 @@ class _BaseInputs:
 def _base_inputs(loaded, args, base: Row, rows: list[Row]) -> _BaseInputs:
     step_s, step_src = _step_s(base)
     links = _links(loaded, args, rec_device_type(base.record))
-    from dlscale.importers.predict_inputs import fill_links
-    fill_links(links, base.record)  # an imported table's own link figures where none were given
     limit, why = _node_limit(args, links, [r.record for r in rows])
     return _BaseInputs(_params(base), step_s, step_src, compute_terms(step_s, base.breakdown),
                        _samples_per_device_step(base), links, limit, why)
@@ -717,12 +713,6 @@ def load_published(path: str) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
-    from dlscale.importers.predict_inputs import is_table, table_as_fixture
-    if is_table(data):  # a dlscale-table/1 file (dlscale import --format table reads it too)
-        try:
-            return table_as_fixture(data, path)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
     if not isinstance(data, dict) or not data.get("series"):
         raise ConfigError(f"{path} is not a published-figures file (no 'series')")
     return data

@@ -54,7 +54,7 @@ def add_external_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_native_only(args: argparse.Namespace) -> None:
     for dest, default, flag in NATIVE_ONLY:
-        if getattr(args, dest, default) not in (default,):
+        if getattr(args, dest, default) not in (default, None):
             raise ConfigError(f"{flag} does not apply to --command runs (dlscale does not train there; it runs "
                               f"the command and reads its log)")
     if args.batch_size == "max":
@@ -68,6 +68,8 @@ def case_from_args(args: argparse.Namespace):
     _check_native_only(args)
     if args.parser is None:
         raise ConfigError("--command needs --parser NAME (how to read its throughput); see dlscale run --help")
+    if args.precision is None:  # a description, not a machine default
+        raise ConfigError("--command needs --precision (what the command trains in: fp32, amp-bf16, amp-fp16)")
     return ExternalCase(command=args.external_command, parser=args.parser, model=args.model, batch_size=args.batch_size,
                         precision=args.precision, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         grad_accum=args.grad_accum, cwd=args.cwd, framework=args.stack, strategy=args.strategy,

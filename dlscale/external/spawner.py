@@ -69,7 +69,21 @@ class ExternalSpawner:
         self.parser = get_parser(case.parser)
         self.log_path, self.series_path, self.verbose = log_path, series_path, verbose
 
-    def __call__(self, repeat: int) -> tuple[ProcResult, list[dict[str, Any]]]:
+    # the launcher's Spawner protocol (launch.measure): one rank-0-like result file per repeat
+    def local_world(self, case: ExternalCase | None = None) -> int:
+        return 1  # one result per repeat, whatever the command starts
+
+    def start(self, case: ExternalCase, workdir: Path, env: dict[str, str] | None = None) -> ProcResult:
+        """Run the next repeat; write its rank-0-like dict to ``workdir/rank0.json``."""
+        import json
+
+        repeat = getattr(self, "_next", 0)
+        self._next = repeat + 1
+        proc, ranks = self(repeat, env=env)
+        (Path(workdir) / "rank0.json").write_text(json.dumps(ranks[0], default=str))
+        return proc
+
+    def __call__(self, repeat: int, env: dict[str, str] | None = None) -> tuple[ProcResult, list[dict[str, Any]]]:
         case = self.case
         lines: list[LogLine] = []
         log_file = self.log_path(repeat)
@@ -84,7 +98,7 @@ class ExternalSpawner:
 
         sampler = self._sampler(repeat)
         try:
-            proc = spawn(case.command, case.time_limit, on_line=on_line, cwd=case.cwd)
+            proc = spawn(case.command, case.time_limit, env=env, on_line=on_line, cwd=case.cwd)
         finally:
             if sampler is not None:
                 sampler.stop()

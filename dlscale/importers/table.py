@@ -73,7 +73,15 @@ def check_system(system: Any) -> dict[str, Any] | None:
         if not isinstance(link, dict):
             raise ConfigError(f"system.{name} must be a mapping with busbw_gbps, latency_us, source")
         _known(link, LINK_KEYS, f"system.{name}")
-        _number(link.get("busbw_gbps"), f"system.{name}.busbw_gbps")
+        bw = link.get("busbw_gbps")
+        if isinstance(bw, dict):  # per number of GPUs the ring spans: {2: 21, 8: 130}
+            if not bw:
+                raise ConfigError(f"system.{name}.busbw_gbps: an empty mapping")
+            for k, v in bw.items():
+                check_int(k, f"system.{name}.busbw_gbps key (GPUs)")
+                _number(v, f"system.{name}.busbw_gbps[{k}]")
+        else:
+            _number(bw, f"system.{name}.busbw_gbps")
         if link.get("latency_us") is not None:
             _number(link["latency_us"], f"system.{name}.latency_us", positive=False)
         _text(link.get("source"), f"system.{name}.source", required=True)
