@@ -13,6 +13,10 @@ os.environ.setdefault("LOCAL_RANK", "0")
 os.environ.setdefault("WORLD_SIZE", "1")
 
 import deepspeed  # noqa: E402
+from deepspeed.utils.logging import set_log_level_from_string  # noqa: E402
+
+# DeepSpeed logs at WARNING by default; its throughput timer prints at INFO
+set_log_level_from_string("info")
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)

@@ -10,7 +10,9 @@ Formats:
   ``0/10, SamplesPerSec=...``. Both rates are for the whole job (the timer's batch is the
   global train batch). RunningAvg is the mean since the timer's ``start_step`` (2 by default):
   global batch x (step - start_step) / time spent in the timed steps; Curr covers the printed
-  step only.
+  step only. Recent releases (0.19 here) log at WARNING by default: the script must raise
+  DeepSpeed's level to INFO (``deepspeed.utils.logging.set_log_level_from_string("info")``) for
+  the timer lines to appear.
 * ``Samples/sec: X`` (DeepSpeed-Chat's ``print_throughput``, Megatron-DeepSpeed's
   ``samples per second: X``), one line per step, counted in order.
 
