@@ -101,6 +101,17 @@ def check_system(system: Any) -> dict[str, Any] | None:
     return system
 
 
+def row_system(system: dict[str, Any] | None, precision: str) -> dict[str, Any] | None:
+    """A record's system block: a per-precision grad_bytes_per_param resolved to the row's number."""
+    if not system or not isinstance(system.get("grad_bytes_per_param"), dict):
+        return system
+    out = dict(system)
+    g = out.pop("grad_bytes_per_param")
+    if precision in g:
+        out["grad_bytes_per_param"] = g[precision]
+    return out
+
+
 def table_records(table: dict[str, Any], file: str, label: str | None = None) -> list[dict[str, Any]]:
     """Records of a parsed table (YAML mapping), every field validated first."""
     if not isinstance(table, dict):
@@ -180,7 +191,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
             model=model, precision=precision, batch_size=batch, nnodes=nodes, gpus_per_node=per_node, unit=unit,
             provenance=prov, runs=runs, median=tput, mean=mean, status=status,
             error=f"{status} as published" if status != "ok" else None, strategy=strategy, compile=compile_,
-            framework=framework, seq_len=seq_len, params=params, system=system, label=label,
+            framework=framework, seq_len=seq_len, params=params, system=row_system(system, precision), label=label,
             note=_text(r.get("note"), "note")))
     return out
 
