@@ -71,8 +71,12 @@ class ExternalCase:
     sample_interval: float = 0.1
 
     def __post_init__(self) -> None:
-        from dlscale.config import DEVICES, PRECISIONS, _positive_int
+        from dlscale.config import DEVICES, PRECISIONS
+        from dlscale.importers.records import check_int
         from dlscale.monitor import validate_interval
+
+        def _positive_int(name, value, minimum=1):
+            return check_int(value, name, minimum)
 
         self.command = split_command(self.command)
         for name in ("nproc_per_node", "nnodes", "batch_size", "grad_accum", "repeats"):
