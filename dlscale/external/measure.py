@@ -78,10 +78,11 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
 
 def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = False,
                      on_event: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
-    """Run ``case.repeats`` repeats of the command and append the record; returns it.
+    """Run ``case.repeats`` repeats of the command; returns the record (the caller stores it).
 
-    Bad input raises ConfigError before anything runs. A repeat that is not ok stops the case,
-    and the record is appended whatever the status.
+    ``store``: where the repeats' logs and utilisation series go (``logs/``, ``series/``). Bad
+    input raises ConfigError before anything runs. A repeat that is not ok stops the case; the
+    record is made whatever the status.
     """
     device_type = resolve_device(case.device)
     case.check_launchable()
@@ -138,5 +139,4 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
         external={"parser": case.parser, "framework": case.framework,
                   "packages": env["external_packages"]},
     )
-    store.append(rec)
     return rec
