@@ -44,7 +44,8 @@ model = GPT2LMHeadModel(cfg)
 print(f"parameters {sum(p.numel() for p in model.parameters()):,}", flush=True)
 targs = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
                           logging_steps=args.logging_steps, save_strategy="no", report_to=[], bf16=True,
-                          torch_compile=args.compile, dataloader_num_workers=2, learning_rate=3e-4, seed=0)
+                          torch_compile=args.compile, dataloader_num_workers=2, learning_rate=3e-4, seed=0,
+                          use_cpu=not torch.cuda.is_available())  # a CPU smoke run only
 Trainer(model=model, args=targs,
         train_dataset=RandomTokens(args.batch_size * args.steps * max(torch.cuda.device_count(), 1), args.seq_len,
                                    cfg.vocab_size)).train()
