@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "dlscale.commands.predict",  # predict (and --validate)
     "dlscale.commands.cost",     # cost
     "dlscale.inputs.cli",        # data make, data info
+    "dlscale.importers.cli",     # import
 )
 
 # Exit codes (README and docs/metrics.md list them too)

@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
     from dlscale.multinode import add_rendezvous_arguments
     add_rendezvous_arguments(p)  # --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
+    from dlscale.external.cli import add_external_arguments
+    add_external_arguments(p)  # --command --parser --metric --unit --seq-len --cwd --stack
     p.set_defaults(func=cmd_run)
 
     e = sub.add_parser("env", help="print a paste-ready environment report")
@@ -74,6 +76,10 @@ def cmd_run(args) -> int:
 
     if args.list:
         return _list()
+    from dlscale.external.cli import check_external_only, cmd_run_external
+    if args.external_command is not None:  # an external training command (dlscale/external/)
+        return cmd_run_external(args)
+    check_external_only(args)
     note = _machine_defaults(args)
     cfg = config_from_args(args)
     rdzv = rendezvous_from_args(args, cfg.nproc_per_node)

@@ -103,6 +103,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="pair A's cases with B's on their case fields without these (e.g. env; "
                         "strategy,strategy_options,nproc_per_node against one strategy), one A case per pairing; "
                         "default: pair on case_key")
+    c.add_argument("--match", choices=("case", "workload"), default="case",
+                   help="pair cases on case_key, or on the workload only (model, precision, per-device batch, "
+                        "nodes x devices, device type): dlscale's model against an external stack or an imported "
+                        "table, each side holding one case per workload (docs/external.md)")
     _add_filters(c)
     c.set_defaults(func=cmd_compare)
 
@@ -190,7 +194,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
     result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
-                         case_filters, ignore)
+                         case_filters, ignore, match=args.match)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:

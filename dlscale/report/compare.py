@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from dlscale import ConfigError
 from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale.report import sources
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
 from dlscale.report.render import MISSING, fmt, md_table
@@ -87,6 +88,9 @@ class Pair:
                   str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
+        kinds = [sources.describe(r.record) for r in (self.a, self.b) if r is not None]
+        if any(k != "measured" for k in kinds):  # say which side is external or imported
+            parts.append("[" + " vs ".join(kinds) + "]")
         return " ".join(parts + variant_details(cfg))
 
     @property
@@ -113,21 +117,32 @@ def match_key(rec: dict[str, Any], ignore: Sequence[str] = ()) -> str:
     return freeze({k: v for k, v in workload_fields(rec_config(rec)).items() if k not in ignore})
 
 
-def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_filters: Sequence = (),
-          ignore: Sequence[str] = ()) -> Side:
-    from dlscale.suite import matches
-
-    recs = [r for r in loaded.records if r.get("kind") == "run" and filters.match_run(r)
-            and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
-            and (label is None or str(rec_label(r)) == label) and matches(rec_config(r), list(case_filters))]
+def _rows_by_case(name: str, selected: list[Row], ignore: Sequence[str]) -> dict[tuple, Row]:
+    """(match key, device type) -> row; with ``ignore``, one A case per key, and B keys carry
+    their own case key too (several B variants may pair with one A case)."""
     rows: dict[tuple, Row] = {}
-    for r in select_cases(recs, by_label=False):
+    for r in selected:
         key = (match_key(r.record, ignore), rec_device_type(r.record))
         if key in rows and name == "A":
             first, second = (f"{Pair(x, None, [], []).case} {x.node_gpu}" for x in (rows[key], r))
             raise ConfigError(f"side A: two cases are the same once {', '.join(ignore)} are left out "
                               f"({first} and {second}); narrow side A with --label-a or --filter-a")
         rows[key if name == "A" or not ignore else key + (case_key_of(r.record),)] = r
+    return rows
+
+
+def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_filters: Sequence = (),
+          ignore: Sequence[str] = (), match: str = "case") -> Side:
+    from dlscale.suite import matches
+
+    recs = [r for r in loaded.records if r.get("kind") in sources.CASE_KINDS and filters.match_run(r)
+            and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
+            and (label is None or str(rec_label(r)) == label) and matches(rec_config(r), list(case_filters))]
+    selected = select_cases(recs, by_label=False)
+    if match == "workload":  # records of different kinds (external, imported) on one workload
+        rows = sources.rows_by_workload(name, selected)
+    else:
+        rows = _rows_by_case(name, selected, ignore)
     if not rows:
         what = f" with label {label!r}" if label is not None else ""
         extra = f" matching {filters.describe()}" if filters.describe() else ""
@@ -222,10 +237,10 @@ def _compact(v: Any) -> str:
 
 def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filters: Filters,
             opts: Options, case_filters: tuple[Sequence, Sequence] = ((), ()),
-            ignore: Sequence[str] = ()) -> Comparison:
+            ignore: Sequence[str] = (), match: str = "case") -> Comparison:
     ignore = tuple(ignore)
-    side_a = _side("A", a, label_a, filters, case_filters[0], ignore)
-    side_b = _side("B", b, label_b, filters, case_filters[1], ignore)
+    side_a = _side("A", a, label_a, filters, case_filters[0], ignore, match)
+    side_b = _side("B", b, label_b, filters, case_filters[1], ignore, match)
     paired: set[tuple] = set()
     pairs = []
     for kb, rb in side_b.rows.items():  # a B key starts with the A key it pairs with

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from dlscale import ConfigError
 from dlscale.config import workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
+from dlscale.report import sources
 from dlscale.store import STATUSES, LoadResult, ResultStore
 
 # a table holds one row per device count: every other case-key field is the same within it
@@ -193,7 +194,7 @@ def _check_record(rec: dict[str, Any]) -> str | None:
     kind = rec.get("kind")
     if kind == "micro":
         return None if isinstance(rec.get("micro"), str) else "micro record without 'micro' name"
-    if kind != "run":
+    if kind not in sources.CASE_KINDS:
         return f"unknown record kind {kind!r}"
     cfg = rec.get("config")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), str):
@@ -448,7 +449,7 @@ def _table_fields(rec: dict[str, Any]) -> dict[str, Any]:
     d = {k: v for k, v in workload_fields(rec_config(rec)).items() if k not in TABLE_EXCLUDE}
     d["device_type"] = rec_device_type(rec)
     d["label"] = rec_label(rec)
-    return d
+    return sources.adjust_fields(rec, d)
 
 
 def baseline_fields(rec: dict[str, Any]) -> dict[str, Any]:
@@ -457,7 +458,7 @@ def baseline_fields(rec: dict[str, Any]) -> dict[str, Any]:
     d = {k: v for k, v in workload_fields(rec_config(rec)).items() if k not in BASELINE_EXCLUDE}
     d["device_type"] = rec_device_type(rec)
     d["label"] = rec_label(rec)
-    return d
+    return sources.adjust_fields(rec, d)
 
 
 @dataclass
@@ -522,10 +523,12 @@ class Group:
             parts.append(f"data {f['data']}")
         if self.device_type != "cuda":
             parts.append(self.device_type)
+        prefix = sources.title_prefix(self)  # external/imported tables name their stack there
         for k, v in self.extras.items():
-            if k not in ("label", "device_type", "flavor"):
+            if k not in ("label", "device_type", "flavor") and (
+                    k not in sources.TITLE_SKIP or (k == "framework" and prefix is None)):
                 parts.append(f"{k}={_compact(v)}")
-        return " · ".join(parts)
+        return (prefix + " — " if prefix else "") + " · ".join(parts)
 
     def baseline_note(self) -> str:
         b = self.baseline
@@ -629,10 +632,13 @@ def build_groups(rows: list[Row]) -> list[Group]:
 def _name_part(key: str, value: Any) -> str:
     if key == "compile":
         s = "compile" if value else "eager"
-    elif key in ("label", "device_type", "flavor", "strategy", "precision", "model", "compile_mode"):
+    elif key in ("label", "device_type", "flavor", "strategy", "precision", "model", "compile_mode", "kind",
+                 "framework", "parser"):
         s = str(value)
     elif key == "batch_size":
         s = f"b{value}"
+    elif key == "source_id":  # an imported table's source (sources.py)
+        s = f"src{value}"
     elif isinstance(value, dict):
         s = key + "-" + "-".join(f"{k}{_compact(v)}" for k, v in sorted(value.items()))
     else:
@@ -684,7 +690,7 @@ def build_report(loaded: Loaded, filters: Filters | None = None) -> Report:
     filters = filters or Filters()
     # Tables and their names come from the whole store, then filters pick tables: the DLPerf keys
     # of a table do not change with the filters, and baselines of other strategies stay in reach.
-    runs = [r for r in loaded.records if r.get("kind") == "run"]
+    runs = [r for r in loaded.records if r.get("kind") in sources.CASE_KINDS]
     micro = [r for r in loaded.records if r.get("kind") == "micro"
              and filters.workload_only and filters.match_label(r)]
     groups = build_groups(select_cases(runs))

@@ -173,6 +173,9 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     from dlscale.report import frameworks
 
     body += frameworks.html(report)
+    from dlscale.report import sources
+
+    body.append(sources.html_section(report))
     if report.micro:
         body.append('<h2 id="micro">Micro-benchmarks</h2>')
     for m in report.micro:
@@ -188,7 +191,11 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append("</section>")
 
     body.append('<h2 id="environment">Environment</h2>')
-    envs = environments(report.selected_records())
+    prov = sources.provenance_lines(report)
+    if prov:
+        body.append('<h2 id="imported">Imported results</h2><ul class="notes">'
+                    + "".join(f"<li>{_e(line[2:])}</li>" for line in prov if line.startswith("- ")) + "</ul>")
+    envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
     if not envs:
         body.append("<p>No environment recorded.</p>")
     for e in envs:

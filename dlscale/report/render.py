@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
+from dlscale.report import sources
 from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -133,7 +134,7 @@ def missing_series(group: Group, row: Row) -> list[str]:
 
 def group_notes(group: Group, traces: bool = True) -> list[str]:
     """Notes under a table; ``traces=False`` leaves the profiler-trace lines out (HTML links them)."""
-    notes = [group.baseline_note()]
+    notes = [group.baseline_note()] + sources.group_notes(group)
     if extra_columns(group):
         notes.append(EXTRA_NOTE)
     if any(r.data_wait_pct is not None for r in group.rows if r.ok):
@@ -243,6 +244,8 @@ def commands(report: Report) -> list[tuple[str, str, str]]:
     out = []
     for g in report.groups:
         for r in g.own_rows:
+            if r.record.get("kind") == "imported":  # no command: the provenance section says where from
+                continue
             out.append((f"{g.name} {r.node_gpu}", r.status, str(r.record.get("command") or MISSING)))
     for m in report.micro:
         out.append((f"micro {m.get('micro')} {str(m.get('id'))[:8]}", str(m.get("status")),
@@ -286,7 +289,10 @@ def micro_title(rec: dict[str, Any]) -> str:
 def header_lines(report: Report) -> list[str]:
     n_runs = sum(1 for r in report.records if r.get("kind") == "run")
     n_cases = sum(len(g.own_rows) for g in report.groups)
-    line = (f"Store `{report.store}` · generated {report.generated} · {n_runs} run record(s), {n_cases} "
+    others = ", ".join(f"{n} {k}" for k in ("external", "imported")
+                       if (n := sum(1 for r in report.records if r.get("kind") == k)))
+    line = (f"Store `{report.store}` · generated {report.generated} · {n_runs} run record(s)"
+            f"{' (+ ' + others + ')' if others else ''}, {n_cases} "
             f"case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
     if report.filters.describe():
         line += f" · filters: `{report.filters.describe()}`"
@@ -314,6 +320,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     from dlscale.report import frameworks
 
     out += frameworks.markdown(report)
+    out += sources.markdown_section(report)
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
@@ -326,7 +333,8 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             out += [md_table(cols, rows), ""]
         for title, path in plot_links.get(f"micro:{m.get('id')}", []):
             out += [f"![{title}]({path})", ""]
-    envs = environments(report.selected_records())
+    out += sources.provenance_lines(report)
+    envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
     if envs:
         out += ["## Environment", ""]
     for e in envs:
@@ -365,7 +373,7 @@ CSV_COLUMNS = [
     "trace", "exchange_bytes_per_step", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
     "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
-]
+] + sources.CSV_EXTRA
 
 
 UTIL_FIELDS = ("gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
@@ -410,7 +418,7 @@ def case_dict(group: Group, row: Row) -> dict[str, Any]:
         "strategy_options": json.dumps(cfg.get("strategy_options") or {}, sort_keys=True),
         "superseded_records": len(row.superseded), "error": row.error, "case_key": row.record.get("case_key"),
         "record_id": row.record.get("id"), "created": row.record.get("created"),
-        "command": row.record.get("command"),
+        "command": row.record.get("command"), **sources.case_extra(row),
     }
 
 
@@ -444,7 +452,7 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
         "peak_mem_bytes": row.peak_mem, "global_batch": row.record.get("global_batch"),
         "strategy": row.strategy, "baseline": row.borrowed, "record_id": row.record.get("id"),
         "case_key": row.record.get("case_key"), "superseded_records": len(row.superseded),
-        "error": row.error, **utilisation_fields(row),
+        "error": row.error, **utilisation_fields(row), **sources.case_extra(row),
     }
 
 
@@ -469,6 +477,7 @@ def to_json_obj(report: Report) -> dict[str, Any]:
             "label": g.label, "device_type": g.device_type, "unit": f"{g.unit}/s", "extras": g.extras,
             "baseline_record_id": g.baseline.record.get("id") if g.baseline else None,
             "baseline_strategy": g.baseline.strategy if g.baseline else None,
+            "kind": g.fields.get("kind", "run"), "stack": sources.stack_name(g.fields),
         }
     return {
         "dlperf": dlperf,
@@ -482,6 +491,7 @@ def to_json_obj(report: Report) -> dict[str, Any]:
         "filters": report.filters.describe() or None,
         "selection": SELECTION_RULE,
         "frameworks": frameworks.json_obj(report),
+        "stacks": sources.json_section(report),
     }
 
 

@@ -1,0 +1,196 @@
+"""`dlscale run --command`: bad input before anything starts, and real commands under the machinery."""
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import main
+from dlscale.schema import validate_record
+from dlscale.store import ResultStore
+
+TOOLS = Path(__file__).parent / "tools"
+PY = shlex.quote(sys.executable)
+
+
+def run(*argv):
+    try:
+        return main(list(argv))
+    except SystemExit as e:
+        return e.code
+
+
+def records(store):
+    return ResultStore(store).load().records
+
+
+# ----------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--command", "python x.py"], "--command needs --parser NAME"),
+    (["--command", "python x.py", "--parser", "regex", "--precision", "fp32", "--unit", "img"], "needs --metric"),
+    (["--command", "", "--parser", "regex"], "--command is empty"),
+    (["--command", "python 'x.py", "--parser", "regex"], "cannot be split into arguments"),
+    (["--command", "no-such-program-xyz", "--parser", "hf-trainer"], "program 'no-such-program-xyz' is not on PATH"),
+    (["--command", "python x.py", "--parser", "regex", "--unit", "img"], "needs --metric"),
+    (["--command", "python x.py", "--parser", "regex", "--unit", "img", "--metric", "rate ([0-9]+)"],
+     "has no named group 'value'"),
+    (["--command", "python x.py", "--parser", "regex", "--unit", "img", "--metric", "rate (?P<value>[0-9]+"],
+     "is not a valid regular expression"),
+    (["--command", "python x.py", "--parser", "regex", "--metric", "(?P<value>[0-9]+)"], "needs --unit"),
+    (["--command", "python x.py", "--parser", "megatron", "--metric", "(?P<value>[0-9]+)"],
+     "--metric is the regex parser's"),
+    (["--command", "python x.py", "--parser", "megatron", "--breakdown"], "--breakdown does not apply to --command"),
+    (["--command", "python x.py", "--parser", "megatron", "--flavor", "tiny"], "--flavor does not apply"),
+    (["--command", "python x.py", "--parser", "megatron", "--batch-size", "max"], "--batch-size max does not apply"),
+    (["--command", "python x.py", "--parser", "megatron", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--command", "python x.py", "--parser", "megatron", "--cwd", "/no/such/dir"], "is not a directory"),
+    (["--command", "python x.py", "--parser", "hf-trainer", "-o", "logging_steps=0"], "logging_steps must be"),
+    (["--parser", "regex"], "--parser applies to --command runs only"),
+])
+def test_bad_input_one_line_exit_2_nothing_started(tmp_path, capsys, argv, fragment):
+    store = tmp_path / "st"
+    if "--command" in argv and "--precision" not in argv:
+        argv = [*argv, "--precision", "fp32"]  # the workload's description; its own checks come first
+    code = run("run", "--store", str(store), *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("dlscale: error:") and fragment in err, err
+    assert not (store / "results.jsonl").exists() or records(store) == []
+
+
+def test_help_names_the_external_options(capsys):
+    assert run("run", "--help") == 0
+    out = capsys.readouterr().out
+    for opt in ("--command CMD", "--parser", "--metric REGEX", "--unit", "--seq-len", "--cwd DIR", "--stack NAME"):
+        assert opt in out
+
+
+# ----------------------------------------------------------------------------- real commands
+
+def py(code: str) -> str:
+    return f"{PY} -c {shlex.quote(code)}"
+
+
+@pytest.mark.slow
+def test_failures_are_recorded_with_status_and_exit_code(tmp_path, capsys):
+    store = tmp_path / "st"
+    base = ["run", "--store", str(store), "--parser", "regex", "--metric", r"rate: (?P<value>[0-9.]+)", "--unit",
+            "img", "--warmup", "1", "--steps", "3", "--repeats", "2", "--no-monitor", "--device", "cpu"]
+    # exit 1 without a window: failed (exit 5), the last line quoted
+    assert run(*base, "--command", py("import sys; print('loading'); print('boom', file=sys.stderr); sys.exit(1)")) == 5
+    # an out-of-memory message: oom (exit 3)
+    assert run(*base, "--command", py("import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                                      "allocate 2.00 GiB'); sys.exit(1)")) == 3
+    # exit 0 but no throughput lines: failed, the parser's one-line reason
+    assert run(*base, "--command", py("print('done')")) == 5
+    # the window logged in full, then a crash on the way out: ok, with a warning; each repeat a fresh process
+    assert run(*base, "--command", py("import os, sys\nprint('pid', os.getpid())\nfor i in range(6): "
+                                      "print(f'rate: {100 + i}')\nsys.exit(3)")) == 0
+    recs = records(store)
+    assert [r["status"] for r in recs] == ["failed", "oom", "failed", "ok"]
+    assert recs[0]["error"] == "command exited 1; last output: boom" and len(recs[0]["repeats"]) == 1
+    assert "CUDA out of memory" in recs[1]["error"]
+    assert recs[2]["error"].startswith("regex parser: no throughput lines found")
+    assert recs[3]["repeats"][0]["warning"] == "the command exited 3 after its window was logged"
+    pids = {(store / r["log"]).read_text().split("pid ", 1)[1].split()[0] for r in recs[3]["repeats"]}
+    assert len(recs[3]["repeats"]) == 2 and len(pids) == 2
+    assert recs[3]["summary"]["samples_per_s"]["median"] == pytest.approx(3 / (1 / 101 + 1 / 102 + 1 / 103))
+    assert all(validate_record(r) is None for r in recs)
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_time_limit_kills_the_whole_tree(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "print('rate: 1', flush=True)\n"
+            "time.sleep(120)\n")
+    t = time.monotonic()
+    assert run("run", "--store", str(tmp_path / "st"), "--command", py(code), "--parser", "regex", "--metric",
+               r"rate: (?P<value>[0-9.]+)", "--unit", "img", "--time-limit", "3", "--repeats", "1",
+               "--no-monitor", "--device", "cpu") == 4
+    assert time.monotonic() - t < 60
+    (rec,) = records(tmp_path / "st")
+    assert rec["status"] == "timeout" and "process tree was killed" in rec["error"]
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # the grandchild went with its session
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {pid} survived the time limit")
+
+
+@pytest.fixture(scope="module")
+def torchrun_store(tmp_path_factory):
+    """One plain torchrun script (2 gloo processes) under --command beside a native tiny run."""
+    store = tmp_path_factory.mktemp("ext") / "store"
+    cmd = (f"{PY} -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 "
+           f"{shlex.quote(str(TOOLS / 'ddp_regex_train.py'))} --steps 12 --batch-size 4")
+    code = run("run", "--command", cmd, "--parser", "regex", "--metric", r"samples/sec: (?P<value>[0-9.]+)",
+               "--unit", "seq", "--model", "gpt2", "--batch-size", "4", "--nproc-per-node", "2", "--precision",
+               "fp32", "--warmup", "4", "--steps", "6", "--repeats", "1", "--device", "cpu", "--stack",
+               "plain torchrun", "--sample-interval", "0.2", "--store", str(store))
+    assert code == 0
+    code = run("run", "--model", "gpt2", "--flavor", "tiny", "--batch-size", "4", "--precision", "fp32", "--device",
+               "cpu", "--repeats", "1", "--warmup", "2", "--steps", "3", "--nproc-per-node", "1", "--store", str(store))
+    assert code == 0
+    return store
+
+
+@pytest.mark.slow
+def test_external_torchrun_record_with_logs_and_series(torchrun_store):
+    ext = [r for r in records(torchrun_store) if r["kind"] == "external"]
+    assert len(ext) == 1
+    rec = ext[0]
+    assert rec["status"] == "ok" and rec["config"]["command"][1:3] == ["-m", "torch.distributed.run"]
+    assert rec["config"]["framework"] == "plain torchrun" and rec["world_size"] == 2 and rec["global_batch"] == 8
+    for rep in rec["repeats"]:
+        assert "world 2" in (torchrun_store / rep["log"]).read_text()
+        assert rep["parse"]["skipped_steps"] == 4 and rep["parse"]["window_steps"] == 6
+        assert all((torchrun_store / s).is_file() for s in rep["series"])
+        # sampled over the parsed window (a window shorter than the interval has no sample, and says so)
+        u = rep["utilisation"]
+        assert u["scope"] == "window" and (u["n_samples"] >= 1 or "no samples between" in u["sampling_error"])
+        assert len(rep["per_step_samples_per_s"]) == 6 and rep["step_times_ms"]
+    s = rec["summary"]["samples_per_s"]
+    # --model gpt2 names the registered model: its sequence (1024 tokens) turns seq/s into tokens/s
+    assert s["n"] == 1 and s["median"] > 0 and rec["summary"]["tokens_per_s"] == pytest.approx(s["median"] * 1024)
+    assert rec["env"]["torch"] and rec["external"]["parser"] == "regex"
+
+
+@pytest.mark.slow
+def test_schema_holds_for_native_and_external_records(torchrun_store):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) not installed")
+    from dlscale.schema import record_schema
+
+    recs = records(torchrun_store)
+    assert {r["kind"] for r in recs} == {"run", "external"}
+    v = jsonschema.Draft202012Validator(record_schema())
+    for r in recs:
+        assert validate_record(r) is None
+        assert list(v.iter_errors(r)) == []
+
+
+@pytest.mark.slow
+def test_report_puts_external_beside_native_and_marks_it(torchrun_store, tmp_path):
+    out = tmp_path / "r.md"
+    assert run("report", str(torchrun_store), "--format", "md", "--output", str(out)) == 0
+    md = out.read_text()
+    assert "### external: plain torchrun (parser regex) — gpt2" in md
+    assert "## Stacks side by side" in md
+    stacks = md.split("## Stacks side by side")[1].split("\n## ")[0]
+    assert "| dlscale ddp eager | measured |" in stacks and "| plain torchrun | external |" in stacks
+    out = tmp_path / "r.json"
+    assert run("report", str(torchrun_store), "--format", "json", "--output", str(out)) == 0
+    rep = json.loads(out.read_text())
+    assert {g["kind"] for g in rep["groups"].values()} == {"run", "external"}
+    assert {r["kind"] for r in rep["stacks"][0]["rows"]} == {"measured", "external"}
