@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import envinfo, metrics
+from dlscale import envinfo, metrics, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import Rendezvous, spawn_torchrun
@@ -235,6 +235,7 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
                          **base, **_median_repeat_extras(repeats, store, base["id"], staging))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    rec["validity"] = validity.assess(rec).to_dict()
     store.append(rec)
     return rec
 
