@@ -124,6 +124,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_last": r0.get("loss_last"),
             "loss_after": r0.get("loss_after"),
             "warmup_losses": r0.get("warmup_losses"),
+            "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
         })
     return entry
 

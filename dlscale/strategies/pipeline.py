@@ -38,7 +38,8 @@ are per micro-batch: resnet50's results then differ from single's as under any m
 Loss: the schedule's losses live on the last stage; every step all-reduces their mean to all
 ranks (one scalar, as trainers do for logging), so the reported loss is the global batch's (with
 ``--grad-accum``, that of the last accumulated batch, as in the worker's own step).
-``loss_after`` (the worker's post-training evaluation) is not computed for pipelines.
+``loss_after`` (the worker's post-training evaluation) runs the schedule forward only
+(``eval_loss``: eval mode, no gradients) on micro-batch 0 and all-reduces it the same way.
 
 amp-fp16: a loss scaler shared by all stages (``_StageScaler``: every stage checks its own
 gradients, one all-reduce of the overflow flag makes all skip the same steps). ``--compile``
@@ -514,28 +515,51 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
             scaler.update(found)
         optimizer.zero_grad(set_to_none=True)
         # the global batch's loss on every rank: last stages contribute, the rest add zero
-        if has_last and losses_all:
-            loss = torch.stack([x.detach().float() for x in losses_all]).mean().reshape(1)
-            if scaler is not None:
-                loss = loss / used_scale
-        else:
-            loss = torch.zeros(1, device=device)
+        return _global(loss_mean(losses_all, used_scale if scaler is not None else None))
+
+    def loss_mean(losses: list[torch.Tensor], scale) -> torch.Tensor:
+        """This rank's share of the global loss: the last stage's mean over micro-batches, else 0."""
+        if has_last and losses:
+            loss = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
+            return loss / scale if scale is not None else loss
+        return torch.zeros(1, device=device)
+
+    def _global(loss: torch.Tensor) -> torch.Tensor:
         if world > 1:
             dist.all_reduce(loss)
             loss = loss / dp_size
         return loss[0]
 
+    def eval_loss(batch: tuple) -> torch.Tensor | None:
+        """The trained pipeline's loss on one micro-batch, forward only and in eval mode."""
+        if not hasattr(sched, "eval"):  # older torch: no forward-only schedule
+            return None
+        for m in modules:
+            m.eval()
+        losses: list[torch.Tensor] = []
+        try:
+            with torch.no_grad(), autocast(cfg, device):
+                args = tuple(batch[:n_embed]) if has_first else ()
+                if has_last:
+                    sched.eval(*args, target=packer.pack(tuple(batch[n_embed:])), losses=losses)
+                else:
+                    sched.eval(*args)
+        finally:
+            for m in modules:
+                m.train()
+        return _global(loss_mean(losses, scaler.scale if scaler is not None else None))
+
     info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
             "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
             "head_modules": sorted(head_names), "tied_params": len(tied),
-            "stage_params": sum(p.numel() for p in params), "eval_loss": False,
+            "stage_params": sum(p.numel() for p in params), "loss_global": True,
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
     if schedule == "interleaved":
         info["virtual"] = virtual
     info.update(extra_info or {})
     return Parallelized(module=nn.ModuleList(modules), optimizer=optimizer, dp_size=dp_size, dp_group=dp_group,
-                        step=step, reports_loss=True, info=info)
+                        step=step, reports_loss=True, eval_loss=eval_loss, info=info)
 
 
 def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:
