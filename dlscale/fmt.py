@@ -1,7 +1,7 @@
 """Number and table formatting shared by the console, the reports, the micro tables and predict/cost.
 
 One rule for every printed number: a fixed number of decimals, widened where needed so that a
-small value still shows ``SIG`` significant digits (a slow run prints 0.0123 samples/s, never
+small value still shows ``SIG`` significant digits (a slow run prints 0.012 samples/s, never
 0.0). A missing value prints as ``MISSING``; a spread over fewer than two repeats is missing,
 not zero.
 """
@@ -11,7 +11,7 @@ import math
 from typing import Any, Sequence
 
 MISSING = "—"  # a value that is not there (None, NaN, or no spread from one repeat)
-SIG = 3  # significant digits a small nonzero value keeps
+SIG = 2  # significant digits a small nonzero value keeps
 MAX_DECIMALS = 9
 GIB, MIB, KIB = 2.0 ** 30, 2.0 ** 20, 2.0 ** 10
 

@@ -16,6 +16,7 @@ Rules (docs/reports.md says the same for users):
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.config import workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.store import STATUSES, LoadResult, ResultStore
@@ -315,6 +316,7 @@ class Row:
     speedup: float | None = None
     efficiency: float | None = None
     borrowed: bool = False  # the baseline of another strategy, shown as this table's 1-device row
+    speedup_flags: list[validity.Flag] = field(default_factory=list)  # on speedup and efficiency
 
     def __post_init__(self) -> None:
         self.nnodes, self.nproc_per_node = rec_counts(self.record)
@@ -326,6 +328,22 @@ class Row:
     @property
     def devices(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @functools.cached_property
+    def validity(self) -> validity.Validity:
+        """Recomputed from the record (today's checks and thresholds, old records too)."""
+        return validity.assess(self.record)
+
+    @property
+    def flags(self) -> list[validity.Flag]:
+        """The record's own flags, then those on its speedup and efficiency."""
+        return self.validity.flags + self.speedup_flags
+
+    @property
+    def loss_after(self) -> float | None:
+        """The trained model's loss (global batch mean, dlscale/parity.py) of the median repeat."""
+        rep = median_repeat_entry(self.record)
+        return num(rep.get("loss_after")) if rep else None
 
     @property
     def ok(self) -> bool:
@@ -591,6 +609,7 @@ def build_groups(rows: list[Row]) -> list[Group]:
             if r.ok and base is not None:
                 r.speedup = speedup(r.median, base.median)
                 r.efficiency = scaling_efficiency(r.speedup, r.devices)
+                r.speedup_flags = validity.compare_flags(r.record, base.record, r.efficiency)
         g.rows.sort(key=lambda r: (r.devices, r.nnodes, not r.borrowed))
     return list(by_table.values())
 
