@@ -335,11 +335,12 @@ def compare_flags(case: dict[str, Any], base: dict[str, Any], efficiency: float 
     out: list[Flag] = []
     if efficiency is not None:
         (nc, cvc), (nb, cvb) = spread(case), spread(base)
-        if cvc is None or cvb is None:
+        if cvc is None or cvb is None or min(nc, nb) < thresholds.min_repeats:
             if efficiency > 1.0:
                 out.append(Flag("above_ideal", f"scaling efficiency {efficiency * 100:.1f} % is above 100 % and the "
-                                "noise is unknown (a side has fewer than 2 repeats): a measurement problem until "
-                                "proven otherwise", WARN, efficiency, 1.0))
+                                f"noise is not estimable ({min(nc, nb)} repeat(s) on a side, fewer than "
+                                f"{thresholds.min_repeats}): a measurement problem until proven otherwise", WARN,
+                                efficiency, 1.0))
         else:
             noise = thresholds.noise_k * math.hypot(cvc, cvb)
             if efficiency - 1.0 > noise:
@@ -362,7 +363,7 @@ def compare_flags(case: dict[str, Any], base: dict[str, Any], efficiency: float 
     bv = assess(base, thresholds)
     if bv.warnings:
         out.append(Flag("baseline_flagged", f"{what} uses a baseline that is itself flagged: "
-                        + "; ".join(f.check for f in bv.warnings), WARN))
+                        + ", ".join(f.check for f in bv.warnings), WARN))
     return out
 
 

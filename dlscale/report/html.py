@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import dlscale
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, commands, env_value,
+from dlscale import validity
+from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
                                    environments, extra_columns, group_notes, micro_cell, micro_columns,
                                    micro_title, table_cells, table_columns, trace_path)
 
@@ -41,6 +42,9 @@ tr.borrowed td { color:var(--muted); font-style:italic; }
 td.status { font-weight:700; color:#b00020; text-align:center; }
 td.status-oom { color:#b35c00; }
 td.status-unsupported { color:#6b6b6b; }
+td.flag { background:#fff1de; color:#8a3b00; font-weight:600; }
+td.note { color:var(--muted); }
+li.flag { color:#8a3b00; }
 ul.notes { color:var(--muted); font-size:12.5px; margin:4px 0 10px; padding-left:20px; }
 .plots { display:flex; flex-wrap:wrap; gap:12px; margin:8px 0; }
 figure { margin:0; padding:4px; border:1px solid var(--line); border-radius:4px; background:#fff; }
@@ -147,6 +151,7 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
         rows, rclasses, cclasses, titles = [], [], [], []
+        headers = table_columns(g)
         for r in g.rows:
             cells = table_cells(g, r)
             rows.append(cells)
@@ -156,6 +161,8 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             if not r.ok:
                 cc[2] = f"status status-{r.status}"
                 tt[2] = r.error or ""
+            else:
+                _mark_flags(headers, r, cc, tt)
             cclasses.append(cc)
             titles.append(tt)
         body.append(f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>')
@@ -165,7 +172,8 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="{wrap}">' + _table(table_columns(g), rows, row_classes=rclasses,
                                                      cell_classes=cclasses, cell_titles=titles, cls="dlperf")
                     + "</div>")
-        notes = [f"<li>{_e(n)}</li>" for n in group_notes(g, traces=False)] + _trace_items(g, output)
+        notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
+                 for n in group_notes(g, traces=False)] + _trace_items(g, output)
         body.append('<ul class="notes">' + "".join(notes) + "</ul>")
         body.append(_figures(by_key.get(g.name, [])))
         body.append("</section>")
@@ -208,6 +216,20 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dlscale report · {_e(report.store)}</title><style>{CSS}</style></head>"
             f"<body><main>{''.join(body)}</main></body></html>\n")
+
+
+def _mark_flags(headers: Sequence[str], r, cc: list[str], tt: list[str]) -> None:
+    """Cell classes and tooltips of a row's flagged numbers: speedup and efficiency carry the
+    comparison's flags, the validity cell the record's own."""
+    warn = [f for f in r.speedup_flags if f.severity == validity.WARN]
+    for name in ("speedup (×)", "scaling efficiency (%)"):
+        if warn and name in headers:
+            i = headers.index(name)
+            cc[i], tt[i] = "flag", validity.describe(r.speedup_flags)
+    if "validity" in headers and r.flags:
+        i = headers.index("validity")
+        cc[i] = "l " + ("flag" if not r.validity.sound or warn else "note")
+        tt[i] = validity.describe(r.flags)
 
 
 def _commands_table(cmds: Sequence[tuple[str, str, str]]) -> str:

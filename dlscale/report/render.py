@@ -394,6 +394,7 @@ CSV_COLUMNS = [
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
     "exposed_comm_pct", "overlap_pct", "trace", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
+    "loss_after", "validity_sound", "validity_flags", "speedup_flags", "validity_reasons",
 ]
 
 
@@ -437,7 +438,16 @@ def case_dict(group: Group, row: Row) -> dict[str, Any]:
         "superseded_records": len(row.superseded), "error": row.error, "case_key": row.record.get("case_key"),
         "record_id": row.record.get("id"), "created": row.record.get("created"),
         "command": row.record.get("command"),
+        **validity_fields(row),
     }
+
+
+def validity_fields(row: Row) -> dict[str, Any]:
+    """The row's loss and validity for CSV: flag names joined by ';', reasons by ' | '."""
+    own, sp = row.validity.flags, row.speedup_flags
+    return {"loss_after": row.loss_after, "validity_sound": row.validity.sound if row.ok else None,
+            "validity_flags": ";".join(f.check for f in own), "speedup_flags": ";".join(f.check for f in sp),
+            "validity_reasons": " | ".join(f"{f.check}: {f.reason}" for f in own + sp)}
 
 
 def to_csv(report: Report) -> str:
@@ -467,7 +477,9 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
         "peak_mem_bytes": row.peak_mem, "global_batch": row.record.get("global_batch"),
         "strategy": row.strategy, "baseline": row.borrowed, "record_id": row.record.get("id"),
         "case_key": row.record.get("case_key"), "superseded_records": len(row.superseded),
-        "error": row.error, **utilisation_fields(row),
+        "error": row.error, **utilisation_fields(row), "loss_after": row.loss_after,
+        "validity": row.validity.to_dict() if row.ok else None,
+        "speedup_flags": [f.to_dict() for f in row.speedup_flags],
     }
 
 
