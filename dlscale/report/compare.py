@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dlscale import ConfigError
+from dlscale.fmt import MISSING, md_table
+from dlscale.fmt import fmt_num as fmt
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
-from dlscale.report.render import MISSING, fmt, md_table
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p
 
 FASTER, SLOWER, SAME, FEW = "faster", "slower", "no change (within noise)", "inconclusive (too few repeats)"

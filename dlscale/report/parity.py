@@ -199,14 +199,14 @@ def build(loaded: Loaded, filters: Filters | None = None, tolerance: float | Non
     groups = []
     for key, members in by_key.items():
         singles = [r for r in members if r.strategy == "single" and r.devices == 1]
-        strategies = [r for r in members if r not in singles]
+        eager = [r for r in singles if not rec_config(r.record).get("compile")]
+        pick = max(eager or singles, key=lambda r: rec_created(r.record)) if singles else None
+        ref = Entry(pick, *trajectory(pick.record), verdict=REFERENCE) if pick else None
+        strategies = [r for r in members if r is not pick]  # a compiled single is compared too
         if filters.strategies:
             strategies = [r for r in strategies if r.strategy in filters.strategies]
         if not strategies:
             continue  # nothing to compare with single
-        eager = [r for r in singles if not rec_config(r.record).get("compile")]
-        pick = max(eager or singles, key=lambda r: rec_created(r.record)) if singles else None
-        ref = Entry(pick, *trajectory(pick.record), verdict=REFERENCE) if pick else None
         cfg = rec_config(members[0].record)
         tol = tolerance if tolerance is not None else parity.tolerance(rec_device_type(members[0].record),
                                                                         str(cfg.get("precision")))

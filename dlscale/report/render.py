@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_table
+from dlscale.report import parity, sidebyside
 from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -139,8 +140,8 @@ def validity_cell(row: Row) -> str:
 
 def table_columns(group: Group) -> list[str]:
     loss = [LOSS_COLUMN[0](group)] if has_loss_column(group) else []
-    return ([h(group) for h, _ in COUNT_COLUMNS + CORE_COLUMNS] + loss + [h for h, _ in extra_columns(group)]
-            + (["validity"] if has_validity_column(group) else []))
+    return ([h(group) for h, _ in COUNT_COLUMNS + CORE_COLUMNS] + (["validity"] if has_validity_column(group) else [])
+            + loss + [h for h, _ in extra_columns(group)])
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
@@ -152,9 +153,8 @@ def table_cells(group: Group, row: Row) -> list[str]:
     if not row.ok:
         word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
         return head + [word] + [MISSING] * (len(CORE_COLUMNS) - 1 + loss + len(extras) + tail)
-    return (head + [cell(group, row) for _, cell in CORE_COLUMNS]
-            + ([LOSS_COLUMN[1](group, row)] if loss else []) + [_extra_cell(f(row)) for _, f in extras]
-            + ([validity_cell(row)] if tail else []))
+    return (head + [cell(group, row) for _, cell in CORE_COLUMNS] + ([validity_cell(row)] if tail else [])
+            + ([LOSS_COLUMN[1](group, row)] if loss else []) + [_extra_cell(f(row)) for _, f in extras])
 
 
 def flag_notes(group: Group) -> list[str]:
@@ -317,6 +317,12 @@ def micro_title(rec: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- markdown
 
+def parity_view(report: Report):
+    """The loss-parity view of the report's records, or None when no case has losses to set beside single's."""
+    rep = parity.build(report.loaded, report.filters)
+    return rep if any(e.max_rel_diff is not None for g in rep.groups for e in g.entries) else None
+
+
 def header_lines(report: Report) -> list[str]:
     n_runs = sum(1 for r in report.records if r.get("kind") == "run")
     n_cases = sum(len(g.own_rows) for g in report.groups)
@@ -345,6 +351,10 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):
             out.append("")
+    out += sidebyside.to_markdown(sidebyside.tables(report))
+    par = parity_view(report)
+    if par is not None:
+        out += [parity.to_markdown(par, heading="##").replace("## dlscale parity", "## Loss parity", 1)]
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
@@ -514,7 +524,13 @@ def to_json_obj(report: Report) -> dict[str, Any]:
         "generated": report.generated,
         "filters": report.filters.describe() or None,
         "selection": SELECTION_RULE,
+        "side_by_side": sidebyside.to_json_obj(sidebyside.tables(report)),
+        "parity": _maybe(parity.to_json_obj, parity_view(report)),
     }
+
+
+def _maybe(fn, v):
+    return None if v is None else fn(v)
 
 
 def to_json(report: Report) -> str:
