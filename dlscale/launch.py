@@ -163,11 +163,13 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
 def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
              rdzv: Rendezvous | None = None, env_extra: dict[str, str] | None = None,
              on_event: Callable[[str, Any], None] | None = None,
-             verbose: bool = False) -> dict[str, Any]:
+             verbose: bool = False, on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure one case (cfg.repeats torchrun runs) and append its record; returns the record.
 
     ``on_event(kind, payload)`` reports progress: ("repeat", entry) after each repeat and
-    ("ranks", rank list) after the first. Bad input raises ConfigError before anything runs.
+    ("ranks", rank list) after the first. ``on_line`` gets every output line of the workers
+    (console.phase_printer turns their phase lines into progress); without it ``verbose``
+    streams them to stderr. Bad input raises ConfigError before anything runs.
     """
     device_type = validate_for_launch(cfg)
     store.check_writable()
@@ -201,7 +203,10 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
                 (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
                 proc = spawn_torchrun(WORKER_MODULE, ["--config", str(tmp_path / "config.json"), "--out", tmp],
                                       nproc, cfg.time_limit, env=env_extra, rdzv=rdzv,
-                                      on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
+                                      on_line=on_line or ((lambda line: print(line, file=sys.stderr))
+                                                          if verbose else None))
+                if hasattr(on_line, "close"):
+                    on_line.close()  # a phase the workers never ended (a crash) stops ticking
                 rank_results = read_rank_files(tmp_path)
                 series = _keep_artifacts(tmp_path, store, base["id"], i, staging)
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,

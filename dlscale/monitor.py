@@ -35,6 +35,7 @@ import tempfile
 import time
 
 from dlscale import ConfigError
+from dlscale.fmt import fmt_si
 
 MIN_INTERVAL_S = 0.01
 MAX_INTERVAL_S = 10.0
@@ -952,13 +953,7 @@ def _unlink(path):
 
 
 def _fmt_bytes(x, per_s=False):
-    if x is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(x) < 1000 or unit == "TB":
-            s = f"{x:.0f}{unit}" if unit == "B" else f"{x:.1f}{unit}"
-            return s + ("/s" if per_s else "")
-        x /= 1000.0
+    return fmt_si(x, "B/s" if per_s else "B", missing="-")
 
 
 def _live(args) -> int:

@@ -172,11 +172,12 @@ def cmd_run(args) -> int:
                                      f"#   probe batch {e['batch_size']}: {e['status']} ({e['seconds']:.1f} s)", flush=True))
     else:
         rec = run_case(cfg, store, rdzv=rdzv, verbose=args.verbose,
-                       on_event=None if quiet else console.progress_printer(cfg))
+                       on_event=None if quiet else console.progress_printer(cfg),
+                       on_line=None if quiet else console.phase_printer(args.verbose))
     if quiet:
         print(json.dumps(rec, indent=1, default=str))
     else:
-        console.print_result(rec)
+        console.print_result(rec, store.root)
         if was_recorded(rec):
             print(f"record {rec['id'][:12]} appended to {store.file}")
     if rec["status"] != "ok":
