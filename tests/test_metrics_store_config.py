@@ -49,7 +49,7 @@ def test_stdev_is_sample_stdev():
     # values 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sum of squares 32, sample variance 32/7
     s = metrics.summarize([2, 4, 4, 4, 5, 5, 7, 9])
     assert s["stdev"] == pytest.approx((32 / 7) ** 0.5)
-    assert metrics.summarize([3.0])["stdev"] == 0.0
+    assert metrics.summarize([3.0])["stdev"] is None  # one value: no spread, not zero
     assert metrics.summarize([])["median"] is None
 
 

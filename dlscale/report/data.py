@@ -116,8 +116,11 @@ def throughput_stats(rec: dict[str, Any]) -> dict[str, Any] | None:
             for k, v in computed.items():
                 if out.get(k) is None:
                     out[k] = v
-        return out
-    return computed
+    else:
+        out = computed
+    if out is not None and (num(out.get("n")) or 0) < 2:
+        out["stdev"] = None  # records written before: 0.0 for one repeat, which is no spread at all
+    return out
 
 
 def step_times(rec: dict[str, Any]) -> list[list[float]]:
