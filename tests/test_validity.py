@@ -263,3 +263,26 @@ def test_run_stores_validity_and_the_monitor_sees_a_competing_process(tmp_path):
     assert u["other_cpu_cores_mean"] > 0.5 and u["case_cpu_cores_mean"] > 0.2, u  # the busy loop is one core
     text = out.getvalue()
     assert "# ! competing_cpu: other processes used" in text and "# ? few_steps: 8 timed steps" in text
+
+
+def test_side_by_side_compares_one_device_cases_with_verdicts_and_thread_flags(tmp_path, capsys):
+    """One-device cases of one workload (eager single, compiled single, ddp at another thread
+    count) meet in one table with compare's verdicts; the thread difference is flagged."""
+    eager = record("e")
+    compiled = record("c", samples=(130.0, 131.0, 129.0, 130.5, 129.5))
+    compiled["config"]["compile"] = True
+    ddp = record("d", strategy="ddp", samples=(99.0, 101.0, 100.0, 100.5, 99.5), omp="2")
+    store = tmp_path / "results"
+    store.mkdir()
+    (store / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (eager, compiled, ddp)))
+    assert main(["report", str(store), "--format", "json"]) == 0
+    (table,) = json.loads(capsys.readouterr().out)["side_by_side"]
+    by = {c["case"]: c for c in table["cases"]}
+    assert by["single · eager"]["reference"] and by["single · compiled"]["verdict"] == "faster"
+    assert by["single · compiled"]["ratio"] == pytest.approx(1.3)
+    assert by["ddp · eager"]["verdict"] == "no change (within noise)"
+    assert [f["check"] for f in by["ddp · eager"]["flags"]] == ["baseline_threads"]
+    assert main(["report", str(store)]) == 0
+    md = capsys.readouterr().out
+    assert "## Side by side (same workload, different settings)" in md
+    assert "| single · compiled | 130.00 | 1.300 |" in md and "⚠ baseline_threads" in md

@@ -235,9 +235,9 @@ def _side_by_side(ts: list) -> list[str]:
            f'<p class="method">{_e(sidebyside.METHOD)}</p>']
     for t in ts:
         rows = [sidebyside.cells(t, r) for r in t.rows]
-        cc = [[""] * (len(c) - 2) + [_verdict_class(c[-2]), "l " + ("flag" if not r.validity.sound else "")]
-              for c, r in zip(rows, t.rows)]
-        titles = [[""] * (len(c) - 1) + [validity.describe(r.flags)] for c, r in zip(rows, t.rows)]
+        warned = [any(f.severity == validity.WARN for f in t.flags(r)) for r in t.rows]
+        cc = [[""] * (len(c) - 2) + [_verdict_class(c[-2]), "l flag" if w else "l"] for c, w in zip(rows, warned)]
+        titles = [[""] * (len(c) - 1) + [validity.describe(t.flags(r))] for c, r in zip(rows, t.rows)]
         out.append(f"<section><h3>{_e(t.title)}</h3><div class=\"tablewrap\">"
                    + _table(sidebyside.headers(t), rows, left_cols=1, cell_classes=cc, cell_titles=titles,
                             cls="side") + "</div></section>")

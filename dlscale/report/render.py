@@ -130,12 +130,16 @@ def has_validity_column(group: Group) -> bool:
     return any(r.flags for r in group.rows if r.ok)
 
 
-def validity_cell(row: Row) -> str:
-    """The row's flags, warn first ("⚠ short_window, high_cv · ? few_repeats"); MISSING when none."""
-    warn = [f.check for f in row.flags if f.severity == validity.WARN]
-    note = [f.check for f in row.flags if f.severity != validity.WARN]
+def flags_cell(flags: Sequence[validity.Flag]) -> str:
+    """Flag names, warn first ("⚠ short_window, high_cv · ? few_repeats"); MISSING when none."""
+    warn = [f.check for f in flags if f.severity == validity.WARN]
+    note = [f.check for f in flags if f.severity != validity.WARN]
     parts = ([f"{WARN_MARK} " + ", ".join(warn)] if warn else []) + ([f"{NOTE_MARK} " + ", ".join(note)] if note else [])
     return " · ".join(parts) or MISSING
+
+
+def validity_cell(row: Row) -> str:
+    return flags_cell(row.flags)
 
 
 def table_columns(group: Group) -> list[str]:

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlscale import validity
 from dlscale.config import workload_fields
 from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report import compare
@@ -66,6 +67,14 @@ class Table:
             bits.append(f"accum {cfg.get('grad_accum')}")
         return " · ".join(bits)
 
+    def flags(self, r: Row) -> list[validity.Flag]:
+        """The row's own flags, and (against the reference) another thread budget, window or sampling."""
+        if r is self.reference or not r.ok:
+            return list(r.flags)
+        return list(r.flags) + [f for f in validity.compare_flags(r.record, self.reference.record, None,
+                                                                   what="ratio to the reference")
+                                if f.check != "baseline_flagged"]
+
     @property
     def unit(self) -> str:
         m = self.reference.record.get("model")
@@ -111,9 +120,9 @@ METHOD = ("Cases of one workload that differ in strategy, compile settings, fram
 
 
 def cells(t: Table, r: Row) -> list[str]:
-    from dlscale.report.render import STATUS_TEXT, validity_cell
+    from dlscale.report.render import STATUS_TEXT, flags_cell
 
-    flags = validity_cell(r) if r.flags else MISSING
+    flags = flags_cell(t.flags(r))
     if not r.ok:
         return [case_name(r), STATUS_TEXT.get(r.status, r.status.upper())] + [MISSING] * 5 + [flags]
     n = str(len(repeat_samples(r.record)))
@@ -150,6 +159,6 @@ def to_json_obj(ts: list[Table]) -> list[dict[str, Any]]:
                           "ratio": p.ratio if p else (1.0 if r is t.reference else None),
                           "ci_low": p.ci[0] if p and p.ci else None, "ci_high": p.ci[1] if p and p.ci else None,
                           "p_value": p.p if p else None, "verdict": p.verdict if p else None,
-                          "flags": [f.to_dict() for f in r.flags]})
+                          "flags": [f.to_dict() for f in t.flags(r)]})
         out.append({"title": t.title, "cases": cases})
     return out
