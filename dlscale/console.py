@@ -111,6 +111,14 @@ def result_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def validity_suffix(rec: dict[str, Any]) -> str:
+    """For one-line summaries (a sweep's per-case line): " ! short_window, high_cv", or ""."""
+    if rec.get("status") != "ok":
+        return ""
+    warn = [f.check for f in record_validity(rec).warnings]
+    return f" {WARN_MARK} {', '.join(warn)}" if warn else ""
+
+
 def validity_lines(rec: dict[str, Any]) -> list[str]:
     """One line per flag, warnings first: what makes a number unsound, and why."""
     v = record_validity(rec)

@@ -261,19 +261,20 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     # here (a host sync per step is harmless outside the window) for correctness checks.
     losses = []
     t_w = time.perf_counter()
-    ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
+    ticker = None
     for i in range(cfg.warmup):
         compiling_now = cfg.compile and i == 0  # torch.compile compiles on the first call
         if compiling_now:
             progress.phase("compile", "start", denv.rank)
         elif i == int(cfg.compile):
             progress.phase("warmup", "start", denv.rank)
+            ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
         inject.check(i)
         loss = step()
         losses.append(parity.global_loss(loss if par.reports_loss else None, par, denv))
         if compiling_now:
             progress.phase("compile", "end", denv.rank)
-        else:
+        elif ticker is not None:
             ticker.tick(i + 1)
     progress.phase("warmup", "end", denv.rank)
     result["warmup_s"] = time.perf_counter() - t_w
