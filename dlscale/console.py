@@ -157,7 +157,7 @@ def profile_lines(rec: dict[str, Any], store_root: str | Path | None, top: int =
         out.append(f"# profiler trace: {path} (open in chrome://tracing or ui.perfetto.dev)")
     ops = rec.get("profile_top_ops") or []
     if ops:
-        out.append(f"# top ops by self time (ms per step): " + ", ".join(
+        out.append("# top ops by self time (ms per step): " + ", ".join(
             f"{o.get('name')} {fmt_num(o.get('self_ms_per_step'), 2, missing=MISSING)}" for o in ops[:top]))
     elif rec.get("config", {}).get("profile") and not rec.get("trace"):
         out.append("# profiler: no trace kept (no ok repeat, or rank 0 wrote none)")

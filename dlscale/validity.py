@@ -371,6 +371,14 @@ def _fmt_threads(t: tuple) -> str:
     return "/".join(str(dict(x)) if isinstance(x, tuple) else str(x) for x in t)
 
 
+def names(flags: list[Flag], warn_mark: str = "⚠", note_mark: str = "?", missing: str = "—") -> str:
+    """Flag names for a table cell, warn first: "⚠ short_window, high_cv · ? few_repeats"."""
+    warn = [f.check for f in flags if f.severity == WARN]
+    note = [f.check for f in flags if f.severity != WARN]
+    parts = ([f"{warn_mark} " + ", ".join(warn)] if warn else []) + ([f"{note_mark} " + ", ".join(note)] if note else [])
+    return " · ".join(parts) or missing
+
+
 def describe(flags: list[Flag]) -> str:
     """One line: the flags' reasons, warn first."""
     order = sorted(flags, key=lambda f: f.severity != WARN)

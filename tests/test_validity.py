@@ -5,7 +5,6 @@ separates the case's CPU time from other processes'; the launcher stores ``recor
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import os

@@ -37,6 +37,7 @@ TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
 BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", "strategy_options", "warmup", "steps", "seed", "device"}
 MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size")
 BASELINE_STRATEGY_PREFERENCE = ("single", "ddp")
+STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
 SELECTION_RULE = ("each row is the newest ok record of its case (case_key); older records of the "
                   "same case are not pooled")
 

@@ -11,10 +11,9 @@ from typing import Any, Callable, Sequence
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_table
 from dlscale.report import parity, sidebyside
-from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
+from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
-STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
 MB = 1e6  # disk and network rates are in MB/s (10^6 bytes/s)
 TRACE_HINT = "open in chrome://tracing or ui.perfetto.dev"
@@ -131,11 +130,7 @@ def has_validity_column(group: Group) -> bool:
 
 
 def flags_cell(flags: Sequence[validity.Flag]) -> str:
-    """Flag names, warn first ("⚠ short_window, high_cv · ? few_repeats"); MISSING when none."""
-    warn = [f.check for f in flags if f.severity == validity.WARN]
-    note = [f.check for f in flags if f.severity != validity.WARN]
-    parts = ([f"{WARN_MARK} " + ", ".join(warn)] if warn else []) + ([f"{NOTE_MARK} " + ", ".join(note)] if note else [])
-    return " · ".join(parts) or MISSING
+    return validity.names(list(flags), WARN_MARK, NOTE_MARK, MISSING)
 
 
 def validity_cell(row: Row) -> str:

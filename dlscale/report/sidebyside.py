@@ -18,7 +18,7 @@ from dlscale import validity
 from dlscale.config import workload_fields
 from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report import compare
-from dlscale.report.data import Report, Row, rec_config, rec_device_type, rec_label, repeat_samples
+from dlscale.report.data import STATUS_TEXT, Report, Row, rec_config, rec_device_type, rec_label, repeat_samples
 
 # what may differ between the cases of one side-by-side table
 SIDE_EXCLUDE = frozenset({"strategy", "strategy_options", "compile", "compile_mode", "inductor_options", "framework"})
@@ -120,9 +120,7 @@ METHOD = ("Cases of one workload that differ in strategy, compile settings, fram
 
 
 def cells(t: Table, r: Row) -> list[str]:
-    from dlscale.report.render import STATUS_TEXT, flags_cell
-
-    flags = flags_cell(t.flags(r))
+    flags = validity.names(t.flags(r), missing=MISSING)
     if not r.ok:
         return [case_name(r), STATUS_TEXT.get(r.status, r.status.upper())] + [MISSING] * 5 + [flags]
     n = str(len(repeat_samples(r.record)))
