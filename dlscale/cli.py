@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "dlscale.commands.cost",     # cost
     "dlscale.inputs.cli",        # data make, data info
     "dlscale.importers.cli",     # import
+    "dlscale.commands.parity",   # parity
 )
 
 # Exit codes (README and docs/metrics.md list them too)

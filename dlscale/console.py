@@ -1,24 +1,18 @@
-"""Console output of a run: parameter header, one line per rank, result table (nccl-tests style)."""
+"""Console output of a run: parameter header, one line per rank, result table (nccl-tests style),
+then what else was measured (validity flags, breakdown, profiler trace) and long-phase progress."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
+from dlscale import validity
 from dlscale.config import RunConfig, resolve_device
+from dlscale.fmt import fmt_bytes, fmt_num, fmt_stdev
+from dlscale.progress import PhasePrinter
 
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_num(x: float | None, digits: int = 1) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.{digits}f}"
+MISSING = "-"  # terminals: a plain dash keeps the columns aligned everywhere
+WARN_MARK, NOTE_MARK = "!", "?"
 
 
 def print_header(cfg: RunConfig) -> None:
@@ -42,7 +36,7 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
             if e["status"] == "ok":
                 ph = e.get("phases_s") or {}
                 where = ", ".join(f"{k} {v:.1f}" for k, v in ph.items() if k != "window")
-                print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['samples_per_s']:,.2f} samples/s "
+                print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {_num(e['samples_per_s'], 2)} samples/s "
                       f"(window {e['window_s']:.3f} s, warm-up {e.get('warmup_s') or 0:.1f} s, "
                       f"process {e['process_s']:.1f} s{': ' + where if where else ''})", flush=True)
                 if e.get("data"):
@@ -53,21 +47,53 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
     return on_event
 
 
+def phase_printer(verbose: bool = False) -> PhasePrinter:
+    """The spawn's ``on_line``: progress of long phases (rendezvous, build, compile, warm-up, breakdown,
+    profile) with elapsed time; with ``verbose`` every other worker line goes to stderr. Call
+    ``close()`` (or use it as a context manager) when the process has ended."""
+    return PhasePrinter(out=sys.stdout, passthrough=(lambda line: print(line, file=sys.stderr)) if verbose else None)
+
+
+def _num(x: Any, digits: int = 1) -> str:
+    return fmt_num(x, digits, group=True, missing=MISSING)
+
+
+def _median_repeat(rec: dict[str, Any]) -> dict[str, Any] | None:
+    ok = sorted((r for r in rec.get("repeats") or [] if r.get("status") == "ok" and r.get("samples_per_s")),
+                key=lambda r: r["samples_per_s"])
+    return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def _loss(rec: dict[str, Any]) -> str:
+    rep = _median_repeat(rec)
+    return fmt_num(rep.get("loss_after") if rep else None, 4, missing=MISSING)
+
+
 COLUMNS = [
     ("model", 12, lambda r, s: r["config"]["model"]),
     ("strategy", 9, lambda r, s: r["config"]["strategy"]),
     ("precision", 9, lambda r, s: r["config"]["precision"] + ("+c" if r["config"]["compile"] else "")),
     ("devices", 7, lambda r, s: str(r["world_size"])),
     ("batch/dev", 9, lambda r, s: str(r["config"]["batch_size"])),
-    ("samples/s", 11, lambda r, s: fmt_num(s["samples_per_s"]["median"])),
-    ("stdev", 8, lambda r, s: fmt_num(s["samples_per_s"]["stdev"])),
+    ("samples/s", 11, lambda r, s: _num(s["samples_per_s"]["median"])),
+    ("stdev", 8, lambda r, s: fmt_stdev(s["samples_per_s"]["stdev"], s["samples_per_s"]["n"], 1, group=True,
+                                        missing=MISSING)),
     ("n", 3, lambda r, s: str(s["samples_per_s"]["n"])),
-    ("tokens/s", 11, lambda r, s: fmt_num(s.get("tokens_per_s"), 0)),
-    ("p50 ms", 8, lambda r, s: fmt_num(s.get("step_ms_p50"), 2)),
-    ("p90 ms", 8, lambda r, s: fmt_num(s.get("step_ms_p90"), 2)),
-    ("MFU %", 6, lambda r, s: fmt_num(s["mfu"] * 100 if s.get("mfu") is not None else None)),
-    ("mem/dev", 10, lambda r, s: fmt_bytes(s.get("peak_mem_allocated_bytes") or s.get("peak_rss_bytes"))),
+    ("tokens/s", 11, lambda r, s: _num(s.get("tokens_per_s"), 0)),
+    ("p50 ms", 8, lambda r, s: _num(s.get("step_ms_p50"), 2)),
+    ("p90 ms", 8, lambda r, s: _num(s.get("step_ms_p90"), 2)),
+    ("MFU %", 6, lambda r, s: _num(s["mfu"] * 100 if s.get("mfu") is not None else None)),
+    ("mem/dev", 10, lambda r, s: fmt_bytes(s.get("peak_mem_allocated_bytes") or s.get("peak_rss_bytes"),
+                                           missing=MISSING)),
+    ("loss", 8, lambda r, s: _loss(r)),
 ]
+IDENTITY_COLUMNS = 5  # model .. batch/dev: shown for every status
+
+
+def record_validity(rec: dict[str, Any]) -> validity.Validity:
+    """The record's stored validity, or computed now for a record written before it was stored."""
+    stored = rec.get("validity")
+    return validity.Validity.from_dict(stored) if isinstance(stored, dict) else validity.assess(rec)
 
 
 def result_table(records: list[dict[str, Any]]) -> str:
@@ -78,8 +104,12 @@ def result_table(records: list[dict[str, Any]]) -> str:
         if s:
             cells = "  ".join(f"{fn(r, s):>{w}}" for _, w, fn in COLUMNS)
         else:
-            cells = "  ".join(f"{(fn(r, None) if i < 5 else '-'):>{w}}" for i, (_, w, fn) in enumerate(COLUMNS))
-        lines.append(f"{cells}  {r['status']}")
+            cells = "  ".join(f"{(fn(r, None) if i < IDENTITY_COLUMNS else MISSING):>{w}}"
+                              for i, (_, w, fn) in enumerate(COLUMNS))
+        status = r["status"]
+        if r.get("status") == "ok" and not record_validity(r).sound:
+            status += f" {WARN_MARK} flagged"
+        lines.append(f"{cells}  {status}")
     return "\n".join(lines)
 
 
@@ -102,10 +132,71 @@ def data_line(d: dict[str, Any]) -> str:
             f"{loader.get('decoder')}{bad}")
 
 
-def print_result(rec: dict[str, Any]) -> None:
+def validity_suffix(rec: dict[str, Any]) -> str:
+    """For one-line summaries (a sweep's per-case line): " ! short_window, high_cv", or ""."""
+    if rec.get("status") != "ok":
+        return ""
+    warn = [f.check for f in record_validity(rec).warnings]
+    return f" {WARN_MARK} {', '.join(warn)}" if warn else ""
+
+
+def validity_lines(rec: dict[str, Any]) -> list[str]:
+    """One line per flag, warnings first: what makes a number unsound, and why."""
+    v = record_validity(rec)
+    out = []
+    for f in sorted(v.flags, key=lambda f: f.severity != validity.WARN):
+        mark = WARN_MARK if f.severity == validity.WARN else NOTE_MARK
+        out.append(f"# {mark} {f.check}: {f.reason}")
+    return out
+
+
+def breakdown_line(b: dict[str, Any] | None) -> str | None:
+    """The step-time breakdown the run measured (rank 0, after the window), in one line."""
+    if not isinstance(b, dict):
+        return None
+    if b.get("supported") is False:
+        return f"# breakdown: not measured ({b.get('reason') or 'unsupported'})"
+
+    def ms(k: str) -> str:
+        return fmt_num(b.get(k), 2, missing=MISSING)
+
+    parts = [f"data {ms('data_ms')}", f"forward {ms('forward_ms')}", f"backward {ms('backward_ms')}"]
+    if b.get("exposed_comm_ms") is not None:
+        overlap = b.get("overlap_ratio")
+        parts[-1] += (f" (exposed comm {ms('exposed_comm_ms')} of all-reduce {ms('comm_ms')}"
+                      + (f", {overlap * 100:.0f} % overlapped" if overlap is not None else "") + ")")
+    parts.append(f"optimizer {ms('optimizer_ms')}")
+    return f"# breakdown (ms per step, median of {b.get('steps')} steps after the window): " + ", ".join(
+        parts) + f" = step {ms('step_ms')}"
+
+
+def profile_lines(rec: dict[str, Any], store_root: str | Path | None, top: int = 5) -> list[str]:
+    """Where the profiler trace went and the ops with the most self time."""
+    out = []
+    if rec.get("trace"):
+        path = Path(store_root) / rec["trace"] if store_root is not None else Path(rec["trace"])
+        out.append(f"# profiler trace: {path} (open in chrome://tracing or ui.perfetto.dev)")
+    ops = rec.get("profile_top_ops") or []
+    if ops:
+        out.append("# top ops by self time (ms per step): " + ", ".join(
+            f"{o.get('name')} {fmt_num(o.get('self_ms_per_step'), 2, missing=MISSING)}" for o in ops[:top]))
+    elif rec.get("config", {}).get("profile") and not rec.get("trace"):
+        out.append("# profiler: no trace kept (no ok repeat, or rank 0 wrote none)")
+    return out
+
+
+def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> None:
     print(result_table([rec]))
     s = rec.get("summary") or {}
     if s.get("mfu") is None and rec.get("status") == "ok":
         print("# MFU: no peak FLOP/s known for this device and dtype (CPUs have none in the table)")
     if s.get("peak_mem_allocated_bytes") is None and s.get("peak_rss_bytes"):
         print("# mem/dev on the CPU is the peak resident set of a worker process")
+    if rec.get("status") == "ok":
+        for line in validity_lines(rec):
+            print(line)
+    line = breakdown_line(rec.get("breakdown"))
+    if line:
+        print(line)
+    for line in profile_lines(rec, store_root):
+        print(line)

@@ -86,6 +86,14 @@ def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
             if k.startswith(TUNING_PREFIXES) or k in TUNING_NAMES}
 
 
+def affinity_count() -> int | None:
+    """How many cores this process may run on (fewer than cpu_count under taskset or a cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def capture(include_topology: bool = True, framework: str = "torch",
             device_type: str | None = None) -> dict[str, Any]:
     """Environment of this host: versions, devices, host, CPU, topology; for framework jax also
@@ -105,6 +113,7 @@ def capture(include_topology: bool = True, framework: str = "torch",
         "os": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_affinity_count": affinity_count(),  # the cores this process may use (cgroups, taskset)
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda_available": torch.cuda.is_available(),
         "env_vars": tuning_env(),

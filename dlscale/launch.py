@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, frameworks, inputs, metrics
+from dlscale import envinfo, frameworks, inputs, metrics, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
@@ -125,6 +125,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_last": r0.get("loss_last"),
             "loss_after": r0.get("loss_after"),
             "warmup_losses": r0.get("warmup_losses"),
+            "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
         })
     return entry
 
@@ -191,9 +192,13 @@ class TorchrunSpawner:
 
     def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult:
         module = self.module or frameworks.worker_module(cfg.framework)
-        return spawn_torchrun(module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
-                              self._nproc(cfg), cfg.time_limit, env={**(self.env or {}), **env}, rdzv=self.rdzv,
-                              on_line=self.on_line)
+        try:
+            return spawn_torchrun(module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
+                                  self._nproc(cfg), cfg.time_limit, env={**(self.env or {}), **env}, rdzv=self.rdzv,
+                                  on_line=self.on_line)
+        finally:
+            if hasattr(self.on_line, "close"):
+                self.on_line.close()  # a phase the workers never ended (a crash) stops ticking
 
 
 def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None, command: str | None = None,
@@ -260,6 +265,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
         if any(r["status"] == "ok" for r in rec.repeats):
             rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
         _median_repeat_extras(rec, files_root, Path(staging))
+    rec.validity = validity.assess(rec.to_dict()).to_dict()
     return rec
 
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from dlscale.precision import peak_dtype
@@ -20,7 +22,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
-    """Median, mean, min, max and sample standard deviation (n-1) of repeat results."""
+    """Median, mean, min, max and sample standard deviation (n-1; None for one value) of repeat results."""
     xs = [float(v) for v in values]
     if not xs:
         return {"n": 0, "median": None, "mean": None, "min": None, "max": None, "stdev": None}
@@ -30,7 +32,7 @@ def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
         "mean": statistics.fmean(xs),
         "min": min(xs),
         "max": max(xs),
-        "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "stdev": statistics.stdev(xs) if len(xs) > 1 else None,  # one value has no spread (not 0)
     }
 
 
@@ -50,22 +52,71 @@ def scaling_efficiency(speedup_value: float | None, devices: int) -> float | Non
     return None if speedup_value is None else speedup_value / devices
 
 
-# Dense (no sparsity) peak FLOP/s per device and dtype, from vendor datasheets.
-# Keys are matched as case-insensitive substrings of the device name, most specific first.
-PEAK_FLOPS: list[tuple[str, dict[str, float], str]] = [
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
-     "NVIDIA H100 Tensor Core GPU datasheet (PCIe; dense = half the sparsity figure)"),
-    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
-     "NVIDIA H100 Tensor Core GPU datasheet (NVL; dense = half the sparsity figure)"),
-    ("H100", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "NVIDIA H100 Tensor Core GPU datasheet (SXM5; dense = half the sparsity figure)"),
-    ("H200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "NVIDIA H200 Tensor Core GPU datasheet (SXM; dense = half the sparsity figure)"),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-     "NVIDIA A100 Tensor Core GPU datasheet (dense)"),
-    ("V100", {"fp16": 125e12, "fp32": 15.7e12},
-     "NVIDIA Tesla V100 datasheet (SXM2)"),
+# Dense (no sparsity) peak FLOP/s per device and dtype, from vendor datasheets. NVIDIA's datasheets
+# print tensor-core figures "with sparsity": the dense figure is half of it. "tf32" is what fp32
+# training uses on CUDA (TF32 tensor cores on); a device without TF32 has no "tf32" entry, so its
+# fp32 MFU stays unknown rather than measured against the wrong peak.
+H100_SRC = "NVIDIA H100 Tensor Core GPU datasheet"
+H200_SRC = "NVIDIA H200 Tensor Core GPU datasheet"
+B200_SRC = "NVIDIA HGX B200 specifications (per GPU; www.nvidia.com/en-us/data-center/hgx/)"
+A100_SRC = "NVIDIA A100 Tensor Core GPU datasheet (40 GB and 80 GB, PCIe and SXM alike)"
+ADA_SRC = "NVIDIA {} datasheet"
+V100_SRC = "NVIDIA Tesla V100 GPU datasheet ({})"
+MI300X_SRC = "AMD Instinct MI300X accelerator data sheet"
+MI250X_SRC = "AMD Instinct MI250X accelerator data sheet (no TF32)"
+HALF = "; dense = half the sparsity figure"
+
+
+@dataclass(frozen=True)
+class PeakEntry:
+    name: str  # the product, as the table shows it
+    pattern: str  # regular expression matched case-insensitively against the device name
+    flops: dict[str, float]  # dtype -> dense peak FLOP/s
+    source: str
+
+
+# Most specific first; a name that matches nothing (an L40, an A10G, "MI250X / MI250", a V100
+# FHHL) has no peak: MFU is then unknown, never computed against a sibling's figure.
+PEAK_FLOPS: list[PeakEntry] = [
+    PeakEntry("B200", r"(?<![a-z0-9])B200\b", {"fp8": 4.5e15, "bf16": 2.25e15, "fp16": 2.25e15, "tf32": 1.1e15,
+                                                "fp32": 75e12}, B200_SRC + HALF),
+    PeakEntry("GH200", r"\bGH200\b", {"fp8": 1979e12, "bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12,
+                                      "fp32": 66.9e12}, "NVIDIA GH200 Grace Hopper Superchip datasheet" + HALF),
+    PeakEntry("H200 NVL", r"\bH200\s*NVL\b", {"fp8": 1670.5e12, "bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12,
+                                              "fp32": 60e12}, H200_SRC + " (NVL)" + HALF),
+    PeakEntry("H200 SXM", r"\bH200\b", {"fp8": 1979e12, "bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12,
+                                        "fp32": 66.9e12}, H200_SRC + " (SXM)" + HALF),
+    PeakEntry("H100 NVL", r"\bH100\s*NVL\b", {"fp8": 1670.5e12, "bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12,
+                                              "fp32": 60e12}, H100_SRC + " (NVL)" + HALF),
+    PeakEntry("H100 PCIe", r"\bH100\b.*\bPCIe\b", {"fp8": 1513e12, "bf16": 756e12, "fp16": 756e12, "tf32": 378e12,
+                                                  "fp32": 51.2e12}, H100_SRC + " (PCIe)" + HALF),
+    PeakEntry("H100 SXM", r"\bH100\b", {"fp8": 1979e12, "bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12,
+                                        "fp32": 66.9e12}, H100_SRC + " (SXM5)" + HALF),
+    PeakEntry("A100", r"\bA100\b", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}, A100_SRC + HALF),
+    PeakEntry("A10", r"\bA10\b", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
+              "NVIDIA A10 Tensor Core GPU datasheet" + HALF),
+    PeakEntry("L40S", r"\bL40S\b", {"fp8": 733e12, "bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12,
+                                    "fp32": 91.6e12}, ADA_SRC.format("L40S") + HALF),
+    PeakEntry("L4", r"\bL4\b", {"fp8": 242.5e12, "bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+              ADA_SRC.format("L4 Tensor Core GPU") + HALF),
+    PeakEntry("V100S PCIe", r"\bV100S\b", {"fp16": 130e12, "fp32": 16.4e12}, V100_SRC.format("V100S PCIe")),
+    PeakEntry("V100 SXM2", r"\bV100\b.*\bSXM2\b", {"fp16": 125e12, "fp32": 15.7e12}, V100_SRC.format("SXM2")),
+    PeakEntry("V100 PCIe", r"\bV100\b.*\bPCIe\b", {"fp16": 112e12, "fp32": 14e12}, V100_SRC.format("PCIe")),
+    PeakEntry("MI300X", r"\bMI300X\b", {"fp8": 2614.9e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "tf32": 653.7e12,
+                                        "fp32": 163.4e12}, MI300X_SRC + " (dense figures)"),
+    PeakEntry("MI250X", r"\bMI250X\b(?!\s*/\s*MI250\b)", {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12},
+              MI250X_SRC + "; fp32 is the matrix figure"),
 ]
+
+
+def peak_entry(device_name: str | None) -> PeakEntry | None:
+    """The table row a device name matches (the first, most specific), or None."""
+    if not device_name:
+        return None
+    for e in PEAK_FLOPS:
+        if re.search(e.pattern, device_name, flags=re.IGNORECASE):
+            return e
+    return None
 
 
 precision_dtype = peak_dtype  # which peak applies to a precision (dlscale/precision.py)
@@ -73,14 +124,9 @@ precision_dtype = peak_dtype  # which peak applies to a precision (dlscale/preci
 
 def peak_flops(device_name: str | None, dtype: str) -> tuple[float | None, str | None]:
     """(peak FLOP/s, source) for a device and dtype; (None, None) when unknown (e.g. a CPU)."""
-    if not device_name:
-        return None, None
-    name = device_name.lower()
-    for key, table, source in PEAK_FLOPS:
-        if key.lower() in name:
-            value = table.get(dtype)
-            return (value, source) if value else (None, None)
-    return None, None
+    e = peak_entry(device_name)
+    value = e.flops.get(dtype) if e else None
+    return (value, e.source) if value else (None, None)
 
 
 def mfu(flops_per_sample: float, samples_per_s_per_device: float, peak: float | None) -> float | None:

@@ -35,6 +35,7 @@ import tempfile
 import time
 
 from dlscale import ConfigError
+from dlscale.fmt import fmt_si
 
 MIN_INTERVAL_S = 0.01
 MAX_INTERVAL_S = 10.0
@@ -249,6 +250,9 @@ class _Gpu:
         out["power_w"] = pw / 1000.0 if pw is not None else None
         clk = self._call("sm_clock", lambda: p.nvmlDeviceGetClockInfo(h, p.NVML_CLOCK_SM))
         out["sm_clock_mhz"] = float(clk) if clk is not None else None
+        reasons = self._call("clock_reasons", lambda: _clock_reasons(p, h))
+        out["clock_reasons"] = int(reasons) if reasons is not None else None
+        out["pids"] = self._call("processes", lambda: _gpu_pids(p, h))
         for k in ("pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps"):
             out[k] = None
         if self._fields:
@@ -271,6 +275,36 @@ class _Gpu:
 
 def _to_str(x):
     return x.decode() if isinstance(x, bytes) else str(x)
+
+
+# Clock-event ("throttle") reason bits of nvmlDeviceGetCurrentClocksEventReasons, as nvml.h
+# defines them. SLOWDOWN: the clocks are held down by heat or a hardware signal (the validity
+# check "throttled"); the power cap is the normal state of a GPU at its power limit, recorded apart.
+CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                 0x80: "hw_power_brake_slowdown", 0x100: "display_clock"}
+SLOWDOWN_MASK = 0x8 | 0x20 | 0x40 | 0x80
+POWER_CAP_MASK = 0x4
+
+
+def clock_reason_names(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_REASONS.items() if mask & bit]
+
+
+def _clock_reasons(pynvml, h) -> int:
+    fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # the older name
+    return fn(h)
+
+
+def _gpu_pids(pynvml, h) -> list[int]:
+    """Pids of the compute and graphics processes NVML lists on a GPU."""
+    pids: set[int] = set()
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        fn = getattr(pynvml, name, None)
+        if fn is not None:
+            pids |= {int(pr.pid) for pr in fn(h)}
+    return sorted(pids)
 
 
 class _Collector:
@@ -301,23 +335,41 @@ class _Collector:
         n_fallback = sum(1 for g in self.gpus if g.pcie_source == "pcie_throughput")
         self.pcie_period_s = max(interval_s, 2 * _PCIE_FALLBACK_CALL_S * n_fallback / _PCIE_FALLBACK_BUDGET)
         self.meta["pcie_fallback_period_s"] = self.pcie_period_s if n_fallback else None
-        # Process tree for RSS.
+        # The watched process tree: its RSS, its CPU time and its GPU processes (the rest of the
+        # machine's load is what competes with the case: dlscale/validity.py).
         self._root = None
         self._tree: list = []
         self._tree_at = -1e18
+        self._listed_wall = None  # wall time of the latest tree listing
+        self._prev_listed_wall = None  # and of the one before
+        self._cpu_prev: dict[int, tuple[float, float]] = {}  # pid -> (create time, CPU seconds)
         if pid is not None:
             try:
                 self._root = psutil.Process(pid)
             except Exception as e:
                 self.errors.append(f"watched pid {pid}: {type(e).__name__}: {e}")
+        self.cores = self._case_cores()
+        self.meta["case_cores"] = self.cores
         # Prime the since-last-call counters.
         psutil.cpu_percent(percpu=True)
         self._prev_t = time.monotonic()
         self._prev_disk = self._disk()
         self._prev_net = self._net()
         self._prev_cpu_s = time.process_time()
+        if self._root is not None:
+            self._refresh_tree(time.monotonic())
+            self._case_cpu_s()
         for g in self.gpus:
             g.sample(self.pcie_period_s)
+
+    def _case_cores(self) -> list[int] | None:
+        """The cores the watched process may run on (its affinity); None: every core."""
+        if self._root is None:
+            return None
+        try:
+            return sorted(self._root.cpu_affinity())
+        except Exception:  # not on every platform
+            return None
 
     def _nvml_indices(self, wanted, count: int) -> list[int]:
         """NVML indices of ``wanted`` (ints pass through; UUIDs are looked up: CUDA's device order and
@@ -393,17 +445,51 @@ class _Collector:
         except Exception:
             return None
 
+    def _refresh_tree(self, now):
+        if now - self._tree_at < _CHILDREN_REFRESH_S:
+            return
+        self._tree_at = now
+        try:
+            kids = self._root.children(recursive=True)
+        except Exception:
+            kids = []
+        self._prev_listed_wall, self._listed_wall = self._listed_wall, time.time()
+        self._tree = [self._root] + [k for k in kids if k.pid != self.own_pid]
+
+    def _case_cpu_s(self):
+        """CPU seconds the watched tree and this sampler used since the previous call.
+
+        A process first seen in this listing counts in full when it was created after the previous
+        listing (all its time is new); one that ended between two samples loses its last interval
+        (counted as other load: a small bias towards flagging, never towards hiding).
+        """
+        ps = self.psutil
+        total, seen = 0.0, {}
+        for proc in self._tree:
+            try:
+                with proc.oneshot():
+                    ct = proc.cpu_times()
+                    created = proc.create_time()
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
+                continue
+            cpu = ct.user + ct.system
+            prev = self._cpu_prev.get(proc.pid)
+            if prev is not None and prev[0] == created:
+                total += max(0.0, cpu - prev[1])
+            elif self._prev_listed_wall is not None and created >= self._prev_listed_wall:
+                total += cpu
+            seen[proc.pid] = (created, cpu)
+        self._cpu_prev = seen
+        own = time.process_time()
+        total += max(0.0, own - self._prev_cpu_s)
+        self._prev_cpu_s = own
+        return total
+
     def _rss(self, now):
         if self._root is None:
             return None
         ps = self.psutil
-        if now - self._tree_at >= _CHILDREN_REFRESH_S:
-            self._tree_at = now
-            try:
-                kids = self._root.children(recursive=True)
-            except Exception:
-                kids = []
-            self._tree = [self._root] + [k for k in kids if k.pid != self.own_pid]
+        self._refresh_tree(now)
         total, alive = 0, 0
         for proc in self._tree:
             try:
@@ -440,8 +526,27 @@ class _Collector:
                     s[k] = round((cur[j] - prev[j]) / dt, 1)
         self._prev_disk, self._prev_net = disk, net
         s["gpus"] = [g.sample(self.pcie_period_s) for g in self.gpus]
+        if self._root is not None:
+            self._case_load(s, per_core, dt)
         s["sampler_cpu_s"] = round(time.process_time(), 6)
         return s
+
+    def _case_load(self, s: dict, per_core: list, dt: float) -> None:
+        """The case's CPU (cores busy in the watched tree, sampler included), the busy cores of its
+        affinity, the rest (other processes); per GPU, the listed processes outside the tree."""
+        case_s = self._case_cpu_s()
+        cores = self.cores if self.cores is not None else range(len(per_core))
+        busy = sum(per_core[i] for i in cores if i < len(per_core)) / 100.0
+        case = case_s / dt if dt > 0 else None
+        s["case_cpu_cores"] = None if case is None else round(case, 3)
+        s["cpu_busy_cores"] = round(busy, 3)
+        s["other_cpu_cores"] = None if case is None else round(max(0.0, busy - case), 3)
+        tree = {p.pid for p in self._tree} | {self.own_pid}
+        for g in s["gpus"]:
+            pids = g.get("pids")
+            if pids is not None:
+                g["foreign_pids"] = [p for p in pids if p not in tree]
+                g["own_pids_seen"] = any(p in tree for p in pids)
 
 
 def _worker_main(args) -> int:
@@ -513,6 +618,42 @@ def _mean(xs):
 def _max(xs):
     xs = [x for x in xs if x is not None]
     return max(xs) if xs else None
+
+
+def _load_summary(win: list[dict], meta: dict) -> dict:
+    """What competed with the case in the window, and how its GPUs' clocks were held (validity).
+
+    other_cpu_pct_mean: cores busy outside the case's process tree, % of the case's cores;
+    gpu_throttle_frac: share of (sample, GPU) pairs with a thermal or hardware slowdown reason;
+    gpu_foreign_procs_max: most processes outside the tree seen at once on the sampled GPUs, judged
+    only when NVML lists one of the tree's own pids (gpu_pids_comparable; in a container NVML may
+    report the host's pids).
+    """
+    out: dict = {}
+    cores = meta.get("case_cores")
+    n = len(cores) if cores else meta.get("n_cpus")
+    out["case_n_cores"] = n
+    for k in ("case_cpu_cores", "cpu_busy_cores", "other_cpu_cores"):
+        out[k + "_mean"] = _mean([s.get(k) for s in win])
+    other = out["other_cpu_cores_mean"]
+    out["other_cpu_pct_mean"] = other / n * 100.0 if other is not None and n else None
+    gs = [g for s in win for g in s.get("gpus", [])]
+    reasons = [g["clock_reasons"] for g in gs if isinstance(g.get("clock_reasons"), int)]
+    out["gpu_throttle_frac"] = sum(1 for r in reasons if r & SLOWDOWN_MASK) / len(reasons) if reasons else None
+    out["gpu_power_cap_frac"] = sum(1 for r in reasons if r & POWER_CAP_MASK) / len(reasons) if reasons else None
+    seen = 0
+    for r in reasons:
+        seen |= r & SLOWDOWN_MASK
+    out["gpu_throttle_reasons"] = clock_reason_names(seen) if reasons else None
+    listed = [g for g in gs if g.get("foreign_pids") is not None]
+    if listed:
+        out["gpu_pids_comparable"] = any(g.get("own_pids_seen") for g in listed)
+        per_sample = [set().union(*[set(g.get("foreign_pids") or []) for g in s.get("gpus", [])]) for s in win]
+        out["gpu_foreign_procs_max"] = max(len(x) for x in per_sample)
+        out["gpu_foreign_pids"] = sorted(set().union(*per_sample))[:20]
+    else:
+        out["gpu_pids_comparable"] = out["gpu_foreign_procs_max"] = out["gpu_foreign_pids"] = None
+    return out
 
 
 class HardwareSampler:
@@ -690,6 +831,7 @@ class HardwareSampler:
         cores = [s.get("cpu_util_per_core") for s in win if s.get("cpu_util_per_core")]
         ncore = min((len(c) for c in cores), default=0)
         out["cpu_util_per_core_mean"] = [sum(c[i] for c in cores) / len(cores) for i in range(ncore)] if cores else None
+        out.update(_load_summary(win, meta))
         # GPU: per GPU over samples, then averaged over GPUs (max: over everything).
         per_gpu = []
         info = {g["index"]: g for g in meta.get("gpus", [])}
@@ -811,13 +953,7 @@ def _unlink(path):
 
 
 def _fmt_bytes(x, per_s=False):
-    if x is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(x) < 1000 or unit == "TB":
-            s = f"{x:.0f}{unit}" if unit == "B" else f"{x:.1f}{unit}"
-            return s + ("/s" if per_s else "")
-        x /= 1000.0
+    return fmt_si(x, "B/s" if per_s else "B", missing="-")
 
 
 def _live(args) -> int:

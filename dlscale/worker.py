@@ -28,7 +28,7 @@ _STARTED = time.time()  # before torch's import: the process's phases are timed 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import multinode, precision  # noqa: E402
+from dlscale import multinode, parity, precision, progress  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -161,13 +161,6 @@ def _peak_memory(device: torch.device) -> dict[str, int | None]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def _loss_value(loss: torch.Tensor | None) -> float | None:
-    if loss is None:
-        return None
-    v = float(loss.detach().float().item())
-    return v if v == v and abs(v) != float("inf") else None
-
-
 def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path | None = None) -> None:
     """Everything between process-group start and the rank's result (filled into ``result``)."""
     device = denv.device
@@ -183,6 +176,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         result["tf32"] = False
         result["device_name"] = "cpu"
 
+    progress.phase("build", "start", denv.rank)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model = spec.build()
@@ -200,6 +194,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     result.setdefault("marks", {})["built"] = time.time()
+    progress.phase("build", "end", denv.rank)
     eager_module = par.module  # for the correctness check: no recompilation for inference
     if cfg.compile:
         par.module = compile_module(par.module, cfg)
@@ -259,13 +254,26 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     # here (a host sync per step is harmless outside the window) for correctness checks.
     losses = []
     t_w = time.perf_counter()
+    ticker = None
     for i in range(cfg.warmup):
+        compiling_now = cfg.compile and i == 0  # torch.compile compiles on the first call
+        if compiling_now:
+            progress.phase("compile", "start", denv.rank)
+        elif i == int(cfg.compile):
+            progress.phase("warmup", "start", denv.rank)
+            ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
         inject.check(i)
         if fetch is not None:
             fetch()
         loss = step()
-        losses.append(_loss_value(loss) if par.reports_loss else None)
+        losses.append(parity.global_loss(loss if par.reports_loss else None, par, denv))
+        if compiling_now:
+            progress.phase("compile", "end", denv.rank)
+        elif ticker is not None:
+            ticker.tick(i + 1)
+    progress.phase("warmup", "end", denv.rank)
     result["warmup_s"] = time.perf_counter() - t_w
+    result["loss_scope"] = parity.LOSS_SCOPE
     result.setdefault("marks", {})["warmed_up"] = time.time()
     result["warmup_losses"] = losses
 
@@ -335,8 +343,8 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "local_window_s": window,
         "window_wall": [wall_start, wall_end],
         "step_times_ms": step_ms,
-        "loss_last": _loss_value(loss) if par.reports_loss else None,
     })
+    result["loss_last"] = parity.global_loss(loss if par.reports_loss else None, par, denv)
     result.update(_peak_memory(device))
     if fetch is not None:
         result["data"] = source.summary(waits, window, step_ms)
@@ -346,13 +354,17 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 
+        progress.phase("breakdown", "start", denv.rank)
         result["breakdown"] = measure_breakdown(par, cfg, device, batches, _autocast(cfg, device),
                                                 denv.world_size, fetch=fetch)
+        progress.phase("breakdown", "end", denv.rank)
     if cfg.profile:
         from dlscale.breakdown import profile_steps
 
         trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
+        progress.phase("profile", "start", denv.rank)
         result["profile"] = profile_steps(step, device, trace)
+        progress.phase("profile", "end", denv.rank)
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
     if cuda:
         result["model_state_mem_bytes"] = _model_state_memory(step, device)
@@ -382,20 +394,20 @@ def _model_state_memory(step, device: torch.device) -> int | None:
 
 
 def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv) -> float | None:
-    """Loss of the trained model on micro-batch 0, averaged over data-parallel ranks.
+    """Loss of the trained model on micro-batch 0 (eval mode), its global mean (dlscale/parity.py).
 
     Correctness check only (outside the window): equal for any strategy that trains the same
-    global batch as a single process does.
+    global batch as a single process does. Strategies with their own step evaluate through
+    ``par.eval_loss``.
     """
+    if par.eval_loss is not None:
+        return parity.global_loss(par.eval_loss(batch), par, denv)
     if par.step is not None or not par.info.get("eval_loss", True):
         return None
     module.eval()  # dropout off, so the check is deterministic
     with torch.no_grad(), _autocast(cfg, device)():
-        loss = module(*batch).detach().float().reshape(1)
-    if denv.world_size > 1:
-        loss = loss / par.dp_size
-        dist.all_reduce(loss, group=par.dp_group)
-    return _loss_value(loss)
+        loss = module(*batch)
+    return parity.global_loss(loss, par, denv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,12 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) / f"rank{denv.rank}.json"
     code = 0
     try:
+        progress.phase("rendezvous", "start", denv.rank)
         dist.init_process_group(denv.backend, rank=denv.rank, world_size=denv.world_size,
                                 timeout=_dt.timedelta(seconds=cfg.collective_timeout),
                                 device_id=denv.device if denv.backend == "nccl" else None,
                                 **multinode.restart_store(denv, cfg.collective_timeout))  # --max-restarts
         multinode.after_init(denv, result)  # multi-node: every rank's host/device -> world.json
         result["marks"]["process_group"] = time.time()
+        progress.phase("rendezvous", "end", denv.rank)
         train(cfg, denv, result, Path(args.out))
     except torch.OutOfMemoryError as e:
         result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM

@@ -49,7 +49,7 @@ def test_stdev_is_sample_stdev():
     # values 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sum of squares 32, sample variance 32/7
     s = metrics.summarize([2, 4, 4, 4, 5, 5, 7, 9])
     assert s["stdev"] == pytest.approx((32 / 7) ** 0.5)
-    assert metrics.summarize([3.0])["stdev"] == 0.0
+    assert metrics.summarize([3.0])["stdev"] is None  # one value: no spread, not zero
     assert metrics.summarize([])["median"] is None
 
 
@@ -83,6 +83,55 @@ def test_peak_table():
     assert metrics.precision_dtype("fp32", "cuda") == "tf32"
     assert metrics.precision_dtype("fp32", "cpu") == "fp32"
     assert metrics.precision_dtype("amp-fp16", "cuda") == "fp16"
+
+
+# Device names as torch.cuda.get_device_name / nvidia-smi / ROCm print them -> (table row, bf16, fp16, tf32)
+DEVICE_NAMES = [
+    ("NVIDIA B200", "B200", 2.25e15, 2.25e15, 1.1e15),
+    ("NVIDIA GB200", None, None, None, None),  # the superchip's GPU runs at another power: not tabulated
+    ("NVIDIA GH200 480GB", "GH200", 989.4e12, 989.4e12, 494.7e12),
+    ("NVIDIA H200", "H200 SXM", 989.4e12, 989.4e12, 494.7e12),
+    ("NVIDIA H200 NVL", "H200 NVL", 835e12, 835e12, 417.5e12),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4e12, 989.4e12, 494.7e12),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756e12, 756e12, 378e12),
+    ("NVIDIA H100 NVL", "H100 NVL", 835e12, 835e12, 417.5e12),
+    ("NVIDIA A100-SXM4-40GB", "A100", 312e12, 312e12, 156e12),
+    ("NVIDIA A100-SXM4-80GB", "A100", 312e12, 312e12, 156e12),
+    ("NVIDIA A100-PCIE-40GB", "A100", 312e12, 312e12, 156e12),
+    ("NVIDIA A100 80GB PCIe", "A100", 312e12, 312e12, 156e12),
+    ("NVIDIA A10", "A10", 125e12, 125e12, 62.5e12),
+    ("NVIDIA A10G", None, None, None, None),  # not an A10: a different part
+    ("NVIDIA L4", "L4", 121e12, 121e12, 60e12),
+    ("NVIDIA L40S", "L40S", 362.05e12, 362.05e12, 183e12),
+    ("NVIDIA L40", None, None, None, None),  # not an L40S, not an L4
+    ("Tesla V100-SXM2-16GB", "V100 SXM2", None, 125e12, None),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2", None, 125e12, None),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe", None, 112e12, None),  # never the SXM2 peak
+    ("Tesla V100-PCIE-32GB", "V100 PCIe", None, 112e12, None),
+    ("Tesla V100S-PCIE-32GB", "V100S PCIe", None, 130e12, None),
+    ("Tesla V100-FHHL-16GB", None, None, None, None),  # a lower-clocked card: unknown, not SXM2's
+    ("AMD Instinct MI300X", "MI300X", 1307.4e12, 1307.4e12, 653.7e12),
+    ("AMD Instinct MI250X", "MI250X", 383e12, 383e12, None),  # no TF32 on CDNA2
+    ("AMD Instinct MI250X / MI250", None, None, None, None),  # ambiguous: MI250 has less
+]
+
+
+@pytest.mark.parametrize("name, row, bf16, fp16, tf32", DEVICE_NAMES, ids=[d[0] for d in DEVICE_NAMES])
+def test_peak_table_matches_real_device_names(name, row, bf16, fp16, tf32):
+    entry = metrics.peak_entry(name)
+    assert (entry.name if entry else None) == row
+    for dtype, want in (("bf16", bf16), ("fp16", fp16), ("tf32", tf32)):
+        value, source = metrics.peak_flops(name, dtype)
+        assert value == want
+        assert (source is not None) is (want is not None)
+
+
+def test_every_peak_row_has_a_source_and_dense_figures():
+    for e in metrics.PEAK_FLOPS:
+        assert e.source and ("datasheet" in e.source or "specifications" in e.source or "data sheet" in e.source)
+        f = e.flops
+        assert f.get("bf16", 0) <= f.get("fp8", float("inf")) and f.get("tf32", 0) <= f.get("fp16", float("inf"))
+        assert f["fp32"] < f["fp16"]  # fp32 is the CUDA-core (or matrix) figure, far below the tensor peaks
 
 
 @pytest.mark.parametrize("field,value,fragment", [

@@ -151,6 +151,7 @@ def test_pipeline_matches_single(store):
     rec = _run(store, "gpt2", "pipeline", 2, 4, "microbatches=2")  # 1f1b
     assert rec["global_batch"] == 4 * GRAD_ACCUM["gpt2"] and rec["strategy_info"]["tied_params"] == 1
     _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+    assert _close(_rep(rec)["loss_after"], ref["loss_after"])  # the schedule's forward-only evaluation
 
 
 @pytest.mark.slow
@@ -238,11 +239,39 @@ def test_interleaved_resnet_matches_single(store):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed (optional extra) not installed")
 def test_deepspeed_zero3_matches_zero1(store):
-    """Rank 0's per-step losses (its half of the batch) as under zero1/ddp."""
+    """The per-step losses (the global batch's mean, as every strategy reports them) as under zero1."""
     ref = _rep(_run(store, "gpt2", "zero1", 2, 2))
     rec = _run(store, "gpt2", "deepspeed", 2, 2, "stage=3")
     assert rec["strategy_info"]["ds_config"]["gradient_clipping"] == 0.0
     _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+
+
+# every strategy the tests above run on the CPU (their runs are shared through the cache), and ddp
+PARITY_RUNS = [
+    ("gpt2", "single", 1, 4, ()), ("gpt2", "ddp", 2, 2, ()), ("gpt2", "zero1", 2, 2, ()), ("gpt2", "fsdp", 2, 2, ()),
+    ("gpt2", "hsdp", 2, 2, ("replicate=2", "shard=zero2")), ("gpt2", "hybrid", 4, 2, ("dp=2", "tp=2", "dp_shard=fsdp")),
+    ("gpt2", "pipeline", 2, 4, ("microbatches=2",)), ("gpt2", "tensor", 2, 4, ("sequence_parallel=true",)),
+    ("bert-base", "single", 1, 4, ()), ("bert-base", "tensor", 2, 4, ()),
+    ("resnet50", "single", 1, 4, ()), ("resnet50", "model", 2, 4, ()),
+    ("resnet50", "pipeline", 2, 4, ("schedule=interleaved", "microbatches=1")),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # in the module's run the cases are cached (one new run); alone it runs them all
+def test_parity_view_passes_for_every_strategy(store):
+    """What `dlscale parity` shows a user, over this module's runs: every strategy's warm-up losses
+    and loss_after within the tolerance of single's on the same global batch."""
+    for model, strategy, nproc, batch, opts in PARITY_RUNS:
+        _run(store, model, strategy, nproc, batch, *opts)
+    rc, out, err = _cli(["parity", str(store), "--format", "json"])
+    doc = json.loads(out)
+    cases = [(g["model"], g["precision"], c) for g in doc["groups"] for c in g["cases"]]
+    bad = [(m, p, c["strategy"], c["verdict"], c["max_rel_diff"], c["note"]) for m, p, c in cases
+           if c["verdict"] != "pass"]
+    assert rc == 0 and not bad, (bad, err)
+    assert {c["strategy"] for _, _, c in cases} >= {s for _, s, *_ in PARITY_RUNS} - {"single"}
+    assert all(c["loss_after"] is not None and len(c["warmup_losses"]) == WARMUP for _, _, c in cases)
 
 
 # ---------------------------------------------------------------- unsupported (no process started)

@@ -91,8 +91,9 @@ def cmd_run(args) -> int:
         if note:
             print(note)
         console.print_header(cfg)
-    spawner = launch.TorchrunSpawner(rdzv=rdzv, on_line=(lambda line: print(line, file=sys.stderr))
-                                     if args.verbose else None)
+    spawner = launch.TorchrunSpawner(rdzv=rdzv, on_line=None if quiet else console.phase_printer(args.verbose))
+    if quiet and args.verbose:
+        spawner.on_line = lambda line: print(line, file=sys.stderr)
     events = None if quiet else console.progress_printer(cfg)
     if cfg.batch_search:
         rec = measure_max_batch(cfg, spawner, files_root=store.root, on_event=events,
@@ -108,7 +109,7 @@ def cmd_run(args) -> int:
     if quiet:
         print(json.dumps(rec.to_dict(), indent=1, default=str))
     else:
-        console.print_result(rec.to_dict())
+        console.print_result(rec.to_dict(), store.root)
         if was_recorded(rec):
             print(f"record {rec.id[:12]} appended to {store.file}")
     if rec.status != "ok":

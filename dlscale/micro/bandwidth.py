@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dlscale import ConfigError
+from dlscale.fmt import fmt_bytes
 from dlscale.micro import common
 from dlscale.micro.peaks import peak_bandwidth
 
@@ -135,7 +136,7 @@ def main(args) -> int:
                        [("op", "op"), ("size_bytes", "buffer"), ("bytes_moved", "moved (B)"),
                         ("time_us", "time (us)"), ("gbps", "GB/s"), ("peak_gbps", "peak (GB/s)"),
                         ("pct_of_peak", "% of peak")],
-                       rows, formatters={"size_bytes": common.fmt_bytes})
+                       rows, formatters={"size_bytes": lambda n: fmt_bytes(n, missing="-")})
     path = common.append_record(args.store, record)
     common.print_done(record, path)
     return common.exit_code(status)

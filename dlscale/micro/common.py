@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from dlscale import ConfigError
+from dlscale.fmt import fmt_cell
 
 DEVICES = ("auto", "cuda", "cpu")
 ROW_STATUSES = ("ok", "unsupported", "oom", "failed")
@@ -321,26 +322,8 @@ def check_store(store_dir: str) -> None:
     ResultStore(store_dir).check_writable()
 
 
-def fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -digits):
-            return f"{value:.3g}"
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
-    return f"{n} B"
+def _cell(value: Any) -> str:
+    return fmt_cell(value, missing="-")
 
 
 def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[dict[str, Any]],
@@ -358,7 +341,7 @@ def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[d
         table.add_column(header, justify="right")
     table.add_column("status", justify="left")
     for row in rows:
-        cells = [formatters.get(key, fmt)(row.get(key)) for key, _ in columns]
+        cells = [formatters.get(key, _cell)(row.get(key)) for key, _ in columns]
         status = row.get("status", "ok")
         if row.get("reason"):
             status += f" ({row['reason']})"

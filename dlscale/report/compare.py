@@ -24,12 +24,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale.fmt import MISSING, md_table
+from dlscale.fmt import fmt_num as fmt
 from dlscale.report import sources
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
-from dlscale.report.render import MISSING, fmt, md_table
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p
 
 # fields --ignore may leave out of the pairing: those of the case identity
@@ -96,6 +97,18 @@ class Pair:
     @property
     def change_pct(self) -> float | None:
         return None if self.ratio is None else (self.ratio - 1.0) * 100.0
+
+    @property
+    def flags(self) -> list[validity.Flag]:
+        """Why the ratio may not be sound: either side's own warnings, and B run differently from
+        A (thread budget, window, sampling)."""
+        if self.a is None or self.b is None or not (self.a.ok and self.b.ok):
+            return []
+        own = [validity.Flag(f.check, f"{side}: {f.reason}", f.severity, f.value, f.limit)
+               for side, row in (("A", self.a), ("B", self.b)) for f in row.validity.warnings]
+        between = [f for f in validity.compare_flags(self.b.record, self.a.record, None, what="ratio B/A")
+                   if f.check != "baseline_flagged"]  # A's own flags are listed above
+        return own + between
 
 
 def variant_details(cfg: dict[str, Any]) -> list[str]:
@@ -274,6 +287,7 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
         "verdict": p.verdict, "record_a": p.a.record.get("id") if p.a else None,
         "record_b": p.b.record.get("id") if p.b else None,
         **({"a_differs": c.a_differs(p)} if c is not None and c.ignore else {}),
+        "flags": "; ".join(f"{f.check}: {f.reason}" for f in p.flags) or None,
     }
 
 
@@ -298,6 +312,10 @@ def to_markdown(c: Comparison) -> str:
             row.insert(1, c.a_differs(p))
     start = 2 if c.ignore else 1
     out += [md_table(headers, rows, numeric_from=start, numeric_to=len(headers) - 1), ""]
+    flagged = [(p, f) for p in c.pairs for f in p.flags]
+    if flagged:
+        out += ["Validity (docs/metrics.md): a ratio with a flag may not be sound:", ""]
+        out += [f"- {p.case} {p.row.node_gpu}: ⚠ {f.check}: {f.reason}" for p, f in flagged] + [""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     return "\n".join(out) + "\n"

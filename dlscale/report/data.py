@@ -16,6 +16,7 @@ Rules (docs/reports.md says the same for users):
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.config import workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
@@ -37,6 +38,7 @@ TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
 BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", "strategy_options", "warmup", "steps", "seed", "device"}
 MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size")
 BASELINE_STRATEGY_PREFERENCE = ("single", "ddp")
+STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
 SELECTION_RULE = ("each row is the newest ok record of its case (case_key); older records of the "
                   "same case are not pooled")
 
@@ -116,8 +118,11 @@ def throughput_stats(rec: dict[str, Any]) -> dict[str, Any] | None:
             for k, v in computed.items():
                 if out.get(k) is None:
                     out[k] = v
-        return out
-    return computed
+    else:
+        out = computed
+    if out is not None and (num(out.get("n")) or 0) < 2:
+        out["stdev"] = None  # records written before: 0.0 for one repeat, which is no spread at all
+    return out
 
 
 def step_times(rec: dict[str, Any]) -> list[list[float]]:
@@ -316,6 +321,7 @@ class Row:
     speedup: float | None = None
     efficiency: float | None = None
     borrowed: bool = False  # the baseline of another strategy, shown as this table's 1-device row
+    speedup_flags: list[validity.Flag] = field(default_factory=list)  # on speedup and efficiency
 
     def __post_init__(self) -> None:
         self.nnodes, self.nproc_per_node = rec_counts(self.record)
@@ -327,6 +333,22 @@ class Row:
     @property
     def devices(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @functools.cached_property
+    def validity(self) -> validity.Validity:
+        """Recomputed from the record (today's checks and thresholds, old records too)."""
+        return validity.assess(self.record)
+
+    @property
+    def flags(self) -> list[validity.Flag]:
+        """The record's own flags, then those on its speedup and efficiency."""
+        return self.validity.flags + self.speedup_flags
+
+    @property
+    def loss_after(self) -> float | None:
+        """The trained model's loss (global batch mean, dlscale/parity.py) of the median repeat."""
+        rep = median_repeat_entry(self.record)
+        return num(rep.get("loss_after")) if rep else None
 
     @property
     def ok(self) -> bool:
@@ -625,6 +647,7 @@ def build_groups(rows: list[Row]) -> list[Group]:
             if r.ok and base is not None:
                 r.speedup = speedup(r.median, base.median)
                 r.efficiency = scaling_efficiency(r.speedup, r.devices)
+                r.speedup_flags = validity.compare_flags(r.record, base.record, r.efficiency)
         g.rows.sort(key=lambda r: (r.devices, r.nnodes, not r.borrowed))
     return list(by_table.values())
 

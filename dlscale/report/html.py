@@ -10,9 +10,11 @@ from typing import Any, Sequence
 import dlscale
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, commands, env_value,
+from dlscale import validity
+from dlscale.report import parity, sidebyside
+from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
                                    environments, extra_columns, group_notes, micro_cell, micro_columns,
-                                   micro_title, table_cells, table_columns, trace_path)
+                                   micro_title, parity_view, table_cells, table_columns, trace_path)
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -41,6 +43,11 @@ tr.borrowed td { color:var(--muted); font-style:italic; }
 td.status { font-weight:700; color:#b00020; text-align:center; }
 td.status-oom { color:#b35c00; }
 td.status-unsupported { color:#6b6b6b; }
+td.flag { background:#fff1de; color:#8a3b00; font-weight:600; }
+table.dlperf td.l.flag, table.dlperf td.l.note { white-space:normal; min-width:190px; }
+td.note { color:var(--muted); }
+td.good { color:#1b6e2a; font-weight:600; }
+li.flag { color:#8a3b00; }
 ul.notes { color:var(--muted); font-size:12.5px; margin:4px 0 10px; padding-left:20px; }
 .plots { display:flex; flex-wrap:wrap; gap:12px; margin:8px 0; }
 figure { margin:0; padding:4px; border:1px solid var(--line); border-radius:4px; background:#fff; }
@@ -138,6 +145,11 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
     toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
+    side, par = sidebyside.tables(report), parity_view(report)
+    if side:
+        toc.append('<li><a href="#side-by-side">Side by side</a></li>')
+    if par is not None:
+        toc.append('<li><a href="#parity">Loss parity</a></li>')
     if report.micro:
         toc.append('<li><a href="#micro">Micro-benchmarks</a></li>')
     toc += ['<li><a href="#environment">Environment</a></li>', '<li><a href="#commands">Commands</a></li>']
@@ -147,6 +159,7 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
         rows, rclasses, cclasses, titles = [], [], [], []
+        headers = table_columns(g)
         for r in g.rows:
             cells = table_cells(g, r)
             rows.append(cells)
@@ -156,6 +169,8 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             if not r.ok:
                 cc[2] = f"status status-{r.status}"
                 tt[2] = r.error or ""
+            else:
+                _mark_flags(headers, r, cc, tt)
             cclasses.append(cc)
             titles.append(tt)
         body.append(f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>')
@@ -165,7 +180,8 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="{wrap}">' + _table(table_columns(g), rows, row_classes=rclasses,
                                                      cell_classes=cclasses, cell_titles=titles, cls="dlperf")
                     + "</div>")
-        notes = [f"<li>{_e(n)}</li>" for n in group_notes(g, traces=False)] + _trace_items(g, output)
+        notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
+                 for n in group_notes(g, traces=False)] + _trace_items(g, output)
         body.append('<ul class="notes">' + "".join(notes) + "</ul>")
         body.append(_figures(by_key.get(g.name, [])))
         body.append("</section>")
@@ -176,6 +192,8 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     from dlscale.report import sources
 
     body.append(sources.html_section(report))
+    body += _side_by_side(side)
+    body += _parity(par)
     if report.micro:
         body.append('<h2 id="micro">Micro-benchmarks</h2>')
     for m in report.micro:
@@ -218,6 +236,58 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dlscale report · {_e(report.store)}</title><style>{CSS}</style></head>"
             f"<body><main>{''.join(body)}</main></body></html>\n")
+
+
+def _side_by_side(ts: list) -> list[str]:
+    if not ts:
+        return []
+    out = ['<h2 id="side-by-side">Side by side (same workload, different settings)</h2>',
+           f'<p class="method">{_e(sidebyside.METHOD)}</p>']
+    for t in ts:
+        rows = [sidebyside.cells(t, r) for r in t.rows]
+        warned = [any(f.severity == validity.WARN for f in t.flags(r)) for r in t.rows]
+        cc = [[""] * (len(c) - 2) + [_verdict_class(c[-2]), "l flag" if w else "l"] for c, w in zip(rows, warned)]
+        titles = [[""] * (len(c) - 1) + [validity.describe(t.flags(r))] for c, r in zip(rows, t.rows)]
+        out.append(f"<section><h3>{_e(t.title)}</h3><div class=\"tablewrap\">"
+                   + _table(sidebyside.headers(t), rows, left_cols=1, cell_classes=cc, cell_titles=titles,
+                            cls="side") + "</div></section>")
+    return out
+
+
+def _verdict_class(v: str) -> str:
+    return {"faster": "l good", "slower": "l flag", "pass": "l good", "FAIL": "l flag"}.get(v, "l")
+
+
+def _parity(rep) -> list[str]:
+    if rep is None:
+        return []
+    out = ['<h2 id="parity">Loss parity</h2>', f'<p class="method">{_e(parity.METHOD)}</p>']
+    for g in rep.groups:
+        headers, rows = parity.table(g)
+        cc = [[""] * (len(r) - 1) + [_verdict_class(r[-1])] for r in rows]
+        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap\">"
+                   + _table(headers, rows, left_cols=1, cell_classes=cc, cls="parity") + "</div>")
+        notes = parity.notes(g)
+        if notes:
+            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+        out.append("</section>")
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(rep.counts().items())) or "nothing compared"
+    out.append(f"<p><strong>Summary:</strong> {_e(counts)}</p>")
+    return out
+
+
+def _mark_flags(headers: Sequence[str], r, cc: list[str], tt: list[str]) -> None:
+    """Cell classes and tooltips of a row's flagged numbers: speedup and efficiency carry the
+    comparison's flags, the validity cell the record's own."""
+    warn = [f for f in r.speedup_flags if f.severity == validity.WARN]
+    for name in ("speedup (×)", "scaling efficiency (%)"):
+        if warn and name in headers:
+            i = headers.index(name)
+            cc[i], tt[i] = "flag", validity.describe(r.speedup_flags)
+    if "validity" in headers and r.flags:
+        i = headers.index("validity")
+        cc[i] = "l " + ("flag" if not r.validity.sound or warn else "note")
+        tt[i] = validity.describe(r.flags)
 
 
 def _commands_table(cmds: Sequence[tuple[str, str, str]]) -> str:

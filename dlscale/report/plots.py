@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.report.data import (Group, Report, Row, median_repeat_entry, num, read_series,
                                  resolve_store_path, series_paths, step_times)
 from dlscale.report.render import MB, micro_title
@@ -189,6 +189,77 @@ def utilisation_over_time(g: Group, formats: Sequence[str]) -> Plot | None:
     return None
 
 
+FLAG_COLOR = "#d9822b"  # flagged numbers: hatched and orange, never a plain bar
+EFF_AXIS_MAX = 150.0  # efficiency axis top when a flagged value is far above ideal
+
+
+def _warned(flags) -> bool:
+    return any(f.severity == validity.WARN for f in flags)
+
+
+def scaling_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]:
+    """Speedup vs the ideal line and efficiency bars, only where some case has more than one device
+    (one point says nothing about scaling). A flagged speedup is an open orange marker; a flagged
+    efficiency a hatched orange bar whose part above 100 % is only outlined, with the reason's name."""
+    sp = [r for r in ok if r.speedup is not None]
+    if not any(r.devices > 1 for r in sp):
+        return []
+    plots = []
+    fig, ax = _figure()
+    sx = [r.devices for r in sp]
+    top = max(sx)
+    ax.plot([1, top], [1, top], "--", color="#888", label="ideal (speedup = devices)")
+    ax.plot(sx, [r.speedup for r in sp], "-", color=COLORS[1])
+    plain = [r for r in sp if not _warned(r.speedup_flags)]
+    flagged = [r for r in sp if _warned(r.speedup_flags)]
+    ax.plot([r.devices for r in plain], [r.speedup for r in plain], "o", color=COLORS[1], label="measured")
+    if flagged:
+        ax.plot([r.devices for r in flagged], [r.speedup for r in flagged], "o", mfc="none", mec=FLAG_COLOR, mew=2,
+                ms=9, label="flagged (see the table's notes)")
+    _device_axis(ax, sx + [1])
+    if ax.get_xscale() == "log":
+        ax.set_yscale("log", base=2)
+        ax.minorticks_off()
+        ticks = sorted(set(sx) | {1})
+        ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.set_ylabel("speedup (×)")
+    ax.legend(fontsize=8)
+    _title(ax, f"Speedup: {g.title}")
+    plots.append(Plot(g.name, f"{g.slug}__speedup", "speedup vs ideal", _save(fig, formats)))
+
+    fig, ax = _figure()
+    effs = [r.efficiency * 100 for r in sp]
+    flagged_any = any(_warned(r.speedup_flags) for r in sp)
+    # a flagged efficiency far above ideal would squash the axis: draw up to EFF_AXIS_MAX, say the rest
+    top = EFF_AXIS_MAX if flagged_any and max(effs) > EFF_AXIS_MAX else max(125.0, max(effs) * 1.15)
+    for i, (r, e) in enumerate(zip(sp, effs)):
+        if not _warned(r.speedup_flags):
+            ax.bar(i, e, color=COLORS[2])
+            ax.annotate(f"{e:.1f}", (i, e), ha="center", va="bottom", fontsize=8)
+            continue
+        ax.bar(i, min(e, 100.0), color="#fbe3c8", edgecolor=FLAG_COLOR, hatch="//", lw=1.2)
+        if e > 100.0:  # the part above ideal: a dashed outline, never a filled bar
+            ax.bar(i, min(e, top) - 100.0, bottom=100.0, fill=False, edgecolor=FLAG_COLOR, ls="--", lw=1.2)
+        names = ", ".join(sorted({f.check for f in r.speedup_flags if f.severity == validity.WARN}))
+        label = f"{e:.1f} % (off scale)" if e > top else f"{e:.1f} %"
+        ax.annotate(f"flagged: {label}\n{textwrap.fill(names, 22)}", (i, min(e, top) if e <= top else top * 0.97),
+                    ha="center", va="bottom" if e <= top else "top", fontsize=7, color=FLAG_COLOR)
+    ax.axhline(100, ls="--", color="#888")
+    ax.set_xticks(range(len(sp)), [r.node_gpu for r in sp])
+    ax.set_xlabel("nodes × devices per node")
+    ax.set_ylabel("scaling efficiency (%)")
+    ax.set_ylim(0, top * (1.12 if flagged_any else 1.0))
+    if flagged_any:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(facecolor="#fbe3c8", edgecolor=FLAG_COLOR, hatch="//",
+                                 label="flagged: not a sound number (reasons in the table's notes)")],
+                  fontsize=7, loc="lower left")
+    _title(ax, f"Scaling efficiency: {g.title}")
+    plots.append(Plot(g.name, f"{g.slug}__efficiency", "scaling efficiency", _save(fig, formats)))
+    return plots
+
+
 def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
     ok = [r for r in g.own_rows if r.ok]  # a borrowed baseline belongs to another strategy
     if not ok:
@@ -196,6 +267,9 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
     plots = []
     xs = [r.devices for r in ok]
     unit = g.unit
+    if len(set(xs) | ({1} if g.baseline is not None else set())) < 2:
+        # one device count: no scaling to draw (the report's side-by-side table compares such cases)
+        return plots + _other_plots(g, ok, formats)
 
     # throughput vs devices
     fig, ax = _figure()
@@ -204,6 +278,10 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
     hi = [(r.stat("max") if r.stat("max") is not None else r.median) - r.median for r in ok]
     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=COLORS[0],
                 label="median (bars: min–max over repeats)")
+    bad = [r for r in ok if not r.validity.sound]
+    if bad:
+        ax.plot([r.devices for r in bad], [r.median for r in bad], "o", mfc="none", mec=FLAG_COLOR, mew=2, ms=10,
+                label="flagged record (see the table's notes)")
     if g.baseline is not None:
         ideal_x = sorted(set(xs) | {1})
         ax.plot(ideal_x, [g.baseline.median * x for x in ideal_x], "--", color="#888", label="ideal linear")
@@ -218,38 +296,13 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
     _title(ax, f"Throughput: {g.title}")
     plots.append(Plot(g.name, f"{g.slug}__throughput", "throughput vs devices", _save(fig, formats)))
 
-    sp = [r for r in ok if r.speedup is not None]
-    if sp:
-        fig, ax = _figure()
-        sx = [r.devices for r in sp]
-        top = max(sx)
-        ax.plot([1, top], [1, top], "--", color="#888", label="ideal (speedup = devices)")
-        ax.plot(sx, [r.speedup for r in sp], "o-", color=COLORS[1], label="measured")
-        _device_axis(ax, sx + [1])
-        if ax.get_xscale() == "log":
-            ax.set_yscale("log", base=2)
-            ax.minorticks_off()
-            ticks = sorted(set(sx) | {1})
-            ax.set_yticks(ticks, [str(t) for t in ticks])
-        ax.set_ylabel("speedup (×)")
-        ax.legend(fontsize=8)
-        _title(ax, f"Speedup: {g.title}")
-        plots.append(Plot(g.name, f"{g.slug}__speedup", "speedup vs ideal", _save(fig, formats)))
+    plots += scaling_plots(g, ok, formats)
+    return plots + _other_plots(g, ok, formats)
 
-        fig, ax = _figure()
-        labels = [r.node_gpu for r in sp]
-        effs = [r.efficiency * 100 for r in sp]
-        bars = ax.bar(range(len(sp)), effs, color=COLORS[2])
-        ax.axhline(100, ls="--", color="#888")
-        for b, e in zip(bars, effs):
-            ax.annotate(f"{e:.1f}", (b.get_x() + b.get_width() / 2, e), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(sp)), labels)
-        ax.set_xlabel("nodes × devices per node")
-        ax.set_ylabel("scaling efficiency (%)")
-        ax.set_ylim(0, max(110, max(effs) * 1.1))
-        _title(ax, f"Scaling efficiency: {g.title}")
-        plots.append(Plot(g.name, f"{g.slug}__efficiency", "scaling efficiency", _save(fig, formats)))
 
+def _other_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]:
+    """Step-time distribution, breakdown, utilisation bars and over time: also for one device count."""
+    plots = []
     timed = [(r, step_times(r.record)) for r in ok]
     timed = [(r, reps) for r, reps in timed if reps]
     if timed:

@@ -8,24 +8,27 @@ import os
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from dlscale import validity
+from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_table
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
-from dlscale.report import sources
-from dlscale.report.data import (SELECTION_RULE, Group, Report, Row, num, rec_config, rec_label,
+from dlscale.report import parity, sidebyside, sources
+from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
-MISSING = "—"
-STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
 MB = 1e6  # disk and network rates are in MB/s (10^6 bytes/s)
 TRACE_HINT = "open in chrome://tracing or ui.perfetto.dev"
 METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record of the same workload "
                "(same model, flavor, precision, compile settings, per-device batch; any strategy); scaling "
                "efficiency = speedup ÷ devices. Both are computed from the stored records at report time.")
+WARN_MARK, NOTE_MARK = "⚠", "?"
+VALIDITY_TEXT = (f"validity: {WARN_MARK} marks a number that may be wrong, {NOTE_MARK} a weak claim (a spread "
+                 "from too few repeats or steps); the reasons follow, thresholds in docs/metrics.md")
 
 
 def fmt(v: Any, nd: int = 2) -> str:
-    x = num(v)
-    return MISSING if x is None else f"{x:.{nd}f}"
+    """A report number: ``nd`` decimals, more where a small value would lose its digits."""
+    return fmt_num(v, nd)
 
 
 def mem_unit(group: Group) -> tuple[str, float]:
@@ -84,32 +87,98 @@ def _extra_cell(values: tuple[float | None, ...]) -> str:
     return " / ".join(fmt(v, 1) for v in values)
 
 
+def _mem_header(g: Group) -> str:
+    mu, _ = mem_unit(g)
+    return f"peak mem / device ({mu})" if g.device_type == "cuda" else f"peak RSS / process ({mu})"
+
+
+def _mem_cell(g: Group, r: Row) -> str:
+    _, scale = mem_unit(g)
+    return fmt(None if r.peak_mem is None else r.peak_mem / scale)
+
+
+def _spread_cell(g: Group, r: Row) -> str:
+    lo, hi, n = r.stat("min"), r.stat("max"), r.stat("n")
+    if lo is None or hi is None or n is None or n < 2:
+        return MISSING
+    return f"{fmt(lo)}–{fmt(hi)}"
+
+
+def _flagged(text: str, flags: Sequence[validity.Flag]) -> str:
+    """A number with the warn mark when one of ``flags`` is a warning."""
+    return f"{text} {WARN_MARK}" if text != MISSING and any(f.severity == validity.WARN for f in flags) else text
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None else v * 100
+
+
+Column = tuple[Callable[[Group], str], Callable[[Group, Row], str]]
+# The DLPerf columns, each its header and its cell in one place. COUNT_COLUMNS say which row it is;
+# CORE_COLUMNS are measured: a non-ok row shows its status word in the first, MISSING in the rest.
+COUNT_COLUMNS: tuple[Column, ...] = (
+    (lambda g: "node_num", lambda g, r: str(r.nnodes)),
+    (lambda g: count_header(g), lambda g, r: str(r.devices)),
+)
+CORE_COLUMNS: tuple[Column, ...] = (
+    (lambda g: f"throughput median ({g.unit}/s)", lambda g, r: fmt(r.median)),
+    (lambda g: "speedup (×)", lambda g, r: _flagged(fmt(r.speedup), r.speedup_flags)),
+    (lambda g: "scaling efficiency (%)", lambda g, r: _flagged(fmt(_pct(r.efficiency), 1), r.speedup_flags)),
+    (lambda g: "MFU (%)", lambda g, r: fmt(_pct(r.mfu), 1)),
+    (_mem_header, _mem_cell),
+    (lambda g: f"min–max ({g.unit}/s)", _spread_cell),
+    (lambda g: f"stdev ({g.unit}/s)", lambda g, r: fmt_stdev(r.stat("stdev"), r.stat("n"))),
+    (lambda g: "n (repeats)", lambda g, r: MISSING if r.stat("n") is None else str(int(r.stat("n")))),
+)
+# shown, like EXTRA_COLUMNS, only when some ok row of the table has a value
+LOSS_COLUMN: Column = (lambda g: "loss after", lambda g, r: fmt_num(r.loss_after, 4))
+
+
+def has_loss_column(group: Group) -> bool:
+    return any(r.loss_after is not None for r in group.rows if r.ok)
+
+
+def has_validity_column(group: Group) -> bool:
+    return any(r.flags for r in group.rows if r.ok)
+
+
+def flags_cell(flags: Sequence[validity.Flag]) -> str:
+    return validity.names(list(flags), WARN_MARK, NOTE_MARK, MISSING)
+
+
+def validity_cell(row: Row) -> str:
+    return flags_cell(row.flags)
+
+
 def table_columns(group: Group) -> list[str]:
-    u = group.unit
-    mu, _ = mem_unit(group)
-    mem = f"peak mem / device ({mu})" if group.device_type == "cuda" else f"peak RSS / process ({mu})"
-    return ["node_num", count_header(group), f"throughput median ({u}/s)", "speedup (×)",
-            "scaling efficiency (%)", "MFU (%)", mem, f"min–max ({u}/s)",
-            f"stdev ({u}/s)", "n (repeats)"] + [h for h, _ in extra_columns(group)]
+    loss = [LOSS_COLUMN[0](group)] if has_loss_column(group) else []
+    return ([h(group) for h, _ in COUNT_COLUMNS + CORE_COLUMNS] + (["validity"] if has_validity_column(group) else [])
+            + loss + [h for h, _ in extra_columns(group)])
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
     """The DLPerf row: status words replace the numbers of a non-ok case."""
-    head = [str(row.nnodes), str(row.devices)]
+    head = [cell(group, row) for _, cell in COUNT_COLUMNS]
     extras = extra_columns(group)
+    loss = has_loss_column(group)
+    tail = has_validity_column(group)
     if not row.ok:
         word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
-        return head + [word] + [MISSING] * (7 + len(extras))
-    _, scale = mem_unit(group)
-    eff = None if row.efficiency is None else row.efficiency * 100
-    mfu = None if row.mfu is None else row.mfu * 100
-    mem = None if row.peak_mem is None else row.peak_mem / scale
-    lo, hi = row.stat("min"), row.stat("max")
-    spread = MISSING if lo is None or hi is None else f"{lo:.2f}–{hi:.2f}"
-    n = row.stat("n")
-    return head + [fmt(row.median), fmt(row.speedup), fmt(eff, 1), fmt(mfu, 1), fmt(mem),
-                   spread, fmt(row.stat("stdev")), MISSING if n is None else str(int(n))] + [
-                   _extra_cell(f(row)) for _, f in extras]
+        return head + [word] + [MISSING] * (len(CORE_COLUMNS) - 1 + loss + len(extras) + tail)
+    return (head + [cell(group, row) for _, cell in CORE_COLUMNS] + ([validity_cell(row)] if tail else [])
+            + ([LOSS_COLUMN[1](group, row)] if loss else []) + [_extra_cell(f(row)) for _, f in extras])
+
+
+def flag_notes(group: Group) -> list[str]:
+    """One line per flag of the table's own ok rows: the reasons behind the marks."""
+    out = []
+    for r in group.rows:
+        if not r.ok or r.borrowed:
+            continue
+        for f in sorted(r.flags, key=lambda f: f.severity != validity.WARN):
+            mark = WARN_MARK if f.severity == validity.WARN else NOTE_MARK
+            out.append(f"{r.node_gpu} {mark} {f.check}: {f.reason}")
+    return out
 
 
 def trace_path(group: Group, row: Row) -> str | None:
@@ -139,6 +208,10 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
         notes.append(EXTRA_NOTE)
     if any(r.data_wait_pct is not None for r in group.rows if r.ok):
         notes.append(DATA_NOTE)
+    flags = flag_notes(group)
+    if flags:
+        notes.append(VALIDITY_TEXT)
+        notes += flags
     for r in group.rows:
         if r.borrowed:
             notes.append(f"{r.node_gpu} row: the {r.strategy} baseline run, shown for reference")
@@ -179,20 +252,6 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
 def _one_line(s: str, limit: int) -> str:
     s = " ".join(str(s).split())
     return s if len(s) <= limit else s[:limit - 1] + "…"
-
-
-def _md_cell(s: Any) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 0,
-             numeric_to: int | None = None) -> str:
-    """A Markdown table; columns numeric_from..numeric_to-1 are right-aligned."""
-    end = len(headers) if numeric_to is None else numeric_to
-    out = ["| " + " | ".join(_md_cell(h) for h in headers) + " |",
-           "|" + "|".join("---:" if numeric_from <= i < end else "---" for i in range(len(headers))) + "|"]
-    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -286,6 +345,12 @@ def micro_title(rec: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- markdown
 
+def parity_view(report: Report):
+    """The loss-parity view of the report's records, or None when no case has losses to set beside single's."""
+    rep = parity.build(report.loaded, report.filters)
+    return rep if any(e.max_rel_diff is not None for g in rep.groups for e in g.entries) else None
+
+
 def header_lines(report: Report) -> list[str]:
     n_runs = sum(1 for r in report.records if r.get("kind") == "run")
     n_cases = sum(len(g.own_rows) for g in report.groups)
@@ -321,6 +386,10 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
 
     out += frameworks.markdown(report)
     out += sources.markdown_section(report)
+    out += sidebyside.to_markdown(sidebyside.tables(report))
+    par = parity_view(report)
+    if par is not None:
+        out += [parity.to_markdown(par, heading="##").replace("## dlscale parity", "## Loss parity", 1)]
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
@@ -373,6 +442,7 @@ CSV_COLUMNS = [
     "trace", "exchange_bytes_per_step", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
     "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
+    "loss_after", "validity_sound", "validity_flags", "speedup_flags", "validity_reasons",
 ] + sources.CSV_EXTRA
 
 
@@ -419,7 +489,16 @@ def case_dict(group: Group, row: Row) -> dict[str, Any]:
         "superseded_records": len(row.superseded), "error": row.error, "case_key": row.record.get("case_key"),
         "record_id": row.record.get("id"), "created": row.record.get("created"),
         "command": row.record.get("command"), **sources.case_extra(row),
+        **validity_fields(row),
     }
+
+
+def validity_fields(row: Row) -> dict[str, Any]:
+    """The row's loss and validity for CSV: flag names joined by ';', reasons by ' | '."""
+    own, sp = row.validity.flags, row.speedup_flags
+    return {"loss_after": row.loss_after, "validity_sound": row.validity.sound if row.ok else None,
+            "validity_flags": ";".join(f.check for f in own), "speedup_flags": ";".join(f.check for f in sp),
+            "validity_reasons": " | ".join(f"{f.check}: {f.reason}" for f in own + sp)}
 
 
 def to_csv(report: Report) -> str:
@@ -452,7 +531,9 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
         "peak_mem_bytes": row.peak_mem, "global_batch": row.record.get("global_batch"),
         "strategy": row.strategy, "baseline": row.borrowed, "record_id": row.record.get("id"),
         "case_key": row.record.get("case_key"), "superseded_records": len(row.superseded),
-        "error": row.error, **utilisation_fields(row), **sources.case_extra(row),
+        "error": row.error, **utilisation_fields(row), **sources.case_extra(row), "loss_after": row.loss_after,
+        "validity": row.validity.to_dict() if row.ok else None,
+        "speedup_flags": [f.to_dict() for f in row.speedup_flags],
     }
 
 
@@ -492,7 +573,13 @@ def to_json_obj(report: Report) -> dict[str, Any]:
         "selection": SELECTION_RULE,
         "frameworks": frameworks.json_obj(report),
         "stacks": sources.json_section(report),
+        "side_by_side": sidebyside.to_json_obj(sidebyside.tables(report)),
+        "parity": _maybe(parity.to_json_obj, parity_view(report)),
     }
+
+
+def _maybe(fn, v):
+    return None if v is None else fn(v)
 
 
 def to_json(report: Report) -> str:

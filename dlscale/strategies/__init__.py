@@ -56,6 +56,8 @@ class Parallelized:
     step: Callable[[tuple], torch.Tensor] | None = None
     # does this rank compute the loss value the worker reports? (pipeline: last stage only)
     reports_loss: bool = True
+    # with a custom step: the trained model's loss on one micro-batch, forward only (loss_after)
+    eval_loss: Callable[[tuple], torch.Tensor] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     # called once after a successful training loop, on every rank (torch.distributed.rpc's shutdown)
     teardown: Callable[[], None] | None = None

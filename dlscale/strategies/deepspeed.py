@@ -19,8 +19,9 @@ engine holds bf16 (fp16, with dynamic loss scaling) model weights and fp32 maste
 sharded optimizer, and floating inputs are cast to the model's dtype. So its numbers are not
 bit-comparable with the autocast strategies under amp; with fp32 they are (tolerance as
 zero1/fsdp). ``clip-grad-norm`` maps to DeepSpeed's ``gradient_clipping`` (set to 0 without it:
-DeepSpeed's own default clips at 1.0, which would make it train differently from the rest). ``loss_after`` is not
-computed (DeepSpeed owns the step); the reported loss is rank 0's micro-batch loss, as for ddp.
+DeepSpeed's own default clips at 1.0, which would make it train differently from the rest). Losses as for
+ddp: the worker averages each rank's micro-batch loss over the ranks (the global batch's mean);
+``loss_after`` evaluates the engine forward only, in eval mode (``eval_loss``).
 """
 from __future__ import annotations
 
@@ -111,6 +112,16 @@ def parallelize(model, spec, cfg, denv):
             engine.step()
         return loss
 
-    return Parallelized(module=engine, optimizer=ds_opt, dp_size=denv.world_size, step=step,
-                        info={"dp_rank": denv.rank, "zero_stage": int(opts["stage"]), "eval_loss": False,
+    def eval_loss(batch: tuple) -> torch.Tensor:
+        engine.eval()
+        try:
+            with torch.no_grad():
+                if dtype is not None:
+                    batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
+                return engine(*batch)
+        finally:
+            engine.train()
+
+    return Parallelized(module=engine, optimizer=ds_opt, dp_size=denv.world_size, step=step, eval_loss=eval_loss,
+                        info={"dp_rank": denv.rank, "zero_stage": int(opts["stage"]),
                               "deepspeed": deepspeed.__version__, "ds_config": conf, **opts})

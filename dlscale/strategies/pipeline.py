@@ -38,7 +38,8 @@ are per micro-batch: resnet50's results then differ from single's as under any m
 Loss: the schedule's losses live on the last stage; every step all-reduces their mean to all
 ranks (one scalar, as trainers do for logging), so the reported loss is the global batch's (with
 ``--grad-accum``, that of the last accumulated batch, as in the worker's own step).
-``loss_after`` (the worker's post-training evaluation) is not computed for pipelines.
+``loss_after`` (the worker's post-training evaluation) runs one schedule step in eval mode on
+micro-batch 0 whose gradients are dropped (``eval_loss``), all-reduced the same way.
 
 amp-fp16: a loss scaler shared by all stages (``_StageScaler``: every stage checks its own
 gradients, one all-reduce of the overflow flag makes all skip the same steps). ``--compile``
@@ -517,28 +518,81 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
             scaler.update(found)
         optimizer.zero_grad(set_to_none=True)
         # the global batch's loss on every rank: last stages contribute, the rest add zero
-        if has_last and losses_all:
-            loss = torch.stack([x.detach().float() for x in losses_all]).mean().reshape(1)
-            if scaler is not None:
-                loss = loss / used_scale
-        else:
-            loss = torch.zeros(1, device=device)
+        return _global(loss_mean(losses_all, used_scale if scaler is not None else None))
+
+    def loss_mean(losses: list[torch.Tensor], scale) -> torch.Tensor:
+        """This rank's share of the global loss: the last stage's mean over micro-batches, else 0."""
+        if has_last and losses:
+            loss = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
+            return loss / scale if scale is not None else loss
+        return torch.zeros(1, device=device)
+
+    def _global(loss: torch.Tensor) -> torch.Tensor:
         if world > 1:
             dist.all_reduce(loss)
             loss = loss / dp_size
         return loss[0]
 
+    def eval_loss(batch: tuple) -> torch.Tensor:
+        """The trained pipeline's loss on one micro-batch in eval mode (dropout off, BatchNorm on its
+        running statistics): one schedule step whose gradients are dropped, no optimizer step
+        (the schedule's forward-only ``eval`` returned NaN for a gpipe stage on torch 2.13)."""
+        for m in modules:
+            m.eval()
+        losses: list[torch.Tensor] = []
+        try:
+            with autocast(cfg, device):
+                args = tuple(batch[:n_embed]) if has_first else ()
+                if has_last:
+                    sched.step(*args, target=packer.pack(tuple(batch[n_embed:])), losses=losses)
+                else:
+                    sched.step(*args)
+        finally:
+            for m in modules:
+                m.train()
+            optimizer.zero_grad(set_to_none=True)
+        return _global(loss_mean(losses, scaler.scale if scaler is not None else None))
+
+    _prime(sched, modules, optimizer, spec, cfg, device, n_embed, has_first, has_last, packer)
     info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
             "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
             "head_modules": sorted(head_names), "tied_params": len(tied),
-            "stage_params": sum(p.numel() for p in params), "eval_loss": False,
+            "stage_params": sum(p.numel() for p in params), "loss_global": True,
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
     if schedule == "interleaved":
         info["virtual"] = virtual
     info.update(extra_info or {})
     return Parallelized(module=nn.ModuleList(modules), optimizer=optimizer, dp_size=dp_size, dp_group=dp_group,
-                        step=step, reports_loss=True, info=info)
+                        step=step, reports_loss=True, eval_loss=eval_loss, info=info)
+
+
+def _prime(sched, modules, optimizer, spec, cfg, device, n_embed: int, has_first: bool, has_last: bool,
+           packer) -> None:
+    """One schedule step before training whose only lasting effect is the stages' set-up.
+
+    torch's PipelineStage infers its shapes by running each stage once, in train mode and on
+    placeholder data, inside its first step: BatchNorm would count that run in its running
+    statistics (which `single` never sees, and which eval mode then uses). Here that first step
+    runs on a synthetic batch; buffers, gradients and the RNG are put back afterwards.
+    """
+    saved = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    gen = torch.Generator().manual_seed(cfg.seed + 54321)
+    batch = []
+    for t in spec.make_batch(cfg.batch_size, torch.device("cpu"), gen):
+        t = t.to(device)
+        batch.append(t.contiguous(memory_format=torch.channels_last)
+                     if spec.channels_last and device.type == "cuda" and t.dim() == 4 else t.contiguous())
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast(cfg, device):
+        args = tuple(batch[:n_embed]) if has_first else ()
+        if has_last:
+            sched.step(*args, target=packer.pack(tuple(batch[n_embed:])), losses=[])
+        else:
+            sched.step(*args)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, v in saved:
+            b.copy_(v)
 
 
 def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:

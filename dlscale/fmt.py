@@ -1,0 +1,122 @@
+"""Number and table formatting shared by the console, the reports, the micro tables and predict/cost.
+
+One rule for every printed number: a fixed number of decimals, widened where needed so that a
+small value still shows ``SIG`` significant digits (a slow run prints 0.012 samples/s, never
+0.0). A missing value prints as ``MISSING``; a spread over fewer than two repeats is missing,
+not zero.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+MISSING = "—"  # a value that is not there (None, NaN, or no spread from one repeat)
+SIG = 2  # significant digits a small nonzero value keeps
+MAX_DECIMALS = 9
+GIB, MIB, KIB = 2.0 ** 30, 2.0 ** 20, 2.0 ** 10
+
+
+def finite(v: Any) -> float | None:
+    """A finite number or None (bools, strings, NaN and infinities are not numbers here)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def decimals_for(x: float, digits: int, sig: int = SIG) -> int:
+    """``digits``, or more when that many would leave fewer than ``sig`` significant digits."""
+    if x == 0:
+        return digits
+    lead = math.floor(math.log10(abs(x)))  # position of the first significant digit
+    return min(MAX_DECIMALS, max(digits, sig - 1 - lead))
+
+
+def fmt_num(v: Any, digits: int = 2, *, group: bool = False, missing: str = MISSING, sig: int = SIG) -> str:
+    """``v`` with ``digits`` decimals (more for small values, see ``decimals_for``); ``group``
+    adds thousands separators."""
+    x = finite(v)
+    if x is None:
+        return missing
+    d = decimals_for(x, digits, sig)
+    return f"{x:,.{d}f}" if group else f"{x:.{d}f}"
+
+
+def fmt_stdev(stdev: Any, n: Any, digits: int = 2, *, group: bool = False, missing: str = MISSING) -> str:
+    """A standard deviation over ``n`` repeats: missing when n < 2 (one repeat has no spread)."""
+    k = finite(n)
+    if k is None or k < 2:
+        return missing
+    return fmt_num(stdev, digits, group=group, missing=missing)
+
+
+def fmt_pct(fraction: Any, digits: int = 1, *, missing: str = MISSING) -> str:
+    """A fraction as a percentage number (0.953 -> "95.3"), no % sign (headers carry the unit)."""
+    x = finite(fraction)
+    return missing if x is None else fmt_num(x * 100.0, digits)
+
+
+def fmt_bytes(n: Any, *, missing: str = MISSING) -> str:
+    """Bytes in binary units: "1.50 GiB", "2 MiB" (whole values without decimals), "512 B"."""
+    x = finite(n)
+    if x is None:
+        return missing
+    for unit, div in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(x) >= div:
+            v = x / div
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def fmt_si(x: Any, unit: str = "B", *, missing: str = MISSING) -> str:
+    """A value in decimal (SI) units: 1.5e6 -> "1.5MB" (rates of disks and networks)."""
+    v = finite(x)
+    if v is None:
+        return missing
+    for prefix in ("", "K", "M", "G", "T"):
+        if abs(v) < 1000 or prefix == "T":
+            return f"{v:.0f}{unit}" if prefix == "" else f"{v:.1f}{prefix}{unit}"
+        v /= 1000.0
+    return missing  # not reached
+
+
+def fmt_cell(v: Any, digits: int = 2, *, missing: str = MISSING) -> str:
+    """Any table value: numbers as fmt_num (very large or small ones in exponent form), bools as
+    yes/NO, the rest as text."""
+    if v is None:
+        return missing
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return missing
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 10.0 ** -(digits + SIG)):
+            return f"{v:.{SIG}g}"
+        return fmt_num(v, digits)
+    return str(v)
+
+
+def md_cell(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 0,
+             numeric_to: int | None = None) -> str:
+    """A Markdown table; columns numeric_from..numeric_to-1 are right-aligned."""
+    end = len(headers) if numeric_to is None else numeric_to
+    out = ["| " + " | ".join(md_cell(h) for h in headers) + " |",
+           "|" + "|".join("---:" if numeric_from <= i < end else "---" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 0) -> str:
+    """A plain aligned table for terminals: the first ``left`` columns left-aligned, the rest right."""
+    cols = len(headers)
+    cells = [[str(c) for c in r] for r in rows]
+    width = [max([len(headers[i])] + [len(r[i]) for r in cells if i < len(r)]) for i in range(cols)]
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(f"{c:<{width[i]}}" if i < left else f"{c:>{width[i]}}" for i, c in enumerate(r)).rstrip()
+
+    head = line(list(headers))
+    return "\n".join([head, "-" * len(head)] + [line(r) for r in cells])

@@ -1,0 +1,385 @@
+"""Is a measured number sound? Checks computed from a record's own data, and from a comparison.
+
+``assess(record) -> Validity`` is a pure function of one run record: the launcher stores its
+result under ``record["validity"]`` and the reports recompute it (so records written before a
+check existed are checked too, with today's thresholds). ``compare_flags(case, baseline, ...)``
+judges a speedup or scaling efficiency between two records. Every threshold is in
+``THRESHOLDS`` and documented in docs/metrics.md ("Validity").
+
+A flag of severity ``warn`` says the number may be wrong (above-ideal scaling, competing load,
+throttling, drift, a noisy or too short window); ``note`` says a claim is weak (a spread from too
+few repeats or steps). A check that cannot run (no utilisation sampled, an old record) is listed
+under ``unchecked`` with the reason, never passed silently.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WARN = "warn"
+NOTE = "note"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The bounds a sound measurement stays within (docs/metrics.md explains each)."""
+
+    min_window_s: float = 1.0  # shortest timed window of a repeat: a few tenths of a second is noise
+    min_steps: int = 10  # timed steps per repeat for step-time percentiles and the drift check
+    min_repeats: int = 3  # repeats for a spread (stdev, min–max) to be an estimate
+    max_cv: float = 0.05  # coefficient of variation of samples/s over the repeats
+    max_drift: float = 0.10  # |median step time, 2nd half / 1st half - 1| within one repeat's window
+    min_drift_steps: int = 8  # fewer timed steps: the drift check does not run
+    max_other_cpu_pct: float = 10.0  # CPU used by processes outside the case, % of the case's cores
+    max_throttle_frac: float = 0.05  # share of GPU samples with a thermal/hardware clock slowdown
+    noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
+
+
+THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One reason a number is not plain: ``check`` names the check, ``reason`` says it with numbers."""
+
+    check: str
+    reason: str
+    severity: str = WARN
+    value: float | None = None
+    limit: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Flag":
+        return cls(str(d.get("check")), str(d.get("reason")), str(d.get("severity") or WARN),
+                   _num(d.get("value")), _num(d.get("limit")))
+
+    @property
+    def marker(self) -> str:
+        """A short mark for table cells: ``!`` for warn, ``?`` for note."""
+        return "!" if self.severity == WARN else "?"
+
+
+@dataclass
+class Validity:
+    flags: list[Flag] = field(default_factory=list)
+    unchecked: dict[str, str] = field(default_factory=dict)  # check -> why it could not run
+    thresholds: dict[str, Any] = field(default_factory=lambda: asdict(THRESHOLDS))
+
+    @property
+    def sound(self) -> bool:
+        """No warn flag (notes allowed)."""
+        return not any(f.severity == WARN for f in self.flags)
+
+    @property
+    def warnings(self) -> list[Flag]:
+        return [f for f in self.flags if f.severity == WARN]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sound": self.sound, "flags": [f.to_dict() for f in self.flags],
+                "unchecked": dict(self.unchecked), "thresholds": dict(self.thresholds)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Validity":
+        return cls([Flag.from_dict(f) for f in d.get("flags") or [] if isinstance(f, dict)],
+                   dict(d.get("unchecked") or {}), dict(d.get("thresholds") or {}))
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _ok_repeats(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"
+            and _num(r.get("samples_per_s")) is not None]
+
+
+def _cfg(rec: dict[str, Any]) -> dict[str, Any]:
+    c = rec.get("config")
+    return c if isinstance(c, dict) else {}
+
+
+def spread(rec: dict[str, Any]) -> tuple[int, float | None]:
+    """(n, coefficient of variation) of samples/s over the ok repeats; CV None for n < 2."""
+    xs = [_num(r.get("samples_per_s")) for r in _ok_repeats(rec)]
+    xs = [x for x in xs if x is not None and x > 0]
+    if len(xs) < 2:
+        return len(xs), None
+    return len(xs), statistics.stdev(xs) / statistics.fmean(xs)
+
+
+def drift(step_times_ms: list[float]) -> float | None:
+    """Median step time of the window's second half over its first half, minus 1 (>0: slowed down)."""
+    xs = [x for x in (_num(t) for t in step_times_ms) if x is not None]
+    if len(xs) < 2:
+        return None
+    half = len(xs) // 2
+    first, second = statistics.median(xs[:half]), statistics.median(xs[len(xs) - half:])
+    return None if first <= 0 else second / first - 1.0
+
+
+def rank_threads(rec: dict[str, Any]) -> tuple | None:
+    """CPU threads each rank used, as a comparable tuple; None when the record does not say.
+
+    Read from ``ranks[i]["threads"]`` (an int, or a dict of thread settings), else the config's
+    ``threads``, else the launcher's ``omp_num_threads`` (the same for every rank).
+    """
+    ranks = [r for r in rec.get("ranks") or [] if isinstance(r, dict)]
+    per = [r.get("threads") for r in ranks if r.get("threads") is not None]
+    if per:
+        return tuple(sorted({tuple(sorted(t.items())) if isinstance(t, dict) else t for t in per}, key=str))
+    for v in (_cfg(rec).get("threads"), rec.get("omp_num_threads")):
+        if v is not None:
+            try:
+                return (int(v),)
+            except (TypeError, ValueError):
+                return (str(v),)
+    return None
+
+
+def _threads_number(t: tuple | None) -> int | None:
+    """The largest per-rank thread count in ``rank_threads``'s tuple (int entries or dict values)."""
+    if not t:
+        return None
+    vals: list[int] = []
+    for x in t:
+        if isinstance(x, int):
+            vals.append(x)
+        elif isinstance(x, tuple):  # dict items
+            vals += [v for _, v in x if isinstance(v, int) and not isinstance(v, bool)]
+    return max(vals) if vals else None
+
+
+def _local_ranks(rec: dict[str, Any]) -> int:
+    cfg = _cfg(rec)
+    try:
+        return max(1, int(cfg.get("nproc_per_node") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _utilisations(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every ok repeat's utilisation summary (node 0), or the record's top-level one."""
+    out = [r["utilisation"] for r in _ok_repeats(rec) if isinstance(r.get("utilisation"), dict)]
+    if not out and isinstance(rec.get("utilisation"), dict):
+        out = [rec["utilisation"]]
+    return out
+
+
+# ----------------------------------------------------------------------------- one record
+
+def _check_window(rec, t: Thresholds, v: Validity) -> None:
+    ws = [_num(r.get("window_s")) for r in _ok_repeats(rec)]
+    ws = [w for w in ws if w is not None]
+    if not ws:
+        v.unchecked["short_window"] = "no window length recorded"
+        return
+    if min(ws) < t.min_window_s:
+        v.flags.append(Flag("short_window", f"timed window {min(ws):.3g} s is shorter than {t.min_window_s:g} s: "
+                            "timer and scheduling noise are a large share of it; raise --steps",
+                            WARN, min(ws), t.min_window_s))
+
+
+def _check_counts(rec, t: Thresholds, v: Validity) -> None:
+    steps = _cfg(rec).get("steps")
+    if isinstance(steps, int) and steps < t.min_steps:
+        v.flags.append(Flag("few_steps", f"{steps} timed steps per repeat (fewer than {t.min_steps}): step-time "
+                            "percentiles and drift are not estimable", NOTE, steps, t.min_steps))
+    n, _ = spread(rec)
+    if n < t.min_repeats:
+        what = "no spread at all" if n < 2 else "the spread is one difference, not an estimate"
+        v.flags.append(Flag("few_repeats", f"{n} repeat(s) (fewer than {t.min_repeats}): {what}; raise --repeats",
+                            NOTE, n, t.min_repeats))
+
+
+def _check_cv(rec, t: Thresholds, v: Validity) -> None:
+    n, cv = spread(rec)
+    if cv is None:
+        v.unchecked["high_cv"] = f"{n} repeat(s): no coefficient of variation"
+        return
+    if cv > t.max_cv:
+        v.flags.append(Flag("high_cv", f"repeats disagree: coefficient of variation {cv * 100:.1f} % over {n} "
+                            f"repeats (limit {t.max_cv * 100:g} %)", WARN, cv, t.max_cv))
+
+
+def _check_drift(rec, t: Thresholds, v: Validity) -> None:
+    worst: float | None = None
+    for r in _ok_repeats(rec):
+        times = r.get("step_times_ms") or []
+        if len(times) < t.min_drift_steps:
+            continue
+        d = drift(times)
+        if d is not None and (worst is None or abs(d) > abs(worst)):
+            worst = d
+    if worst is None:
+        v.unchecked["drift"] = f"fewer than {t.min_drift_steps} timed steps per repeat"
+        return
+    if abs(worst) > t.max_drift:
+        how = "slower" if worst > 0 else "faster"
+        v.flags.append(Flag("drift", f"throughput drifts inside the window: the second half's median step is "
+                            f"{abs(worst) * 100:.1f} % {how} than the first half's (limit {t.max_drift * 100:g} %); "
+                            "warm-up too short, throttling, or load changing", WARN, worst, t.max_drift))
+
+
+def _check_load(rec, t: Thresholds, v: Validity) -> None:
+    utils = _utilisations(rec)
+    gpu_checks = () if str(rec.get("device_type")) == "cpu" else ("throttled", "competing_gpu")
+    if not utils:
+        reason = "no utilisation sampled (--no-monitor)" if _cfg(rec).get("monitor") is False \
+            else "no utilisation in the record"
+        for check in ("competing_cpu",) + gpu_checks:
+            v.unchecked[check] = reason
+        return
+    other = [(_num(u.get("other_cpu_pct_mean")), _num(u.get("other_cpu_cores_mean"))) for u in utils]
+    other = [o for o in other if o[0] is not None]
+    if not other:
+        v.unchecked["competing_cpu"] = "the sampler did not separate the case's CPU time (older record)"
+    else:
+        pct, cores = max(other, key=lambda o: o[0])
+        if pct > t.max_other_cpu_pct:
+            extra = f" ({cores:.2f} cores)" if cores is not None else ""
+            v.flags.append(Flag("competing_cpu", f"other processes used {pct:.1f} % of the case's CPU cores{extra} "
+                                f"during the window (limit {t.max_other_cpu_pct:g} %)", WARN, pct,
+                                t.max_other_cpu_pct))
+    if not gpu_checks:
+        return
+    gpu_utils = [u for u in utils if u.get("nvml") and (u.get("n_gpus") or 0) > 0]
+    if not gpu_utils:
+        for check in gpu_checks:
+            v.unchecked[check] = "no GPU sampled (no NVML)"
+        return
+    fr = [(_num(u.get("gpu_throttle_frac")), u.get("gpu_throttle_reasons")) for u in gpu_utils]
+    fr = [f for f in fr if f[0] is not None]
+    if not fr:
+        v.unchecked["throttled"] = "no clock-event reasons sampled (older record or unsupported)"
+    else:
+        frac, reasons = max(fr, key=lambda f: f[0])
+        if frac > t.max_throttle_frac:
+            names = ", ".join(reasons) if isinstance(reasons, list) and reasons else "thermal/hardware slowdown"
+            v.flags.append(Flag("throttled", f"GPU clocks throttled ({names}) in {frac * 100:.0f} % of the window's "
+                                f"samples (limit {t.max_throttle_frac * 100:g} %)", WARN, frac, t.max_throttle_frac))
+    comparable = [u for u in gpu_utils if u.get("gpu_pids_comparable") is True]
+    if not comparable:
+        why = ("NVML's process ids are not this process namespace's (container)"
+               if any(u.get("gpu_pids_comparable") is False for u in gpu_utils)
+               else "no GPU process list sampled (older record or unsupported)")
+        v.unchecked["competing_gpu"] = why
+    else:
+        worst = max(comparable, key=lambda u: _num(u.get("gpu_foreign_procs_max")) or 0)
+        n = int(_num(worst.get("gpu_foreign_procs_max")) or 0)
+        if n > 0:
+            pids = worst.get("gpu_foreign_pids") or []
+            v.flags.append(Flag("competing_gpu", f"{n} process(es) outside the case ran on the case's GPUs during "
+                                f"the window (pids {', '.join(map(str, pids[:8]))})", WARN, n, 0))
+
+
+def _check_threads(rec, t: Thresholds, v: Validity) -> None:
+    if str(rec.get("device_type")) != "cpu":
+        return
+    threads = _threads_number(rank_threads(rec))
+    env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+    cores = _num(env.get("cpu_affinity_count")) or _num(env.get("cpu_count"))
+    if threads is None or cores is None:
+        v.unchecked["oversubscribed"] = "thread count or core count not recorded"
+        return
+    used = threads * _local_ranks(rec)
+    if used > cores:
+        v.flags.append(Flag("oversubscribed", f"{_local_ranks(rec)} rank(s) x {threads} thread(s) = {used} threads "
+                            f"on {cores:.0f} cores: ranks compete for cores", WARN, used, cores))
+
+
+CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_load, _check_threads)
+
+
+def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:
+    """The validity of one run record, from its own data only. Non-ok records get no flags."""
+    v = Validity(thresholds=asdict(thresholds))
+    if record.get("status") != "ok" or not _ok_repeats(record):
+        v.unchecked["all"] = f"status {record.get('status')}: nothing measured"
+        return v
+    for check in CHECKS:
+        check(record, thresholds, v)
+    return v
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+PROCEDURE_KEYS = ("warmup", "steps", "monitor", "sample_interval")
+
+
+def procedure_differences(case: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """How the two records were run differently where it can move throughput: window steps,
+    warm-up, sampling (the sampler competes for CPU)."""
+    a, b = _cfg(case), _cfg(base)
+    out = []
+    for k in PROCEDURE_KEYS:
+        if k in a and k in b and a[k] != b[k]:
+            if k == "sample_interval" and not (a.get("monitor", True) and b.get("monitor", True)):
+                continue
+            out.append(f"{k} {a[k]} vs {b[k]}")
+    return out
+
+
+def compare_flags(case: dict[str, Any], base: dict[str, Any], efficiency: float | None,
+                  thresholds: Thresholds = THRESHOLDS, what: str = "speedup") -> list[Flag]:
+    """Flags on a speedup/efficiency of ``case`` against the 1-device ``base`` record (same record:
+    none). Above-ideal scaling counts only past the measured noise of both sides."""
+    if case is base or case.get("id") is not None and case.get("id") == base.get("id"):
+        return []
+    out: list[Flag] = []
+    if efficiency is not None:
+        (nc, cvc), (nb, cvb) = spread(case), spread(base)
+        if cvc is None or cvb is None or min(nc, nb) < thresholds.min_repeats:
+            if efficiency > 1.0:
+                out.append(Flag("above_ideal", f"scaling efficiency {efficiency * 100:.1f} % is above 100 % and the "
+                                f"noise is not estimable ({min(nc, nb)} repeat(s) on a side, fewer than "
+                                f"{thresholds.min_repeats}): a measurement problem until proven otherwise", WARN,
+                                efficiency, 1.0))
+        else:
+            noise = thresholds.noise_k * math.hypot(cvc, cvb)
+            if efficiency - 1.0 > noise:
+                out.append(Flag("above_ideal", f"scaling efficiency {efficiency * 100:.1f} % is above 100 % by more "
+                                f"than the measured noise (±{noise * 100:.1f} %, {thresholds.noise_k:g} x the combined "
+                                "CV of both sides): a measurement problem until proven otherwise", WARN,
+                                efficiency, 1.0 + noise))
+    if str(case.get("device_type")) == "cpu" or str(base.get("device_type")) == "cpu":
+        tc, tb = rank_threads(case), rank_threads(base)
+        if tc is not None and tb is not None and tc != tb:
+            out.append(Flag("baseline_threads", f"{what} against a baseline run with {_fmt_threads(tb)} thread(s) per "
+                            f"rank, this case with {_fmt_threads(tc)}: not the same per-rank budget", WARN))
+        elif tc is None or tb is None:
+            out.append(Flag("baseline_threads", f"{what}: per-rank thread count not recorded for "
+                            f"{'this case' if tc is None else 'the baseline'}; equal budgets unverified", NOTE))
+    diffs = procedure_differences(case, base)
+    if diffs:
+        out.append(Flag("baseline_procedure", f"{what} against a baseline run differently ({'; '.join(diffs)})",
+                        WARN))
+    bv = assess(base, thresholds)
+    if bv.warnings:
+        out.append(Flag("baseline_flagged", f"{what} uses a baseline that is itself flagged: "
+                        + ", ".join(f.check for f in bv.warnings), WARN))
+    return out
+
+
+def _fmt_threads(t: tuple) -> str:
+    return "/".join(str(dict(x)) if isinstance(x, tuple) else str(x) for x in t)
+
+
+def names(flags: list[Flag], warn_mark: str = "⚠", note_mark: str = "?", missing: str = "—") -> str:
+    """Flag names for a table cell, warn first: "⚠ short_window, high_cv · ? few_repeats"."""
+    warn = [f.check for f in flags if f.severity == WARN]
+    note = [f.check for f in flags if f.severity != WARN]
+    parts = ([f"{warn_mark} " + ", ".join(warn)] if warn else []) + ([f"{note_mark} " + ", ".join(note)] if note else [])
+    return " · ".join(parts) or missing
+
+
+def describe(flags: list[Flag]) -> str:
+    """One line: the flags' reasons, warn first."""
+    order = sorted(flags, key=lambda f: f.severity != WARN)
+    return "; ".join(f"{f.check}: {f.reason}" for f in order)
