@@ -180,7 +180,10 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
     else:
         err = " ".join(str(rec.get("error") or "").split())
         result = err[:140] + ("…" if len(err) > 140 else "")
-    return f"{head} {status.upper() if status != 'ok' else 'ok':<8} {what}: {result} [{seconds:.1f} s]"
+    from dlscale.console import validity_suffix
+
+    return (f"{head} {status.upper() if status != 'ok' else 'ok':<8} {what}: {result}{validity_suffix(rec)} "
+            f"[{seconds:.1f} s]")
 
 
 def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:

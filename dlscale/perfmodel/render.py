@@ -5,21 +5,21 @@ from collections import defaultdict
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.fmt import MISSING, fmt_num
+from dlscale.fmt import md_table as fmt_md_table
 from dlscale.perfmodel.law import PROTOCOLS
 from dlscale.perfmodel.predict import Prediction
 from dlscale.perfmodel.validate import Summary, Validation
 
 
 def fmt(v: Any, digits: int = 2, suffix: str = "") -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{digits}f}{suffix}"
+    """A prediction's number with thousands separators (dlscale/fmt.py rules), and its unit."""
+    return MISSING if v is None else fmt_num(v, digits, group=True) + suffix
 
 
 def md_table(header: list[str], rows: list[list[str]], align: str = "---:") -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(f" {align} " for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A Markdown table: numbers right-aligned (``align="---"``: every column left)."""
+    return fmt_md_table(header, rows, numeric_from=0 if align == "---:" else len(header))
 
 
 def _intra_text(inp: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlscale.fmt import MISSING, fmt_num
 from dlscale.config import workload_fields
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 
@@ -27,7 +28,6 @@ ORDER = ("torch", "torch-compiled", "jax")
 HEADERS = ["framework", "strategy", "node_num", "devices", "throughput median ({u}/s)", "speedup (×)",
            "scaling efficiency (%)", "MFU (%)", "× torch eager"]
 CSV_COLUMNS = ["framework", "vs_torch_eager"]
-MISSING = "—"
 
 
 def framework_label(rec: dict[str, Any]) -> str:
@@ -125,8 +125,7 @@ def build(report: Report) -> list[FrameworkTable]:
 
 
 def _fmt(v: float | None, nd: int = 2) -> str:
-    x = num(v)
-    return MISSING if x is None else f"{x:.{nd}f}"
+    return fmt_num(num(v), nd, sig=nd)
 
 
 def headers(t: FrameworkTable) -> list[str]:
