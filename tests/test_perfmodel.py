@@ -262,8 +262,10 @@ def test_no_prediction_above_ideal_or_with_negative_overhead():
     rng = random.Random(7)
     for _ in range(300):
         t1 = rng.uniform(0.005, 2.0)
-        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2)}, {"ln_nodes": rng.uniform(0, 0.2)},
-                          {"from-1-gpu": rng.uniform(0, 0.5), "from-node": rng.uniform(0, 0.5)})
+        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2), "abs_ln_gpus": rng.choice([0.0, rng.uniform(0, 0.01)])},
+                          {"ln_nodes": rng.uniform(0, 0.2), "abs_ln_nodes": rng.choice([0.0, rng.uniform(0, 0.01)]),
+                           "inter_bw": rng.choice([0.0, rng.uniform(0, 1.0)])},
+                          {"from-1-gpu": [rng.uniform(0, 0.9), rng.uniform(0, 0.5)], "from-node": rng.uniform(0, 0.5)})
         links = Links({0: Link(rng.uniform(1e9, 900e9), rng.uniform(0, 2e-5))},
                       Link(rng.uniform(1e9, 400e9), rng.uniform(0, 2e-5)))
         meas = [Measured(Shape(rng.choice([1, 2]), g), t1 * rng.uniform(0.5, 1.5), rng.uniform(0, 0.3))

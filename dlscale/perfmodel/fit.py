@@ -97,10 +97,9 @@ def page_of(name: str, records: list[dict[str, Any]]) -> str:
     tables of one page (one campaign on one setup: its precisions, its systems) are not independent, so they
     weigh as one in the fit and are left out together."""
     pages = set()
-    for r in records:
-        if source_of(r):
-            m = re.search(r"https?://[^\s,;)]+", source_of(r) or "")
-            pages.add(m.group(0) if m else name)
+    for src in filter(None, (source_of(r) for r in records)):
+        m = re.search(r"https?://[^\s,;)]+", src)
+        pages.add(m.group(0) if m else name)
     return pages.pop() if len(pages) == 1 else name
 
 
