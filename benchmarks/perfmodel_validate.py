@@ -1,15 +1,18 @@
 """Validate (and fit) the performance model on the published tables and the project's own 2-GPU records.
 
-    python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms]
+    python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms] [--frameworks] [--node-sizes] [--points]
 
 Inputs: every table in tests/fixtures/tables (format dlscale-table/1), the older
 tests/fixtures/published_mxnet_bert_base_v100.yaml, and the H200 pair stores docs/bench-data/*h200x2*.jsonl
-(with their micro comm record). Runs on the CPU in seconds; no GPU, nothing measured.
+(with their micro comm record). Runs on the CPU (a minute; --forms several); no GPU, nothing measured.
 
 What it prints (markdown, for docs/perfmodel.md):
-* ``--forms``: the candidate overhead laws compared by their leave-one-table-out errors;
-* the default law's leave-one-table-out validation: per protocol (from-1-gpu, from-node) the mean and
-  max |error|, over / under counts and the share inside the band, per table, and every point;
+* ``--forms``: the candidate overhead laws compared by their held-out errors;
+* the default law's held-out validation (each table predicted with the law refitted without every table
+  of its source page, each store without itself): per protocol (from-1-gpu, from-node) the mean and
+  max |error|, over / under counts and the share inside the band, by subset, per table, and every point;
+* ``--frameworks``: the same with every table of one framework held out together;
+* ``--node-sizes``: each single-node point predicted from the other node sizes of its series;
 * the project's own 2-GPU records predicted from their 1-GPU records (law fitted without them);
 * ``--fit``: the law fitted on everything, with its band, as the Python literal of ``DEFAULT_LAW``.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +33,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from dlscale import ConfigError  # noqa: E402
 from dlscale.perfmodel.fit import (CANDIDATE_FORMS, band_from, datasets_by_source, fit_law,  # noqa: E402
-                                   leave_one_out)
-from dlscale.perfmodel.inputs import ModelOptions  # noqa: E402
+                                   framework_folds, leave_one_out)
+from dlscale.perfmodel.inputs import ModelOptions, Query, build_model, group_workloads, usable  # noqa: E402
 from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS  # noqa: E402
 from dlscale.perfmodel.render import fmt, md_table, plot_validation, summary_table  # noqa: E402
-from dlscale.perfmodel.validate import Validation  # noqa: E402
+from dlscale.perfmodel.validate import Validation, summarize_rows  # noqa: E402
 from dlscale.report.data import load_records  # noqa: E402
 
 TABLES = [ROOT / "tests/fixtures/tables", ROOT / "tests/fixtures/published_mxnet_bert_base_v100.yaml"]
@@ -79,6 +83,31 @@ def per_table(val: Validation) -> str:
     return md_table(["table", "1-GPU n", "MAE", "max", "over/under", "node n", "MAE", "max", "over/under"], body)
 
 
+SUBSETS = {  # name -> row filter, for the subset table of docs/perfmodel.md
+    "all published points": lambda r: True,
+    "FP32 / TF32 series": lambda r: " fp32 " in f" {r.series} ",
+    "mixed-precision series": lambda r: " fp32 " not in f" {r.series} ",
+    "multi-node points": lambda r: not r.shape.startswith("1x"),
+    "single-node points": lambda r: r.shape.startswith("1x"),
+    "all but the table whose page says it is input-bound": lambda r: "paddle-resnet50-fp16" not in r.group,
+}
+
+
+def cell(s) -> str:
+    if not s.n:
+        return "-"
+    return (f"{s.mean_abs_error_pct:.1f} % / {s.max_abs_error_pct:.1f} % ({s.n}), "
+            f"over/under {s.over}/{s.under}")
+
+
+def subsets(val: Validation, pub: set[str]) -> str:
+    body = []
+    for name, keep in SUBSETS.items():
+        rows = [r for r in val.rows if r.group in pub and keep(r)]
+        body.append([name] + [cell(summarize_rows([r for r in rows if r.protocol == p])) for p in PROTOCOLS])
+    return md_table(["subset", "from-1-gpu: MAE / max (n)", "from-node: MAE / max (n)"], body)
+
+
 def points(val: Validation) -> str:
     body = [[r.series, r.shape, r.protocol, fmt(r.measured, 1), fmt(r.predicted, 1),
              f"{fmt(r.low, 0)}..{fmt(r.high, 0)}", fmt(r.error_pct, 1, " %"), r.limiting]
@@ -86,12 +115,56 @@ def points(val: Validation) -> str:
     return md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "limited by"], body)
 
 
+def forms(everything: dict, pub: dict, own: dict, opts: ModelOptions) -> str:
+    body = []
+    for nt, mt in CANDIDATE_FORMS:
+        law = fit_law(everything, opts, nt, mt)
+        v = leave_one_out(everything, opts, nt, mt)
+        s1, s2, so = v.summary("from-1-gpu", pub), v.summary("from-node", pub), v.summary("from-1-gpu", own)
+        body.append([law.describe(), fmt(s1.mean_abs_error_pct, 1, " %"), fmt(s1.max_abs_error_pct, 1, " %"),
+                     f"{s1.over}/{s1.under}", fmt(s2.mean_abs_error_pct, 1, " %"), fmt(s2.max_abs_error_pct, 1, " %"),
+                     f"{s2.over}/{s2.under}", fmt(so.mean_abs_error_pct, 1, " %"), fmt(so.max_abs_error_pct, 1, " %")])
+    return md_table(["law (fitted on all)", "tables from 1 GPU: MAE", "max", "over/under", "from node: MAE", "max",
+                     "over/under", "own 2-GPU: MAE", "max"], body)
+
+
+def node_sizes(pub: dict, everything: dict, opts: ModelOptions) -> str:
+    """Each single-node multi-GPU point of a published series predicted from the series' other node sizes
+    (the law's growth scaled to the nearest measured one; law refitted without the table), beside the law
+    alone on the same points: through build_model / predict, the code path of ``dlscale predict``."""
+    node_terms, net_terms = tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net)
+    scaled, alone = [], []
+    for name, records in pub.items():
+        law = fit_law(everything, opts, node_terms, net_terms, exclude=[name])
+        o = replace(opts, law=law)
+        for w in group_workloads(usable(records, Query())).values():
+            single = {sh: r for sh, r in w.measured(o.strategy).items() if sh.nodes == 1}
+            if w.baseline is None or len(single) < 2:
+                continue
+            for sh, row in single.items():
+                others = [x for x in single if x != sh]
+                meas = float(row.median)
+                for out, calib in ((scaled, others), (alone, [])):
+                    p = build_model(w, records, o, calibrate_on=calib, exclude=row).model.predict(sh)
+                    out.append((p.samples_per_s - meas) / meas * 100.0)
+    body = []
+    for what, errs in (("scaled to the nearest measured node size", scaled), ("the law alone (from 1 GPU)", alone)):
+        a = [abs(e) for e in errs]
+        body.append([what, str(len(errs)), fmt(sum(a) / len(a), 1, " %"), fmt(max(a), 1, " %"),
+                     f"{sum(e > 0 for e in errs)}/{sum(e < 0 for e in errs)}"])
+    return md_table(["single-node point predicted from", "points", "MAE", "max", "over/under"], body)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for validation.json and validation.png")
     ap.add_argument("--fit", action="store_true", help="print the law fitted on everything (DEFAULT_LAW)")
     ap.add_argument("--forms", action="store_true", help="compare the candidate forms of the law")
+    ap.add_argument("--frameworks", action="store_true",
+                    help="also leave one framework out (every table of a framework held out together)")
     ap.add_argument("--points", action="store_true", help="print every predicted point")
+    ap.add_argument("--node-sizes", action="store_true",
+                    help="also predict each single-node point from the series' other node sizes")
     args = ap.parse_args()
     opts = ModelOptions()
     pub = datasets_by_source(published_records())
@@ -100,24 +173,17 @@ def main() -> int:
     node_terms, net_terms = tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net)
 
     if args.forms:
-        body = []
-        for nt, mt in CANDIDATE_FORMS:
-            law = fit_law(everything, opts, nt, mt)
-            v = leave_one_out(everything, opts, nt, mt)
-            s1, s2, so = v.summary("from-1-gpu", pub), v.summary("from-node", pub), v.summary("from-1-gpu", own)
-            body.append([law.describe(), fmt(s1.mean_abs_error_pct, 1, " %"), fmt(s1.max_abs_error_pct, 1, " %"),
-                         fmt(s2.mean_abs_error_pct, 1, " %"), fmt(s2.max_abs_error_pct, 1, " %"),
-                         f"{s2.over}/{s2.under}", fmt(so.mean_abs_error_pct, 1, " %"),
-                         fmt(so.max_abs_error_pct, 1, " %")])
-        print("## Candidate laws (each table and store predicted with the law fitted on all the others)\n")
-        print(md_table(["law (fitted on all)", "tables from 1 GPU: MAE", "max", "from node: MAE", "max",
-                        "over/under", "own 2-GPU: MAE", "max"], body))
+        print("## Candidate laws (each table and store predicted with the law fitted without its page)\n")
+        print(forms(everything, pub, own, opts))
         print()
 
     val = leave_one_out(everything, opts, node_terms, net_terms, band=DEFAULT_LAW.band)
-    print(f"## Leave-one-out validation: {DEFAULT_LAW.describe()} (the form; refitted without each table or store)\n")
+    print(f"## Leave-one-page-out validation: {DEFAULT_LAW.describe()} (the form; refitted without each "
+          f"table's source page, or each store)\n")
     print("Published tables:\n")
     print(summary_table(val, list(pub)))
+    print()
+    print(subsets(val, set(pub)))
     print()
     print(per_table(Validation([r for r in val.rows if r.group in pub])))
     print()
@@ -132,6 +198,16 @@ def main() -> int:
     if so.n:
         print(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
               f"over / under {so.over} / {so.under}")
+    if args.node_sizes:
+        print("\n## Single-node points from the other node sizes of their series (leave one node size out)\n")
+        print(node_sizes(pub, everything, opts))
+    if args.frameworks:
+        folds = framework_folds(everything)
+        vf = leave_one_out(everything, opts, node_terms, net_terms, band=DEFAULT_LAW.band, folds=folds)
+        print(f"\n## Leave-one-framework-out ({len(set(folds.values()))} frameworks)\n")
+        print(summary_table(vf, list(pub)))
+        print()
+        print(subsets(vf, set(pub)))
     if args.fit:
         held_out_published = Validation([r for r in val.rows if r.group in pub])
         law = fit_law(everything, opts, node_terms, net_terms, band=band_from(held_out_published),

@@ -200,14 +200,15 @@ def test_model_from_one_gpu_hand_computed():
 
 def test_model_calibrated_on_measured_points():
     """Measured 1x4 step 115 ms: o_node(4) = 115 - 100 - 3 = 12 ms, reproduced at 1x4; 1x8 takes the law's
-    growth from 4 to 8 on top (0.05 x 100 ms x ln 2); 2x4 rests on the measured node (from-node)."""
+    growth with g scaled to it (12 ms x ln 8 / ln 4); 2x4 rests on the measured node (from-node)."""
     node = Measured(Shape(1, 4), 0.115, 0.02, "run n4")
     m = model([node], base_rel_spread=0.01)
     p4 = m.predict(Shape(1, 4))
     assert p4.step_s == pytest.approx(0.115) and p4.basis == "measured"
     assert p4.band_pct == pytest.approx(100 * math.hypot(0.01, 0.02))        # input spread only
     p8 = m.predict(Shape(1, 8))
-    assert p8.node_overhead_s == pytest.approx(0.012 + 0.005 * math.log(2)) and p8.basis == "from-1-gpu"
+    assert p8.node_overhead_s == pytest.approx(0.012 * math.log(8) / math.log(4)) and p8.basis == "from-1-gpu"
+    assert m.predict(Shape(1, 2)).node_overhead_s == pytest.approx(0.006)     # and down: 12 ms x ln 2 / ln 4
     p24 = m.predict(Shape(2, 4))
     assert p24.basis == "from-node" and p24.band_pct == pytest.approx(100 * math.hypot(0.01, 0.02, 0.1))
     assert p24.step_s == pytest.approx(0.1 + 0.043 + 0.012 + 0.1 * math.log(2) * 0.115)
@@ -219,6 +220,26 @@ def test_model_calibrated_on_measured_points():
     m3 = model([node], fixed_overhead_s=0.005)
     assert m3.predict(Shape(2, 4)).step_s == pytest.approx(0.1 + 0.043 + 0.005)
     assert m3.predict(Shape(2, 4)).basis == "fixed overhead"
+
+
+def test_model_with_absolute_and_bandwidth_terms_and_an_asymmetric_band():
+    """o_node(4) = 0.05 x 100 ms x ln 4 + 2 ms x ln 4; across 2 nodes o_net = 5 ms x ln 2 + 0.5 x 40 ms (the
+    inter-node all-reduce, none hidden). Band from-1-gpu: 30 % below, 10 % above (with 1 % input spread)."""
+    law = OverheadLaw({"ln_gpus": 0.05, "abs_ln_gpus": 0.002}, {"abs_ln_nodes": 0.005, "inter_bw": 0.5},
+                      {"from-1-gpu": [0.3, 0.1], "from-node": 0.1})
+    m = model(law=law, base_rel_spread=0.01)
+    o4 = (0.005 + 0.002) * math.log(4)
+    p = m.predict(Shape(2, 4))
+    assert p.node_overhead_s == pytest.approx(o4)
+    assert p.net_overhead_s == pytest.approx(0.005 * math.log(2) + 0.5 * 0.040)
+    assert p.step_s == pytest.approx(0.143 + o4 + 0.005 * math.log(2) + 0.020)
+    down, up = math.hypot(0.01, 0.3), math.hypot(0.01, 0.1)
+    assert p.low == pytest.approx(p.samples_per_s * (1 - down)) and p.high == pytest.approx(p.samples_per_s * (1 + up))
+    assert (p.band_below_pct, p.band_above_pct, p.band_pct) == pytest.approx((100 * down, 100 * up, 100 * down))
+    # half the all-reduce hidden: the bandwidth term scales with the exposed inter-node part only
+    half = WorkloadModel(
+        compute_terms(0.1), 32, [500e6], Links({0: Link(250e9)}, Link(12.5e9)), 0.5, law)
+    assert half.predict(Shape(2, 4)).net_overhead_s == pytest.approx(0.005 * math.log(2) + 0.5 * 0.020)
 
 
 def test_negative_overhead_is_clamped_never_used():
@@ -241,8 +262,10 @@ def test_no_prediction_above_ideal_or_with_negative_overhead():
     rng = random.Random(7)
     for _ in range(300):
         t1 = rng.uniform(0.005, 2.0)
-        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2)}, {"ln_nodes": rng.uniform(0, 0.2)},
-                          {"from-1-gpu": rng.uniform(0, 0.5), "from-node": rng.uniform(0, 0.5)})
+        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2), "abs_ln_gpus": rng.choice([0.0, rng.uniform(0, 0.01)])},
+                          {"ln_nodes": rng.uniform(0, 0.2), "abs_ln_nodes": rng.choice([0.0, rng.uniform(0, 0.01)]),
+                           "inter_bw": rng.choice([0.0, rng.uniform(0, 1.0)])},
+                          {"from-1-gpu": [rng.uniform(0, 0.9), rng.uniform(0, 0.5)], "from-node": rng.uniform(0, 0.5)})
         links = Links({0: Link(rng.uniform(1e9, 900e9), rng.uniform(0, 2e-5))},
                       Link(rng.uniform(1e9, 400e9), rng.uniform(0, 2e-5)))
         meas = [Measured(Shape(rng.choice([1, 2]), g), t1 * rng.uniform(0.5, 1.5), rng.uniform(0, 0.3))

@@ -2,14 +2,20 @@
 the published tables and the project's H200 pair stores (benchmarks/perfmodel_validate.py --fit)."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dlscale.perfmodel.fit import FitRows, l1_nnls, nnls
-from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS
+from dlscale import ConfigError
+from dlscale.perfmodel.fit import (FitRows, band_from, fit_law, framework_folds, l1_nnls, leave_one_out, nnls,
+                                 page_folds)
+from dlscale.perfmodel.inputs import ModelOptions
+from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS, OverheadLaw, net_features, node_features
+from dlscale.perfmodel.validate import Validation, ValidationRow
+from test_perfmodel import comm_record, run_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,4 +51,80 @@ def test_default_law_is_what_the_fit_gives():
     everything = {**datasets_by_source(pv.published_records()), **pv.own_stores()}
     law = fit_law(everything, ModelOptions(), tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net))
     assert law.node == pytest.approx(DEFAULT_LAW.node, abs=2e-5) and law.net == pytest.approx(DEFAULT_LAW.net, abs=2e-5)
-    assert set(DEFAULT_LAW.band) == set(PROTOCOLS) and all(0 < v < 1 for v in DEFAULT_LAW.band.values())
+    assert set(DEFAULT_LAW.band) == set(PROTOCOLS)
+    for p in PROTOCOLS:
+        below, above = DEFAULT_LAW.band_for(p)
+        assert 0 < below < 1 and 0 < above < 1
+    # a limit the model cannot see only slows a step: the held-out points fell further below than above
+    assert DEFAULT_LAW.band_for("from-1-gpu")[0] > DEFAULT_LAW.band_for("from-1-gpu")[1]
+
+
+def test_term_scales_hand_computed():
+    """t1-, node-, second- and all-reduce-scaled terms: their value before the coefficient."""
+    assert node_features(["ln_gpus", "onset", "abs_ln_gpus"], 0.2, 4) == pytest.approx(
+        [0.2 * math.log(4), 0.2, math.log(4)])
+    assert node_features(["ln_gpus"], 0.2, 1) == [0.0]                       # one GPU: nothing
+    assert net_features(["ln_nodes", "node_onset", "abs_ln_nodes", "inter_bw"], 0.3, 4, 0.05) == pytest.approx(
+        [0.3 * math.log(4), 0.3, math.log(4), 0.05])
+    assert net_features(["inter_bw"], 0.3, 1, 0.05) == [0.0]
+    law = OverheadLaw({"ln_gpus": 0.05, "abs_ln_gpus": 0.002}, {"ln_nodes": 0.1, "inter_bw": 0.25})
+    assert law.node_s(0.2, 8) == pytest.approx((0.05 * 0.2 + 0.002) * math.log(8))
+    assert law.net_s(0.3, 2, 0.04) == pytest.approx(0.1 * 0.3 * math.log(2) + 0.25 * 0.04)
+    assert "t_node x ln_nodes" in law.describe() and "s x abs_ln_gpus" in law.describe()
+
+
+def test_band_entries():
+    law = OverheadLaw(band={"from-1-gpu": 0.2, "from-node": [0.3, 0.05]})
+    assert law.band_for("from-1-gpu") == (0.2, 0.2) and law.band_for("from-node") == (0.3, 0.05)
+    assert law.band_for("measured") == (0.0, 0.0)
+    for bad in (1.5, [0.1], [0.1, -0.2], "wide", True):
+        with pytest.raises(ConfigError, match="band for from-node"):
+            OverheadLaw(band={"from-node": bad})
+
+
+def _row(protocol, measured, predicted):
+    return ValidationRow("s", "g", "f", "1x8", 8, protocol, measured, predicted, 0, 0, 0, 0, 0, 0, "", "r")
+
+
+def test_band_from_each_side_hand_computed():
+    """Five over-predictions (measured 10..50 % below) and two under (5, 20 % above): the 80th percentile of
+    each side: the 4th of five below, the 2nd of two above."""
+    rows = [_row("from-1-gpu", 100 * (1 - d), 100) for d in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    rows += [_row("from-1-gpu", 105, 100), _row("from-1-gpu", 120, 100)]
+    band = band_from(Validation(rows))
+    assert band["from-1-gpu"] == pytest.approx([0.4, 0.2]) and "from-node" not in band
+    assert band_from(Validation([_row("from-node", 90, 100)]))["from-node"] == pytest.approx([0.1, 0.0])
+
+
+def _store(median2: float, framework: str | None = None) -> list[dict]:
+    recs = [run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"),
+            run_record(2, median2, "ddp", "2025-01-01T01:00:00+00:00"), comm_record()]
+    if framework:
+        for r in recs[:2]:
+            r["kind"], r["config"]["framework"] = "imported", framework
+            r["provenance"] = {"file": f"{framework}.yaml", "source": framework}
+    return recs
+
+
+def test_leave_one_out_holds_a_fold_out_together():
+    """Two stores of one framework held out together: each is predicted by a law fitted on neither (here:
+    nothing left, so no overhead); held out one by one, each takes the other's overhead."""
+    data = {"a": _store(560.0, "fw"), "b": _store(580.0, "fw")}
+    opts = ModelOptions(param_sizes="uniform")
+    assert framework_folds(data) == {"a": "fw", "b": "fw"}
+    assert framework_folds({"own": _store(600.0)}) == {"own": "dlscale (own runs)"}
+    alone = leave_one_out(data, opts, ("ln_gpus",), ("ln_nodes",))
+    together = leave_one_out(data, opts, ("ln_gpus",), ("ln_nodes",), folds=framework_folds(data))
+    assert {r.group for r in together.rows} == {"a", "b"} and len(together.rows) == 2
+    assert all(r.overhead_ms == 0.0 for r in together.rows)
+    assert all(r.overhead_ms > 0.0 for r in alone.rows)
+    assert fit_law(data, opts).node["ln_gpus"] > 0
+
+
+def test_tables_of_one_page_are_one_fold():
+    """Two tables citing one page weigh as one in the fit and are left out together; no address: the name."""
+    a, b = _store(560.0, "fw"), _store(580.0, "fw")
+    for r in a[:2] + b[:2]:
+        r["provenance"]["source"] = "a page (https://example.org/page.md, commit 1)"
+    assert page_folds({"a": a, "b": b, "c": _store(600.0, "other")}) == {
+        "a": "https://example.org/page.md", "b": "https://example.org/page.md", "c": "c"}

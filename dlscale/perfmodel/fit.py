@@ -5,15 +5,16 @@ same) and the fit minimises their mean absolute value with non-negative coeffici
 limited by their input pipeline must not drag the law for everyone): iteratively reweighted least
 squares over an exact non-negative least-squares solve of the few terms.
 
-Node terms are fitted on single-node points: r = (t_meas - t_1 - exposed(1 x g)) / t_meas against
-t_1 f(g) / t_meas. Network terms are fitted on multi-node points whose node (1 x g) is measured:
-r = (t_meas - t_node - (exposed(M x g) - exposed(1 x g))) / t_meas against t_node h(M) / t_meas, with
-t_node the measured node step.
+Node terms are fitted on single-node points: r = (t_meas - t_1 - exposed(1 x g)) / t_meas against each
+term's value (law.node_features) / t_meas. Network terms are fitted on multi-node points whose node (1 x g)
+is measured: r = (t_meas - t_node - (exposed(M x g) - exposed(1 x g))) / t_meas against each term's value
+(law.net_features, on the measured node step t_node) / t_meas.
 """
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -21,9 +22,11 @@ import numpy as np
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Shape
-from dlscale.perfmodel.inputs import ModelOptions, Query, build_model, group_workloads, measured_point, usable
-from dlscale.perfmodel.law import NET_TERMS, NODE_TERMS, PROTOCOLS, OverheadLaw
+from dlscale.perfmodel.inputs import (ModelOptions, Query, build_model, group_workloads, measured_point, source_of,
+                                      usable)
+from dlscale.perfmodel.law import PROTOCOLS, OverheadLaw, net_features, node_features
 from dlscale.perfmodel.validate import Validation, group_of, validate
+from dlscale.report.data import rec_config
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -71,7 +74,7 @@ class FitRows:
 
     @staticmethod
     def weights(rows: list[tuple[list[float], float, str]]) -> list[float]:
-        """Each group (a table, or the measured store) weighs the same, whatever its number of rows."""
+        """Each group (a source page, or a measured store) weighs the same, whatever its number of rows."""
         count: dict[str, int] = {}
         for *_, g in rows:
             count[g] = count.get(g, 0) + 1
@@ -89,14 +92,30 @@ def datasets_by_source(records: list[dict[str, Any]]) -> dict[str, list[dict[str
     return out
 
 
+def page_of(name: str, records: list[dict[str, Any]]) -> str:
+    """The source page a dataset's records cite (the address in their provenance source), else its name: the
+    tables of one page (one campaign on one setup: its precisions, its systems) are not independent, so they
+    weigh as one in the fit and are left out together."""
+    pages = set()
+    for src in filter(None, (source_of(r) for r in records)):
+        m = re.search(r"https?://[^\s,;)]+", src)
+        pages.add(m.group(0) if m else name)
+    return pages.pop() if len(pages) == 1 else name
+
+
+def page_folds(datasets: Datasets) -> dict[str, str]:
+    return {name: page_of(name, records) for name, records in datasets.items()}
+
+
 def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], net_terms: Sequence[str],
              exclude: Iterable[str] = ()) -> FitRows:
     skip = set(exclude)
     node: list[tuple[list[float], float, str]] = []
     net: list[tuple[list[float], float, str]] = []
-    for grp, records in datasets.items():
-        if grp in skip:
+    for name, records in datasets.items():
+        if name in skip:
             continue
+        grp = page_of(name, records)
         for w in group_workloads(usable(records, Query())).values():
             measured = w.measured(opts.strategy)
             if w.baseline is None or not measured:
@@ -111,13 +130,15 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                 try:
                     if sh.nodes == 1:
                         r = (p.step_s - t1 - m.exposed(sh).exposed_s) / p.step_s
-                        node.append(([t1 * NODE_TERMS[k](sh.gpus_per_node) / p.step_s for k in node_terms], r, grp))
+                        feats = node_features(node_terms, t1, sh.gpus_per_node)
+                        node.append(([f / p.step_s for f in feats], r, grp))
                     elif Shape(1, sh.gpus_per_node) in measured or sh.gpus_per_node == 1:
                         t_node = (measured_point(measured[Shape(1, sh.gpus_per_node)]).step_s
                                   if sh.gpus_per_node > 1 else t1)
                         node_ex = m.exposed(Shape(1, sh.gpus_per_node)).exposed_s
                         r = (p.step_s - t_node - (m.exposed(sh).exposed_s - node_ex)) / p.step_s
-                        net.append(([t_node * NET_TERMS[k](sh.nodes) / p.step_s for k in net_terms], r, grp))
+                        feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh))
+                        net.append(([f / p.step_s for f in feats], r, grp))
                 except ConfigError:  # a missing link: the point adds nothing
                     continue
     return FitRows(node, net)
@@ -125,24 +146,30 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
 
 def fit_law(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str] = ("ln_gpus",),
             net_terms: Sequence[str] = ("ln_nodes",), exclude: Iterable[str] = (),
-            band: dict[str, float] | None = None, source: str = "") -> OverheadLaw:
+            band: Mapping[str, object] | None = None, source: str = "") -> OverheadLaw:
     rows = fit_rows(datasets, opts, node_terms, net_terms, exclude)
     cn = (l1_nnls([r[0] for r in rows.node], [r[1] for r in rows.node], FitRows.weights(rows.node))
           if rows.node else np.zeros(len(node_terms)))
     cm = (l1_nnls([r[0] for r in rows.net], [r[1] for r in rows.net], FitRows.weights(rows.net))
           if rows.net else np.zeros(len(net_terms)))
     return OverheadLaw({k: round(float(c), 5) for k, c in zip(node_terms, cn)},
-                       {k: round(float(c), 5) for k, c in zip(net_terms, cm)}, band or {}, source)
+                       {k: round(float(c), 5) for k, c in zip(net_terms, cm)}, dict(band or {}), source)
 
 
 def leave_one_out(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], net_terms: Sequence[str],
-                  band: dict[str, float] | None = None) -> Validation:
-    """Each dataset (a table, a store) predicted with the law fitted on every other one."""
+                  band: Mapping[str, object] | None = None, folds: Mapping[str, str] | None = None) -> Validation:
+    """Each dataset (a table, a store) predicted with the law fitted without it and without every dataset of its
+    fold (``folds``: dataset -> fold; default: its source page, ``page_folds``; or its framework)."""
+    fold_of = dict(folds) if folds is not None else page_folds(datasets)
     val = Validation(law=f"terms {', '.join(node_terms)}; {', '.join(net_terms)}, refitted without the predicted set")
+    laws: dict[str, OverheadLaw] = {}
     for name, records in datasets.items():
-        law = fit_law(datasets, opts, node_terms, net_terms, exclude=[name], band=band)
+        fold = fold_of.get(name, name)
+        if fold not in laws:
+            out = [n for n in datasets if fold_of.get(n, n) == fold]
+            laws[fold] = fit_law(datasets, opts, node_terms, net_terms, exclude=out, band=dict(band or {}))
         try:
-            v = validate(records, Query(), replace(opts, law=law))
+            v = validate(records, Query(), replace(opts, law=laws[fold]))
         except ConfigError as e:
             val.skipped.append(f"{name}: {e}")
             continue
@@ -153,20 +180,48 @@ def leave_one_out(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[s
     return val
 
 
-def band_from(val: Validation) -> dict[str, float]:
-    """The band's fit part per protocol: the 80th percentile of the held-out |error| (a fraction)."""
+def framework_folds(datasets: Datasets) -> dict[str, str]:
+    """Each dataset's framework (its records' config.framework; measured stores: the project's own runs)."""
     out = {}
-    for p in PROTOCOLS:
-        s = val.summary(p)
-        if s.p80_abs_error_pct is not None:
-            out[p] = round(s.p80_abs_error_pct / 100.0, 4)
+    for name, records in datasets.items():
+        fws = {str(rec_config(r).get("framework") or "") for r in records if r.get("kind") == "imported"}
+        out[name] = fws.pop() if len(fws) == 1 else "dlscale (own runs)"
     return out
 
 
+def band_from(val: Validation, q: float = 0.8) -> dict[str, list[float]]:
+    """The band's fit part per protocol: [below, above], the ``q`` quantile of how far below the prediction the
+    over-predicted held-out points fell (1 - measured / predicted) and of how far above it the under-predicted
+    ones fell (measured / predicted - 1). The sides differ: a limit the model cannot see only slows a step."""
+    out = {}
+    for p in PROTOCOLS:
+        rows = [r for r in val.rows if r.protocol == p]
+        if not rows:
+            continue
+        below = sorted(1.0 - r.measured / r.predicted for r in rows if r.predicted > r.measured)
+        above = sorted(r.measured / r.predicted - 1.0 for r in rows if r.predicted < r.measured)
+        out[p] = [round(_quantile(below, q), 4), round(_quantile(above, q), 4)]
+    return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """The smallest value with at least a share ``q`` of the values at or below it (0 for none)."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
+
+
+# Candidate forms (node terms, network terms), compared by their held-out errors in docs/perfmodel.md.
 CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
-    (("onset",), ("node_onset",)),
     (("ln_gpus",), ("ln_nodes",)),
+    (("onset",), ("node_onset",)),
     (("onset", "ln_gpus"), ("ln_nodes",)),
     (("ln_gpus",), ("node_onset", "ln_nodes")),
-    (("onset", "ln_gpus"), ("node_onset", "ln_nodes")),
+    (("abs_ln_gpus",), ("abs_ln_nodes",)),
+    (("ln_gpus", "abs_ln_gpus"), ("ln_nodes",)),
+    (("ln_gpus",), ("abs_ln_nodes",)),
+    (("ln_gpus",), ("ln_nodes", "abs_ln_nodes")),
+    (("ln_gpus",), ("inter_bw",)),
+    (("ln_gpus",), ("inter_bw", "ln_nodes")),
+    (("ln_gpus",), ("inter_bw", "abs_ln_nodes")),
 ]

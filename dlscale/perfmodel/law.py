@@ -1,43 +1,91 @@
 """The overhead law: what a data-parallel step loses beyond its exposed all-reduce, as N grows.
 
-    o(M x g) = t_1 x sum_k a_k f_k(g)              (inside a node, relative to the 1-GPU step t_1)
-             + t_node(g) x sum_k b_k h_k(M)          (across nodes, relative to the node's step)
+    o_node(g)   = sum_k a_k x scale_k x f_k(g)     inside a node of g GPUs
+    o_net(M, g) = sum_k b_k x scale_k x h_k(M)     across M nodes
 
-with non-negative coefficients (so the law never speeds a step up). The terms are named, so the
-fit (dlscale/perfmodel/fit.py) can compare forms; ``DEFAULT_LAW`` is the form and the coefficients
-that fitted the published tables best (docs/perfmodel.md, "Validation", gives the comparison and
-``benchmarks/perfmodel_validate.py`` reproduces it).
+Each term has a shape (a function of g or M) and a scale, which is what makes it physical:
+
+* ``t1``: a share of the 1-GPU step (work that grows with the step: stragglers, host work per sample);
+* ``node``: a share of the node's own step t_node(g) (the same, one level up);
+* ``s``: seconds, whatever the step (a fixed synchronisation or straggler time per step);
+* ``inter``: a share of the modelled exposed inter-node all-reduce (1/efficiency - 1: the link delivers
+  less than the stated figure at these message sizes).
+
+Coefficients are non-negative (the law never speeds a step up). ``DEFAULT_LAW`` is the form and the
+coefficients that predicted the published tables best when each table was left out of the fit
+(docs/perfmodel.md, "Validation"; ``benchmarks/perfmodel_validate.py`` reproduces it).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from dlscale import ConfigError
 
-# Node terms: functions of the GPUs per node g (g > 1), multiplied by t_1.
-NODE_TERMS: dict[str, Callable[[int], float]] = {
-    "onset": lambda g: 1.0 if g > 1 else 0.0,       # a fixed cost of running distributed at all
-    "ln_gpus": lambda g: math.log(g),                # stragglers / synchronisation growing with log g
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the law: its scale (t1 | node | s | inter) and its shape in g (node terms) or M (net terms)."""
+
+    scale: str
+    shape: Callable[[int], float]
+    what: str
+
+
+NODE_TERMS: dict[str, Term] = {
+    "onset": Term("t1", lambda g: 1.0 if g > 1 else 0.0, "a fixed share of t_1 for running distributed at all"),
+    "ln_gpus": Term("t1", lambda g: math.log(g), "stragglers / synchronisation growing with ln g, a share of t_1"),
+    "abs_ln_gpus": Term("s", lambda g: math.log(g), "a per-step synchronisation time growing with ln g (seconds)"),
 }
-# Network terms: functions of the node count M (M > 1), multiplied by the node's step t_node(g).
-NET_TERMS: dict[str, Callable[[int], float]] = {
-    "node_onset": lambda m: 1.0 if m > 1 else 0.0,  # a fixed cost of leaving the node
-    "ln_nodes": lambda m: math.log(m),               # stragglers / synchronisation growing with log M
+NET_TERMS: dict[str, Term] = {
+    "node_onset": Term("node", lambda m: 1.0 if m > 1 else 0.0, "a fixed share of the node's step for leaving it"),
+    "ln_nodes": Term("node", lambda m: math.log(m), "stragglers / synchronisation growing with ln M, a share "
+                                                    "of the node's step"),
+    "abs_ln_nodes": Term("s", lambda m: math.log(m), "a per-step synchronisation time growing with ln M (seconds)"),
+    "inter_bw": Term("inter", lambda m: 1.0 if m > 1 else 0.0, "the inter-node all-reduce slower than the stated "
+                                                               "link (1/efficiency - 1)"),
 }
 PROTOCOLS = ("from-1-gpu", "from-node")
 
 
+def _scaled(term: Term, x: int, scales: Mapping[str, float]) -> float:
+    return scales[term.scale] * term.shape(x)
+
+
+def node_features(keys: Sequence[str], t1_s: float, gpus: int) -> list[float]:
+    """Each node term's value (seconds, before its coefficient) at g GPUs per node."""
+    if gpus <= 1:
+        return [0.0] * len(keys)
+    return [_scaled(NODE_TERMS[k], gpus, {"t1": t1_s, "s": 1.0}) for k in keys]
+
+
+def net_features(keys: Sequence[str], node_step_s: float, nodes: int, inter_exposed_s: float) -> list[float]:
+    """Each network term's value (seconds, before its coefficient) at M nodes."""
+    if nodes <= 1:
+        return [0.0] * len(keys)
+    scales = {"node": node_step_s, "s": 1.0, "inter": inter_exposed_s}
+    return [_scaled(NET_TERMS[k], nodes, scales) for k in keys]
+
+
+def _band_pair(protocol: str, v: object) -> tuple[float, float]:
+    """A band entry: one fraction (symmetric) or [below, above] fractions, each in [0, 1)."""
+    pair = (v, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in pair)):
+        raise ConfigError(f"band for {protocol} must be a fraction in 0..1 or a pair [below, above] of them, got {v!r}")
+    return float(pair[0]), float(pair[1])
+
+
 @dataclass(frozen=True)
 class OverheadLaw:
-    """Coefficients of the named terms and, per protocol, the 80th percentile of |error| of the law's
-    held-out predictions (the band's fit part): ``from-1-gpu`` (only the 1-GPU step measured) and
-    ``from-node`` (the node measured at the target's GPUs per node)."""
+    """Coefficients of the named terms and, per protocol, the band's fit part: how far below and above the
+    prediction the held-out measured points fell (80th percentile of each side): ``from-1-gpu`` (only the
+    1-GPU step measured) and ``from-node`` (the node measured at the target's GPUs per node)."""
 
     node: dict[str, float] = field(default_factory=dict)
     net: dict[str, float] = field(default_factory=dict)
-    band: dict[str, float] = field(default_factory=dict)
+    band: dict[str, object] = field(default_factory=dict)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -47,30 +95,44 @@ class OverheadLaw:
                     raise ConfigError(f"unknown overhead term {k!r}; known: {', '.join(known)}")
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                     raise ConfigError(f"overhead coefficient {k} must be >= 0, got {v!r}")
+        for p, v in self.band.items():
+            _band_pair(p, v)
+
+    def band_for(self, protocol: str) -> tuple[float, float]:
+        """(below, above): the fractions of the prediction the measured point fell below / above it."""
+        return _band_pair(protocol, self.band[protocol]) if protocol in self.band else (0.0, 0.0)
 
     def node_s(self, t1_s: float, gpus: int) -> float:
-        return t1_s * sum(c * NODE_TERMS[k](gpus) for k, c in self.node.items()) if gpus > 1 else 0.0
+        return sum(c * f for c, f in zip(self.node.values(), node_features(list(self.node), t1_s, gpus)))
 
-    def net_factor(self, nodes: int) -> float:
-        """sum_k b_k h_k(M): the network overhead as a share of the node's step."""
-        return sum(c * NET_TERMS[k](nodes) for k, c in self.net.items()) if nodes > 1 else 0.0
+    def net_s(self, node_step_s: float, nodes: int, inter_exposed_s: float) -> float:
+        """The network overhead at M nodes (seconds)."""
+        feats = net_features(list(self.net), node_step_s, nodes, inter_exposed_s)
+        return sum(c * f for c, f in zip(self.net.values(), feats))
+
+    @property
+    def has_net(self) -> bool:
+        return sum(self.net.values()) > 0
 
     def describe(self) -> str:
-        node = " + ".join(f"{c:.4g} {k}" for k, c in self.node.items()) or "0"
-        net = " + ".join(f"{c:.4g} {k}" for k, c in self.net.items()) or "0"
-        return f"o = t_1 x ({node}) + t_node x ({net})"
+        unit = {"t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce"}
+
+        def part(terms: dict[str, float], known: dict[str, Term]) -> str:
+            return " + ".join(f"{c:.4g} x {unit[known[k].scale]} x {k}" for k, c in terms.items()) or "0"
+
+        return f"o_node = {part(self.node, NODE_TERMS)}; o_net = {part(self.net, NET_TERMS)}"
 
 
-# The form that fitted best (ln GPUs per node inside the node, ln nodes across them; docs/perfmodel.md
-# compares the candidates) and its coefficients fitted on every published table in
-# tests/fixtures/tables and the project's H200 pair stores in docs/bench-data, each table or store
-# weighing the same; the band is the 80th percentile of the leave-one-out |error| on the published
-# tables. ``python benchmarks/perfmodel_validate.py --fit`` reproduces the figures;
-# tests/test_perfmodel_fit.py checks that it does.
+# The form that predicted the held-out tables best (docs/perfmodel.md compares the candidates) and its
+# coefficients fitted on every published table in tests/fixtures/tables and the project's H200 pair stores
+# in docs/bench-data, each source page (its tables) or store weighing the same; the band is, per protocol,
+# the 80th percentile of how far below / above their prediction the held-out published points fell.
+# ``python benchmarks/perfmodel_validate.py --fit`` reproduces the figures; tests/test_perfmodel_fit.py
+# checks that it does.
 DEFAULT_LAW = OverheadLaw(
-    node={"ln_gpus": 0.03342},
-    net={"ln_nodes": 0.06888},
-    band={"from-1-gpu": 0.1981, "from-node": 0.1398},
+    node={"ln_gpus": 0.02933},
+    net={"ln_nodes": 0.06885},
+    band={"from-1-gpu": [0.2165, 0.0536], "from-node": [0.2017, 0.0808]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
            "pair stores (docs/bench-data)",
 )

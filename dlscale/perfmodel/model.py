@@ -1,13 +1,13 @@
 """One workload's step model: the 1-device step, its gradients and links, the overhead law and the
 measured multi-device points it is calibrated on; ``predict(shape)`` gives one shape's terms with a band.
 
-    t(M x g) = t_1 + exposed all-reduce(M x g) + o_node(g) + b x t_node(g) x h(M)
+    t(M x g) = t_1 + exposed all-reduce(M x g) + o_node(g) + o_net(M, g)
     t_node(g) = t_1 + exposed all-reduce(1 x g) + o_node(g)
 
-o_node(g): measured where the workload has a 1 x g point (t_meas - t_1 - exposed), else the law plus
-the offset the nearest measured node size shows, else the law. b: fitted on the workload's measured
-multi-node points, else the law's. Every overhead is clamped at 0 (with a note): the model never
-predicts more than ideal scaling.
+o_node(g): measured where the workload has a 1 x g point (t_meas - t_1 - exposed), else the law's growth
+with g scaled to the overhead of the nearest measured node size, else the law. o_net: the law's network terms, scaled to
+the workload's measured multi-node points where it has any. Every overhead is clamped at 0 (with a note):
+the model never predicts more than ideal scaling.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import NO_COMM, Compute, Links, Overlap, Shape, overlap_model, positive
-from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
+from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS, OverheadLaw
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,12 @@ class ShapePrediction:
     high: float
     ideal_samples_per_s: float
     basis: str  # measured | from-node | from-1-gpu | fixed overhead
-    band_pct: float
+    band_pct: float  # the wider side of the band, % of the prediction
     limiting: str
     evidence: str
     notes: list[str] = field(default_factory=list)
+    band_below_pct: float = 0.0  # how far below the prediction the band reaches, %
+    band_above_pct: float = 0.0  # how far above (before the cap at ideal), %
 
     @property
     def overhead_s(self) -> float:
@@ -71,6 +73,7 @@ class ShapePrediction:
             "allreduce_intra_ms": ov.intra_s * 1e3, "allreduce_inter_ms": ov.inter_s * 1e3,
             "exposed_ms": ov.exposed_s * 1e3, "step_ms": self.step_s * 1e3, "samples_per_s": self.samples_per_s,
             "samples_per_s_low": self.low, "samples_per_s_high": self.high, "band_pct": self.band_pct,
+            "band_below_pct": self.band_below_pct, "band_above_pct": self.band_above_pct,
             "speedup": self.speedup, "speedup_low": self.low / sps1, "speedup_high": self.high / sps1,
             "ideal_speedup": float(n), "efficiency": self.speedup / n, "comm_share": ov.exposed_s / self.step_s,
             "basis": self.basis, "limiting": self.limiting, "evidence": self.evidence, "notes": list(self.notes),
@@ -124,56 +127,71 @@ class WorkloadModel:
     def _measured_node_overhead(self, m: Measured) -> float:
         return m.step_s - self.t1_s - self.exposed(m.shape).exposed_s
 
+    def _node_shape_s(self, gpus: int) -> float:
+        """The law's node overhead at g GPUs as the shape measured points scale (t_1 x ln g when it has none)."""
+        if sum(self.law.node.values()) > 0:
+            return self.law.node_s(self.t1_s, gpus)
+        return self.t1_s * math.log(gpus)
+
     def node_overhead(self, gpus: int) -> tuple[float, str, Measured | None, list[str]]:
-        """(o_node(g) in s, how it was obtained, the measured point it rests on, notes)."""
+        """(o_node(g) in s, how it was obtained, the measured point it rests on, notes).
+
+        Measured at g: that overhead. Measured at other node sizes: the law's growth with g scaled to the
+        nearest one (the workload's own amplitude, the law's shape). Else the law."""
         if gpus == 1:
             return 0.0, "one GPU per node: none", None, []
-        law_o = self.law.node_s(self.t1_s, gpus)
         nodes = self._single_node()
         notes: list[str] = []
         if gpus in nodes:
-            m = nodes[gpus]
-            o, how = self._measured_node_overhead(m), f"measured at 1x{gpus} ({m.ref})"
-            anchor: Measured | None = m
+            anchor: Measured | None = nodes[gpus]
+            g0, how = gpus, f"measured at 1x{gpus} ({nodes[gpus].ref})"
         elif nodes:
             g0 = min(nodes, key=lambda g: (abs(math.log(g / gpus)), -g))
             anchor = nodes[g0]
-            offset = self._measured_node_overhead(anchor) - self.law.node_s(self.t1_s, g0)
-            o, how = law_o + offset, f"law + the offset measured at 1x{g0} ({anchor.ref})"
+            how = f"the law's growth with GPUs scaled to the overhead measured at 1x{g0} ({anchor.ref})"
         else:
-            o, how, anchor = law_o, "default law (no measured multi-GPU point)", None
+            return self.law.node_s(self.t1_s, gpus), "default law (no measured multi-GPU point)", None, notes
+        o = self._measured_node_overhead(anchor)
         if o < 0:
-            notes.append(f"node overhead at {gpus} GPUs came out {o * 1e3:.2f} ms (the measured step is shorter than "
-                         f"the modelled communication: a link figure too low, or overlap the model does not "
-                         f"assume); clamped at 0")
+            notes.append(f"node overhead at 1x{g0} came out {o * 1e3:.2f} ms (the measured step is shorter than the "
+                         f"modelled communication: a link figure too low, or overlap the model does not assume); "
+                         f"clamped at 0")
             o = 0.0
+        if g0 != gpus:
+            o *= self._node_shape_s(gpus) / self._node_shape_s(g0)
         return o, how, anchor, notes
 
     def node_step_s(self, gpus: int) -> float:
         return self.t1_s + self.exposed(Shape(1, gpus)).exposed_s + self.node_overhead(gpus)[0]
 
-    def _net_shape(self, nodes: int) -> float:
-        """The law's network terms as a shape (ln M when the law has none)."""
-        f = self.law.net_factor(nodes)
-        return f if sum(self.law.net.values()) > 0 else math.log(nodes)
+    def inter_exposed_s(self, shape: Shape) -> float:
+        """The exposed part of the modelled inter-node all-reduce at ``shape`` (s)."""
+        ov = self.exposed(shape)
+        return ov.inter_s * ov.exposed_s / ov.allreduce_s if ov.allreduce_s > 0 else 0.0
 
-    def net_factor(self, nodes: int) -> tuple[float, str]:
-        """The network overhead as a share of the node's step at ``nodes`` nodes, and how it was obtained:
-        the law's shape scaled to the workload's measured multi-node points (least squares, >= 0), else the
-        law as it is."""
+    def _net_shape_s(self, nodes: int, node_step_s: float, inter_exposed_s: float) -> float:
+        """The law's network overhead (s) as the shape measured points scale (t_node x ln M when it has none)."""
+        if self.law.has_net:
+            return self.law.net_s(node_step_s, nodes, inter_exposed_s)
+        return node_step_s * math.log(nodes)
+
+    def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str]:
+        """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, and how it was obtained: the
+        law scaled to the workload's measured multi-node points (least squares, >= 0), else the law as it is."""
+        inter = self.inter_exposed_s(shape)
         pts = [m for m in self.measured if m.shape.nodes > 1]
         if not pts:
-            return self.law.net_factor(nodes), "default law"
+            return self.law.net_s(node_step_s, shape.nodes, inter), "default law"
         num = den = 0.0
         for m in pts:
             g = m.shape.gpus_per_node
             t_node = self.node_step_s(g)
-            x = t_node * self._net_shape(m.shape.nodes)
+            x = self._net_shape_s(m.shape.nodes, t_node, self.inter_exposed_s(m.shape))
             y = m.step_s - t_node - (self.exposed(m.shape).exposed_s - self.exposed(Shape(1, g)).exposed_s)
             num, den = num + x * y, den + x * x
         scale = max(0.0, num / den) if den > 0 else 0.0
         refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
-        return scale * self._net_shape(nodes), f"fitted on measured {refs}"
+        return scale * self._net_shape_s(shape.nodes, node_step_s, inter), f"fitted on measured {refs}"
 
     # ------------------------------------------------------------------ prediction
 
@@ -196,8 +214,7 @@ class WorkloadModel:
             o_net, how = 0.0, how_node
             if shape.nodes > 1:
                 t_node = self.t1_s + self.exposed(Shape(1, shape.gpus_per_node)).exposed_s + o_node
-                f, how_net = self.net_factor(shape.nodes)
-                o_net = t_node * f
+                o_net, how_net = self.net_overhead(shape, t_node)
                 how = f"node: {how_node}; network: {how_net}"
             measured_here = any(m.shape == shape for m in self.measured)
             if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
@@ -208,14 +225,13 @@ class WorkloadModel:
         t = self.t1_s + ov.exposed_s + o_node + o_net
         sps = n * self.samples_per_device_step / t
         sps = min(sps, ideal)  # t >= t_1 holds by construction; this guards rounding only
-        rel_fit = self.law.band.get(basis, 0.0) if basis in ("from-node", "from-1-gpu") else 0.0
-        if basis == "fixed overhead":
-            rel_fit = self.law.band.get("from-1-gpu", 0.0)
-        band = math.hypot(rel_in, rel_fit)
-        low, high = sps * (1.0 - band), min(ideal, sps * (1.0 + band))
+        fit_basis = "from-1-gpu" if basis == "fixed overhead" else basis
+        below, above = self.law.band_for(fit_basis) if fit_basis in PROTOCOLS else (0.0, 0.0)
+        down, up = math.hypot(rel_in, below), math.hypot(rel_in, above)
+        low, high = sps * (1.0 - down), min(ideal, sps * (1.0 + up))
         limiting, evidence = self._limiting(shape, ov, o_node + o_net, t, how, basis)
         return ShapePrediction(shape, c, ov, o_node, o_net, t, sps, max(0.0, low), high, ideal, basis,
-                               band * 100.0, limiting, evidence, notes)
+                               100.0 * max(down, up), limiting, evidence, notes, 100.0 * down, 100.0 * up)
 
     def _limiting(self, shape: Shape, ov: Overlap, overhead_s: float, step_s: float, how: str,
                   basis: str) -> tuple[str, str]:

@@ -99,8 +99,9 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
              "B_inter), B_inter per node" if m.links.inter_algorithm == "auto" else
              f"inter-node all-reduce: {m.links.inter_algorithm}",
              f"overhead: {built.info['overhead_source']}",
-             "band: the spread of the measured inputs (1-device record, the node point it rests on) and the 80th "
-             "percentile of the law's held-out error for that basis (docs/perfmodel.md); never above ideal",
+             "band: the spread of the measured inputs (1-device record, the node point it rests on) and, for that "
+             "basis, how far below and above their prediction 80 % of the law's held-out points fell on each side "
+             "(docs/perfmodel.md); never above ideal",
              f"measured column: the newest ok {opts.strategy} record of each shape (1x1: the baseline record)"]
     for r in out:
         notes += [n for n in r.prediction.notes if n not in notes]

@@ -67,7 +67,8 @@ def render_prediction(pred: Prediction) -> str:
                          "efficiency", "basis", "limited by", f"measured {unit}/s", "error"], body))
     last = pred.rows[-1].prediction
     out += ["", f"At {last.shape.label}: limited by {last.limiting}"
-            + (f" ({last.evidence})" if last.evidence else "") + f"; band +-{last.band_pct:.1f} % ({last.basis}).",
+            + (f" ({last.evidence})" if last.evidence else "")
+            + f"; band -{last.band_below_pct:.1f} % / +{last.band_above_pct:.1f} % ({last.basis}).",
             "basis: measured (the shape or its node was measured), from-node (the node measured, the network "
             "term from the law), from-1-gpu (only the 1-device step measured). error = (predicted - measured) / "
             "measured.", "", "Model:"] + [f"* {n}" for n in pred.notes]
