@@ -214,9 +214,9 @@ def _strategy_names() -> list[str]:
 
 
 def _flavors() -> tuple[str, ...]:
-    from dlscale.models import FLAVORS
+    from dlscale.models import all_flavors
 
-    return FLAVORS
+    return all_flavors()
 
 
 POS_INTS = "a list of positive integers"

@@ -46,11 +46,13 @@ def _parses_as_json(text: str) -> bool:
 
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
     """The options that describe one case (shared by run and the multi-node verbs)."""
-    from dlscale.models import FLAVORS
+    from dlscale.models import all_flavors
 
     p.add_argument("--model", default=DEFAULTS.model, help="registered model name (see `dlscale run --list`)")
-    p.add_argument("--flavor", default=DEFAULTS.flavor, choices=FLAVORS,
-                   help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
+    p.add_argument("--flavor", default=DEFAULTS.flavor, choices=all_flavors(),
+                   help="the model's size: full (its standard size), tiny (a few layers; trains on a CPU in well "
+                   "under a second a step), or a size of its family (gpt2: medium, large, xl; llama: 1b, 3b, 8b; "
+                   "`dlscale run --list` shows each model's)")
     p.add_argument("--strategy", default=DEFAULTS.strategy, help="registered parallel strategy name")
     p.add_argument("--nproc-per-node", type=int, default=DEFAULTS.nproc_per_node,
                    help="processes (devices) per machine")
@@ -146,14 +148,14 @@ def cmd_run(args) -> int:
     from dlscale import console
     from dlscale.cli import STATUS_EXIT
     from dlscale.multinode import rendezvous_from_args, run_case, was_recorded
-    from dlscale.models import get_model, model_names
+    from dlscale.models import default_flavor, get_model, model_flavors, model_names
     from dlscale.store import ResultStore
     from dlscale.strategies import get_strategy, strategy_names
 
     if args.list:
         for m in model_names():
-            spec = get_model(m, "full")
-            print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}")
+            spec = get_model(m, default_flavor(m))
+            print(f"model     {m:12s} unit {spec.unit:4s} seq {spec.seq_len or '-'}  flavors {', '.join(model_flavors(m))}")
         for s in strategy_names():
             print(f"strategy  {s:12s} {get_strategy(s).description}")
         return 0
