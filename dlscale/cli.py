@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "dlscale.commands.slurm",    # slurm
     "dlscale.commands.predict",  # predict (and --validate)
     "dlscale.commands.cost",     # cost
+    "dlscale.commands.plan",     # plan
 )
 
 # Exit codes (README and docs/metrics.md list them too)

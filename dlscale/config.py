@@ -16,13 +16,13 @@ from dlscale import ConfigError
 from dlscale import compiling
 from dlscale.compiling import COMPILE_MODES
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "fp8")
 # fields that say how a case is run, not what is measured: case_key (and the report) leave them out
 PROCEDURE_FIELDS = ("repeats", "time_limit", "collective_timeout", "label", "inject_failure", "monitor",
                     "sample_interval", "breakdown", "profile")
 # fields added after records were first stored, with what a record without them means: left out
 # of case_key (and the report's grouping) at that value, so earlier records keep their keys
-LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}}
+LATE_FIELD_DEFAULTS = {"compile_mode": "default", "inductor_options": {}, "activation_checkpointing": "none"}
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -50,6 +50,7 @@ class RunConfig:
     compile_mode: str = "default"
     inductor_options: dict[str, Any] = field(default_factory=dict)
     clip_grad_norm: float | None = None
+    activation_checkpointing: str = "none"  # none | selective | full, per block (dlscale/checkpointing.py)
     grad_accum: int = 1
     warmup: int = 20
     steps: int = 100
@@ -87,6 +88,9 @@ class RunConfig:
             raise ConfigError(f"collective-timeout must be > 0 seconds, got {self.collective_timeout}")
         if not isinstance(self.inductor_options, dict):
             raise ConfigError(f"inductor_options must be a mapping of KEY: VALUE, got {self.inductor_options!r}")
+        from dlscale.checkpointing import check_mode
+
+        check_mode(self.activation_checkpointing)
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError(f"unknown compile-mode {self.compile_mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
         if not self.compile and self.compile_mode != "default":
@@ -173,6 +177,9 @@ def validate_case(cfg: RunConfig) -> None:
                           f"got {cfg.world_size} ({cfg.nnodes} node(s) x {cfg.nproc_per_node})")
     if strat.validate is not None:
         strat.validate(cfg)
+    from dlscale.checkpointing import check_case
+
+    check_case(cfg, get_model(cfg.model, cfg.flavor))
 
 
 def validate_for_launch(cfg: RunConfig) -> str:

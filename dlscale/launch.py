@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import envinfo, metrics
+from dlscale import envinfo, fp8, metrics
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.models import get_model
 from dlscale.procs import Rendezvous, spawn_torchrun
@@ -176,7 +176,8 @@ def run_case(cfg: RunConfig, store: ResultStore, *, command: str | None = None,
     base = dict(kind="run", id=uuid.uuid4().hex, case_key=cfg.case_key(), label=cfg.label,
                 command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 config=cfg.to_dict(), device_type=device_type, world_size=cfg.world_size, env=env)
-    reason = strat.check(cfg, {"device_type": device_type}) if strat.check else None
+    reason = fp8.check(cfg, {"device_type": device_type}) or (
+        strat.check(cfg, {"device_type": device_type}) if strat.check else None)
     if reason:
         rec = new_record(status="unsupported", error=reason, ranks=[], repeats=[], summary=None, **base)
         store.append(rec)

@@ -68,7 +68,7 @@ PEAK_FLOPS: list[tuple[str, dict[str, float], str]] = [
 
 def precision_dtype(precision: str, device_type: str) -> str:
     """Which peak applies: amp-bf16 -> bf16, amp-fp16 -> fp16, fp32 -> tf32 on CUDA (TF32 on)."""
-    if precision == "amp-bf16":
+    if precision in ("amp-bf16", "fp8"):  # fp8 runs are rated against the bf16 peak, as torchtitan does
         return "bf16"
     if precision == "amp-fp16":
         return "fp16"

@@ -60,7 +60,8 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=batch_size_arg, default=DEFAULTS.batch_size,
                    help="per-device micro-batch size, or max: the largest that fits (run only; docs/sweeps.md)")
     p.add_argument("--precision", default=DEFAULTS.precision, help=f"one of {', '.join(PRECISIONS)} "
-                   "(fp32 uses TF32 tensor cores on GPUs, recorded as such)")
+                   "(fp32 uses TF32 tensor cores on GPUs, recorded as such; fp8: torchao float8 training of the "
+                   "blocks' Linears under bf16 autocast, GPUs of compute capability >= 8.9)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the analogue of XLA)")
     p.add_argument("--compile-mode", default=DEFAULTS.compile_mode, choices=COMPILE_MODES,
                    help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs; max-autotune: "
@@ -70,6 +71,11 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --compile: a torch._inductor.config setting over the mode's, repeatable "
                    "(e.g. coordinate_descent_tuning=true); default: none")
     p.add_argument("--clip-grad-norm", type=float, default=None, help="clip gradients to this global norm")
+    from dlscale.checkpointing import MODES as AC_MODES
+    p.add_argument("--activation-checkpointing", default=DEFAULTS.activation_checkpointing, choices=AC_MODES,
+                   help="recompute activations in the backward, per block: selective (torchtitan's op-level "
+                   "policy: keep attention and every other matmul output) or full (keep only each block's input); "
+                   "docs/models.md")
     p.add_argument("--grad-accum", type=int, default=DEFAULTS.grad_accum,
                    help="micro-batches accumulated per optimizer step")
     p.add_argument("--warmup", type=int, default=DEFAULTS.warmup, help="untimed steps before the window")
@@ -107,6 +113,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
                   compile=args.compile, compile_mode=args.compile_mode,
                   inductor_options=parse_options(args.inductor_option, "--inductor-option"),
                   clip_grad_norm=args.clip_grad_norm, grad_accum=args.grad_accum,
+                  activation_checkpointing=args.activation_checkpointing,
                   warmup=args.warmup, steps=args.steps, repeats=args.repeats, device=args.device, seed=args.seed,
                   time_limit=args.time_limit, collective_timeout=args.collective_timeout,
                   strategy_options=parse_options(args.option), label=args.label, monitor=args.monitor,

@@ -165,6 +165,8 @@ def case_cli_args(cfg: RunConfig, batch_max: bool = False) -> list[str]:
         a += option_args("--inductor-option", cfg.inductor_options)
     if cfg.clip_grad_norm is not None:
         a += ["--clip-grad-norm", repr(float(cfg.clip_grad_norm))]
+    if cfg.activation_checkpointing != "none":
+        a += ["--activation-checkpointing", cfg.activation_checkpointing]
     a += option_args("--option", cfg.strategy_options)
     if cfg.label is not None:
         a += ["--label", cfg.label]

@@ -143,6 +143,8 @@ def run_command(cfg: RunConfig, batch_max: bool = False, start: int | None = Non
         a += ["--grad-accum", str(cfg.grad_accum)]
     if cfg.clip_grad_norm is not None:
         a += ["--clip-grad-norm", str(cfg.clip_grad_norm)]
+    if cfg.activation_checkpointing != "none":
+        a += ["--activation-checkpointing", cfg.activation_checkpointing]
     a += ["--warmup", str(cfg.warmup), "--steps", str(cfg.steps), "--repeats", str(cfg.repeats),
           "--device", cfg.device, "--seed", str(cfg.seed), "--time-limit", f"{cfg.time_limit:g}",
           "--collective-timeout", f"{cfg.collective_timeout:g}"]

@@ -82,7 +82,7 @@ def autocast(cfg, device: torch.device):
     """The same autocast context the worker's standard step uses (a no-op for fp32)."""
     if cfg.precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
+    dtype = torch.bfloat16 if cfg.precision in ("amp-bf16", "fp8") else torch.float16
     return torch.autocast(device.type, dtype=dtype)
 
 

@@ -59,7 +59,7 @@ def mp_policy(cfg, enabled: bool):
 
     if not enabled or cfg.precision == "fp32":
         return None
-    dtype = torch.bfloat16 if cfg.precision == "amp-bf16" else torch.float16
+    dtype = torch.bfloat16 if cfg.precision in ("amp-bf16", "fp8") else torch.float16
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
