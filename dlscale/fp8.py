@@ -94,10 +94,9 @@ def convert(model, spec, cfg, device=None, check_device: bool = True) -> dict:
 
     blocks = spec.blocks(model) if spec.blocks else []
     inside = {id(m) for b in blocks for m in b.modules()}
-    before = {id(m) for m in model.modules()}
     config = Float8LinearConfig.from_recipe_name(RECIPE)
     convert_to_float8_training(model, config=config, module_filter_fn=_filter(inside))
-    converted = sum(1 for m in model.modules() if type(m).__name__ == "Float8Linear" and id(m) not in before)
+    converted = sum(1 for m in model.modules() if type(m).__name__ == "Float8Linear")
     return {"fp8": {"library": "torchao.float8", "torchao": getattr(torchao, "__version__", "unknown"),
                     "recipe": RECIPE, "converted_linears": converted,
                     "kept_in_bf16": "embeddings, norms, attention, vocabulary projection, loss"}}

@@ -244,7 +244,8 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
     per_block = block_bytes_per_token(arch, work.regime, work.checkpointing, r, low, layout.tp,
                                       layout.sequence_parallel)
     head_kept, head_extra, head_fixed = head_bytes(arch, work.regime, width, r, low)
-    # with checkpointing, each block's forward runs again in the backward: one block's full set
+    # with checkpointing, each block's forward runs again in the backward: what one block keeps
+    # without checkpointing
     recompute = (block_bytes_per_token(arch, work.regime, "none", r, low, layout.tp, layout.sequence_parallel)
                  if work.checkpointing != "none" else 0.0)
     best = None
@@ -261,7 +262,11 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
         inputs = 16 * batch_size * arch.seq_len  # token ids and targets (int64)
         grads_t1 = grads if (layout.persistent_grads or layout.zero == 1) else 0.0
         t1 = params + optimizer + grads_t1 + gathered + activations + head + inputs
-        if recompute:  # the last block recomputed, the head's gradients already made
+        if recompute and work.compiled and work.checkpointing == "full":
+            # one compiled backward graph: the first recomputation runs while the head's tensors live
+            # (measured on the CPU's inductor; selective recomputes op by op, as eager)
+            t1 += (recompute - per_block) * tokens_mb
+        elif recompute:  # the last block recomputed after the head's backward, the head's gradients made
             t1 = max(t1, t1 - head + recompute * tokens_mb + 4 * (part["other"] if last else 0))
         t2 = params + optimizer + grads + inputs + (gathered if layout.zero == 2 else 0.0)
         opt_temp = 4 * p_dev / (layout.dp_shard if fsdp else 1) if work.device_type != "cuda" else 0.0

@@ -45,7 +45,7 @@ def test_case_options_round_trip():
     values = dict(model="bert-base", flavor="tiny", strategy="fsdp", nproc_per_node=4, nnodes=3, batch_size=7,
                   precision="amp-fp16", compile=True, compile_mode="max-autotune-no-cudagraphs",
                   inductor_options={"coordinate_descent_tuning": True, "triton.max_tiles": 3},
-                  clip_grad_norm=1.5, grad_accum=2, warmup=3, steps=9,
+                  clip_grad_norm=1.5, activation_checkpointing="selective", grad_accum=2, warmup=3, steps=9,
                   repeats=2, device="cuda", seed=5, time_limit=77.5, collective_timeout=12.0,
                   strategy_options={"bucket_cap_mb": 50, "mode": "full", "flag": True, "text": "50"},
                   label="my run", inject_failure="crash@1:2", monitor=False, sample_interval=0.5,
