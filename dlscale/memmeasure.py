@@ -25,7 +25,7 @@ def _alive_bytes(model, optimizer, batch) -> int:
 
 
 def step_peak(spec, batch_size: int, precision: str = "amp-bf16", checkpointing: str = "none",
-              compiled: bool = False, device: str = "cpu", warmup: int = 2) -> dict:
+              compiled: bool = False, device: str = "cpu", warmup: int = 1) -> dict:
     """{"peak_bytes", "start_bytes", "loss"}: the peak allocated during one training step."""
     import torch
 

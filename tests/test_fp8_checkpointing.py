@@ -59,6 +59,7 @@ def test_fp8_on_the_cpu_is_recorded_unsupported(tmp_path):
     assert rec["repeats"] == []
 
 
+@pytest.mark.slow  # trains two models for 3 steps
 @pytest.mark.skipif(not HAS_TORCHAO, reason="torchao (optional extra fp8) not installed")
 def test_fp8_converts_the_blocks_linears_and_trains():
     """torch._scaled_mm runs on the CPU too, so the conversion and a few steps can be checked here

@@ -336,6 +336,7 @@ def test_llama3_rope_scaling():
     assert torch.allclose(inv[mid], (1 - s) * plain[mid] / 32 + s * plain[mid], rtol=1e-6)
 
 
+@pytest.mark.slow  # importing transformers takes seconds
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
 def test_llama_matches_hugging_face():
     """Same weights, same logits as transformers' LlamaForCausalLM (GQA, rotary with llama3
