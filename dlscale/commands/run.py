@@ -49,8 +49,9 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     from dlscale.models import all_flavors
 
     p.add_argument("--model", default=DEFAULTS.model, help="registered model name (see `dlscale run --list`)")
-    p.add_argument("--flavor", default=DEFAULTS.flavor, choices=all_flavors(),
-                   help="the model's size: full (its standard size), tiny (a few layers; trains on a CPU in well "
+    p.add_argument("--flavor", default=None, choices=all_flavors(),
+                   help="default: the model's first flavour (full where it has one; llama: 1b). The model's size: "
+                   "full (its standard size), tiny (a few layers; trains on a CPU in well "
                    "under a second a step), or a size of its family (gpt2: medium, large, xl; llama: 1b, 3b, 8b; "
                    "`dlscale run --list` shows each model's)")
     p.add_argument("--strategy", default=DEFAULTS.strategy, help="registered parallel strategy name")
@@ -108,7 +109,9 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
-    fields = dict(model=args.model, flavor=args.flavor, strategy=args.strategy,
+    from dlscale.models import default_flavor
+
+    fields = dict(model=args.model, flavor=args.flavor or default_flavor(args.model), strategy=args.strategy,
                   nproc_per_node=args.nproc_per_node, batch_size=args.batch_size, precision=args.precision,
                   compile=args.compile, compile_mode=args.compile_mode,
                   inductor_options=parse_options(args.inductor_option, "--inductor-option"),
