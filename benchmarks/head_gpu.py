@@ -24,7 +24,7 @@ def main() -> None:
         spec = get_model(name)
         model = spec.build().to(dev)
         args = spec.make_batch(batch, dev, torch.Generator(device=dev).manual_seed(0))
-        k = spec.extra["n_embed_args"]
+        k = spec.embed_args
         with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
             h = model.embed(*args[:k])
         proj = model.lm_head if name == "gpt2" else model.decoder

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "dlscale.inputs.cli",        # data make, data info
     "dlscale.importers.cli",     # import
     "dlscale.commands.parity",   # parity
+    "dlscale.commands.plan",     # plan
 )
 
 # Exit codes (README and docs/metrics.md list them too)

@@ -23,6 +23,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale import compiling
+from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
 from dlscale.inputs.spec import DECODE_DEVICES, SPEC_HELP, parse_data
@@ -126,7 +127,9 @@ class RunConfig:
     framework: str = _f("torch", choices=FRAMEWORKS, axis="frameworks", match=True, late="torch",
                         help="training framework: torch, or jax (XLA; pip install -e '.[jax]'; docs/frameworks.md)")
     flavor: str = _f("full", choices="flavors", axis="flavors", match=True,
-                     help="full-size model, or tiny (a few layers; trains on a CPU in well under a second a step)")
+                     help="the model's size: full (its standard size), tiny (a few layers; trains on a CPU in well "
+                          "under a second a step), or a size of its family (gpt2: medium, large, xl; llama: 1b, 3b, "
+                          "8b; `dlscale run --list` shows each model's)")
     precision: str = _f("amp-bf16", choices=PRECISIONS, axis="precisions", match=True,
                         help="fp32 uses TF32 tensor cores on GPUs (recorded as such); amp-*: autocast with "
                              "fp32 master weights")
@@ -141,6 +144,11 @@ class RunConfig:
                                 axis="inductor_options", late={},
                                 help="with --compile: a torch._inductor.config setting over the mode's, "
                                      "repeatable (e.g. coordinate_descent_tuning=true); scalar values only")
+    activation_checkpointing: str = _f("none", choices=CHECKPOINTING_MODES, axis="activation_checkpointing",
+                                       match=True, late="none",
+                                       help="recompute activations in the backward, per block: selective "
+                                            "(torchtitan's op-level policy: keep attention and every other matmul "
+                                            "output) or full (keep only each block's input); docs/models.md")
     batch_size: int | str = _f(16, type=int, kind="batch", minimum=1, maximum=MAX_BATCH, axis="batch_sizes",
                                match=True,
                                help="per-device micro-batch size, or max: the largest that fits (docs/sweeps.md)")
@@ -299,9 +307,9 @@ def choices_of(name: str) -> tuple:
 
         return (AUTO_STRATEGY, *strategy_names())
     if c == "flavors":
-        from dlscale.models import FLAVORS
+        from dlscale.models import all_flavors
 
-        return tuple(FLAVORS)
+        return tuple(all_flavors())
     return tuple(c or ())
 
 
@@ -425,9 +433,10 @@ def validate_case(cfg: RunConfig) -> None:
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:
         strat.validate(cfg)
-    from dlscale import frameworks
+    from dlscale import checkpointing, frameworks
 
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
+    checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model

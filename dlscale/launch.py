@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, frameworks, inputs, metrics, validity
+from dlscale import envinfo, fp8, frameworks, inputs, metrics, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
@@ -218,7 +218,8 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
                  device_type=device_type, world_size=cfg.world_size,
                  env=envinfo.capture(framework=cfg.framework, device_type=device_type),
                  backend="nccl" if device_type == "cuda" else "gloo", data_set=inputs.describe(cfg))
-    reason = frameworks.unsupported_reason(cfg, {"device_type": device_type}, strat.check)
+    reason = fp8.check(cfg, {"device_type": device_type}) or frameworks.unsupported_reason(
+        cfg, {"device_type": device_type}, strat.check)
     if reason:
         rec.status, rec.error = "unsupported", reason
         return rec

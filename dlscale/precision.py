@@ -2,15 +2,17 @@
 
 dlscale keeps fp32 master weights and optimizer state in every precision; ``amp-*`` runs the
 forward under autocast in the 16-bit dtype (and FSDP's mixed-precision policy, pipeline stages
-and DeepSpeed use the same dtype). Only fp16's narrow exponent needs dynamic loss scaling.
+and DeepSpeed use the same dtype); ``fp8`` is bf16 autocast with the blocks' Linears converted to
+torchao's float8 training (dlscale/fp8.py). Only fp16's narrow exponent needs loss scaling.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
-_COMPUTE = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16"}
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "fp8")
+# fp8: torchao's float8 Linears under bf16 autocast (dlscale/fp8.py), so its compute dtype is bf16
+_COMPUTE = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16", "fp8": "bfloat16"}
 
 
 def compute_dtype(precision: str) -> Any:
@@ -58,8 +60,9 @@ def autocast_factory(precision: str, device_type: str):
 
 
 def peak_dtype(precision: str, device_type: str) -> str:
-    """Which peak FLOP/s applies: amp-bf16 -> bf16, amp-fp16 -> fp16, fp32 -> tf32 on CUDA (TF32 on)."""
-    if precision == "amp-bf16":
+    """Which peak FLOP/s applies: amp-bf16 -> bf16, amp-fp16 -> fp16, fp32 -> tf32 on CUDA (TF32 on);
+    fp8 runs are rated against the bf16 peak, as torchtitan does."""
+    if precision in ("amp-bf16", "fp8"):
         return "bf16"
     if precision == "amp-fp16":
         return "fp16"

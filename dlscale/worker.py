@@ -28,7 +28,7 @@ _STARTED = time.time()  # before torch's import: the process's phases are timed 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import multinode, parity, precision, progress  # noqa: E402
+from dlscale import checkpointing, fp8, multinode, parity, precision, progress  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -184,7 +184,9 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         model = model.to(memory_format=torch.channels_last)
     result["params"] = count_parameters(model)
 
+    prepared = {**fp8.convert(model, spec, cfg, device), **checkpointing.apply(model, spec, cfg.activation_checkpointing)}
     par = get_strategy(cfg.strategy).fn(model, spec, cfg, denv)
+    par.info.update(prepared)
     if device.type == "cuda":
         # The full model was built on every device before sharding (FSDP, ZeRO-3, pipeline):
         # report the training peak, not the construction peak (which is kept separately).

@@ -46,7 +46,7 @@ def records(store):
     (["--command", "python x.py", "--parser", "megatron", "--breakdown"], "--breakdown does not apply to --command"),
     (["--command", "python x.py", "--parser", "megatron", "--flavor", "tiny"], "--flavor does not apply"),
     (["--command", "python x.py", "--parser", "megatron", "--batch-size", "max"], "--batch-size max does not apply"),
-    (["--command", "python x.py", "--parser", "megatron", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--command", "python x.py", "--parser", "megatron", "--precision", "fp4"], "unknown precision 'fp4'"),
     (["--command", "python x.py", "--parser", "megatron", "--cwd", "/no/such/dir"], "is not a directory"),
     (["--command", "python x.py", "--parser", "hf-trainer", "-o", "logging_steps=0"], "logging_steps must be"),
     (["--parser", "regex"], "--parser applies to --command runs only"),

@@ -226,7 +226,7 @@ def test_gpt_windows_shift_by_one_and_check_the_vocabulary(tmp_path):
 
 def test_bert_pairs_look_like_the_synthetic_batch(tmp_path):
     spec = get_model("bert-base", "tiny")
-    T, vocab = spec.seq_len, spec.extra["vocab"]
+    T, vocab = spec.seq_len, spec.arch.vocab
     ids_file = tmp_path / "t.bin"
     (np.arange(20_000) % 997).astype(np.uint16).tofile(ids_file)  # known content: id = position mod 997
     ds = tokens.BertPairs(str(ids_file), "uint16", T, vocab, seed=0, mlm_prob=spec.extra["mlm_prob"])

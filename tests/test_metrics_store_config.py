@@ -140,7 +140,7 @@ def test_every_peak_row_has_a_source_and_dense_figures():
     ("grad_accum", 0, "grad-accum must be >= 1"),
     ("repeats", -1, "repeats must be >= 1"),
     ("warmup", -1, "warmup must be >= 0"),
-    ("precision", "fp4", "unknown precision 'fp4'; choose one of: fp32, amp-bf16, amp-fp16"),
+    ("precision", "fp4", "unknown precision 'fp4'; choose one of: fp32, amp-bf16, amp-fp16, fp8"),
     ("device", "tpu", "unknown device 'tpu'"),
     ("clip_grad_norm", 0.0, "clip-grad-norm must be > 0"),
     ("time_limit", 0, "time-limit must be > 0"),

@@ -12,7 +12,8 @@ wrong averaging factor (sum instead of mean); resnet50 trains with SGD, which ca
 compared with `single` on it, and so is the interleaved schedule with one micro-batch (BatchNorm
 statistics are per micro-batch, so only then is resnet50 comparable with `single`).
 
-Each multi-process case costs ~10 s of torchrun start-up on 2 cores; the file runs in ~3 min.
+Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~50 s);
+the file runs in ~4 min.
 """
 from __future__ import annotations
 
@@ -212,6 +213,35 @@ def test_tensor_bert_matches_single(store):
 
 
 @pytest.mark.slow
+def test_llama_fsdp_with_selective_checkpointing_matches_single(store):
+    """Llama (GQA, rotary, SwiGLU) under FSDP2 with op-level selective activation checkpointing
+    trains as `single` without it: recomputation changes memory, never the arithmetic."""
+    ref = _rep(_run(store, "llama", "single", 1, 4))
+    rec = _run(store, "llama", "fsdp", 2, 2, extra=("--activation-checkpointing", "selective"))
+    assert rec["strategy_info"]["activation_checkpointing"]["mode"] == "selective"
+    got, want = _rep(rec)["loss_after"], ref["loss_after"]  # the global batch's loss after 3 steps
+    assert got is not None and _close(got, want), (got, want)
+
+
+@pytest.mark.slow
+def test_llama_3d_dp_tp_pp_matches_single(store):
+    """The 2 x 2 x 2 mesh over 8 gloo processes: FSDP2 over dp, tensor parallel with sequence
+    parallelism (GQA heads split), a 1F1B pipeline of 2 stages with the tied embedding on the
+    first and the last; full activation checkpointing and global-norm clipping tight enough to
+    clip: the per-step losses of `single` on the same global batch (4 = dp 2 x 2)."""
+    clip = ("--clip-grad-norm", "0.05")
+    ref = _rep(_run(store, "llama", "single", 1, 4, extra=clip))
+    rec = _run(store, "llama", "hybrid", 8, 2, "dp=2", "tp=2", "pp=2", "dp_shard=fsdp", "sequence_parallel=true",
+               "microbatches=2", "balance=blocks", extra=(*clip, "--activation-checkpointing", "full"))
+    info = rec["strategy_info"]
+    assert (info["mesh"], info["dp_impl"], info["tied_params"]) == ([1, 2, 2, 2], "fsdp2 per stage", 1)
+    assert rec["global_batch"] == 4
+    _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
+    unclipped = _rep(_run(store, "llama", "single", 1, 4))["warmup_losses"]
+    assert not _close(unclipped[-1], ref["warmup_losses"][-1], rel=1e-7), "the clip changed nothing"
+
+
+@pytest.mark.slow
 def test_model_parallel_resnet_matches_single(store):
     """SGD (scale-sensitive) and whole-batch BatchNorm: naive model parallel == single.
 
@@ -320,7 +350,9 @@ def test_zero1_overlap_unsupported_on_cpu():
 
 
 @pytest.mark.parametrize("model, strategy, nproc, batch, opts, expect", [
-    ("gpt2", "hybrid", 2, 4, ["dp=2", "tp=2"], "dp 2 x tp 2 x pp 1 = 4 do not match the world size 2"),
+    ("gpt2", "hybrid", 2, 4, ["dp=2", "tp=2"], "hybrid degrees dp 2 x pp 1 x tp 2 = 4 do not match the world size 2"),
+    ("llama", "hybrid", 4, 4, ["dp=2", "tp=2", "pp=2"], "dp 2 x pp 2 x tp 2 = 8 do not match the world size 4"),
+    ("llama", "tensor", 4, 4, [], "tensor parallel degree 4 does not divide llama's 2 key/value heads"),
     ("gpt2", "hybrid", 2, 4, ["tp=3"], "tp 3 x pp 1 = 3 do not divide the world size 2"),
     ("gpt2", "pipeline", 3, 6, ["microbatches=3"], "3 pipeline stages (3 ranks) but gpt2 (tiny) has only 2 blocks"),
     ("gpt2", "pipeline", 2, 4, ["schedule=interleaved"], "4 pipeline stages (2 ranks x 2 virtual)"),
@@ -341,13 +373,18 @@ def test_zero1_overlap_unsupported_on_cpu():
     ("gpt2", "zero1", 2, 4, ["overlap_with_ddp=maybe"], "must be true or false"),
     ("gpt2", "deepspeed", 2, 4, ["stage=4"], "option stage must be one of 1, 2, 3"),
     ("gpt2", "tensor", 2, 4, ["sequence_parallel=true", "tp=2"], "unknown tensor option(s) tp"),
+    ("resnet50", "ddp", 2, 4, ["--activation-checkpointing=full"], "resnet50's blocks hold BatchNorm"),
+    ("gpt2", "dp", 2, 4, ["--activation-checkpointing=selective"], "does not run under dp"),
 ])
 def test_bad_input(tmp_path, model, strategy, nproc, batch, opts, expect):
     store = tmp_path / "store"
     args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
             "--batch-size", str(batch), "--device", "cpu", "--store", str(store)]
     for o in opts:
-        args += ["-o", o]
+        if o.startswith("--"):
+            args += o.split("=", 1)
+        else:
+            args += ["-o", o]
     rc, out, err = _cli(args)
     assert rc == 2, (out, err)
     lines = err.strip().splitlines()

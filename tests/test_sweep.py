@@ -110,7 +110,7 @@ def test_matrix_order_exclude_cases_and_duplicates(tmp_path):
     ("matrix: {models: [gpt2], batch_sizes: [8, 0]}", ["key 'matrix.batch_sizes'", "got 0"]),
     ("matrix: {models: [gpt3], batch_sizes: [8]}", ["key 'matrix.models'", "unknown model 'gpt3'", "gpt2"]),
     ("matrix: {models: [gpt2], strategies: [ddpp], batch_sizes: [8]}", ["unknown strategy 'ddpp'", "fsdp"]),
-    ("matrix: {models: [gpt2], precisions: [fp8], batch_sizes: [8]}", ["unknown precision 'fp8'", "amp-bf16"]),
+    ("matrix: {models: [gpt2], precisions: [fp4], batch_sizes: [8]}", ["unknown precision 'fp4'", "amp-bf16"]),
     ("matrix: {models: [gpt2], compile: [maybe], batch_sizes: [8]}", ["key 'matrix.compile'", "true/false"]),
     ("matrix: {models: [gpt2], strategies: [single], devices: [1, 2], batch_sizes: [8]}",
      ["key 'matrix'", "impossible case", "strategy=single", "devices=2", "runs one process", "exclude"]),

@@ -14,7 +14,7 @@ def register(sub) -> None:
                        "from disk: --data): W warm-up steps, N timed steps, R repeats; report the median.")
     # without a GPU the defaults are the tiny flavour in fp32 (a note says so); --flavor/--precision ask
     add_case_arguments(p, defaults={"flavor": None, "precision": None},
-                       default_notes={"flavor": "full with a GPU, tiny without one",
+                       default_notes={"flavor": "the model's first (full; llama: 1b) with a GPU, tiny without one",
                                       "precision": "amp-bf16 with a GPU, fp32 without one"})
     p.add_argument("--store", default="results", help="result store directory (JSONL files)")
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
@@ -38,12 +38,12 @@ def cmd_env(args) -> int:
 
 
 def _list() -> int:
-    from dlscale.models import get_model, model_names
+    from dlscale.models import default_flavor, get_model, model_flavors, model_names
     from dlscale.strategies import get_strategy, strategy_names
 
     for m in model_names():
-        spec = get_model(m, "full")
-        print(f"model     {m:15s} unit {spec.unit:6s} seq {spec.seq_len or '-'}")
+        spec = get_model(m, default_flavor(m))
+        print(f"model     {m:15s} unit {spec.unit:6s} seq {spec.seq_len or '-':<6} flavors {', '.join(model_flavors(m))}")
     for s in strategy_names():
         print(f"strategy  {s:15s} {get_strategy(s).description}")
     return 0
@@ -58,8 +58,11 @@ def _machine_defaults(args) -> str | None:
     cpu = resolve_device(args.device) == "cpu"
     chosen = []
     if args.flavor is None:
-        args.flavor = "tiny" if cpu else DEFAULTS["flavor"]
-        chosen += ["the tiny flavour (--flavor full runs the real model, minutes a step on a CPU)"] if cpu else []
+        from dlscale.models import default_flavor, model_flavors
+
+        args.flavor = "tiny" if cpu and "tiny" in model_flavors(args.model) else default_flavor(args.model)
+        if args.flavor == "tiny":
+            chosen.append("the tiny flavour (--flavor full runs the real model, minutes a step on a CPU)")
     if args.precision is None:
         args.precision = "fp32" if cpu else DEFAULTS["precision"]
         chosen += ["fp32 (--precision amp-bf16 asks for bf16 autocast)"] if cpu else []

@@ -52,7 +52,7 @@ def check_case(cfg) -> None:
                               f"folder (use tokens:PATH)")
         images.pil()
         listing = dataset_info.list_imagefolder(spec.path)
-        classes = int(model.extra["num_classes"])
+        classes = int(model.arch.classes)
         if len(listing.classes) > classes:
             raise ConfigError(f"imagefolder {spec.path} has {len(listing.classes)} class folders; model "
                               f"{cfg.model} ({cfg.flavor}) has {classes} outputs")
@@ -65,7 +65,7 @@ def check_case(cfg) -> None:
             raise ConfigError(f"model {cfg.model} trains on images; --data {cfg.data} is a token file "
                               f"(use imagefolder:PATH)")
         seq = int(model.seq_len)
-        dataset_info.check_tokens(spec, int(model.extra["vocab"]), _need_samples(cfg) * seq + 1)
+        dataset_info.check_tokens(spec, int(model.arch.vocab), _need_samples(cfg) * seq + 1)
 
 
 def check_machine(cfg, device_type: str) -> None:

@@ -369,7 +369,7 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
     if spec.kind == "imagefolder":
         listing = dataset_info.list_imagefolder(spec.path)
         paths = [os.path.join(listing.root, f) for f in listing.files]
-        size = int(model.extra["image_size"])
+        size = int(model.arch.image_size)
         channels_last = bool(model.channels_last) and cuda
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
@@ -383,7 +383,7 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
             return images.finish_on_device(item, device, channels_last)
 
         return Reader(ds, images.collate_uint8, finish, images.decoder_name(), "device thread", paths, kind)
-    vocab, seq = int(model.extra["vocab"]), int(model.seq_len)
+    vocab, seq = int(model.arch.vocab), int(model.seq_len)
     if kind == "mlm-nsp":
         ds = tokens.BertPairs(spec.path, spec.dtype, seq, vocab, seed, float(model.extra["mlm_prob"]))
     else:

@@ -106,11 +106,11 @@ def _generated(tmp: str, pipelines: list[str], images: int, tokens: int, flavor:
 
     out: dict[str, str] = {}
     if any(p.startswith("image") for p in pipelines):
-        classes = min(1000, int(get_model("resnet50", flavor).extra["num_classes"]))
+        classes = min(1000, int(get_model("resnet50", flavor).arch.classes))
         make_imagenet_like(f"{tmp}/images", images, classes=classes)
         out["image"] = f"imagefolder:{tmp}/images"
     if any(p in ("gpt", "bert") for p in pipelines):
-        vocab = min(int(get_model(m, flavor).extra["vocab"]) for m in ("gpt2", "bert-base"))
+        vocab = min(int(get_model(m, flavor).arch.vocab) for m in ("gpt2", "bert-base"))
         make_tokens(f"{tmp}/tokens", tokens, "uint16", vocab)
         out["tokens"] = f"tokens:{tmp}/tokens/tokens.bin:uint16"
     return out

@@ -1,8 +1,14 @@
 """Model registry.
 
 A model file defines a factory ``make_spec(flavor) -> ModelSpec`` and registers it with
-``@register_model("name")``. Models know nothing of parallel strategies: a strategy sees the
-module, its list of repeated blocks (``spec.blocks``) and, for tensor parallel, ``spec.tp_plan``.
+``@register_model("name", flavors=(...))`` (default: ``full`` and ``tiny``). Models know nothing
+of parallel strategies: a strategy sees the module, its list of repeated blocks (``spec.blocks``),
+how many leading batch tensors the embedding takes (``spec.embed_args``) and, for transformers,
+the typed architecture ``spec.arch`` (shape and the block layout tensor parallelism splits).
+
+Flavours belong to the model: every model has ``tiny`` (a few small layers, for the CPU); most
+have ``full`` (their standard size); families add their sizes (``gpt2``: medium, large, xl;
+``llama``: 1b, 3b, 8b).
 
 Every model's ``forward(*batch)`` returns the scalar training loss, so DDP, FSDP and
 torch.compile see the loss computation too (the way small fast trainers are written).
@@ -18,7 +24,9 @@ import torch
 from torch import nn
 
 from dlscale import ConfigError
+from dlscale.models._arch import BlockLayout, TransformerArch, transformer_flops_per_sample  # noqa: F401
 
+# the flavours a model has unless it registers its own
 FLAVORS = ("full", "tiny")
 
 
@@ -44,27 +52,31 @@ class ModelSpec:
     # blocks(module) -> list of the repeated blocks (transformer layers, residual stages);
     # strategies use it for FSDP wrapping, pipeline stage splits and activation checkpointing.
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    # typed architecture (TransformerArch for the language models; None: no typed shape)
+    arch: Any = None
+    # how many leading batch tensors model.embed takes; the rest are the head's labels (pipelines)
+    embed_args: int = 1
+    # descriptive facts for the record only; no strategy reads them
     extra: dict[str, Any] = field(default_factory=dict)
     # a model with size knobs (a face head's class count, a CTR model's vocabulary):
     # resize(**knobs) -> this spec resized; ConfigError naming its knobs for an unknown one
     resize: Callable[..., "ModelSpec"] | None = None
 
-    @property
-    def tokens_per_sample(self) -> int | None:
-        return self.seq_len
-
 
 _REGISTRY: dict[str, Callable[[str], ModelSpec]] = {}
+_FLAVORS: dict[str, tuple[str, ...]] = {}
 _LOADED = False
 
 
-def register_model(name: str):
-    """Decorator: register ``factory(flavor) -> ModelSpec`` under ``name``."""
+def register_model(name: str, flavors: tuple[str, ...] = FLAVORS):
+    """Decorator: register ``factory(flavor) -> ModelSpec`` under ``name``; ``flavors`` are the
+    values the factory accepts (the first is the model's default size)."""
 
     def deco(factory: Callable[[str], ModelSpec]):
         if name in _REGISTRY:
             raise RuntimeError(f"model {name!r} registered twice")
         _REGISTRY[name] = factory
+        _FLAVORS[name] = tuple(flavors)
         return factory
 
     return deco
@@ -85,13 +97,31 @@ def model_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_model(name: str, flavor: str = "full") -> ModelSpec:
-    """Return the spec of a registered model; ConfigError naming the choices otherwise."""
+def model_flavors(name: str) -> tuple[str, ...]:
+    """The flavours of a registered model (its default first)."""
     _load_all()
     if name not in _REGISTRY:
         raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-    if flavor not in FLAVORS:
-        raise ConfigError(f"unknown flavor {flavor!r}; choose one of: {', '.join(FLAVORS)}")
+    return _FLAVORS[name]
+
+
+def all_flavors() -> tuple[str, ...]:
+    """Every flavour some model has (full and tiny first): the CLI's and suites' choices; whether a
+    model has the flavour is checked by ``get_model``."""
+    _load_all()
+    rest = sorted({f for fl in _FLAVORS.values() for f in fl} - set(FLAVORS))
+    return FLAVORS + tuple(rest)
+
+
+def default_flavor(name: str) -> str:
+    return model_flavors(name)[0]
+
+
+def get_model(name: str, flavor: str = "full") -> ModelSpec:
+    """Return the spec of a registered model; ConfigError naming the choices otherwise."""
+    flavors = model_flavors(name)
+    if flavor not in flavors:
+        raise ConfigError(f"unknown flavor {flavor!r} for model {name}; choose one of: {', '.join(flavors)}")
     return _REGISTRY[name](flavor)
 
 
@@ -105,10 +135,3 @@ def count_parameters(module: nn.Module) -> int:
             total += p.numel()
     return total
 
-
-def transformer_flops_per_sample(n_params: int, n_layers: int, hidden: int, seq: int) -> float:
-    """Training FLOPs per sequence: 6*N*T + 12*L*H*T^2 (PaLM appendix B, as in nanoGPT).
-
-    N excludes position embeddings (they do no matmul work); T is the sequence length.
-    """
-    return 6.0 * n_params * seq + 12.0 * n_layers * hidden * seq * seq

@@ -18,7 +18,7 @@ Structure a pipeline / tensor-parallel splitter can rely on:
 * ``model.head(h, mlm_labels, nsp_labels)`` -> loss: ``pooler``, ``nsp``, ``mlm_dense``,
   ``mlm_ln``, ``decoder`` (weight tied to ``word_emb.weight``);
 * ``model(*batch) == model.head(run_blocks(model.embed(*batch[:2])), *batch[2:])``;
-  ``spec.extra["n_embed_args"] == 2`` says how many leading batch tensors ``embed`` takes.
+  ``spec.embed_args == 2`` says how many leading batch tensors ``embed`` takes.
 
 Meta-device init: ``to_empty`` from meta creates new Parameters and so unties ``decoder``; call
 ``model.tie_weights()`` and then ``model.init_weights()`` after it.
@@ -34,7 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscale.models._layers import VocabProjection
-from dlscale.models import ModelSpec, register_model, transformer_flops_per_sample
+from dlscale.models import BlockLayout, ModelSpec, TransformerArch, register_model
+
+LAYOUT = BlockLayout(attention="attn", mlp="mlp", colwise=("attn.qkv", "mlp.fc"), rowwise=("attn.proj", "mlp.proj"),
+                     norms=("ln1", "ln2"), fused_qkv="attn.qkv")
 
 
 @dataclass(frozen=True)
@@ -173,20 +176,23 @@ class BertForPreTraining(nn.Module):
         return self.head(h, mlm_labels, nsp_labels)
 
 
-def _param_count(cfg: BertConfig) -> int:
-    """Analytic parameter count (tied decoder weight once); equals count_parameters(build())."""
-    H, I, V = cfg.hidden, cfg.intermediate, cfg.vocab
-    emb = (V + cfg.max_positions + cfg.type_vocab) * H + 2 * H
-    layer = (H * 3 * H + 3 * H) + (H * H + H) + (H * I + I) + (I * H + H) + 4 * H
-    heads = (H * H + H) + (H * 2 + 2) + (H * H + H) + 2 * H + V
-    return emb + cfg.n_layers * layer + heads
+def arch_of(cfg: BertConfig) -> TransformerArch:
+    """BERT as a TransformerArch: post-LN blocks, learned positions, the pretraining heads and the
+    embedding LayerNorm as extra parameters, the token-type table as a lookup-only one."""
+    H, V = cfg.hidden, cfg.vocab
+    types = cfg.type_vocab * H
+    heads = (H * H + H) + (H * 2 + 2) + (H * H + H) + 2 * H + V  # pooler, NSP, MLM dense + LN, decoder bias
+    return TransformerArch(n_layers=cfg.n_layers, hidden=H, n_heads=cfg.n_heads, ffn_hidden=cfg.intermediate,
+                           vocab=V, seq_len=cfg.seq_len, layout=LAYOUT, mlp="gelu", norm="layernorm", bias=True,
+                           tied_embeddings=True, position_table=cfg.max_positions, final_norm=False, pre_norm=False,
+                           causal=False, dropout=cfg.dropout, extra_params=types + 2 * H + heads,
+                           extra_lookup_params=types)
 
 
 @register_model("bert-base")
 def make_spec(flavor: str) -> ModelSpec:
     cfg = _CONFIGS[flavor]
-    n_params = _param_count(cfg)
-    flops_params = n_params - (cfg.max_positions + cfg.type_vocab) * cfg.hidden
+    arch = arch_of(cfg)
 
     def build() -> nn.Module:
         return BertForPreTraining(cfg)
@@ -210,7 +216,7 @@ def make_spec(flavor: str) -> ModelSpec:
         flavor=flavor,
         build=build,
         make_batch=make_batch,
-        flops_per_sample=transformer_flops_per_sample(flops_params, cfg.n_layers, cfg.hidden, cfg.seq_len),
+        flops_per_sample=arch.flops_per_sample(),
         unit="seq",
         seq_len=cfg.seq_len,
         optimizer="adamw",
@@ -219,16 +225,7 @@ def make_spec(flavor: str) -> ModelSpec:
         channels_last=False,
         data_kind="mlm-nsp",
         blocks=lambda m: list(m.blocks),
-        extra={
-            "n_heads": cfg.n_heads,
-            "hidden": cfg.hidden,
-            "n_layers": cfg.n_layers,
-            "intermediate": cfg.intermediate,
-            "vocab": cfg.vocab,
-            "dropout": cfg.dropout,
-            "n_params": n_params,
-            "flops_params": flops_params,
-            "n_embed_args": 2,
-            "mlm_prob": cfg.mlm_prob,
-        },
+        arch=arch,
+        embed_args=2,
+        extra={"mlm_prob": cfg.mlm_prob},  # what its data loader masks (dlscale/inputs/tokens.py)
     )

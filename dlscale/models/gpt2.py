@@ -1,4 +1,14 @@
-"""GPT-2 124M (nanoGPT layout), and ``gpt2-vpad`` with the vocabulary padded to 50,304.
+"""GPT-2 (nanoGPT layout): 124M (``full``) and the larger published sizes, and ``gpt2-vpad`` with
+the vocabulary padded to a multiple of 64 (50,304).
+
+Flavours (OpenAI's GPT-2 sizes, as HF's gpt2, gpt2-medium, gpt2-large, gpt2-xl configs; parameter
+counts with the tied head once, position embeddings included):
+
+    full    12 layers,  768 wide, 12 heads   124,439,808
+    medium  24 layers, 1024 wide, 16 heads   354,823,168
+    large   36 layers, 1280 wide, 20 heads   774,030,080
+    xl      48 layers, 1600 wide, 25 heads 1,557,611,200
+    tiny     2 layers,   64 wide,  4 heads (vocabulary 500, 64 positions; for the CPU)
 
 n_layer 12, n_head 12, n_embd 768, vocab 50257, block 1024, pre-LN, LayerNorm and Linear with
 bias, tanh-approximated GELU, ``lm_head`` tied to ``wte`` (no bias), dropout 0.0, nanoGPT init
@@ -19,13 +29,13 @@ Structure a pipeline / tensor-parallel splitter can rely on:
   ``VocabProjection``, whose logits on CUDA are padded to a multiple of 64 with masked columns),
   cross-entropy over (B*T, vocab);
 * ``model(idx, targets) == model.head(run_blocks(model.embed(idx)), targets)``;
-  ``spec.extra["n_embed_args"] == 1``.
+  ``spec.embed_args == 1``.
 
 Meta-device init: ``to_empty`` from meta creates new Parameters and so unties ``lm_head``; call
 ``model.tie_weights()`` and then ``model.init_weights()`` after it.
 
 FLOPs: both variants report the useful work of the real 50257-token vocabulary
-(``spec.extra["flops_params"]`` = parameters without ``wpe`` and without padding rows), so
+(``spec.arch.flops_params()`` = parameters without ``wpe`` and without padding rows), so
 their throughput-based MFU compares directly.
 """
 from __future__ import annotations
@@ -37,8 +47,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlscale.models import ModelSpec, register_model, transformer_flops_per_sample
+from dlscale.models import BlockLayout, ModelSpec, TransformerArch, register_model
 from dlscale.models._layers import VocabProjection
+
+FLAVORS = ("full", "tiny", "medium", "large", "xl")
+LAYOUT = BlockLayout(attention="attn", mlp="mlp", colwise=("attn.qkv", "mlp.fc"), rowwise=("attn.proj", "mlp.proj"),
+                     norms=("ln1", "ln2"), fused_qkv="attn.qkv")
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,9 @@ class GPTConfig:
 _CONFIGS = {
     "full": GPTConfig(),
     "tiny": GPTConfig(vocab=500, padded_vocab=500, block_size=64, n_layers=2, n_heads=4, hidden=64),
+    "medium": GPTConfig(n_layers=24, n_heads=16, hidden=1024),
+    "large": GPTConfig(n_layers=36, n_heads=20, hidden=1280),
+    "xl": GPTConfig(n_layers=48, n_heads=25, hidden=1600),
 }
 
 
@@ -159,17 +176,15 @@ class GPT(nn.Module):
         return self.head(h, targets)
 
 
-def _param_count(cfg: GPTConfig) -> int:
-    """Analytic parameter count (tied lm_head once); equals count_parameters(build())."""
-    C = cfg.hidden
-    block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
-    return (cfg.padded_vocab + cfg.block_size) * C + cfg.n_layers * block + 2 * C
+def arch_of(cfg: GPTConfig) -> TransformerArch:
+    return TransformerArch(n_layers=cfg.n_layers, hidden=cfg.hidden, n_heads=cfg.n_heads, ffn_hidden=4 * cfg.hidden,
+                           vocab=cfg.vocab, padded_vocab=cfg.padded_vocab, seq_len=cfg.block_size, layout=LAYOUT,
+                           mlp="gelu", norm="layernorm", bias=True, tied_embeddings=True,
+                           position_table=cfg.block_size, causal=True, dropout=cfg.dropout)
 
 
 def _make_spec(name: str, flavor: str, cfg: GPTConfig) -> ModelSpec:
-    n_params = _param_count(cfg)
-    # useful work: no position embeddings, no padding rows
-    flops_params = n_params - cfg.block_size * cfg.hidden - (cfg.padded_vocab - cfg.vocab) * cfg.hidden
+    arch = arch_of(cfg)
 
     def build() -> nn.Module:
         return GPT(cfg)
@@ -188,7 +203,7 @@ def _make_spec(name: str, flavor: str, cfg: GPTConfig) -> ModelSpec:
         flavor=flavor,
         build=build,
         make_batch=make_batch,
-        flops_per_sample=transformer_flops_per_sample(flops_params, cfg.n_layers, cfg.hidden, cfg.block_size),
+        flops_per_sample=arch.flops_per_sample(),
         unit="seq",
         seq_len=cfg.block_size,
         optimizer="adamw",
@@ -197,27 +212,17 @@ def _make_spec(name: str, flavor: str, cfg: GPTConfig) -> ModelSpec:
         channels_last=False,
         data_kind="causal-lm",
         blocks=lambda m: list(m.blocks),
-        extra={
-            "n_heads": cfg.n_heads,
-            "hidden": cfg.hidden,
-            "n_layers": cfg.n_layers,
-            "intermediate": 4 * cfg.hidden,
-            "vocab": cfg.vocab,
-            "padded_vocab": cfg.padded_vocab,
-            "dropout": cfg.dropout,
-            "n_params": n_params,
-            "flops_params": flops_params,
-            "n_embed_args": 1,
-        },
+        arch=arch,
+        embed_args=1,
     )
 
 
-@register_model("gpt2")
+@register_model("gpt2", flavors=FLAVORS)
 def make_spec(flavor: str) -> ModelSpec:
     return _make_spec("gpt2", flavor, _CONFIGS[flavor])
 
 
-@register_model("gpt2-vpad")
+@register_model("gpt2-vpad", flavors=FLAVORS)
 def make_spec_vpad(flavor: str) -> ModelSpec:
     base = _CONFIGS[flavor]
     return _make_spec("gpt2-vpad", flavor, replace(base, padded_vocab=_pad64(base.vocab)))

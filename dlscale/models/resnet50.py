@@ -21,6 +21,7 @@ running statistics.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,35 @@ _CONFIGS = {
     "full": ((3, 4, 6, 3), 64, 1000, 224),
     "tiny": ((1, 1, 1, 1), 8, 10, 32),
 }
+
+
+@dataclass(frozen=True)
+class ResNetArch:
+    """Typed shape of a bottleneck ResNet (v1.5)."""
+
+    stages: tuple[int, ...]  # bottleneck blocks per stage
+    base_width: int
+    classes: int
+    image_size: int
+
+    @property
+    def n_blocks(self) -> int:
+        return sum(self.stages)
+
+    def param_count(self) -> int:
+        """Convolutions (no bias), BatchNorm scale and shift, the classifier; tests compare it with
+        the module."""
+        w = self.base_width
+        total = 3 * w * 49 + 2 * w  # stem conv + BN
+        cin = w
+        for i, n in enumerate(self.stages):
+            width = w * 2**i
+            for j in range(n):
+                total += cin * width + 2 * width + width * width * 9 + 2 * width + width * 4 * width + 8 * width
+                if j == 0 and (i > 0 or cin != 4 * width):  # stride 2, or more channels
+                    total += cin * 4 * width + 8 * width  # downsample conv + BN
+                cin = 4 * width
+        return total + cin * self.classes + self.classes
 
 
 class Bottleneck(nn.Module):
@@ -131,6 +161,7 @@ def forward_flops(flavor: str) -> int:
 @register_model("resnet50")
 def make_spec(flavor: str) -> ModelSpec:
     layers, width, classes, size = _CONFIGS[flavor]
+    arch = ResNetArch(tuple(layers), width, classes, size)
 
     def build() -> nn.Module:
         return ResNet(layers, width, classes)
@@ -156,12 +187,5 @@ def make_spec(flavor: str) -> ModelSpec:
         channels_last=True,
         data_kind="image",
         blocks=lambda m: m.block_list(),
-        extra={
-            "momentum": 0.9,
-            "num_classes": classes,
-            "image_size": size,
-            "layers": list(layers),
-            "base_width": width,
-            "forward_flops": forward_flops(flavor),
-        },
+        arch=arch,
     )

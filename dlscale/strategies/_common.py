@@ -83,8 +83,10 @@ def autocast(cfg, device: torch.device):
 
 
 def is_transformer(spec) -> bool:
-    """Models with ``blocks[i].attn.qkv/proj`` and ``mlp.fc/proj`` (gpt2, gpt2-vpad, bert-base)."""
-    return "n_heads" in spec.extra
+    """Models with a typed transformer architecture (shape and block layout): gpt2, bert-base, llama."""
+    from dlscale.models import TransformerArch
+
+    return isinstance(spec.arch, TransformerArch)
 
 
 def require_divides(what: str, degree: int, of_what: str, total: int) -> None:

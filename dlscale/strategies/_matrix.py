@@ -1,7 +1,7 @@
 """The strategy x model compatibility matrix in docs/strategies.md, generated from the registry.
 
 Each cell asks the strategy itself: ``validate(cfg)`` (bad input) and ``check(cfg, env)``
-(unsupported combinations) for the full flavour of the model, on the CPU (gloo) and on CUDA GPUs
+(unsupported combinations) for the model's default flavour (full; llama's 1b), on the CPU (gloo) and on CUDA GPUs
 (NCCL), with 4 processes on one node (1 for ``single``) and ``--precision amp-bf16`` unless a row
 says otherwise. Optional extras (DeepSpeed) are assumed installed (``env["assume_extras"]``):
 without them the case is recorded unsupported with the reason "not installed".
@@ -44,6 +44,7 @@ VARIANTS: list[tuple[str, str, dict, int]] = [
     ("hybrid dp=2 tp=2 dp_shard=fsdp", "hybrid", {"dp": 2, "tp": 2, "dp_shard": "fsdp"}, NPROC),
     ("hybrid dp=2 pp=2", "hybrid", {"dp": 2, "pp": 2}, NPROC),
     ("hybrid pp=2 tp=2", "hybrid", {"pp": 2, "tp": 2}, NPROC),
+    ("hybrid dp=2 pp=2 dp_shard=fsdp", "hybrid", {"dp": 2, "pp": 2, "dp_shard": "fsdp"}, NPROC),
     ("deepspeed stage=1", "deepspeed", {"stage": 1}, NPROC),
     ("deepspeed stage=2", "deepspeed", {"stage": 2}, NPROC),
     ("deepspeed stage=3", "deepspeed", {"stage": 3}, NPROC),
@@ -52,9 +53,10 @@ VARIANTS: list[tuple[str, str, dict, int]] = [
 
 def _reason(strategy: str, model: str, options: dict, nproc: int, device_type: str) -> str | None:
     from dlscale.config import RunConfig
+    from dlscale.models import default_flavor
     from dlscale.strategies import get_strategy
 
-    cfg = RunConfig(model=model, flavor="full", strategy=strategy, nproc_per_node=nproc, batch_size=16,
+    cfg = RunConfig(model=model, flavor=default_flavor(model), strategy=strategy, nproc_per_node=nproc, batch_size=16,
                     precision="amp-bf16", strategy_options=dict(options))
     strat = get_strategy(strategy)
     try:

@@ -64,9 +64,13 @@ def mp_policy(cfg, enabled: bool):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool, blocks_per_unit: int = 1) -> int:
+def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool, blocks_per_unit: int = 1,
+               blocks: list | None = None, units_first: list | None = None) -> int:
     """fully_shard runs of ``blocks_per_unit`` blocks, then the root; returns the number of block
-    units. ``mesh``: 1-D (FSDP) or 2-D (HSDP); None = world."""
+    units. ``mesh``: 1-D (FSDP) or 2-D (HSDP); None = world. ``blocks``: the model's blocks by
+    default (a pipeline stage passes its own); ``units_first``: modules made units of their own
+    before the blocks (a last pipeline stage's head modules, which the schedule's loss function
+    calls outside the stage's forward: as units they gather their parameters when called)."""
     from torch.distributed.fsdp import fully_shard
 
     kwargs = {"reshard_after_forward": shard == "zero3"}
@@ -75,7 +79,10 @@ def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool, blocks
     mp = mp_policy(cfg, mixed_precision)
     if mp is not None:
         kwargs["mp_policy"] = mp
-    blocks = list(spec.blocks(model)) if spec.blocks else []
+    for m in units_first or []:
+        fully_shard(m, **kwargs)
+    if blocks is None:
+        blocks = list(spec.blocks(model)) if spec.blocks else []
     units = [blocks[i:i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], **kwargs)  # a list: one group, one collective

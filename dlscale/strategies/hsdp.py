@@ -13,10 +13,9 @@ Options: ``replicate`` (default: ``--nnodes``; the mesh is ``(replicate, world /
 """
 from __future__ import annotations
 
-from torch.distributed.device_mesh import init_device_mesh
-
 from dlscale.strategies import Parallelized, register_strategy
 from dlscale.strategies._common import require_divides
+from dlscale.strategies._mesh import ParallelDims
 from dlscale.strategies.fsdp import apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
 
 OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1,
@@ -36,14 +35,14 @@ def options(cfg) -> dict:
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     rep = opts["replicate"]
-    mesh = init_device_mesh(dist.device.type, (rep, dist.world_size // rep),
-                            mesh_dim_names=("replicate", "shard"))
-    apply_fsdp(model, spec, cfg, mesh, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
+    pm = ParallelDims(dist.world_size, dp_replicate=rep, dp_shard=dist.world_size // rep, where="hsdp").build(
+        dist.device.type)
+    apply_fsdp(model, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
     mp = mp_policy(cfg, opts["mixed_precision"])
     return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
                                                                opts["optimizer_on_shards"]),
                         dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
-                        info={"dp_rank": dist.rank, "mesh": [rep, dist.world_size // rep],
+                        info={"dp_rank": pm.dp_rank, "mesh": [rep, dist.world_size // rep],
                               "mesh_dims": ["replicate", "shard"],
                               "param_dtype": str(mp.param_dtype).replace("torch.", "") if mp else "float32",
                               **opts})

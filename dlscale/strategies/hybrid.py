@@ -1,27 +1,34 @@
-"""`hybrid`: data x tensor x pipeline parallelism on one DeviceMesh ``(dp, pp, tp)``.
+"""`hybrid`: data x tensor x pipeline parallelism on one DeviceMesh, in any combination.
 
-Ranks are laid out with tp fastest (a tensor-parallel group is consecutive ranks, i.e. the GPUs
-of one node's NVLink domain), then pp, then dp. Options:
+The degrees form a ``ParallelDims`` (``_mesh.py``): validated once (their product must be the world
+size; the error names it) and built into one mesh, ranks laid out with tp fastest (a
+tensor-parallel group is consecutive ranks, i.e. the GPUs of one node's NVLink domain), then pp,
+then dp. Options:
 
-* ``dp``, ``tp``, ``pp``: the degrees; their product must be the world size. ``dp`` may be left
-  out (it is then world / (tp * pp)); ``tp`` and ``pp`` default to 1.
+* ``dp``, ``tp``, ``pp``: the degrees; ``dp`` may be left out (it is then world / (tp * pp));
+  ``tp`` and ``pp`` default to 1.
 * ``dp_shard``: what the data-parallel dimension does: ``ddp`` (default: replicas, gradients
   averaged) or ``fsdp`` (FSDP2 over the dp dimension: parameters, gradients and optimizer state
-  sharded across the replicas; with tp > 1 this is torch's "2-D" FSDP + TP).
+  sharded across the replicas; with tp > 1 this is torch's "2-D" FSDP + TP, with pp > 1 too "3-D").
 * ``shard`` (``zero3``/``zero2``) and ``mixed_precision``: as for fsdp, when dp_shard=fsdp.
 * ``sequence_parallel``: as for tensor, when tp > 1.
-* ``schedule``, ``microbatches``, ``virtual``: as for pipeline, when pp > 1.
+* ``schedule``, ``microbatches``, ``virtual``, ``balance``: as for pipeline, when pp > 1.
 
-Combinations:
+How the dimensions combine (torchtitan's order: split into stages, then tensor parallel, then
+FSDP):
 
-* dp x tp (pp = 1): TP inside each replica (as ``tensor``), then the dp dimension: with
-  ``dp_shard=fsdp`` FSDP2 on the dp sub-mesh per block and root; with ``ddp`` torch's
-  DistributedDataParallel when tp = 1, and for tp > 1 (DDP does not take DTensor parameters) each
-  gradient is all-reduced over the dp group as soon as it is accumulated (a per-parameter hook,
-  no buckets: slower than DDP's bucketing, same arithmetic).
-* dp x pp (tp = 1): one pipeline per replica (as ``pipeline``); after each pipeline step the
-  gradients are averaged over the dp group (one flat all-reduce per dtype, not overlapped).
-* pp x tp (both > 1): not implemented (recorded unsupported); nor pp with dp_shard=fsdp.
+* pp > 1: the model is split into this rank's pipeline stages (as ``pipeline``, one pipeline per
+  (dp, tp) coordinate); then each stage's blocks are sharded over tp (as ``tensor``, with the
+  stage's embedding/head parameters replicated DTensors) and, with ``dp_shard=fsdp``, each block
+  and the stage are ``fully_shard``-ed over dp (torch's PipelineStage runs FSDP's gradient
+  reduction once per schedule step). With ``dp_shard=ddp`` the step averages the gradients over
+  dp after each schedule run (one flat all-reduce per dtype, not overlapped). Tied embeddings on
+  the first and last stage have their gradients summed between them, as in ``pipeline``.
+* pp = 1: TP inside each replica (as ``tensor``), then the dp dimension: with ``dp_shard=fsdp``
+  FSDP2 on the dp sub-mesh per block and root; with ``ddp`` torch's DistributedDataParallel when
+  tp = 1, and for tp > 1 (DDP does not take DTensor parameters) each gradient is all-reduced over
+  the dp group as soon as it is accumulated (a per-parameter hook, no buckets: slower than DDP's
+  bucketing, same arithmetic).
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
+from dlscale.strategies._mesh import ParallelDims
 from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, apply_fsdp, fsdp_no_sync
 from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, validate_pipeline
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
@@ -47,29 +55,36 @@ def options(cfg) -> dict:
     from dlscale.models import get_model
 
     opts = parse_options("hybrid", cfg, OPTIONS, CHOICES)
-    world = cfg.world_size
-    tp, pp = opts["tp"], opts["pp"]
-    for k in ("tp", "pp"):
-        if opts[k] < 1:
-            raise ConfigError(f"hybrid {k} must be >= 1, got {opts[k]}")
-    if opts["dp"] is None:
-        if world % (tp * pp):
-            raise ConfigError(f"hybrid degrees tp {tp} x pp {pp} = {tp * pp} do not divide the world size {world} "
-                              f"(nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node})")
-        opts["dp"] = world // (tp * pp)
-    dp = opts["dp"]
-    if dp < 1:
-        raise ConfigError(f"hybrid dp must be >= 1, got {dp}")
-    if dp * tp * pp != world:
-        raise ConfigError(f"hybrid degrees dp {dp} x tp {tp} x pp {pp} = {dp * tp * pp} do not match the world size "
-                          f"{world} (nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node})")
+    dims = parallel_dims(cfg, opts)
+    opts["dp"] = dims.dp
     spec = get_model(cfg.model, cfg.flavor)
-    if tp > 1:
-        validate_tp("hybrid", cfg, spec, tp, opts["sequence_parallel"])
-    if pp > 1:
-        validate_pipeline("hybrid", cfg, spec, pp, opts["schedule"], opts["microbatches"], opts["virtual"],
+    if dims.tp > 1:
+        validate_tp("hybrid", cfg, spec, dims.tp, opts["sequence_parallel"])
+    if dims.pp > 1:
+        validate_pipeline("hybrid", cfg, spec, dims.pp, opts["schedule"], opts["microbatches"], opts["virtual"],
                           opts["balance"])
     return opts
+
+
+def parallel_dims(cfg, opts: dict) -> ParallelDims:
+    """The job's degrees from hybrid's options (dp defaults to world / (tp x pp))."""
+    world, tp, pp = cfg.world_size, opts["tp"], opts["pp"]
+    ctx = f"nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}"
+    for k in ("tp", "pp"):
+        if isinstance(opts[k], bool) or opts[k] < 1:
+            raise ConfigError(f"hybrid {k} must be >= 1, got {opts[k]}")
+    dp = opts["dp"]
+    if dp is None:
+        if world % (tp * pp):
+            raise ConfigError(f"hybrid degrees tp {tp} x pp {pp} = {tp * pp} do not divide the world size {world} "
+                              f"({ctx})")
+        dp = world // (tp * pp)
+    if dp < 1:
+        raise ConfigError(f"hybrid dp must be >= 1, got {dp}")
+    fsdp = opts["dp_shard"] == "fsdp"
+    return ParallelDims(world, dp_replicate=1 if fsdp else dp, dp_shard=dp if fsdp else 1, pp=pp, tp=tp,
+                        where="hybrid", context=ctx,
+                        labels=(("dp_shard" if fsdp else "dp_replicate", "dp"), ("pp", "pp"), ("tp", "tp")))
 
 
 def check(cfg, env) -> str | None:
@@ -79,10 +94,6 @@ def check(cfg, env) -> str | None:
     spec = get_model(cfg.model, cfg.flavor)
     if opts["tp"] > 1 and not is_transformer(spec):
         return f"hybrid tp {opts['tp']}: tensor parallelism splits transformer blocks; {cfg.model} has no such plan"
-    if opts["pp"] > 1 and opts["tp"] > 1:
-        return "hybrid pp x tp (both > 1) is not implemented; use dp x tp or dp x pp"
-    if opts["pp"] > 1 and opts["dp_shard"] == "fsdp":
-        return "hybrid pp > 1 with dp_shard=fsdp is not implemented; use dp_shard=ddp with pipelines"
     return None
 
 
@@ -117,41 +128,55 @@ def _grad_allreduce_hooks(params, group, n: int):
 @register_strategy("hybrid", description="dp x tp x pp on a DeviceMesh (-o dp=N -o tp=M -o pp=K, -o dp_shard=fsdp)",
                    check=check, validate=options, min_world=1)
 def parallelize(model, spec, cfg, denv):
-    from torch.distributed.device_mesh import init_device_mesh
-
     opts = options(cfg)
-    dp, tp, pp = opts["dp"], opts["tp"], opts["pp"]
-    mesh = init_device_mesh(denv.device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    d, p, t = mesh.get_coordinate()
-    dp_group = mesh.get_group("dp")
-    info = {"mesh": [dp, pp, tp], "mesh_dims": ["dp", "pp", "tp"], "dp_rank": d, "pp_rank": p, "tp_rank": t,
-            "options": opts}
-
-    if pp > 1:
-        grid = mesh.mesh  # (dp, pp, tp) tensor of global ranks
-        pp_groups = [grid[i, :, j].tolist() for i in range(dp) for j in range(tp)]
-        return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
-                              virtual=opts["virtual"], balance=opts["balance"], pp_group=mesh.get_group("pp"), pp_rank=p, pp_size=pp,
-                              pp_groups=pp_groups, dp_group=dp_group, dp_size=dp, dp_rank=d, name="hybrid",
-                              extra_info=info)
-
-    if tp > 1:
-        apply_tensor_parallel(model, spec, mesh["tp"], opts["sequence_parallel"])
-        info["replicated_params"] = replicate_rest(model, mesh["tp"])
-        info["local_heads"] = spec.extra["n_heads"] // tp
-    if opts["dp_shard"] == "fsdp":
-        apply_fsdp(model, spec, cfg, mesh["dp"], opts["shard"], opts["mixed_precision"])
+    dims = parallel_dims(cfg, opts)
+    pm = dims.build(denv.device.type)
+    fsdp = opts["dp_shard"] == "fsdp"
+    info = {**pm.info(), "options": opts}
+    if dims.tp > 1:
+        info["local_heads"] = spec.arch.n_heads // dims.tp
+    if dims.pp > 1:
+        return _pipeline(model, spec, cfg, denv, opts, pm, info)
+    if dims.tp > 1:
+        apply_tensor_parallel(spec.blocks(model), spec, pm["tp"], opts["sequence_parallel"])
+        info["replicated_params"] = replicate_rest(model, pm["tp"])
+    dp = dims.dp
+    if fsdp:
+        apply_fsdp(model, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"])
         module, no_sync = model, fsdp_no_sync(model)
         info["dp_impl"] = "fsdp2"
-    elif tp == 1:
+    elif dims.tp == 1:
         module = DDP(model, device_ids=[denv.local_rank] if denv.device.type == "cuda" else None,
-                     process_group=dp_group)
+                     process_group=pm.dp_group)
         no_sync = module.no_sync
         info["dp_impl"] = "ddp"
     else:
         module = model
-        no_sync = _grad_allreduce_hooks(list(model.parameters()), dp_group, dp) if dp > 1 else contextlib.nullcontext
+        no_sync = _grad_allreduce_hooks(list(model.parameters()), pm.dp_group, dp) if dp > 1 else contextlib.nullcontext
         info["dp_impl"] = "per-parameter all-reduce hooks" if dp > 1 else "none"
     optimizer = make_optimizer(module.parameters(), spec, cfg, denv.device)
-    return Parallelized(module=module, optimizer=optimizer, dp_size=dp, dp_group=dp_group, no_sync=no_sync,
+    return Parallelized(module=module, optimizer=optimizer, dp_size=dp, dp_group=pm.dp_group, no_sync=no_sync,
                         info=info)
+
+
+def _pipeline(model, spec, cfg, denv, opts, pm, info) -> Parallelized:
+    """pp > 1: this rank's stages, each sharded over tp and (dp_shard=fsdp) over dp."""
+    dims = pm.dims
+    fsdp = opts["dp_shard"] == "fsdp"
+
+    def prepare_stage(stage) -> None:
+        if dims.tp > 1:
+            apply_tensor_parallel(list(stage.blocks), spec, pm["tp"], opts["sequence_parallel"])
+            replicate_rest(stage, pm["tp"])
+        if fsdp:
+            head = list(stage.shell.children()) if stage.last else []
+            apply_fsdp(stage, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"],
+                       blocks=list(stage.blocks), units_first=head)
+
+    info["dp_impl"] = "fsdp2 per stage" if fsdp else ("all-reduce after each step" if dims.dp > 1 else "none")
+    return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
+                          virtual=opts["virtual"], balance=opts["balance"], pp_group=pm.group("pp"),
+                          pp_rank=pm.pp_rank, pp_size=dims.pp, pp_groups=pm.pipelines(), dp_group=pm.dp_group,
+                          dp_size=dims.dp, dp_rank=pm.dp_rank, dp_reduced=fsdp, tp_size=dims.tp,
+                          prepare_stage=prepare_stage if (dims.tp > 1 or fsdp) else None, name="hybrid",
+                          extra_info=info)

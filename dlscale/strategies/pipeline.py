@@ -71,10 +71,9 @@ CHOICES = {"schedule": SCHEDULES}
 
 
 def num_blocks(spec, model=None) -> int:
-    if "n_layers" in spec.extra:
-        return int(spec.extra["n_layers"])
-    if "layers" in spec.extra:  # resnet: blocks per stage
-        return int(sum(spec.extra["layers"]))
+    n = getattr(spec.arch, "n_blocks", None)
+    if n is not None:
+        return int(n)
     if spec.blocks is None:
         raise ConfigError(f"{spec.name} has no blocks (spec.blocks) to split into pipeline stages")
     if model is not None:
@@ -230,7 +229,7 @@ def time_pieces(model: nn.Module, spec, cfg, device: torch.device, batch_size: i
     """
     import time
 
-    k = spec.extra.get("n_embed_args", 1)
+    k = spec.embed_args
     batch = spec.make_batch(batch_size, torch.device("cpu"), torch.Generator().manual_seed(0))
     batch = tuple(t.to(device) for t in batch)
     saved = {id(b): b.detach().clone() for b in model.buffers()}
@@ -307,7 +306,7 @@ def choose_runs(model, spec, cfg, device, balance, n_stages: int, micro_bs: int)
 
 def _used_children(model: nn.Module, spec, device) -> tuple[set[str], set[str]]:
     """Names of the model's direct children that ``embed`` and ``head`` call (run once, eval, 1 sample)."""
-    k = spec.extra.get("n_embed_args", 1)
+    k = spec.embed_args
     batch = spec.make_batch(2, torch.device("cpu"), torch.Generator().manual_seed(0))
     batch = tuple(t[:2].to(device) for t in batch)
     called: set[str] = set()
@@ -393,27 +392,25 @@ class _Packer:
 
 def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, virtual: int,
                    balance="time", pp_group, pp_rank: int, pp_size: int, pp_groups: list[list[int]] | None = None,
-                   dp_group=None, dp_size: int = 1, dp_rank: int = 0, name: str = "pipeline",
-                   extra_info: dict | None = None) -> Parallelized:
+                   dp_group=None, dp_size: int = 1, dp_rank: int = 0, dp_reduced: bool = False, tp_size: int = 1,
+                   prepare_stage=None, name: str = "pipeline", extra_info: dict | None = None) -> Parallelized:
     """Stages of this rank, their schedule and a ``step`` for the worker.
 
     ``pp_group``: this rank's pipeline (None: the world); ``pp_groups``: the global ranks of every
     pipeline in the job, each in stage order (None: one pipeline of the whole world), needed to
     create the tied-weight groups; ``dp_group``/``dp_size``: replicas of this pipeline whose
-    gradients are averaged after each step (hybrid dp x pp).
+    gradients the step averages after each schedule run, unless ``dp_reduced`` (FSDP stages
+    reduce-scatter them themselves); ``tp_size``: tensor-parallel ranks per stage (they all hold
+    the last stage's loss); ``prepare_stage(stage_module)``: shards a stage's blocks (tensor
+    parallel, FSDP), applied after the split and before compiling.
     """
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
-
     device = denv.device
-    per_rank = virtual if schedule == "interleaved" else 1
-    n_stages = pp_size * per_rank
+    n_stages = pp_size * (virtual if schedule == "interleaved" else 1)
     blocks = spec.blocks(model)
     if n_stages > len(blocks):
         raise ConfigError(f"{name}: {n_stages} stages but only {len(blocks)} blocks")
     balance = parse_balance(name, balance, n_stages, len(blocks))
     runs, balance_info = choose_runs(model, spec, cfg, device, balance, n_stages, cfg.batch_size // microbatches)
-    n_embed = spec.extra.get("n_embed_args", 1)
     embed_names, head_names = _used_children(model, spec, device)
     block_ids = {id(b) for b in blocks}
     for nm in embed_names | head_names:
@@ -427,28 +424,17 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
         first, last = s == 0, s == n_stages - 1
         keep = (embed_names if first else set()) | (head_names if last else set())
         shell = _shell(model, keep) if keep else None
-        modules.append(StageModule(shell, [blocks[i] for i in runs[s]], first, last, n_embed))
-
-    # Free what this rank does not run (the worker built the whole model on every device).
-    mine = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in mine:
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-
-    # Weights shared by the first and the last stage (tied embeddings): sum their gradients.
-    first_params = {id(p): p for nm in embed_names for p in getattr(model, nm).parameters()}
-    tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
+        modules.append(StageModule(shell, [blocks[i] for i in runs[s]], first, last, spec.embed_args))
+    _free_unowned(model, modules)
+    # weights shared by the first and the last stage (tied embeddings), by name: sharding replaces
+    # the Parameter objects, the modules stay
+    tied_names = _tied_names(model, embed_names, head_names)
+    if prepare_stage is not None:
+        for m in modules:
+            prepare_stage(m)
+    tied = _resolve_tied(model, tied_names, modules)
     tie_ranks = sorted({0, (n_stages - 1) % pp_size})  # pp ranks of the first and the last stage
-    tie_group = None
-    if tied and len(tie_ranks) > 1:
-        # every rank of the world enters new_group for every pipeline's pair, in the same order
-        for ranks in pp_groups or [list(range(dist.get_world_size()))]:
-            g = dist.new_group(ranks=[ranks[r] for r in tie_ranks])
-            if dist.get_rank() in ranks:
-                tie_group = g
-    holds_tied = pp_rank in tie_ranks and bool(tied)
-    # count each tied weight once in the gradient norm: on the first stage's rank
-    norm_skip = {id(p) for p in tied} if (tied and pp_rank != 0) else set()
+    tie_group = _tie_group(tie_ranks, pp_groups) if tied_names and len(tie_ranks) > 1 else None
 
     if cfg.compile:
         from dlscale.compiling import inductor_options
@@ -458,141 +444,208 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
             for b in m.blocks:
                 b.compile(options=options)
 
-    stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
-    packer = _Packer()
-    last_module = next((m for m in modules if m.last), None)
-
-    scaler = _StageScaler(device) if needs_grad_scaler(cfg.precision) else None
-
-    def loss_fn(output, target):
-        loss = last_module.shell.head(output, *packer.unpack(target))
-        return loss * scaler.scale if scaler is not None else loss
-
-    cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-    kwargs = {"n_microbatches": microbatches, "loss_fn": loss_fn}
-    # The schedules' own scaling divides *all* of .grad by the micro-batch count at the end of each
-    # step, which would also shrink what earlier --grad-accum steps accumulated: scale here instead.
-    if "scale_grads" in inspect.signature(cls.__init__).parameters:
-        kwargs["scale_grads"] = False
-    sched = cls(stages if schedule == "interleaved" else stages[0], **kwargs)
-
     params = unique_params(modules)
-    optimizer = make_optimizer(params, spec, cfg, device)
-    has_first = any(m.first for m in modules)
-    has_last = last_module is not None
-    accum = cfg.grad_accum
-    clip = cfg.clip_grad_norm
-    world = dist.get_world_size()
-
-    def step(micro_batches: list[tuple]) -> torch.Tensor:
-        losses_all: list[torch.Tensor] = []
-        with autocast(cfg, device):
-            for batch in micro_batches:
-                args = tuple(batch[:n_embed]) if has_first else ()
-                if has_last:
-                    target = packer.pack(tuple(batch[n_embed:]))
-                    losses: list[torch.Tensor] = []
-                    sched.step(*args, target=target, losses=losses)
-                    losses_all = losses  # as the worker's step: the last accumulation batch's loss
-                else:
-                    sched.step(*args)
-        grads = [p.grad for p in params if p.grad is not None]
-        found = None
-        if scaler is not None:  # unscale and take the mean in one pass; every rank learns of any overflow
-            used_scale = scaler.scale.clone()
-            found = scaler.unscale_and_check(grads, float(microbatches * accum))
-        elif grads:  # mean over micro-batches and accumulation steps (each loss is a micro-batch mean)
-            torch._foreach_div_(grads, float(microbatches * accum))
-        if dp_size > 1:
-            _allreduce_mean(grads, dp_size, dp_group)
-        if holds_tied and tie_group is not None:
-            for p in tied:
-                dist.all_reduce(p.grad, group=tie_group)
-        # an overflow skips the step everywhere (the host reads the flag, as GradScaler.step does)
-        skip = found is not None and bool(found.item())
-        if not skip:
-            if clip is not None:
-                _clip_pipeline(params, norm_skip, clip, pp_group)
-            optimizer.step()
-        if scaler is not None:
-            scaler.update(found)
-        optimizer.zero_grad(set_to_none=True)
-        # the global batch's loss on every rank: last stages contribute, the rest add zero
-        return _global(loss_mean(losses_all, used_scale if scaler is not None else None))
-
-    def loss_mean(losses: list[torch.Tensor], scale) -> torch.Tensor:
-        """This rank's share of the global loss: the last stage's mean over micro-batches, else 0."""
-        if has_last and losses:
-            loss = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
-            return loss / scale if scale is not None else loss
-        return torch.zeros(1, device=device)
-
-    def _global(loss: torch.Tensor) -> torch.Tensor:
-        if world > 1:
-            dist.all_reduce(loss)
-            loss = loss / dp_size
-        return loss[0]
-
-    def eval_loss(batch: tuple) -> torch.Tensor:
-        """The trained pipeline's loss on one micro-batch in eval mode (dropout off, BatchNorm on its
-        running statistics): one schedule step whose gradients are dropped, no optimizer step
-        (the schedule's forward-only ``eval`` returned NaN for a gpipe stage on torch 2.13)."""
-        for m in modules:
-            m.eval()
-        losses: list[torch.Tensor] = []
-        try:
-            with autocast(cfg, device):
-                args = tuple(batch[:n_embed]) if has_first else ()
-                if has_last:
-                    sched.step(*args, target=packer.pack(tuple(batch[n_embed:])), losses=losses)
-                else:
-                    sched.step(*args)
-        finally:
-            for m in modules:
-                m.train()
-            optimizer.zero_grad(set_to_none=True)
-        return _global(loss_mean(losses, scaler.scale if scaler is not None else None))
-
-    _prime(sched, modules, optimizer, spec, cfg, device, n_embed, has_first, has_last, packer)
+    step = _PipelineStep(cfg, device, modules, my_stages, n_stages, schedule, microbatches, pp_group,
+                         params, spec, tied if pp_rank in tie_ranks else [], tie_group,
+                         # count each tied weight once in the gradient norm: on the first stage's rank
+                         {id(p) for p in tied} if pp_rank != 0 else set(),
+                         dp_group, dp_size, dp_reduced, tp_size)
+    step.prime(spec)
     info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
             "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
-            "head_modules": sorted(head_names), "tied_params": len(tied),
+            "head_modules": sorted(head_names), "tied_params": len(tied_names),
             "stage_params": sum(p.numel() for p in params), "loss_global": True,
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
     if schedule == "interleaved":
         info["virtual"] = virtual
     info.update(extra_info or {})
-    return Parallelized(module=nn.ModuleList(modules), optimizer=optimizer, dp_size=dp_size, dp_group=dp_group,
-                        step=step, reports_loss=True, eval_loss=eval_loss, info=info)
+    return Parallelized(module=nn.ModuleList(modules), optimizer=step.optimizer, dp_size=dp_size, dp_group=dp_group,
+                        step=step, reports_loss=True, eval_loss=step.eval_loss, info=info)
 
 
-def _prime(sched, modules, optimizer, spec, cfg, device, n_embed: int, has_first: bool, has_last: bool,
-           packer) -> None:
-    """One schedule step before training whose only lasting effect is the stages' set-up.
+def _free_unowned(model: nn.Module, modules: list[StageModule]) -> None:
+    """Free what this rank does not run (the worker built the whole model on every device)."""
+    mine = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in mine:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
 
-    torch's PipelineStage infers its shapes by running each stage once, in train mode and on
-    placeholder data, inside its first step: BatchNorm would count that run in its running
-    statistics (which `single` never sees, and which eval mode then uses). Here that first step
-    runs on a synthetic batch; buffers, gradients and the RNG are put back afterwards.
-    """
-    saved = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
-    gen = torch.Generator().manual_seed(cfg.seed + 54321)
-    batch = []
-    for t in spec.make_batch(cfg.batch_size, torch.device("cpu"), gen):
-        t = t.to(device)
-        batch.append(t.contiguous(memory_format=torch.channels_last)
-                     if spec.channels_last and device.type == "cuda" and t.dim() == 4 else t.contiguous())
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast(cfg, device):
-        args = tuple(batch[:n_embed]) if has_first else ()
-        if has_last:
-            sched.step(*args, target=packer.pack(tuple(batch[n_embed:])), losses=[])
+
+def _tied_names(model: nn.Module, embed_names: set[str], head_names: set[str]) -> list[tuple[str, str, str, str]]:
+    """(embed child, its parameter name, head child, its parameter name) of every parameter the
+    embedding and the head share."""
+    first = {id(p): (nm, pn) for nm in sorted(embed_names) for pn, p in getattr(model, nm).named_parameters()}
+    return [(*first[id(p)], nm, pn) for nm in sorted(head_names) for pn, p in getattr(model, nm).named_parameters()
+            if id(p) in first]
+
+
+def _resolve_tied(model: nn.Module, pairs, modules: list[StageModule]) -> list[nn.Parameter]:
+    """The tied parameters as this rank's stages hold them now (after sharding replaced them)."""
+    held = {nm for m in modules if m.shell is not None for nm in m.shell._modules}
+    out: dict[int, nn.Parameter] = {}
+    for e_nm, e_pn, h_nm, h_pn in pairs:
+        for nm, pn in ((h_nm, h_pn), (e_nm, e_pn)):
+            if nm in held:
+                p = getattr(model, nm).get_parameter(pn)
+                out[id(p)] = p
+                break
+    return list(out.values())
+
+
+def _tie_group(tie_ranks: list[int], pp_groups: list[list[int]] | None):
+    """This pipeline's group of its first and last stage ranks (every rank enters new_group for
+    every pipeline's pair, in the same order)."""
+    mine = None
+    for ranks in pp_groups or [list(range(dist.get_world_size()))]:
+        g = dist.new_group(ranks=[ranks[r] for r in tie_ranks])
+        if dist.get_rank() in ranks:
+            mine = g
+    return mine
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (an alias: in-place changes reach the DTensor), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+class _PipelineStep:
+    """One optimizer step: the schedule over the accumulated batches, gradient averaging (micro-batches,
+    accumulation, data-parallel replicas), tied-weight sums, clipping, the optimizer, the loss."""
+
+    def __init__(self, cfg, device, modules, my_stages, n_stages, schedule, microbatches, pp_group, params, spec,
+                 tied, tie_group, norm_skip, dp_group, dp_size, dp_reduced, tp_size):
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+
+        self.cfg, self.device, self.params, self._modules = cfg, device, params, modules
+        self.n_embed = spec.embed_args
+        stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
+        self.packer = _Packer()
+        self.last_module = next((m for m in modules if m.last), None)
+        self.has_first = any(m.first for m in modules)
+        self.scaler = _StageScaler(device) if needs_grad_scaler(cfg.precision) else None
+        cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        kwargs = {"n_microbatches": microbatches, "loss_fn": self._loss}
+        # The schedules' own scaling divides *all* of .grad by the micro-batch count at the end of each
+        # step, which would also shrink what earlier --grad-accum steps accumulated: scale here instead.
+        if "scale_grads" in inspect.signature(cls.__init__).parameters:
+            kwargs["scale_grads"] = False
+        self.sched = cls(stages if schedule == "interleaved" else stages[0], **kwargs)
+        self.optimizer = make_optimizer(params, spec, cfg, device)
+        self.divisor = float(microbatches * cfg.grad_accum)
+        self.tied, self.tie_group, self.norm_skip = tied, tie_group, norm_skip
+        self.pp_group, self.dp_group, self.dp_size, self.dp_reduced = pp_group, dp_group, dp_size, dp_reduced
+        self.loss_ranks = dp_size * tp_size  # ranks that hold the last stage's loss, per pipeline stage
+        self.world = dist.get_world_size()
+
+    def _loss(self, output, target):
+        loss = self.last_module.shell.head(output, *self.packer.unpack(target))
+        return loss * self.scaler.scale if self.scaler is not None else loss
+
+    def _run_schedule(self, micro_batches: list[tuple]) -> list[torch.Tensor]:
+        losses_all: list[torch.Tensor] = []
+        with autocast(self.cfg, self.device):
+            for batch in micro_batches:
+                losses_all = self._schedule_step(batch)  # as the worker's step: the last accumulation batch's
+        return losses_all
+
+    def _schedule_step(self, batch: tuple) -> list[torch.Tensor]:
+        args = tuple(batch[:self.n_embed]) if self.has_first else ()
+        losses: list[torch.Tensor] = []
+        if self.last_module is not None:
+            self.sched.step(*args, target=self.packer.pack(tuple(batch[self.n_embed:])), losses=losses)
         else:
-            sched.step(*args)
-    optimizer.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, v in saved:
-            b.copy_(v)
+            self.sched.step(*args)
+        return losses
+
+    def _reduce_grads(self):
+        """Mean over micro-batches, accumulation steps and replicas; tied weights summed. Returns
+        the loss scale used and the overflow flag (amp-fp16), else (None, None)."""
+        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        found = used_scale = None
+        if self.scaler is not None:  # unscale and take the mean in one pass; every rank learns of any overflow
+            used_scale = self.scaler.scale.clone()
+            found = self.scaler.unscale_and_check(grads, self.divisor)
+        elif grads:  # each loss is a micro-batch mean
+            torch._foreach_div_(grads, self.divisor)
+        if self.dp_size > 1 and not self.dp_reduced:
+            _allreduce_mean(grads, self.dp_size, self.dp_group)
+        if self.tie_group is not None:
+            for p in self.tied:
+                dist.all_reduce(_local(p.grad), group=self.tie_group)
+        return used_scale, found
+
+    def __call__(self, micro_batches: list[tuple]) -> torch.Tensor:
+        losses_all = self._run_schedule(micro_batches)
+        used_scale, found = self._reduce_grads()
+        # an overflow skips the step everywhere (the host reads the flag, as GradScaler.step does)
+        if not (found is not None and bool(found.item())):
+            if self.cfg.clip_grad_norm is not None:
+                _clip_pipeline(self.params, self.norm_skip, self.cfg.clip_grad_norm, self.pp_group)
+            self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update(found)
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._global_loss(losses_all, used_scale)
+
+    def _global_loss(self, losses: list[torch.Tensor], scale) -> torch.Tensor:
+        """The global batch's loss on every rank: last stages contribute their micro-batch mean, the
+        rest zero; one all-reduce."""
+        if self.last_module is not None and losses:
+            loss = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
+            if scale is not None:
+                loss = loss / scale
+        else:
+            loss = torch.zeros(1, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(loss)
+            loss = loss / self.loss_ranks
+        return loss[0]
+
+    def eval_loss(self, batch: tuple) -> torch.Tensor:
+        """The trained pipeline's loss on one micro-batch in eval mode (dropout off, BatchNorm on its
+        running statistics): one schedule step whose gradients are dropped, no optimizer step (the
+        schedule's forward-only ``eval`` returned NaN for a gpipe stage on torch 2.13)."""
+        modules = [m for m in self._modules]
+        for m in modules:
+            m.eval()
+        try:
+            with autocast(self.cfg, self.device):
+                losses = self._schedule_step(batch)
+        finally:
+            for m in modules:
+                m.train()
+            self.optimizer.zero_grad(set_to_none=True)
+        return self._global_loss(losses, self.scaler.scale if self.scaler is not None else None)
+
+    def prime(self, spec) -> None:
+        """One schedule step before training whose only lasting effect is the stages' set-up.
+
+        torch's PipelineStage infers its shapes by running each stage once, in train mode and on
+        placeholder data, inside its first step: BatchNorm would count that run in its running
+        statistics (which `single` never sees, and which eval mode then uses). Here that first step
+        runs on a synthetic batch; buffers, gradients and the RNG are put back afterwards.
+        """
+        cfg, device = self.cfg, self.device
+        saved = [(b, b.detach().clone()) for m in self._modules for b in m.buffers()]
+        gen = torch.Generator().manual_seed(cfg.seed + 54321)
+        batch = []
+        for t in spec.make_batch(cfg.batch_size, torch.device("cpu"), gen):
+            t = t.to(device)
+            batch.append(t.contiguous(memory_format=torch.channels_last)
+                         if spec.channels_last and device.type == "cuda" and t.dim() == 4 else t.contiguous())
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast(cfg, device):
+            self._schedule_step(tuple(batch))
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
 
 
 def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:
@@ -611,19 +664,27 @@ def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:
 
 
 def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
-    """Clip to the global gradient norm across all stages (each weight counted once)."""
-    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+    """Clip to the global gradient norm across all stages (each weight counted once).
+
+    Sharded gradients (DTensors of tensor parallel or FSDP) contribute their whole norm: each
+    parameter's norm is made whole over its mesh (one small all-reduce per sharded parameter).
+    """
+    from torch.distributed.tensor import DTensor
+
     device = params[0].device
     sq = torch.zeros(1, device=device, dtype=torch.float32)
-    if grads:
-        norms = torch._foreach_norm(grads)
-        sq = torch.stack([n.float() for n in norms]).pow(2).sum().reshape(1)
+    for p in params:
+        if p.grad is None or id(p) in skip:
+            continue
+        n = torch.linalg.vector_norm(p.grad)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq += n.float().pow(2)
     dist.all_reduce(sq, group=pp_group)
-    total = sq.sqrt()
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    all_grads = [p.grad for p in params if p.grad is not None]
-    if all_grads:
-        torch._foreach_mul_(all_grads, coef.reshape(()).to(all_grads[0].dtype))
+    coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)
+    local = [_local(p.grad) for p in params if p.grad is not None]
+    if local:
+        torch._foreach_mul_(local, coef.reshape(()).to(local[0].dtype))
 
 
 @register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "

@@ -195,7 +195,7 @@ def parallelize(model, spec, cfg, denv):
     blocks = spec.blocks(model)
     balance = parse_balance(NAME, opts["balance"], n, len(blocks))
     runs, balance_info = choose_runs(model, spec, cfg, device, balance, n, cfg.batch_size // micro)
-    n_embed = spec.extra.get("n_embed_args", 1)
+    n_embed = spec.embed_args
     embed_names, head_names = _used_children(model, spec, device)
     block_ids = {id(b) for b in blocks}
     for nm in embed_names | head_names:

@@ -1,16 +1,22 @@
 """`tensor`: Megatron-style tensor parallelism with DTensor plans (``torch.distributed.tensor.parallel``).
 
-In every transformer block ``attn.qkv`` and ``mlp.fc`` are column-parallel (each rank computes
-its slice of the output features: its attention heads, its part of the MLP), ``attn.proj`` and
-``mlp.proj`` row-parallel (partial products all-reduced): two all-reduces per block forward and
-two backward. Embeddings, LayerNorms and heads are replicated (every rank computes them on the
-same data), so the model's outputs and losses are identical on all ranks.
+The model's typed architecture (``spec.arch.layout``) names each block's pieces: the
+column-parallel Linears (each rank computes its slice of the output features: its attention
+heads, its part of the MLP: gpt2/bert ``attn.qkv``, ``mlp.fc``; llama ``attn.wq/wk/wv``,
+``mlp.w1/w3``) and the row-parallel ones (partial products all-reduced: ``attn.proj``/``attn.wo``,
+``mlp.proj``/``mlp.w2``): two all-reduces per block forward and two backward. Embeddings, norms
+and heads are replicated (every rank computes them on the same data), so the model's outputs and
+losses are identical on all ranks.
 
-Two adaptations, made here and not in the model files:
+Attention on local heads: a model whose attention takes its head count from the local shapes
+(llama: ``view(B, T, -1, head_dim)``, grouped-query attention included: each rank keeps
+n_heads/tp query heads and n_kv_heads/tp key/value heads) runs unchanged. A fused ``[q | k | v]``
+projection (``layout.fused_qkv``: gpt2, bert) gets two adaptations, made here and not in the
+model files:
 
-* the fused ``qkv`` weight's rows are permuted from ``[q | k | v]`` to ``[q_0 k_0 v_0 | q_1 k_1 v_1 ...]``
+* its rows are permuted from ``[q | k | v]`` to ``[q_0 k_0 v_0 | q_1 k_1 v_1 ...]``
   (rank r's heads together), so a contiguous column shard holds whole heads of q, k and v;
-* each attention module gets a forward that splits its local qkv output in three and runs
+* the attention module gets a forward that splits its local qkv output in three and runs
   ``n_heads / tp`` heads (the models split by the full hidden size). Before sharding it is
   checked against the model's own forward (eval mode, same output), which also decides whether
   the attention is causal; a model whose attention it cannot reproduce is refused.
@@ -20,9 +26,10 @@ between the blocks' parallel regions (Megatron-SP): the row-parallel outputs are
 along the sequence and all-gathered before the next column-parallel layer, so activations outside
 the attention/MLP are 1/tp per rank; the sequence length must divide by tp.
 
-Degree: tp = the world size (``hybrid`` combines it with data parallelism); it must divide the
-number of attention heads. Data: every rank gets the same batch (dp_size 1), so the run trains
-exactly what ``single`` trains on ``--batch-size``. resnet50 has no tensor-parallel plan.
+Degree: tp = the world size (``hybrid`` combines it with data and pipeline parallelism); it must
+divide the attention heads, the key/value heads and the MLP width. Data: every rank gets the same
+batch (dp_size 1), so the run trains exactly what ``single`` trains on ``--batch-size``. Models
+without a transformer architecture (resnet50) have no tensor-parallel plan.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ from torch import nn
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
+from dlscale.strategies._mesh import ParallelDims
 
 OPTIONS = {"sequence_parallel": False}
 
@@ -42,12 +50,11 @@ OPTIONS = {"sequence_parallel": False}
 def validate_tp(name: str, cfg, spec, tp: int, sequence_parallel: bool) -> None:
     if not is_transformer(spec):
         return  # check() records it unsupported
-    heads = spec.extra["n_heads"]
-    if tp < 1 or heads % tp:
-        raise ConfigError(f"{name}: tensor parallel degree {tp} does not divide {spec.name}'s {heads} attention heads")
-    inter = spec.extra.get("intermediate", 4 * spec.extra["hidden"])
-    if inter % tp:
-        raise ConfigError(f"{name}: tensor parallel degree {tp} does not divide {spec.name}'s MLP width {inter}")
+    arch = spec.arch
+    for what, n in (("attention heads", arch.n_heads), ("key/value heads", arch.kv_heads),
+                    ("MLP width", arch.ffn_hidden)):
+        if tp < 1 or n % tp:
+            raise ConfigError(f"{name}: tensor parallel degree {tp} does not divide {spec.name}'s {n} {what}")
     if sequence_parallel and spec.seq_len and spec.seq_len % tp:
         raise ConfigError(f"{name}: sequence_parallel needs tp {tp} to divide the sequence length {spec.seq_len}")
 
@@ -65,7 +72,7 @@ def check_tp(cfg, env) -> str | None:
 
     spec = get_model(cfg.model, cfg.flavor)
     if not is_transformer(spec):
-        return (f"tensor parallelism splits transformer blocks (attn.qkv/proj, mlp.fc/proj); "
+        return (f"tensor parallelism splits transformer blocks (a TransformerArch with its block layout); "
                 f"{cfg.model} has no such plan")
     return None
 
@@ -142,41 +149,51 @@ def _permute_qkv(linear: nn.Linear, tp: int) -> None:
             linear.bias.copy_(b)
 
 
-def apply_tensor_parallel(model: nn.Module, spec, tp_mesh, sequence_parallel: bool = False) -> None:
-    """Shard every block of ``model`` over ``tp_mesh`` (in place)."""
+def _block_plan(layout, sequence_parallel: bool) -> dict:
+    """The DTensor plan of one block from its layout (Megatron column/row split, optionally with
+    sequence-parallel norms between the parallel regions)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    if not sequence_parallel:
+        return {**{n: ColwiseParallel() for n in layout.colwise}, **{n: RowwiseParallel() for n in layout.rowwise}}
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                use_local_output=True)
+    plan = {n: SequenceParallel(use_local_output=True) for n in layout.norms}
+    plan[layout.attention] = gather
+    plan[layout.mlp] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)
+    plan.update({n: ColwiseParallel() for n in layout.colwise})
+    plan.update({n: RowwiseParallel(output_layouts=Shard(1)) for n in layout.rowwise})
+    return plan
+
+
+def apply_tensor_parallel(blocks: list[nn.Module], spec, tp_mesh, sequence_parallel: bool = False) -> None:
+    """Shard ``blocks`` (all of the model's, or one pipeline stage's run) over ``tp_mesh`` in place.
+
+    With sequence parallelism the first block takes the full sequence and scatters it, the last
+    gathers it again, so what runs before and after the blocks (embeddings, heads, the previous
+    or next pipeline stage) sees whole sequences.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
     tp = tp_mesh.size()
-    heads = spec.extra["n_heads"]
-    blocks = spec.blocks(model)
+    arch = spec.arch
+    layout = arch.layout
     for i, block in enumerate(blocks):
-        attn = block.attn
-        causal = _causal_of(attn, spec.extra["hidden"], attn.qkv.weight.device)
-        attn._tp_causal = causal
-        attn._tp_dropout = _attn_dropout(attn)
-        attn.forward = types.MethodType(_tp_attention_forward, attn)
-        _permute_qkv(attn.qkv, tp)
-        if sequence_parallel:
-            seq_in = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                        use_local_output=True)
-            plan = {
-                "ln1": SequenceParallel(use_local_output=True),
-                "ln2": SequenceParallel(use_local_output=True),
-                "attn": seq_in,
-                "attn.qkv": ColwiseParallel(),
-                "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                          use_local_output=True),
-                "mlp.fc": ColwiseParallel(),
-                "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-            }
-        else:
-            plan = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                    "mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()}
-        parallelize_module(block, tp_mesh, plan)
-        attn.n_heads = heads // tp
+        if layout.fused_qkv is not None:
+            attn = block.get_submodule(layout.attention)
+            qkv = block.get_submodule(layout.fused_qkv)
+            causal = _causal_of(attn, arch.hidden, qkv.weight.device)
+            attn._tp_causal = causal
+            attn._tp_dropout = _attn_dropout(attn)
+            attn.forward = types.MethodType(_tp_attention_forward, attn)
+            _permute_qkv(qkv, tp)
+        parallelize_module(block, tp_mesh, _block_plan(layout, sequence_parallel))
+        if layout.fused_qkv is not None:
+            attn.n_heads = arch.n_heads // tp
         if sequence_parallel and i == 0:  # replicated embeddings -> this rank's sequence shard
             parallelize_module(block, tp_mesh, PrepareModuleInput(
                 input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
@@ -225,14 +242,13 @@ def replicate_rest(model: nn.Module, mesh) -> int:
 @register_strategy("tensor", description="tensor parallel (DTensor column/row-parallel attention and MLP)",
                    check=check_tp, validate=options, min_world=1)
 def parallelize(model, spec, cfg, dist):
-    from torch.distributed.device_mesh import init_device_mesh
-
     opts = options(cfg)
-    mesh = init_device_mesh(dist.device.type, (1, dist.world_size), mesh_dim_names=("dp", "tp"))
-    apply_tensor_parallel(model, spec, mesh["tp"], opts["sequence_parallel"])
-    replicated = replicate_rest(model, mesh["tp"])
+    pm = ParallelDims(dist.world_size, tp=dist.world_size, where="tensor").build(dist.device.type)
+    apply_tensor_parallel(spec.blocks(model), spec, pm["tp"], opts["sequence_parallel"])
+    replicated = replicate_rest(model, pm["tp"])
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
-                        dp_size=1, dp_group=mesh.get_group("dp"),
-                        info={"dp_rank": 0, "tp": dist.world_size, "tp_rank": dist.rank,
-                              "local_heads": spec.extra["n_heads"] // dist.world_size,
+                        dp_size=1, dp_group=pm.dp_group,
+                        info={"dp_rank": 0, "tp": dist.world_size, "tp_rank": pm.tp_rank,
+                              "local_heads": spec.arch.n_heads // dist.world_size,
+                              "local_kv_heads": spec.arch.kv_heads // dist.world_size,
                               "replicated_params": replicated, **opts})

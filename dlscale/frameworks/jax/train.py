@@ -60,7 +60,7 @@ def make_optimizer(model: JaxModel, clip: float | None) -> optax.GradientTransfo
     spec = model.spec
     if spec.optimizer == "sgd":
         opt = optax.chain(optax.add_decayed_weights(spec.weight_decay),
-                          optax.sgd(spec.lr, momentum=spec.extra.get("momentum", 0.9)))
+                          optax.sgd(spec.lr, momentum=0.9))
     else:
         opt = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
     return optax.chain(optax.clip_by_global_norm(clip), opt) if clip is not None else opt

@@ -1,0 +1,134 @@
+"""`dlscale plan`: which strategy and degrees fit a model on a set of GPUs, and how fast (dlscale/plan.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from dlscale import ConfigError
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def memory_size(text: str) -> float:
+    """'80GiB', '141GB', '8e10' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"memory size must look like 80GiB, 141GB or 8e10 (bytes), got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return v
+    return parse
+
+
+def register(sub) -> None:
+    from dlscale.checkpointing import MODES
+    from dlscale.config import PRECISIONS
+
+    p = sub.add_parser("plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       help="predict memory per device, fit, largest batch and throughput of every strategy",
+                       description="For each strategy and degree the job allows (ddp, zero1, fsdp zero2/zero3, "
+                       "hsdp, tensor, pipeline, hybrid dp x tp x pp), the predicted memory per device (parameters, "
+                       "gradients, optimizer state, activations, weight copies, head), whether it fits, the largest "
+                       "batch that fits and a first-order throughput. Formulas: docs/plan.md.")
+    p.add_argument("--model", required=True, help="registered model with a transformer architecture (gpt2, llama...)")
+    p.add_argument("--flavor", default=None, help="the model's size (default: its first flavour)")
+    p.add_argument("--gpus", type=_positive(int), required=True, help="GPUs in the job (all nodes)")
+    p.add_argument("--nodes", type=_positive(int), default=1, help="nodes the GPUs are spread over (evenly)")
+    p.add_argument("--gpu-memory", type=memory_size, required=True, help="memory of one GPU, e.g. 80GiB, 141GB")
+    p.add_argument("--batch-size", type=_positive(int), default=4,
+                   help="per-device micro-batch as in dlscale run (pipelines: the batch their micro-batches share)")
+    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS, help="as dlscale run's --precision")
+    p.add_argument("--activation-checkpointing", default="none", choices=MODES, help="as dlscale run's")
+    p.add_argument("--eager", action="store_true", help="plan an eager model (default: compiled, --compile)")
+    p.add_argument("--microbatches", type=_positive(int), default=4, help="pipeline micro-batches per step")
+    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"), help="pipeline schedule")
+    p.add_argument("--sequence-parallel", action="store_true", help="tensor parallel with sequence parallelism")
+    p.add_argument("--strategy", action="append", default=None, help="only these strategies (repeatable)")
+    p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/metrics.py)")
+    p.add_argument("--peak-tflops", type=_positive(float), default=None, help="peak dense TFLOP/s (overrides --gpu)")
+    p.add_argument("--mfu", type=_positive(float), default=0.40,
+                   help="fraction of the peak one device reaches on this model (measure it with dlscale run)")
+    p.add_argument("--intra-busbw", type=_positive(float), default=300.0, help="GB/s bus bandwidth within a node")
+    p.add_argument("--inter-busbw", type=_positive(float), default=50.0, help="GB/s bus bandwidth per GPU across nodes")
+    p.add_argument("--headroom", type=float, default=0.10,
+                   help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
+    p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
+    p.set_defaults(func=cmd_plan)
+
+
+def _machine(args):
+    from dlscale import metrics
+    from dlscale.plan import Machine
+
+    if args.gpus % args.nodes:
+        raise ConfigError(f"--nodes {args.nodes} must divide --gpus {args.gpus}")
+    if not 0 <= args.headroom < 1:
+        raise ConfigError(f"--headroom must be in [0, 1), got {args.headroom}")
+    if args.mfu > 1:
+        raise ConfigError(f"--mfu is a fraction of the peak (0..1], got {args.mfu}")
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+    else:
+        peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda"))
+        if not peak:
+            raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
+    return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,
+                   efficiency=args.mfu, intra_busbw=args.intra_busbw * 1e9, inter_busbw=args.inter_busbw * 1e9,
+                   headroom=args.headroom)
+
+
+def cmd_plan(args) -> int:
+    from dlscale.memplan import Workload
+    from dlscale.models import default_flavor, get_model
+    from dlscale.plan import plan_rows
+    from dlscale.strategies import strategy_names
+
+    for s in args.strategy or []:
+        if s not in strategy_names():
+            raise ConfigError(f"unknown strategy {s!r}; choose one of: {', '.join(strategy_names())}")
+    spec = get_model(args.model, args.flavor or default_flavor(args.model))
+    work = Workload(spec, args.precision, args.activation_checkpointing, compiled=not args.eager)
+    machine = _machine(args)
+    rows = plan_rows(work, machine, args.batch_size, args.microbatches, args.schedule, args.sequence_parallel,
+                     set(args.strategy) if args.strategy else None)
+    if args.format == "json":
+        print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
+                          "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
+                          "compiled": not args.eager, "gpus": args.gpus, "nodes": args.nodes,
+                          "gpu_memory_bytes": args.gpu_memory, "rows": rows}, indent=1, default=str))
+        return 0
+    print(render(spec, args, machine, rows))
+    return 0
+
+
+def render(spec, args, machine, rows) -> str:
+    from dlscale.plan import gib
+
+    head = (f"# plan: {spec.name} {spec.flavor} ({spec.arch.param_count() / 1e9:.2f} B parameters), {args.gpus} GPU(s) "
+            f"on {args.nodes} node(s), {gib(machine.memory_bytes):.0f} GiB each ({gib(machine.capacity):.1f} GiB usable), "
+            f"{args.precision}, {'eager' if args.eager else 'compiled'}, checkpointing {args.activation_checkpointing}, "
+            f"--batch-size {args.batch_size}\n# throughput: first-order model at {args.mfu:.0%} of "
+            f"{machine.peak_flops / 1e12:.0f} TFLOP/s per GPU (docs/plan.md)\n")
+    cols = ("strategy", "options", "dp x tp x pp", "params GiB", "grads GiB", "optim GiB", "activ GiB", "copies GiB",
+            "head GiB", "peak GiB", "fits", "max batch", "tokens/s/GPU", "MFU %")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        opts = " ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+        lines.append("| " + " | ".join([
+            r["strategy"], opts, r["layout"], f"{gib(r['params_bytes']):.2f}", f"{gib(r['grads_bytes']):.2f}",
+            f"{gib(r['optimizer_bytes']):.2f}", f"{gib(r['activations_bytes']):.2f}",
+            f"{gib(r['weight_copies_bytes']):.2f}", f"{gib(r['head_bytes']):.2f}", f"{gib(r['peak_bytes']):.2f}",
+            "yes" if r["fits"] else "no", str(r["max_batch_size"] or "-"),
+            f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.1f}"]) + " |")
+    return head + "\n".join(lines)

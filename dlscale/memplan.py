@@ -1,0 +1,413 @@
+"""Memory plan: the predicted peak memory per device of a training case, and the largest batch that fits.
+
+A first-principles model, term by term (docs/plan.md has the formulas and their derivation):
+
+* model state -- parameters, gradients, optimizer state per device, as the ZeRO memory model
+  (``strategies/_memory.py``) with the real split of the parameters (tensor parallel splits the
+  blocks' matrices and replicates embeddings, norms and heads; a pipeline stage holds its blocks,
+  the first the embedding, the last the head, and with tied embeddings a copy of it);
+* activations -- what one block saves for its backward, per token, written per block family
+  (``_BLOCK``: Llama's SwiGLU/RMSNorm/rotary block, the GPT pre-LN and BERT post-LN blocks) and
+  per regime (fp32; bf16 autocast over fp32 parameters, eager or torch.compile'd; with selective
+  or full activation checkpointing). The coefficients count the tensors autograd keeps, found by
+  listing them (saved-tensor hooks) and checked by tests against the CPU allocator's measurement;
+  times the tokens of a micro-batch, the blocks on the device and the micro-batches in flight;
+* the head -- the final norm, the vocabulary projection and the loss keep about one
+  logits-sized tensor per token (fp32 log-softmax in eager, the compute-dtype logits when
+  compiled), and their backward briefly needs more (``_HEAD``);
+* copies -- under autocast with fp32 parameters every Linear's weight is cast to bf16 once per
+  step and kept for the backward (2 bytes per block parameter); FSDP gathers units in its
+  parameter dtype (zero3: the root unit and two blocks at a time; zero2: everything, from forward
+  to backward);
+* the peak -- the largest of three instants: the backward begins (all activations, the head's
+  backward), the backward ends (all gradients), the optimizer steps (plus foreach AdamW's one
+  temporary per parameter on the CPU; the fused AdamW used on GPUs has none).
+
+What it leaves out: the CUDA context and the caching allocator's reserve and fragmentation (the
+plan predicts allocated bytes, as ``torch.cuda.max_memory_allocated``; ``fits`` keeps a headroom),
+communication buffers of NCCL, and pipeline balance by time (the plan splits blocks evenly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale import ConfigError
+from dlscale.strategies._memory import OPTIMIZER_STATE_BYTES
+
+GiB = 1024 ** 3
+DIMS = ("h", "A", "kv", "f", "nh", "1")
+
+
+# ------------------------------------------------------------------ per-token saved tensors of one block
+
+# Elements per token kept by one block for its backward, as {dim: count} in three dtype classes:
+# R: the residual stream's dtype (the parameters' dtype: fp32, or bf16 under FSDP's mixed precision),
+# L: the compute dtype (bf16 under autocast, fp32 otherwise), F: always fp32 (norm statistics, the
+# attention's logsumexp). Dims: h hidden, A heads x head_dim, kv kv_heads x head_dim, f MLP width,
+# nh heads, "1" a scalar per token. Regimes: "fp32"; "amp" (autocast, eager); "amp-compiled".
+_BLOCK: dict[tuple[str, str], dict[str, dict[str, float]]] = {
+    # Llama: x; x*rstd and h1*rstd (fp32 products for the norm weights' gradients); each of wq/wk/wv
+    # gets its own bf16 cast of the normed input in eager autocast, one shared normed tensor when
+    # compiled; q, k (after rotary), v, the attention output; w1, w3, silu, their product (eager)
+    ("llama", "fp32"): {"R": {"h": 6, "A": 2, "kv": 2, "f": 4}, "L": {}, "F": {"nh": 1, "1": 2}},
+    ("llama", "amp"): {"R": {"h": 4}, "L": {"h": 5, "A": 2, "kv": 2, "f": 4}, "F": {"nh": 1, "1": 2}},
+    ("llama", "amp-compiled"): {"R": {"h": 1}, "L": {"h": 2, "A": 3, "kv": 2, "f": 3}, "F": {"nh": 1, "1": 2}},
+    # GPT-2 (pre-LN, fused qkv): x, h1; ln outputs, qkv, attention output, fc and gelu outputs
+    ("gpt", "fp32"): {"R": {"h": 4, "A": 2, "kv": 2, "f": 2}, "L": {}, "F": {"nh": 1, "1": 4}},
+    ("gpt", "amp"): {"R": {"h": 2}, "L": {"h": 2, "A": 2, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 4}},
+    ("gpt", "amp-compiled"): {"R": {"h": 1}, "L": {"h": 2, "A": 3, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 4}},
+    # BERT (post-LN): the block input's cast, qkv, attention output, ln inputs (R), ln1 output, fc, gelu
+    ("bert", "fp32"): {"R": {"h": 4, "A": 2, "kv": 2, "f": 2}, "L": {}, "F": {"nh": 1, "1": 4}},
+    ("bert", "amp"): {"R": {"h": 2}, "L": {"h": 2, "A": 2, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 4}},
+}
+# Matmul outputs of one block in forward order (selective checkpointing keeps the 1st, 3rd, ...)
+_MATMULS = {
+    "llama": [{"A": 1}, {"kv": 1}, {"kv": 1}, {"h": 1}, {"f": 1}, {"f": 1}, {"h": 1}],
+    "gpt": [{"A": 1, "kv": 2}, {"h": 1}, {"f": 1}, {"h": 1}],
+    "bert": [{"A": 1, "kv": 2}, {"h": 1}, {"f": 1}, {"h": 1}],
+}
+
+
+def family(arch) -> str:
+    """Which block implementation the coefficients describe."""
+    if arch.mlp == "swiglu":
+        return "llama"
+    return "gpt" if arch.pre_norm else "bert"
+
+
+def block_saved(arch, regime: str, checkpointing: str) -> dict[str, dict[str, float]]:
+    """{class: {dim: count}} of the elements per token one block keeps (see ``_BLOCK``)."""
+    fam = family(arch)
+    if checkpointing == "full":  # the block's input only
+        return {"R": {"h": 1}, "L": {}, "F": {}}
+    if checkpointing == "selective":  # input, attention output and logsumexp, odd-numbered matmul outputs
+        low: dict[str, float] = {"A": 1}
+        for i, out in enumerate(_MATMULS[fam]):
+            if i % 2 == 0:
+                for d, n in out.items():
+                    low[d] = low.get(d, 0) + n
+        return {"R": {"h": 1}, "L": low, "F": {"nh": 1}}
+    key = (fam, regime)
+    if key not in _BLOCK:  # no compiled table for this family: the eager one (compiling saves less)
+        key = (fam, regime.replace("-compiled", ""))
+    return _BLOCK[key]
+
+
+def _dims(arch, tp: int, sp: bool) -> dict[str, float]:
+    """Per-device size of each dim: tensor parallelism splits heads and the MLP, and (sequence
+    parallel) the hidden-sized tensors between the parallel regions."""
+    return {"h": arch.hidden / (tp if sp else 1), "A": arch.attn_dim / tp, "kv": arch.kv_dim / tp,
+            "f": arch.ffn_hidden / tp, "nh": arch.n_heads / tp, "1": 1.0}
+
+
+def block_bytes_per_token(arch, regime: str, checkpointing: str, r: int, low: int, tp: int = 1,
+                          sp: bool = False) -> float:
+    """Bytes per token one block keeps; ``r``: residual dtype bytes, ``low``: compute dtype bytes."""
+    saved = block_saved(arch, regime, checkpointing)
+    d = _dims(arch, tp, sp)
+    size = {"R": r, "L": low, "F": 4}
+    return sum(size[c] * n * d[k] for c, terms in saved.items() for k, n in terms.items())
+
+
+# ------------------------------------------------------------------ the head
+
+def head_bytes(arch, regime: str, width: int, r: int, low: int) -> tuple[float, float, float]:
+    """(kept from forward to backward per token, extra at its backward's peak per token, extra
+    bytes per step) for the final norm + vocabulary projection (``width`` columns) + cross-entropy.
+    Eager: the fp32 log-softmax is kept, and its backward holds two fp32 logits-sized gradients.
+    Compiled: the logits are kept in the compute dtype and the softmax is rebuilt in the backward,
+    whose extra is the projection's weight gradient in the compute dtype. BERT's MLM transform
+    (dense, GELU, LayerNorm: about 4 hidden-sized tensors per token) is not counted."""
+    h = arch.hidden
+    if regime.endswith("compiled"):
+        return low * width + low * h + 12, 0.0, low * arch.rows * h
+    norm = r * h if family(arch) == "llama" else 0  # RMSNorm's product for its weight's gradient
+    return 4 * width + low * h + norm + 4, 8 * width, 0.0
+
+
+# ------------------------------------------------------------------ how a strategy places the model
+
+@dataclass(frozen=True)
+class Layout:
+    """How one device holds the model: degrees, ZeRO stage, pipeline schedule."""
+
+    name: str
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0  # 0 replica, 1 optimizer sharded (zero1), 2 / 3 FSDP (over dp_shard)
+    sequence_parallel: bool = False
+    microbatches: int = 1  # the pipeline cuts --batch-size into this many
+    schedule: str = "1f1b"
+    persistent_grads: bool = False  # DDP's buckets hold the gradients through the whole step
+    fsdp_params_bf16: bool = False  # FSDP's mixed precision: gathered bf16 parameters
+    options: dict = field(default_factory=dict, compare=False)  # the -o options that run it
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def describe(self) -> str:
+        parts = [f"{k} {v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if v > 1]
+        return " x ".join(parts) or "1 device"
+
+
+@dataclass
+class MemoryPlan:
+    """Predicted bytes per device (the largest device) and the terms they come from."""
+
+    layout: Layout
+    batch_size: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    weight_copies: float  # autocast's bf16 weight casts, FSDP's gathered parameters
+    head: float  # kept by the head plus its backward's extra
+    other: float  # input batch, optimizer temporaries at their instant
+    peak: float
+    peak_at: str  # "backward start", "backward end" or "optimizer step"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"strategy": self.layout.name, "layout": self.layout.describe(), "options": self.layout.options,
+                "batch_size": self.batch_size, "params_bytes": self.params, "grads_bytes": self.grads,
+                "optimizer_bytes": self.optimizer, "activations_bytes": self.activations,
+                "weight_copies_bytes": self.weight_copies, "head_bytes": self.head, "other_bytes": self.other,
+                "peak_bytes": self.peak, "peak_at": self.peak_at, **self.detail}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained and how: the model, the precision and the step's settings."""
+
+    spec: Any  # ModelSpec with a TransformerArch
+    precision: str = "amp-bf16"
+    checkpointing: str = "none"
+    compiled: bool = False
+    device_type: str = "cuda"
+
+    def __post_init__(self) -> None:
+        from dlscale.models import TransformerArch
+
+        if not isinstance(self.spec.arch, TransformerArch):
+            raise ConfigError(f"plan models transformer architectures; {self.spec.name} has none "
+                              "(its memory is measured, not planned: dlscale run --batch-size max)")
+
+    @property
+    def amp(self) -> bool:
+        return self.precision in ("amp-bf16", "amp-fp16", "fp8")
+
+    @property
+    def regime(self) -> str:
+        if not self.amp:
+            return "fp32"
+        return "amp-compiled" if self.compiled else "amp"
+
+
+def _stage_parts(arch, pp: int) -> list[dict[str, float]]:
+    """Parameters of each pipeline stage (blocks split evenly, earlier stages take the remainder):
+    blocks, embedding (first), final norm and output projection (last; tied: a copy of the embedding)."""
+    from dlscale.strategies.pipeline import split_blocks
+
+    emb = arch.embedding_params()
+    final = arch.norm_params if arch.final_norm else 0
+    head = arch.head_params() if not arch.tied_embeddings else arch.rows * arch.hidden
+    rest_extra = arch.extra_params
+    parts = []
+    for s, run in enumerate(split_blocks(arch.n_layers, pp)):
+        first, last = s == 0, s == pp - 1
+        other = (emb if first else 0) + ((final + rest_extra + (head if (pp > 1 or not arch.tied_embeddings) else 0))
+                                         if last else 0)
+        parts.append({"blocks": len(run), "other": other})
+    return parts
+
+
+def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
+    """The predicted peak of the device that holds the most (see the module's docstring)."""
+    arch = work.spec.arch
+    k_opt = OPTIMIZER_STATE_BYTES[work.spec.optimizer]
+    fsdp = layout.zero >= 2
+    bf16_params = fsdp and layout.fsdp_params_bf16 and work.amp
+    r = 2 if bf16_params else 4  # residual stream: the parameters' dtype
+    low = 2 if work.amp else 4
+    width = arch.rows if work.device_type != "cuda" else -(-arch.rows // 64) * 64
+    norm_in_block = 2 * arch.norm_params
+    block_dev = (arch.block_params() - norm_in_block) / layout.tp + norm_in_block
+    tokens_mb = batch_size / layout.microbatches * arch.seq_len  # tokens of one micro-batch
+    per_block = block_bytes_per_token(arch, work.regime, work.checkpointing, r, low, layout.tp,
+                                      layout.sequence_parallel)
+    head_kept, head_extra, head_fixed = head_bytes(arch, work.regime, width, r, low)
+    # with checkpointing, each block's forward runs again in the backward: what one block keeps
+    # without checkpointing
+    recompute = (block_bytes_per_token(arch, work.regime, "none", r, low, layout.tp, layout.sequence_parallel)
+                 if work.checkpointing != "none" else 0.0)
+    best = None
+    for s, part in enumerate(_stage_parts(arch, layout.pp)):
+        last = s == layout.pp - 1
+        p_dev = part["blocks"] * block_dev + part["other"]
+        in_flight = _in_flight(layout, s)
+        params = 4 * p_dev / (layout.dp_shard if fsdp else 1)
+        grads = 4 * p_dev / (layout.dp_shard if fsdp else 1)
+        optimizer = k_opt * p_dev / (layout.dp_shard if fsdp else layout.dp_replicate if layout.zero == 1 else 1)
+        activations = part["blocks"] * per_block * tokens_mb * in_flight
+        gathered = _gathered(layout, part, block_dev, bf16_params, work.amp)
+        head = (head_kept + head_extra) * tokens_mb + head_fixed if last else 0.0
+        inputs = 16 * batch_size * arch.seq_len  # token ids and targets (int64)
+        grads_t1 = grads if (layout.persistent_grads or layout.zero == 1) else 0.0
+        t1 = params + optimizer + grads_t1 + gathered + activations + head + inputs
+        if recompute and work.compiled and work.checkpointing == "full":
+            # one compiled backward graph: the first recomputation runs while the head's tensors live
+            # (measured on the CPU's inductor; selective recomputes op by op, as eager)
+            t1 += (recompute - per_block) * tokens_mb
+        elif recompute:  # the last block recomputed after the head's backward, the head's gradients made
+            t1 = max(t1, t1 - head + recompute * tokens_mb + 4 * (part["other"] if last else 0))
+        t2 = params + optimizer + grads + inputs + (gathered if layout.zero == 2 else 0.0)
+        opt_temp = 4 * p_dev / (layout.dp_shard if fsdp else 1) if work.device_type != "cuda" else 0.0
+        t3 = params + optimizer + grads + inputs + opt_temp
+        peak, at = max((t1, "backward start"), (t2, "backward end"), (t3, "optimizer step"))
+        plan = MemoryPlan(layout, batch_size, params, grads if at != "backward start" else grads_t1, optimizer,
+                          activations if at == "backward start" else 0.0,
+                          gathered if at == "backward start" or layout.zero == 2 else 0.0,
+                          head if at == "backward start" else 0.0,
+                          inputs + (opt_temp if at == "optimizer step" else 0.0), peak, at,
+                          {"stage": s, "in_flight_microbatches": in_flight, "block_bytes_per_token": per_block,
+                           "params_on_device": p_dev})
+        if best is None or plan.peak > best.peak:
+            best = plan
+    return best
+
+
+def _in_flight(layout: Layout, stage: int) -> int:
+    """Micro-batches whose activations a stage holds at once: GPipe all of them; 1F1B at most pp - s
+    (stage s runs that many forwards before its first backward); interleaved counted as GPipe (an
+    upper bound)."""
+    if layout.pp == 1:
+        return 1
+    if layout.schedule == "1f1b":
+        return min(layout.microbatches, layout.pp - stage)
+    return layout.microbatches
+
+
+def _gathered(layout: Layout, part: dict, block_dev: float, bf16_params: bool, amp: bool) -> float:
+    """Parameter copies alive when the backward begins: FSDP's gathered units, or autocast's casts."""
+    if layout.zero >= 2:
+        b = 2 if bf16_params else 4
+        if layout.zero == 2:  # everything gathered from forward to backward
+            return b * (part["blocks"] * block_dev + part["other"])
+        return b * (part["other"] + min(2, part["blocks"]) * block_dev)  # the root unit and two blocks
+    if amp:  # autocast's bf16 cast of every weight, kept for the backward
+        return 2 * (part["blocks"] * block_dev + part["other"])
+    return 0.0
+
+
+def largest_batch(work: Workload, layout: Layout, capacity: float, limit: int = 1 << 16) -> int:
+    """The largest --batch-size (a multiple of the micro-batch count) whose predicted peak fits."""
+    m = layout.microbatches
+    if plan_memory(work, layout, m).peak > capacity:
+        return 0
+    lo, hi = 1, 2
+    while hi * m <= limit and plan_memory(work, layout, hi * m).peak <= capacity:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if plan_memory(work, layout, mid * m).peak <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo * m
+
+
+# ------------------------------------------------------------------ which layouts a job can use
+
+def candidate_layouts(spec, gpus: int, gpus_per_node: int, nodes: int, microbatches: int = 4,
+                      schedule: str = "1f1b", sequence_parallel: bool = False) -> list[Layout]:
+    """The strategies dlscale runs for ``gpus`` devices, with every degree combination they allow."""
+    arch = spec.arch
+    out: list[Layout] = []
+    if gpus == 1:
+        return [Layout("single", options={})]
+    out.append(Layout("ddp", dp_replicate=gpus, persistent_grads=True))
+    out.append(Layout("zero1", dp_replicate=gpus, zero=1, persistent_grads=True))
+    out.append(Layout("fsdp", dp_shard=gpus, zero=2, fsdp_params_bf16=True, options={"shard": "zero2"}))
+    out.append(Layout("fsdp", dp_shard=gpus, zero=3, fsdp_params_bf16=True, options={"shard": "zero3"}))
+    if nodes > 1:
+        out.append(Layout("hsdp", dp_replicate=nodes, dp_shard=gpus // nodes, zero=3, fsdp_params_bf16=True,
+                          options={"replicate": nodes}))
+    if _tp_ok(arch, gpus) and gpus <= gpus_per_node:
+        out.append(Layout("tensor", tp=gpus, sequence_parallel=sequence_parallel,
+                          options={"sequence_parallel": sequence_parallel} if sequence_parallel else {}))
+    if gpus <= arch.n_layers:  # 1F1B needs at least as many micro-batches as stages
+        m = max(microbatches, gpus)
+        out.append(Layout("pipeline", pp=gpus, microbatches=m, schedule=schedule,
+                          options={"microbatches": m, "schedule": schedule}))
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if sum(x > 1 for x in (dp, tp, pp)) < 2:
+                continue  # a single dimension: the named strategy above
+            if (tp > 1 and (not _tp_ok(arch, tp) or tp > gpus_per_node)) or pp > arch.n_layers:
+                continue
+            m = max(microbatches, pp)
+            for shard in ("ddp", "fsdp"):
+                if shard == "fsdp" and dp == 1:
+                    continue
+                opts = {"dp": dp, "tp": tp, "pp": pp, "dp_shard": shard}
+                if pp > 1:
+                    opts.update(microbatches=m, schedule=schedule)
+                if tp > 1 and sequence_parallel:
+                    opts["sequence_parallel"] = True
+                out.append(Layout("hybrid", dp_replicate=dp if shard == "ddp" else 1,
+                                  dp_shard=dp if shard == "fsdp" else 1, tp=tp, pp=pp,
+                                  zero=3 if shard == "fsdp" else 0, sequence_parallel=sequence_parallel and tp > 1,
+                                  microbatches=m if pp > 1 else 1, schedule=schedule,
+                                  persistent_grads=shard == "ddp" and tp == 1 and pp == 1,
+                                  fsdp_params_bf16=shard == "fsdp", options=opts))
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(arch, tp: int) -> bool:
+    return all(x % tp == 0 for x in (arch.n_heads, arch.kv_heads, arch.ffn_hidden))
+
+
+def layout_for_run(spec, strategy: str, world: int, nnodes: int, options: dict) -> Layout:
+    """The Layout of one ``dlscale run`` case (its strategy and -o options), for validation."""
+    o = dict(options or {})
+    if strategy == "single":
+        return Layout("single")
+    if strategy in ("ddp", "dp"):
+        return Layout(strategy, dp_replicate=world, persistent_grads=strategy == "ddp")
+    if strategy == "zero1":
+        return Layout("zero1", dp_replicate=world, zero=1, persistent_grads=True)
+    if strategy in ("fsdp", "hsdp"):
+        rep = int(o.get("replicate") or nnodes) if strategy == "hsdp" else 1
+        return Layout(strategy, dp_replicate=rep, dp_shard=world // rep, zero=2 if o.get("shard") == "zero2" else 3,
+                      fsdp_params_bf16=bool(o.get("mixed_precision", True)), options=o)
+    if strategy == "tensor":
+        return Layout("tensor", tp=world, sequence_parallel=bool(o.get("sequence_parallel")), options=o)
+    if strategy in ("pipeline", "model"):
+        m = 1 if strategy == "model" else int(o.get("microbatches", 4))
+        return Layout(strategy, pp=world, microbatches=m, schedule="gpipe" if strategy == "model" else
+                      o.get("schedule", "1f1b"), options=o)
+    if strategy == "hybrid":
+        tp, pp = int(o.get("tp", 1)), int(o.get("pp", 1))
+        dp = int(o.get("dp") or world // (tp * pp))
+        fsdp = o.get("dp_shard") == "fsdp"
+        return Layout("hybrid", dp_replicate=1 if fsdp else dp, dp_shard=dp if fsdp else 1, tp=tp, pp=pp,
+                      zero=(2 if o.get("shard") == "zero2" else 3) if fsdp else 0,
+                      sequence_parallel=bool(o.get("sequence_parallel")), microbatches=int(o.get("microbatches", 4))
+                      if pp > 1 else 1, schedule=o.get("schedule", "1f1b"), persistent_grads=not fsdp and tp == pp == 1,
+                      fsdp_params_bf16=fsdp and bool(o.get("mixed_precision", True)), options=o)
+    raise ConfigError(f"no memory plan for strategy {strategy!r}")
+
+
