@@ -21,7 +21,6 @@ from dlscale import ConfigError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
-CUDAGRAPH_STRATEGIES = ("single", "ddp")
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -72,10 +71,14 @@ def step_marker(cfg):
 
 
 def check_strategy(cfg) -> None:
-    """CUDA graphs only where the compiled region holds no collective (see the module's note)."""
-    if uses_cudagraphs(cfg) and cfg.strategy not in CUDAGRAPH_STRATEGIES:
+    """CUDA graphs only where the compiled region holds no collective (a strategy's
+    ``cudagraph_safe``; see the module's note)."""
+    from dlscale.strategies import get_strategy, strategy_names
+
+    if uses_cudagraphs(cfg) and not get_strategy(cfg.strategy).cudagraph_safe:
+        safe = [s for s in strategy_names() if get_strategy(s).cudagraph_safe]
         raise ConfigError(f"compile-mode {cfg.compile_mode} (CUDA graphs) runs with strategies "
-                          f"{', '.join(CUDAGRAPH_STRATEGIES)}, not {cfg.strategy}; use compile-mode default "
+                          f"{', '.join(safe)}, not {cfg.strategy}; use compile-mode default "
                           "or max-autotune-no-cudagraphs")
 
 

@@ -40,8 +40,6 @@ def check(cfg, env: dict) -> str | None:
     """Why this fp8 case cannot run here (None: it can, or it is not an fp8 case)."""
     if cfg.precision != "fp8":
         return None
-    if cfg.strategy == "deepspeed":
-        return "precision fp8 with deepspeed: DeepSpeed runs its own mixed precision; use fsdp or ddp"
     if _tp_degree(cfg) > 1:
         return ("precision fp8 with tensor parallelism needs torchao's Float8 tensor-parallel styles, "
                 "which dlscale does not wire up; use data or pipeline parallelism")

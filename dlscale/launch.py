@@ -219,7 +219,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
                  env=envinfo.capture(framework=cfg.framework, device_type=device_type),
                  backend="nccl" if device_type == "cuda" else "gloo", data_set=inputs.describe(cfg))
     reason = fp8.check(cfg, {"device_type": device_type}) or frameworks.unsupported_reason(
-        cfg, {"device_type": device_type}, strat.check)
+        cfg, {"device_type": device_type}, strat.unsupported)
     if reason:
         rec.status, rec.error = "unsupported", reason
         return rec

@@ -3,7 +3,7 @@
 A first-principles model, term by term (docs/plan.md has the formulas and their derivation):
 
 * model state -- parameters, gradients, optimizer state per device, as the ZeRO memory model
-  (``strategies/_memory.py``) with the real split of the parameters (tensor parallel splits the
+  (Rajbhandari et al. 2020, with dlscale's dtypes) with the real split of the parameters (tensor parallel splits the
   blocks' matrices and replicates embeddings, norms and heads; a pipeline stage holds its blocks,
   the first the embedding, the last the head, and with tied embeddings a copy of it);
 * activations -- what one block saves for its backward, per token, written per block family
@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.strategies._memory import OPTIMIZER_STATE_BYTES
+
+# fp32 optimizer state per parameter: AdamW two moments, SGD one momentum buffer
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 
 GiB = 1024 ** 3
 DIMS = ("h", "A", "kv", "f", "nh", "1")
@@ -381,33 +383,12 @@ def _tp_ok(arch, tp: int) -> bool:
 
 
 def layout_for_run(spec, strategy: str, world: int, nnodes: int, options: dict) -> Layout:
-    """The Layout of one ``dlscale run`` case (its strategy and -o options), for validation."""
-    o = dict(options or {})
-    if strategy == "single":
-        return Layout("single")
-    if strategy in ("ddp", "dp"):
-        return Layout(strategy, dp_replicate=world, persistent_grads=strategy == "ddp")
-    if strategy == "zero1":
-        return Layout("zero1", dp_replicate=world, zero=1, persistent_grads=True)
-    if strategy in ("fsdp", "hsdp"):
-        rep = int(o.get("replicate") or nnodes) if strategy == "hsdp" else 1
-        return Layout(strategy, dp_replicate=rep, dp_shard=world // rep, zero=2 if o.get("shard") == "zero2" else 3,
-                      fsdp_params_bf16=bool(o.get("mixed_precision", True)), options=o)
-    if strategy == "tensor":
-        return Layout("tensor", tp=world, sequence_parallel=bool(o.get("sequence_parallel")), options=o)
-    if strategy in ("pipeline", "model"):
-        m = 1 if strategy == "model" else int(o.get("microbatches", 4))
-        return Layout(strategy, pp=world, microbatches=m, schedule="gpipe" if strategy == "model" else
-                      o.get("schedule", "1f1b"), options=o)
-    if strategy == "hybrid":
-        tp, pp = int(o.get("tp", 1)), int(o.get("pp", 1))
-        dp = int(o.get("dp") or world // (tp * pp))
-        fsdp = o.get("dp_shard") == "fsdp"
-        return Layout("hybrid", dp_replicate=1 if fsdp else dp, dp_shard=dp if fsdp else 1, tp=tp, pp=pp,
-                      zero=(2 if o.get("shard") == "zero2" else 3) if fsdp else 0,
-                      sequence_parallel=bool(o.get("sequence_parallel")), microbatches=int(o.get("microbatches", 4))
-                      if pp > 1 else 1, schedule=o.get("schedule", "1f1b"), persistent_grads=not fsdp and tp == pp == 1,
-                      fsdp_params_bf16=fsdp and bool(o.get("mixed_precision", True)), options=o)
-    raise ConfigError(f"no memory plan for strategy {strategy!r}")
+    """The Layout of one ``dlscale run`` case: what its strategy declares (``memory_layout``)."""
+    from dlscale.strategies import get_strategy
+
+    layout = get_strategy(strategy).memory_layout
+    if layout is None:
+        raise ConfigError(f"no memory plan for strategy {strategy!r}")
+    return layout(world, nnodes, dict(options or {}))
 
 

@@ -3,7 +3,7 @@
 Definition (the same for every strategy): a step's loss is the mean over the **global batch** of
 that step's last micro-batch (all of it with ``--grad-accum 1``): each data-parallel rank's
 micro-batch loss, averaged over the data-parallel ranks (``global_loss``); strategies whose own
-step already returns the global value say so with ``info["loss_global"]`` (pipelines). Recorded
+step already returns the global value say so with ``Parallelized.loss_global`` (pipelines). Recorded
 per repeat: ``warmup_losses`` (every warm-up step), ``loss_last`` (the window's last step) and
 ``loss_after`` (the trained model, eval mode, on micro-batch 0). A strategy that trains the same
 global batch as ``single`` must give the same numbers, up to float summation order.
@@ -60,7 +60,7 @@ def global_loss(loss, par, denv) -> float | None:
     import torch.distributed as dist
 
     t = loss.detach().float().reshape(1).clone()
-    if denv.world_size > 1 and par.dp_size > 1 and not par.info.get("loss_global"):
+    if denv.world_size > 1 and par.dp_size > 1 and not par.loss_global:
         t = t / par.dp_size
         dist.all_reduce(t, group=par.dp_group)
     return finite(float(t.item()))

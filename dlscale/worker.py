@@ -132,7 +132,7 @@ def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: 
     """
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     out = []
-    b = cfg.batch_size * int(par.info.get("devices_per_process", 1))  # nn.DataParallel feeds all GPUs
+    b = cfg.batch_size * par.devices_per_process  # nn.DataParallel feeds all GPUs
     for _ in range(cfg.grad_accum):
         full = spec.make_batch(cfg.batch_size * par.dp_size, torch.device("cpu"), gen)
         mine = []
@@ -201,8 +201,8 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
     if cfg.compile:
         par.module = compile_module(par.module, cfg)
     result["dp_size"] = par.dp_size
-    result["strategy_info"] = par.info
-    dp_rank = par.info.get("dp_rank", denv.rank)
+    result["strategy_info"] = par.record_info()
+    dp_rank = par.dp_rank
     # synthetic: the pre-made batches; real data: a DataLoader that refills ``batches`` in place
     source = open_source(spec, cfg, par, dp_rank, device, denv.local_rank, denv.local_world_size,
                          lambda: make_batches(spec, cfg, par, dp_rank, device))
@@ -368,6 +368,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         result["profile"] = profile_steps(step, device, trace)
         progress.phase("profile", "end", denv.rank)
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
+    result["strategy_info"] = par.record_info()  # again: a strategy may fill in what it saw while training
     if cuda:
         result["model_state_mem_bytes"] = _model_state_memory(step, device)
 
@@ -404,7 +405,7 @@ def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device,
     """
     if par.eval_loss is not None:
         return parity.global_loss(par.eval_loss(batch), par, denv)
-    if par.step is not None or not par.info.get("eval_loss", True):
+    if par.step is not None:
         return None
     module.eval()  # dropout off, so the check is deterministic
     with torch.no_grad(), _autocast(cfg, device)():

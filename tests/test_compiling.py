@@ -35,7 +35,7 @@ def test_cuda_graphs_only_with_single_and_ddp():
     for strategy in ("single", "ddp"):
         validate_case(RunConfig(strategy=strategy, compile=True, compile_mode="reduce-overhead"))
     with pytest.raises(ConfigError, match="compile-mode reduce-overhead \\(CUDA graphs\\) runs with strategies "
-                                          "single, ddp, not fsdp"):
+                                          "ddp, single, not fsdp"):
         validate_case(RunConfig(strategy="fsdp", nproc_per_node=2, compile=True, compile_mode="reduce-overhead"))
     # explicit triton.cudagraphs counts as much as the mode, either way
     with pytest.raises(ConfigError, match="not zero1"):

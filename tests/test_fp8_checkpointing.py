@@ -27,7 +27,6 @@ def test_fp8_is_a_precision_rated_against_bf16():
 
 @pytest.mark.parametrize("strategy, opts, device, expect", [
     ("single", {}, "cpu", "needs a CUDA GPU of compute capability >= 8.9"),
-    ("deepspeed", {}, "cuda", "DeepSpeed runs its own mixed precision"),
     ("tensor", {}, "cuda", "Float8 tensor-parallel styles"),
     ("hybrid", {"tp": 2}, "cuda", "Float8 tensor-parallel styles"),
 ])

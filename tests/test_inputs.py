@@ -355,7 +355,7 @@ def test_prefetcher_runs_ahead_hands_over_in_order_and_raises_errors():
 
 def test_in_process_sources_and_their_record(data_dir):
     """open_source with 0 workers (in this process): batches of the model's shapes, and the window record."""
-    par = SimpleNamespace(info={}, dp_size=1)
+    par = SimpleNamespace(info={}, dp_size=1, devices_per_process=1)
     for model, data, batch in (("resnet50", f"imagefolder:{data_dir.imgs}", 4), ("gpt2", data_dir.gpt, 4),
                                ("bert-base", data_dir.bert, 4)):
         spec = get_model(model, "tiny")

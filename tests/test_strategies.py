@@ -495,29 +495,16 @@ def test_matrix_covers_every_strategy_and_model():
 # ---------------------------------------------------------------- memory model
 
 
-def test_memory_model_zero_formulas():
-    from dlscale.strategies._memory import bytes_per_param, predicted_model_state_bytes as pred
+def test_capabilities_are_declared_by_the_strategies():
+    """CUDA-graph safety, precisions and the memory layout come from each strategy's registration."""
+    from dlscale.config import RunConfig
+    from dlscale.strategies import get_strategy, strategy_names
 
-    P, N = 1_000_000, 4
-    assert pred("ddp", P, N) == pred("single", P, 1) == pred("dp", P, N) == 16 * P
-    assert pred("zero1", P, N) == (8 + 8 / N) * P
-    assert pred("fsdp", P, N, options={"shard": "zero2"}) == (4 + 12 / N) * P
-    assert pred("fsdp", P, N) == 16 / N * P
-    assert pred("deepspeed", P, N, options={"stage": 1}) == pred("zero1", P, N)
-    assert pred("deepspeed", P, N, options={"stage": 3}) == pred("fsdp", P, N)
-    # the ZeRO paper's mixed-precision Adam: 2 + 2 + 12
-    assert bytes_per_param(0, N, mixed=True) == 16
-    assert bytes_per_param(1, N, mixed=True) == 4 + 12 / N
-    assert bytes_per_param(2, N, mixed=True) == 2 + 14 / N
-    assert bytes_per_param(3, N, mixed=True) == 16 / N
-    # SGD with momentum: 4 + 4 + 4
-    assert pred("ddp", P, N, optimizer="sgd") == 12 * P
-    # hsdp shards over world / replicate; model parallel splits the parameters
-    assert pred("hsdp", P, 8, options={"replicate": 2}) == 16 / 4 * P
-    assert pred("tensor", P, N) == pred("pipeline", P, N) == 16 / N * P
-    assert pred("hybrid", P, 8, options={"dp": 2, "tp": 2, "pp": 2}) == 16 * P / 4
-    assert pred("hybrid", P, 8, options={"dp": 2, "tp": 4, "dp_shard": "fsdp"}) == 16 * P / 8
-    with pytest.raises(ValueError):
-        pred("nope", P, N)
-    # ordering that the benchmark should reproduce in peak memory
-    assert pred("ddp", P, N) > pred("zero1", P, N) > pred("fsdp", P, N, options={"shard": "zero2"}) > pred("fsdp", P, N)
+    assert sorted(s for s in strategy_names() if get_strategy(s).cudagraph_safe) == ["ddp", "single"]
+    ds = get_strategy("deepspeed")
+    reason = ds.unsupported(RunConfig(model="gpt2", strategy="deepspeed", precision="fp8"), {"device_type": "cuda"})
+    assert reason == "strategy deepspeed runs fp32 or amp-bf16 or amp-fp16, not fp8"
+    for s in ("single", "ddp", "dp", "zero1", "fsdp", "hsdp", "tensor", "pipeline", "model", "hybrid"):
+        assert get_strategy(s).memory_layout is not None, s
+    layout = get_strategy("hsdp").memory_layout(8, 2, {"shard": "zero2"})
+    assert (layout.dp_replicate, layout.dp_shard, layout.zero) == (2, 4, 2)

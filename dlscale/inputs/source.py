@@ -421,7 +421,7 @@ def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank:
     spec: DataSpec = parse_data(cfg.data)
     if spec.synthetic:
         return SyntheticSource(make_synthetic())
-    b = cfg.batch_size * int(par.info.get("devices_per_process", 1))
+    b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
     reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed)
     sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")

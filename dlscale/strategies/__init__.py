@@ -58,9 +58,22 @@ class Parallelized:
     reports_loss: bool = True
     # with a custom step: the trained model's loss on one micro-batch, forward only (loss_after)
     eval_loss: Callable[[tuple], torch.Tensor] | None = None
+    dp_rank: int = 0  # which data-parallel slice of the global batch this rank trains on
+    devices_per_process: int = 1  # nn.DataParallel: one process feeds every device of its node
+    loss_global: bool = False  # the step's loss is already the global batch's (pipelines): not averaged again
+    # what the record keeps of the strategy (its options, degrees, ranks): descriptive only
     info: dict[str, Any] = field(default_factory=dict)
     # called once after a successful training loop, on every rank (torch.distributed.rpc's shutdown)
     teardown: Callable[[], None] | None = None
+
+    def record_info(self) -> dict[str, Any]:
+        """``strategy_info`` as records keep it: the typed fields that describe the run, then ``info``."""
+        out: dict[str, Any] = {"dp_rank": self.dp_rank}
+        if self.devices_per_process != 1:
+            out["devices_per_process"] = self.devices_per_process
+        if self.loss_global:
+            out["loss_global"] = True
+        return {**out, **self.info}
 
 
 @dataclass
@@ -75,6 +88,20 @@ class StrategyInfo:
     single_process: bool = False
     # model_spec(spec, cfg) -> the spec this strategy trains (its options may resize the model)
     model_spec: Callable[[Any, Any], Any] | None = None
+    # capabilities, declared next to the strategy's code:
+    # its compiled region holds no collective of its own, so torch.compile may run it as CUDA graphs
+    cudagraph_safe: bool = False
+    # the precisions it trains in (None: every one); others are recorded unsupported
+    precisions: tuple[str, ...] | None = None
+    # memory_layout(world, nnodes, options) -> dlscale.memplan.Layout: how it spreads the model
+    # state over devices (the memory planner and the plan's check against a run)
+    memory_layout: Callable[[int, int, dict], Any] | None = None
+
+    def unsupported(self, cfg, env: dict) -> str | None:
+        """Why the strategy cannot run this case here (recorded ``unsupported``), or None."""
+        if self.precisions is not None and cfg.precision not in self.precisions:
+            return f"strategy {self.name} runs {' or '.join(self.precisions)}, not {cfg.precision}"
+        return self.check(cfg, env) if self.check else None
 
 
 _REGISTRY: dict[str, StrategyInfo] = {}
@@ -82,14 +109,17 @@ _LOADED = False
 
 
 def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1,
-                      single_process: bool = False, model_spec=None):
-    """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``."""
+                      single_process: bool = False, model_spec=None, cudagraph_safe: bool = False,
+                      precisions: tuple[str, ...] | None = None, memory_layout=None):
+    """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``, with the
+    strategy's checks and capabilities (StrategyInfo)."""
 
     def deco(fn):
         if name in _REGISTRY:
             raise RuntimeError(f"strategy {name!r} registered twice")
         _REGISTRY[name] = StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                       check, validate, min_world, single_process, model_spec)
+                                       check, validate, min_world, single_process, model_spec, cudagraph_safe,
+                                       precisions, memory_layout)
         return fn
 
     return deco

@@ -64,7 +64,7 @@ def _reason(strategy: str, model: str, options: dict, nproc: int, device_type: s
             strat.validate(cfg)
         if cfg.world_size < strat.min_world:
             return f"needs at least {strat.min_world} processes"
-        return strat.check(cfg, {"device_type": device_type, "assume_extras": True}) if strat.check else None
+        return strat.unsupported(cfg, {"device_type": device_type, "assume_extras": True})
     except ConfigError as e:
         return f"bad input: {e}"
 

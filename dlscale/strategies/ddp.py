@@ -32,8 +32,15 @@ def check(cfg, env) -> str | None:
     return None
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("ddp", dp_replicate=world, persistent_grads=True)  # the buckets hold the gradients
+
+
+# CUDA graphs: DDP's all-reduce runs in autograd hooks, outside the compiled region
 @register_strategy("ddp", description="DistributedDataParallel (all-reduce of gradient buckets)",
-                   check=check, validate=options)
+                   check=check, validate=options, cudagraph_safe=True, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor
@@ -48,4 +55,4 @@ def parallelize(model, spec, cfg, dist):
         ddp.register_comm_hook(state=None, hook=hook[opts["comm_hook"]])
     return Parallelized(module=ddp, optimizer=make_optimizer(ddp.parameters(), spec, cfg, dist.device),
                         dp_size=dist.world_size, no_sync=ddp.no_sync,
-                        info={"dp_rank": dist.rank, **opts})
+                        dp_rank=dist.rank, info={**opts})

@@ -89,8 +89,9 @@ def ds_config(cfg, opts: dict, world: int) -> dict:
     return conf
 
 
+# DeepSpeed runs its own mixed precision (bf16/fp16 master-weight copies), not torchao's float8
 @register_strategy("deepspeed", description="DeepSpeed ZeRO stage 1/2/3 (optional extra)", check=check,
-                   validate=options)
+                   validate=options, precisions=("fp32", "amp-bf16", "amp-fp16"))
 def parallelize(model, spec, cfg, denv):
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if denv.device.type == "cuda" else "cpu")
     import deepspeed
@@ -123,5 +124,5 @@ def parallelize(model, spec, cfg, denv):
             engine.train()
 
     return Parallelized(module=engine, optimizer=ds_opt, dp_size=denv.world_size, step=step, eval_loss=eval_loss,
-                        info={"dp_rank": denv.rank, "zero_stage": int(opts["stage"]),
+                        dp_rank=denv.rank, info={"zero_stage": int(opts["stage"]),
                               "deepspeed": deepspeed.__version__, "ds_config": conf, **opts})

@@ -49,8 +49,14 @@ class _MeanLoss(nn.Module):
         return out.mean() if out.dim() else out
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("dp", dp_replicate=world)
+
+
 @register_strategy("dp", description="nn.DataParallel: one process, all GPUs of the node (single-process baseline)",
-                   check=_check, validate=_validate, single_process=True)
+                   check=_check, validate=_validate, single_process=True, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, denv):
     n = cfg.nproc_per_node
     if denv.world_size != 1:
@@ -61,4 +67,4 @@ def parallelize(model, spec, cfg, denv):
     devices = list(range(n))
     module = _MeanLoss(nn.DataParallel(model, device_ids=devices, output_device=devices[0]))
     return Parallelized(module=module, optimizer=make_optimizer(model.parameters(), spec, cfg, denv.device),
-                        dp_size=n, info={"dp_rank": 0, "devices_per_process": n, "devices": devices})
+                        dp_size=n, dp_rank=0, devices_per_process=n, info={"devices": devices})

@@ -107,8 +107,6 @@ def check(cfg, env) -> str | None:
         return f"{NAME} shards embedding tables (model.embedding_groups(), as wide-deep's); this model has none"
     if cfg.clip_grad_norm is not None:
         return f"{NAME} does not clip gradients (each rank holds different table rows: a per-rank norm is wrong)"
-    if cfg.precision == "amp-fp16":
-        return f"{NAME} runs fp32 or amp-bf16 (torch's loss scaler checks each rank's shards alone)"
     if cfg.compile:
         return f"{NAME} is not compiled (autograd functions with collectives; row-wise reads split sizes on the host)"
     return None
@@ -240,7 +238,8 @@ def _groups(world: int, k: int, rank: int):
 
 
 @register_strategy(NAME, description="embedding tables sharded row- or table-wise (all-to-all of ids and "
-                   "vectors), the rest data parallel", check=check, validate=options, model_spec=model_spec)
+                   "vectors), the rest data parallel", check=check, validate=options, model_spec=model_spec,
+                   precisions=("fp32", "amp-bf16"))  # no amp-fp16: torch's loss scaler would check each rank's shards alone
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     k, world, device = opts["shards"], denv.world_size, denv.device
@@ -277,7 +276,7 @@ def parallelize(model, spec, cfg, denv):
     held = [st.held_rows for st in sharded.values()]
     rows_by_rank = [None] * world
     dist.all_gather_object(rows_by_rank, sum(held))
-    info = {"dp_rank": denv.rank, "shard": opts["shard"], "shards": k, "replicas": world // k,
+    info = {"shard": opts["shard"], "shards": k, "replicas": world // k,
             "knobs": {key: opts[key] for key in KNOBS if opts[key] is not None},
             "table_rows": sum(sum(t.rows) for t in sharded.values()), "rows_held_per_rank": rows_by_rank,
             "exchange_bytes_per_step": None}
@@ -301,4 +300,4 @@ def parallelize(model, spec, cfg, denv):
 
     first_call(model, record_volume)
     return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
-                        dp_size=world, no_sync=no_sync, info=info)
+                        dp_size=world, dp_rank=denv.rank, no_sync=no_sync, info=info)

@@ -114,8 +114,15 @@ def fsdp_no_sync(module):
     return no_sync
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("fsdp", dp_shard=world, zero=2 if opts.get("shard") == "zero2" else 3,
+                  fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)
+
+
 @register_strategy("fsdp", description="FSDP2 fully_shard per block (ZeRO-3, or ZeRO-2 with -o shard=zero2)",
-                   validate=options)
+                   validate=options, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     n_units = apply_fsdp(model, spec, cfg, None, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
@@ -123,7 +130,7 @@ def parallelize(model, spec, cfg, dist):
     return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
                                                                opts["optimizer_on_shards"]),
                         dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
-                        info={"dp_rank": dist.rank, "shard_degree": dist.world_size,
+                        dp_rank=dist.rank, info={"shard_degree": dist.world_size,
                               "reshard_after_forward": opts["shard"] == "zero3",
                               "param_dtype": str(mp.param_dtype).replace("torch.", "") if mp else "float32",
                               "wrapped_blocks": len(spec.blocks(model)) if spec.blocks else 0,

@@ -30,8 +30,16 @@ def options(cfg) -> dict:
     return opts
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    rep = int(opts.get("replicate") or nnodes)
+    return Layout("hsdp", dp_replicate=rep, dp_shard=world // rep, zero=2 if opts.get("shard") == "zero2" else 3,
+                  fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)
+
+
 @register_strategy("hsdp", description="FSDP2 on a (replicate, shard) mesh: shard within a node, replicate across",
-                   validate=options)
+                   validate=options, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     rep = opts["replicate"]
@@ -42,7 +50,7 @@ def parallelize(model, spec, cfg, dist):
     return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
                                                                opts["optimizer_on_shards"]),
                         dp_size=dist.world_size, no_sync=fsdp_no_sync(model),
-                        info={"dp_rank": pm.dp_rank, "mesh": [rep, dist.world_size // rep],
+                        dp_rank=pm.dp_rank, info={"mesh": [rep, dist.world_size // rep],
                               "mesh_dims": ["replicate", "shard"],
                               "param_dtype": str(mp.param_dtype).replace("torch.", "") if mp else "float32",
                               **opts})

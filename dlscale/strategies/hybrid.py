@@ -125,8 +125,22 @@ def _grad_allreduce_hooks(params, group, n: int):
     return no_sync
 
 
+def memory_layout(world: int, nnodes: int, o: dict):
+    from dlscale.memplan import Layout
+
+    tp, pp = int(o.get("tp", 1)), int(o.get("pp", 1))
+    dp = int(o.get("dp") or world // (tp * pp))
+    fsdp = o.get("dp_shard") == "fsdp"
+    return Layout("hybrid", dp_replicate=1 if fsdp else dp, dp_shard=dp if fsdp else 1, tp=tp, pp=pp,
+                  zero=(2 if o.get("shard") == "zero2" else 3) if fsdp else 0,
+                  sequence_parallel=bool(o.get("sequence_parallel")),
+                  microbatches=int(o.get("microbatches", 4)) if pp > 1 else 1, schedule=o.get("schedule", "1f1b"),
+                  persistent_grads=not fsdp and tp == pp == 1,
+                  fsdp_params_bf16=fsdp and bool(o.get("mixed_precision", True)), options=o)
+
+
 @register_strategy("hybrid", description="dp x tp x pp on a DeviceMesh (-o dp=N -o tp=M -o pp=K, -o dp_shard=fsdp)",
-                   check=check, validate=options, min_world=1)
+                   check=check, validate=options, min_world=1, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     dims = parallel_dims(cfg, opts)
@@ -156,7 +170,7 @@ def parallelize(model, spec, cfg, denv):
         info["dp_impl"] = "per-parameter all-reduce hooks" if dp > 1 else "none"
     optimizer = make_optimizer(module.parameters(), spec, cfg, denv.device)
     return Parallelized(module=module, optimizer=optimizer, dp_size=dp, dp_group=pm.dp_group, no_sync=no_sync,
-                        info=info)
+                        dp_rank=pm.dp_rank, info=info)
 
 
 def _pipeline(model, spec, cfg, denv, opts, pm, info) -> Parallelized:

@@ -22,8 +22,14 @@ def options(cfg) -> dict:
     return opts
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("model", pp=world, microbatches=1, schedule="gpipe", options=opts)
+
+
 @register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
-                   validate=options, min_world=2)
+                   validate=options, min_world=2, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1,

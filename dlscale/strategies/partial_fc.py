@@ -77,8 +77,6 @@ def check(cfg, env) -> str | None:
         return f"{NAME} shards a margin-softmax classifier (model.margin, as face's); this model has none"
     if cfg.clip_grad_norm is not None:
         return f"{NAME} does not clip gradients (each rank holds different class centres: a per-rank norm is wrong)"
-    if cfg.precision == "amp-fp16":
-        return f"{NAME} runs fp32 or amp-bf16 (torch's loss scaler checks each rank's centres alone)"
     if cfg.compile:
         return f"{NAME} is not compiled (custom autograd functions with collectives)"
     return None
@@ -145,7 +143,8 @@ class ShardedArcFace(torch.nn.Module):
 
 
 @register_strategy(NAME, description="margin-softmax head sharded by class (all-gather of features, "
-                   "distributed softmax), backbone data parallel", check=check, validate=options, model_spec=model_spec)
+                   "distributed softmax), backbone data parallel", check=check, validate=options, model_spec=model_spec,
+                   precisions=("fp32", "amp-bf16"))  # no amp-fp16: torch's loss scaler would check each rank's centres alone
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     world, device, n = denv.world_size, denv.device, opts["classes"]
@@ -158,7 +157,7 @@ def parallelize(model, spec, cfg, denv):
     if spec.channels_last and device.type == "cuda":
         model.to(memory_format=torch.channels_last)
     module = data_parallel(model, ["margin.weight"], denv)
-    info = {"dp_rank": denv.rank, "classes": n, "class_ranges": [class_range(n, world, r) for r in range(world)],
+    info = {"classes": n, "class_ranges": [class_range(n, world, r) for r in range(world)],
             "head_bytes_per_rank": [4 * head.weight.shape[1] * (e - s) for s, e in
                                     (class_range(n, world, r) for r in range(world))],
             "exchange_bytes_per_step": None,
@@ -178,4 +177,4 @@ def parallelize(model, spec, cfg, denv):
 
     first_call(model, record_volume)
     return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
-                        dp_size=world, no_sync=getattr(module, "no_sync", contextlib.nullcontext), info=info)
+                        dp_size=world, dp_rank=denv.rank, no_sync=getattr(module, "no_sync", contextlib.nullcontext), info=info)

@@ -451,17 +451,18 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
                          {id(p) for p in tied} if pp_rank != 0 else set(),
                          dp_group, dp_size, dp_reduced, tp_size)
     step.prime(spec)
-    info = {"dp_rank": dp_rank, "pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
+    info = {"pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
             "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
             "head_modules": sorted(head_names), "tied_params": len(tied_names),
-            "stage_params": sum(p.numel() for p in params), "loss_global": True,
+            "stage_params": sum(p.numel() for p in params),
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
     if schedule == "interleaved":
         info["virtual"] = virtual
     info.update(extra_info or {})
     return Parallelized(module=nn.ModuleList(modules), optimizer=step.optimizer, dp_size=dp_size, dp_group=dp_group,
-                        step=step, reports_loss=True, eval_loss=step.eval_loss, info=info)
+                        step=step, reports_loss=True, eval_loss=step.eval_loss, dp_rank=dp_rank,
+                        loss_global=True, info=info)
 
 
 def _free_unowned(model: nn.Module, modules: list[StageModule]) -> None:
@@ -687,8 +688,15 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
         torch._foreach_mul_(local, coef.reshape(()).to(local[0].dtype))
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("pipeline", pp=world, microbatches=int(opts.get("microbatches", 4)),
+                  schedule=opts.get("schedule", "1f1b"), options=opts)
+
+
 @register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "
-                   "interleaved), stages split by blocks", validate=options, min_world=2)
+                   "interleaved), stages split by blocks", validate=options, min_world=2, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],

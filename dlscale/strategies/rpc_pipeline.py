@@ -66,8 +66,6 @@ def options(cfg) -> dict:
 def check(cfg, env) -> str | None:
     if cfg.clip_grad_norm is not None:
         return f"{NAME} does not clip gradients (they live in the distributed-autograd context)"
-    if cfg.precision == "amp-fp16":
-        return f"{NAME} has no loss scaler; use amp-bf16 or fp32"
     if cfg.compile:
         return f"{NAME} is not compiled (stages run inside RPC handlers)"
     return None
@@ -184,7 +182,8 @@ def _local_optimizer(params, cls, kwargs):
 
 
 @register_strategy(NAME, description="pipeline over torch.distributed.rpc: micro-batches, distributed "
-                   "autograd, DistributedOptimizer", check=check, validate=options, min_world=2)
+                   "autograd, DistributedOptimizer", check=check, validate=options, min_world=2,
+                   precisions=("fp32", "amp-bf16"))  # no loss scaler across RPC stages
 def parallelize(model, spec, cfg, denv):
     global _STAGE
     from torch.distributed import rpc
@@ -218,9 +217,9 @@ def parallelize(model, spec, cfg, denv):
     dist.barrier()  # every stage registered before rank 0 asks for parameters
 
     cls, kwargs = optimizer_recipe(spec, cfg, device)
-    info = {"dp_rank": 0, "pp_rank": rank, "pp": n, "microbatches": micro, "stages": [rank], "num_stages": n,
+    info = {"pp_rank": rank, "pp": n, "microbatches": micro, "stages": [rank], "num_stages": n,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "tied_params": len(tied),
-            "stage_params": sum(p.numel() for p in params), "eval_loss": False, "transport": "TensorPipe",
+            "stage_params": sum(p.numel() for p in params), "transport": "TensorPipe",
             "device_maps": maps or None, "optimizer": f"DistributedOptimizer({cls.__name__})",
             "schedule": "all micro-batches' forwards issued asynchronously, one distributed backward",
             "reported_loss": "the batch's mean (the last accumulation batch's); rank 0 drives, the others serve RPCs",

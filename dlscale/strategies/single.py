@@ -11,7 +11,14 @@ def _validate(cfg) -> None:
                           f"(nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}); use ddp for more")
 
 
-@register_strategy("single", description="one process on one device", validate=_validate)
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("single")
+
+
+@register_strategy("single", description="one process on one device", validate=_validate, cudagraph_safe=True,
+                   memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
-                        dp_size=1, info={"dp_rank": 0})
+                        dp_size=1, dp_rank=0)

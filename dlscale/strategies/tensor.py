@@ -239,8 +239,14 @@ def replicate_rest(model: nn.Module, mesh) -> int:
     return count
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("tensor", tp=world, sequence_parallel=bool(opts.get("sequence_parallel")), options=opts)
+
+
 @register_strategy("tensor", description="tensor parallel (DTensor column/row-parallel attention and MLP)",
-                   check=check_tp, validate=options, min_world=1)
+                   check=check_tp, validate=options, min_world=1, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     pm = ParallelDims(dist.world_size, tp=dist.world_size, where="tensor").build(dist.device.type)
@@ -248,7 +254,7 @@ def parallelize(model, spec, cfg, dist):
     replicated = replicate_rest(model, pm["tp"])
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
                         dp_size=1, dp_group=pm.dp_group,
-                        info={"dp_rank": 0, "tp": dist.world_size, "tp_rank": pm.tp_rank,
+                        dp_rank=0, info={"tp": dist.world_size, "tp_rank": pm.tp_rank,
                               "local_heads": spec.arch.n_heads // dist.world_size,
                               "local_kv_heads": spec.arch.kv_heads // dist.world_size,
                               "replicated_params": replicated, **opts})

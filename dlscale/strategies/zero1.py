@@ -58,8 +58,14 @@ class _NoopStepOptimizer(torch.optim.Optimizer):
         self.zero.zero_grad(set_to_none=set_to_none)
 
 
+def memory_layout(world: int, nnodes: int, opts: dict):
+    from dlscale.memplan import Layout
+
+    return Layout("zero1", dp_replicate=world, zero=1, persistent_grads=True)
+
+
 @register_strategy("zero1", description="DDP + ZeroRedundancyOptimizer (optimizer state sharded, ZeRO-1)",
-                   check=check, validate=options)
+                   check=check, validate=options, memory_layout=memory_layout)
 def parallelize(model, spec, cfg, dist):
     # imported here: torch.distributed.optim takes about a second to import, and every worker
     # process imports the whole strategy registry
@@ -87,5 +93,5 @@ def parallelize(model, spec, cfg, dist):
         ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
         optimizer = _NoopStepOptimizer(zero)
     return Parallelized(module=ddp, optimizer=optimizer, dp_size=dist.world_size, no_sync=ddp.no_sync,
-                        info={"dp_rank": dist.rank, "optimizer": cls.__name__,
+                        dp_rank=dist.rank, info={"optimizer": cls.__name__,
                               "optimizer_state_shards": dist.world_size, **opts})
