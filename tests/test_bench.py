@@ -1,5 +1,7 @@
-"""Benchmark suites (bare and compare sections), the driver benchmarks/run.py, compare --ignore and
---filter-a/-b, report --group-by label."""
+"""Benchmark suites (bare, compare and commands sections), the driver benchmarks/run.py with its
+yardsticks (bare_loop.py, bare_loop_jax.py, bare_mp.py), compare --ignore and --filter-a/-b and its
+real-data columns, report --group-by label, benchmarks/kernels.py; each GPU suite in a tiny CPU
+version through the driver."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import ConfigError
-from dlscale.benchsuite import BareRun, bare_args
+import yaml
+
+from dlscale import ConfigError, benchsuite, frameworks
+from dlscale.benchsuite import BareRun, Command, bare_args
 from dlscale.cli import main as dlscale_main
 from dlscale.config import RunConfig
 from dlscale.suite import load_suite, parse_suite
@@ -33,6 +37,9 @@ def _load(name: str, path: Path):
 
 F = _load("report_fixtures", FIXTURES / "report_fixtures.py")
 RUN = _load("bench_run", ROOT / "benchmarks" / "run.py")
+KERNELS = _load("bench_kernels", ROOT / "benchmarks" / "kernels.py")
+SUITES = ROOT / "benchmarks" / "suites"
+HAVE_JAX = not frameworks.missing_packages("jax")
 
 TINY = {"device": "cpu", "warmup": 1, "steps": 2, "repeats": 1, "label": "t",
         "matrix": {"models": ["gpt2"], "flavors": ["tiny"], "precisions": ["fp32"], "batch_sizes": [2],
@@ -46,13 +53,35 @@ def parse(**sections) -> object:
 
 # ----------------------------------------------------------------------------- suite sections
 
-@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "suites").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_benchmark_suite_loads(path):
-    suite = load_suite(path)
+    if "framework: jax" in path.read_text() and not HAVE_JAX:
+        pytest.skip("JAX is not installed (pip install -e '.[jax]')")
+    suite = benchsuite.load(path)  # data sets its before commands make are checked when made
     assert suite.cases and suite.description
     for run in suite.bench.bare:  # each bare run is the case of the same key, where one exists
         twins = [c for c in suite.cases if c.case_key() == run.cfg.case_key()]
         assert run.variant or not twins or twins[0].label == run.cfg.label or run.cfg.label
+    for cmd in suite.bench.commands:
+        assert not cmd.script or (ROOT / "benchmarks" / cmd.argv[0]).is_file()
+
+
+def test_before_commands_defer_the_data_checks_of_what_they_make(tmp_path):
+    tok = tmp_path / "tok" / "tokens.bin"
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "description": "x", "device": "cpu",
+        "cases": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "data": f"tokens:{tok}"}],
+        "commands": [{"name": "tokens", "when": "before", "creates": str(tok),
+                      "dlscale": ["data", "make", "tokens", "--out", str(tok.parent), "--size", "2k"]}]}))
+    with pytest.raises(ConfigError, match="no such file|does not exist|not found"):
+        load_suite(path)
+    suite = benchsuite.load(path)  # the file is the command's to make: only the model is checked now
+    assert [c.name for c in suite.bench.when("before")] == ["tokens"] and suite.bench.commands[0].creates == str(tok)
+    bad = tmp_path / "bad.yaml"  # a model that cannot read tokens is still refused
+    bad.write_text(path.read_text().replace("model: gpt2", "model: resnet50"))
+    with pytest.raises(ConfigError, match="trains on images"):
+        benchsuite.load(bad)
 
 
 def test_bare_each_takes_the_cases_keys_and_overrides_follow():
@@ -94,6 +123,51 @@ def test_compare_spec_argv():
         "--ignore", "env,strategy_options"]
 
 
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_a_jax_case_gets_the_jax_loop():
+    suite = parse(matrix={"models": ["gpt2"], "flavors": ["tiny"], "precisions": ["fp32"], "batch_sizes": [2],
+                          "frameworks": ["torch", "jax"], "strategies": ["single"]}, exclude=[],
+                  bare=[{"each": {}}])
+    loops = {r.cfg.framework: r for r in suite.bench.bare}
+    assert loops["jax"].loop == "jax" and loops["torch"].loop == "torch"
+    assert loops["jax"].script == "benchmarks/bare_loop_jax.py" and loops["jax"].store == "bare"
+    assert bare_args(loops["jax"], "cpu") == ["--model", "gpt2", "--flavor", "tiny", "--batch-size", "2", "--precision",
+                                              "fp32", "--device", "cpu", "--seed", "0", "--warmup", "1", "--steps", "2"]
+    assert loops["jax"].identity() != dataclasses_replace(loops["jax"], loop="torch").identity()
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def test_the_mp_loop_resizes_the_model_as_the_strategy_options_do():
+    suite = parse_suite({"description": "x", "device": "cpu", "warmup": 1, "steps": 2, "cases": [
+        {"model": "face", "flavor": "tiny", "precision": "fp32", "batch_size": 4, "strategy": "partial-fc",
+         "strategy_options": {"classes": 300}},
+        {"model": "wide-deep", "flavor": "tiny", "precision": "fp32", "batch_size": 8, "strategy": "embedding-shard",
+         "strategy_options": {"shard": "table", "vocab_scale": 2}}], "bare": [{"each": {}, "loop": "mp"}]},
+        Path("bench.yaml"))
+    face, wdl = suite.bench.bare
+    assert face.script == "benchmarks/bare_mp.py" and face.cfg.case_key() == suite.cases[0].case_key()
+    assert bare_args(face, "cuda")[-2:] == ["--resize", "classes=300"]
+    assert bare_args(wdl, "cpu")[-2:] == ["--resize", "vocab_scale=2"]  # shard: table is how, not what
+    assert "--sgd" not in bare_args(wdl, "cpu")
+
+
+def test_commands_resolve_their_placeholders():
+    cmd = Command("x", "after", ("micro", "io", "--store", "{store}", "--note", "{out}/a"))
+    assert cmd.resolved({"out": "/o", "store": "/o/store", "bare": "/o/bare", "variants": "/o/v"}) == [
+        "micro", "io", "--store", "/o/store", "--note", "/o/a"]
+    suite = parse(commands=[{"name": "t", "when": "table", "dlscale": ["predict", "--validate", "{store}"]},
+                            {"name": "io", "when": "after", "gpus": 2, "time_limit": 60,
+                             "dlscale": ["micro", "io", "--seconds", 0.5, "--store", "{store}"]}])
+    t, io = suite.bench.commands
+    assert (t.when, t.argv, t.script) == ("table", ("predict", "--validate", "{store}"), False)
+    assert io.argv[3] == "0.5" and io.gpus == 2 and io.time_limit == 60.0 and suite.bench.when("after") == [io]
+
+
 @pytest.mark.parametrize("sections, where, what", [
     ({"bare": {"model": "gpt2"}}, "key 'bare'", "expected a list"),
     ({"bare": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "torchvisoin": True}]},
@@ -121,6 +195,44 @@ def test_compare_spec_argv():
      "expected one of dlscale, bare, variants"),
     ({"compare": [{"name": "x", "a": {}, "b": {}}]}, "key 'compare[0]'", "select the same records"),
     ({"compares": []}, "key 'compares'", "did you mean 'compare'"),
+    ({"bare": [{"each": {}, "loop": "pytorch"}]}, "key 'bare[0].loop'", "expected one of torch, jax, mp"),
+    ({"bare": [{"each": {"devices": 2}, "loop": "mp"}]}, "key 'bare[0]'", "loop mp runs one process on one device"),
+    ({"bare": [{"each": {"devices": 1}, "loop": "jax"}]}, "key 'bare[0]'", "loop jax trains JAX models"),
+    ({"bare": [{"each": {"devices": 1}, "loop": "mp", "sgd": "fused"}]}, "key 'bare[0]'",
+     "sgd are variants of loop torch"),
+    ({"bare": [{"each": {}, "loop": "torch"}, {"each": {"devices": 1}}]}, "key 'bare[1]'", "the same bare run"),
+    ({"commands": {"name": "x"}}, "key 'commands'", "expected a list of commands"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": "data make tokens"}]}, "key 'commands[0].dlscale'",
+     "never a shell string"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": ["run", "--model", "gpt2"]}]},
+     "key 'commands[0].dlscale[0]'", "a before command runs dlscale data or micro, not 'run'"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["micro", "io"]}]}, "key 'commands[0].dlscale[0]'",
+     "report or compare or predict"),
+    ({"commands": [{"name": "x", "when": "later", "dlscale": ["micro", "io"]}]}, "key 'commands[0].when'",
+     "expected one of before, after, table"),
+    ({"commands": [{"name": "report", "when": "table", "dlscale": ["report", "{store}"]}]},
+     "key 'commands[0].name'", "not report, by-label"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", "io"]},
+                   {"name": "x", "when": "after", "dlscale": ["micro", "io"]}]}, "key 'commands[1].name'",
+     "already the name of another command"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["report"], "script": ["k.py"]}]}, "key 'commands[0]'",
+     "give one of dlscale"),
+    ({"commands": [{"name": "x", "when": "table", "script": ["../evil.py"]}]}, "key 'commands[0].script[0]'",
+     "file name of a benchmarks/ script"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", "io", "--store", "{home}"]}]},
+     "key 'commands[0].dlscale[3]'", "the only placeholders are {out}, {store}, {bare}, {variants}"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", True]}]}, "key 'commands[0].dlscale[1]'",
+     "expected a string or a number"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["report", "{store}", "--format", "md"]}]},
+     "key 'commands[0]'", "the driver adds --format md|json"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": ["data"], "creates": "{out}/x"}]},
+     "key 'commands[0].creates'", "a literal path"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "gpus": 0}]}, "key 'commands[0].gpus'",
+     "a GPU count >= 1"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "time_limit": -1}]},
+     "key 'commands[0].time_limit'", "time-limit"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "shell": True}]},
+     "key 'commands[0].shell'", "unknown key"),
 ])
 def test_bad_sections_one_line_naming_the_key(sections, where, what):
     with pytest.raises(ConfigError) as e:

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from dlscale import ConfigError
 from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale.report import datacols
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
 from dlscale.report.render import MISSING, fmt, md_table
@@ -83,8 +84,9 @@ class Pair:
         parts = [str(cfg.get("model"))]
         if cfg.get("flavor") not in (None, "full"):
             parts[0] += f" ({cfg.get('flavor')})"
-        parts += [str(cfg.get("precision")), "compiled" if cfg.get("compile") else "eager",
-                  str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
+        fw = str(cfg.get("framework") or "torch")  # JAX is XLA-compiled: named by its framework
+        how = ("compiled" if cfg.get("compile") else "eager") if fw == "torch" else fw
+        parts += [str(cfg.get("precision")), how, str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
         return " ".join(parts + variant_details(cfg))
@@ -102,6 +104,9 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
         out.append(str(cfg.get("compile_mode")))
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
+    if cfg.get("data", "synthetic") != "synthetic":  # real input data (docs/data.md)
+        decode = f" ({cfg.get('data_decode', 'cpu')} decode)" if str(cfg["data"]).startswith("imagefolder:") else ""
+        out.append(f"data {cfg['data']}{decode}")
     return [x for x in out if x]
 
 
@@ -259,6 +264,7 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
         "verdict": p.verdict, "record_a": p.a.record.get("id") if p.a else None,
         "record_b": p.b.record.get("id") if p.b else None,
         **({"a_differs": c.a_differs(p)} if c is not None and c.ignore else {}),
+        **(datacols.as_dict(p) if c is not None and datacols.shown(c.pairs) else {}),
     }
 
 
@@ -281,10 +287,17 @@ def to_markdown(c: Comparison) -> str:
         headers.insert(1, "A differs in")
         for row, p in zip(rows, c.pairs):
             row.insert(1, c.a_differs(p))
+    data = datacols.shown(c.pairs)
+    if data:  # B reads real data: what its input pipeline cost, before the verdict
+        headers[-1:-1] = [h for h, _, _, _ in datacols.COLUMNS]
+        for row, p in zip(rows, c.pairs):
+            row[-1:-1] = datacols.cells(p)
     start = 2 if c.ignore else 1
     out += [md_table(headers, rows, numeric_from=start, numeric_to=len(headers) - 1), ""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+    if data:
+        out += ["", datacols.NOTE[0].upper() + datacols.NOTE[1:] + "."]
     return "\n".join(out) + "\n"
 
 
