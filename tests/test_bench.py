@@ -324,6 +324,83 @@ def test_compare_ignore_refuses_an_ambiguous_side_a_and_bad_options(tmp_path, ca
         assert rc == 2 and what in err and err.strip().count("\n") == 0, err
 
 
+def test_compare_of_real_data_against_synthetic_shows_the_input_pipeline(tmp_path, capsys):
+    syn = F.run_record("syn", "resnet50", "amp-bf16", 256, "single", 1, 1, [3000, 3010, 2990], unit="img")
+    real = F.run_record("cpu", "resnet50", "amp-bf16", 256, "single", 1, 1, [2400, 2410, 2390], unit="img", steps=320)
+    real["config"]["data"] = "imagefolder:/data/inet"
+    real["data"] = {"data_wait_share_max": 0.2, "input_bound": True, "loader_cpu_cores_total": 6.0,
+                    "samples_per_loader_core_s": 400.0, "wait_may_be_understated": False}
+    real["case_key"] = F._case_key(real["config"])
+    F.write_store(tmp_path / "s", [syn, real])
+    rc, doc, err = _compare(capsys, tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
+                            "data=imagefolder:/data/inet", "--ignore", "data,data_decode,steps")
+    assert rc == 0, err
+    (case,) = doc["cases"]
+    assert case["ratio"] == pytest.approx(0.8) and case["a_differs"] == "data=synthetic, steps=20"
+    assert case["b_data_wait_pct"] == pytest.approx(20.0) and case["b_input_verdict"] == "input-bound"
+    assert case["b_loader_cores"] == 6.0 and case["b_loader_cores_for_a"] == pytest.approx(3000 / 400)
+    assert "data imagefolder:/data/inet (cpu decode)" in case["case"]
+    assert dlscale_main(["compare", str(tmp_path / "s"), "--filter-a", "data=synthetic", "--filter-b",
+                         "data=imagefolder:/data/inet", "--ignore", "data,data_decode,steps"]) == 0
+    md = capsys.readouterr().out
+    assert "| B data wait (%) | B verdict | B loader CPU (cores) | B loader cores for A's rate | verdict |" in md
+    assert "| 20.00 | input-bound | 6.0 | 7.5 |" in md
+    rc, doc, _ = _compare(capsys, tmp_path / "s", tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
+                          "data=synthetic")  # synthetic on both sides: no such columns
+    assert rc == 0 and "b_data_wait_pct" not in doc["cases"][0]
+
+
+# ----------------------------------------------------------------------------- benchmarks/kernels.py
+
+def _trace(kernels: list[tuple[str, float]], jax_style: bool) -> dict:
+    """A Chrome trace with these (name, µs) device events: torch.profiler's shape or JAX's."""
+    if not jax_style:
+        return {"traceEvents": [{"ph": "X", "cat": "kernel", "name": n, "dur": d, "pid": 0, "tid": 7, "ts": 0}
+                                for n, d in kernels] + [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 999,
+                                                         "pid": 1, "tid": 1, "ts": 0}]}
+    meta = [{"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "thread_name", "pid": 3, "tid": 1, "args": {"name": "Stream #13"}},
+            {"ph": "M", "name": "thread_name", "pid": 3, "tid": 2, "args": {"name": "XLA Ops"}}]
+    return {"traceEvents": meta + [{"ph": "X", "name": n, "dur": d, "pid": 3, "tid": 1, "ts": 0} for n, d in kernels]
+            + [{"ph": "X", "name": "fusion.1", "dur": 5000, "pid": 3, "tid": 2, "ts": 0}]}  # a derived line
+
+
+def test_kernels_by_kind_from_a_torch_and_a_jax_trace(tmp_path, capsys):
+    store = tmp_path / "s"
+    (store / "traces").mkdir(parents=True)
+    torch_rec = F.run_record("tc", "gpt2", "amp-bf16", 16, "single", 1, 1, [480, 481, 479])
+    torch_rec["config"]["compile"] = True
+    jax_rec = F.run_record("jx", "gpt2", "amp-bf16", 16, "single", 1, 1, [450, 451, 449])
+    jax_rec["config"]["framework"] = "jax"
+    for rec in (torch_rec, jax_rec):
+        rec["case_key"] = F._case_key(rec["config"])
+        rec["trace"] = f"traces/{rec['id']}.json"
+    # 3 profiled steps each: torch 6 ms of flash attention and 9 ms of gemm; JAX 12 ms of cuDNN
+    # attention and 9 ms of gemm, plus 1.5 ms of fusions
+    (store / "traces" / "tc.json").write_text(json.dumps(_trace(
+        [("flash_fwd_kernel", 2000.0)] * 3 + [("sm90_xmma_gemm_bf16", 3000.0)] * 3, jax_style=False)))
+    (store / "traces" / "jx.json").write_text(json.dumps(_trace(
+        [("cudnn_generated_fort_native_sdpa", 4000.0)] * 3 + [("nvjet_gemm", 3000.0)] * 3
+        + [("loop_add_fusion", 500.0)] * 3, jax_style=True)))
+    F.write_store(store, [torch_rec, jax_rec, F.run_record("other", "bert-base", "amp-bf16", 8, "single", 1, 1, [1])])
+    assert KERNELS.main([str(store), "--filter", "model=gpt2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    a, b = doc["records"]
+    assert (a["record_id"], b["record_id"]) == ("tc", "jx") and a["profiled_steps"] == b["profiled_steps"] == 3
+    assert a["by_kind"]["attention"]["ms_per_step"] == pytest.approx(2.0)
+    assert a["by_kind"]["matmul"] == {"ms_per_step": pytest.approx(3.0), "kernels_per_step": pytest.approx(1.0)}
+    assert b["by_kind"]["attention"]["ms_per_step"] == pytest.approx(4.0)  # the derived XLA Ops line is not counted
+    assert b["by_kind"]["other"]["ms_per_step"] == pytest.approx(0.5) and b["total_ms_per_step"] == pytest.approx(7.5)
+    assert list(doc["difference_b_minus_a"]) == ["attention", "other", "matmul"]
+    assert doc["difference_b_minus_a"]["attention"] == pytest.approx(2.0)
+    assert KERNELS.main([str(store), "--filter", "model=gpt2"]) == 0
+    md = capsys.readouterr().out
+    assert "| attention | 2.00 | 1 | 4.00 | 1 | +2.00 |" in md and "Largest difference: **attention**" in md
+    assert "gpt2 b16 amp-bf16 torch compiled single x1" in md and "gpt2 b16 amp-bf16 jax single x1" in md
+    assert KERNELS.main([str(store), "--filter", "model=resnet50"]) == 2
+    assert "no ok run record with a profiler trace" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- report --group-by label
 
 def test_report_by_label_one_table_with_the_varying_fields(tmp_path, capsys):
@@ -400,3 +477,204 @@ def test_driver_resumes_and_packs(smoke):
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert "smoke/index.md" in names and "smoke/bare/results.jsonl" in names
+
+
+# ----------------------------------------------------------------------------- the GPU suites, tiny, on the CPU
+
+TINY_BATCH = {"resnet50": 2, "bert-base": 2, "gpt2": 2, "wide-deep": 16, "face": 4}
+ON_CPU = {"device": "cpu", "threads": 1, "warmup": 1, "steps": 2, "repeats": 1, "time_limit": 240, "monitor": False,
+          "collective_timeout": 60}
+
+
+def tiny_suite(name: str, tmp: Path, edit=None) -> Path:
+    """benchmarks/suites/NAME.yaml made tiny for the CPU: tiny flavours in fp32 at small batches, one
+    repeat of 2 steps, data sets under ``tmp``; ``edit(data)`` changes the rest. Written to tmp/NAME.yaml."""
+    data = yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+    data.update(ON_CPU)
+    moved = lambda v: v.replace("/tmp/dlscale-data", str(tmp / "data")) if isinstance(v, str) else v  # noqa: E731
+
+    def shrink(entry: dict) -> None:
+        for k in ("steps", "warmup", "repeats", "time_limit"):
+            entry.pop(k, None)
+        if "model" in entry:
+            entry.update(flavor="tiny", precision="fp32", batch_size=TINY_BATCH[entry["model"]])
+        if "data" in entry:
+            entry["data"] = moved(entry["data"])
+
+    for block in data.get("matrix") or []:
+        block.update(flavors=["tiny"], precisions=["fp32"], batch_sizes=[TINY_BATCH[block["models"][0]]])
+    for entry in (data.get("cases") or []) + (data.get("bare") or []):
+        shrink(entry)
+    for spec in data.get("compare") or []:
+        for side in (spec.get("a") or {}, spec.get("b") or {}):
+            if "data" in side:
+                side["data"] = [moved(v) for v in side["data"]] if isinstance(side["data"], list) else moved(side["data"])
+    for cmd in data.get("commands") or []:
+        for key in ("dlscale", "script"):
+            if key in cmd:
+                cmd[key] = [moved(a) for a in cmd[key]]
+        if "creates" in cmd:
+            cmd["creates"] = moved(cmd["creates"])
+    if edit:
+        edit(data)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def drive(path: Path, out: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), str(path), "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def records(store: Path) -> list[dict]:
+    return [json.loads(x) for f in sorted(store.glob("*.jsonl")) for x in f.read_text().splitlines()]
+
+
+def _args(cmd: list, **values) -> list:
+    """A command's argument list with the values after these options replaced."""
+    out = list(cmd)
+    for opt, v in values.items():
+        out[out.index("--" + opt.replace("_", "-")) + 1] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_run(tmp_path_factory):
+    """data.yaml, tiny: the data sets made by its before commands, GPT-2 synthetic and from the token
+    file, micro io after; then a dry run of the same call (everything done)."""
+    tmp = tmp_path_factory.mktemp("data")
+
+    def edit(d):
+        images, tokens, io = d["commands"]
+        images["dlscale"] = _args(images["dlscale"], size=16, classes=2)
+        tokens["dlscale"] = _args(tokens["dlscale"], size="20k", vocab=500)
+        io["dlscale"] = _args(io["dlscale"], seconds=0.3) + ["--flavor", "tiny", "--workers", "1", "--batch-size", 4,
+                                                             "--device", "cpu"]
+
+    path = tiny_suite("data", tmp, edit)
+    t = time.monotonic()
+    p = drive(path, tmp / "out", "--filter", "model=gpt2")
+    seconds = time.monotonic() - t
+    return tmp, p, drive(path, tmp / "out", "--filter", "model=gpt2", "--dry-run"), seconds
+
+
+@pytest.mark.slow
+def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
+    tmp, p, again, seconds = data_run
+    out = tmp / "out"
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert (tmp / "data" / "imgs" / "dlscale-data.json").is_file() and (tmp / "data" / "tok" / "tokens.bin").is_file()
+    state = json.loads((out / "commands.json").read_text())
+    assert {k: v["status"] for k, v in state.items()} == {"images": "ok", "tokens": "ok", "micro-io": "ok"}
+    recs = records(out / "store")
+    runs = {r["config"]["data"]: r for r in recs if r["kind"] == "run"}
+    assert set(runs) == {"synthetic", f"tokens:{tmp}/data/tok/tokens.bin:uint16"} and \
+        all(r["status"] == "ok" for r in runs.values())
+    assert [r["micro"] for r in recs if r["kind"] == "micro"] == ["io"]
+    (case,) = json.loads((out / "compare-vs-synthetic.json").read_text())["cases"]
+    syn, tok = runs["synthetic"], runs[f"tokens:{tmp}/data/tok/tokens.bin:uint16"]
+    med = lambda r: r["summary"]["samples_per_s"]["median"]  # noqa: E731
+    assert case["record_a"] == syn["id"] and case["record_b"] == tok["id"]
+    assert case["ratio"] == pytest.approx(med(tok) / med(syn))
+    assert case["b_data_wait_pct"] == pytest.approx(tok["data"]["data_wait_share_max"] * 100)
+    per_core = tok["data"]["samples_per_loader_core_s"]  # None when the loader's CPU time rounds to 0
+    assert case["b_loader_cores_for_a"] == (pytest.approx(med(syn) / per_core) if per_core else None)
+    index = (out / "index.md").read_text()
+    assert "| [compare-vs-synthetic.md](compare-vs-synthetic.md) |" in index and "not made" not in index
+    assert "- before commands: 2, 2 ran" in index and "- after commands: 1, 1 ran" in index
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "before  done  images" in again.stdout and "after  done  micro-io" in again.stdout
+    print(f"data suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def mp_run(tmp_path_factory):
+    """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp)."""
+    tmp = tmp_path_factory.mktemp("mp")
+    t = time.monotonic()
+    p = drive(tiny_suite("mp", tmp), tmp / "out", "--filter", "model=wide-deep")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+def test_mp_suite_measures_the_sharded_paths_against_the_plain_loop(mp_run):
+    out, p, seconds = mp_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    (bare,) = records(out / "bare")
+    runs = {(r["config"]["strategy"], r["config"]["strategy_options"].get("shard")): r for r in records(out / "store")}
+    assert bare["status"] == "ok" and bare["bare"] == {"script": "benchmarks/bare_mp.py", "variant": {}}
+    assert bare["case_key"] == runs[("single", None)]["case_key"] and bare["summary"]["step_ms_p50"] > 0
+    assert bare["command"].startswith("python benchmarks/bare_mp.py --model wide-deep --flavor tiny")
+    doc = json.loads((out / "compare-sharded-vs-plain.json").read_text())
+    got = {c["record_b"]: c for c in doc["cases"]}
+    assert set(got) == {r["id"] for r in runs.values()} and {c["record_a"] for c in got.values()} == {bare["id"]}
+    for r in runs.values():
+        assert got[r["id"]]["ratio"] == pytest.approx(r["summary"]["samples_per_s"]["median"]
+                                                      / bare["summary"]["samples_per_s"]["median"])
+    assert "| [vs-bare.md](vs-bare.md) |" in (out / "index.md").read_text()
+    print(f"mp suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def perfmodel_run(tmp_path_factory):
+    """perfmodel.yaml, tiny: GPT-2 on 1 and 2 processes, the 2-rank all-reduce before, predict --validate."""
+    tmp = tmp_path_factory.mktemp("perfmodel")
+
+    def edit(d):
+        d["matrix"] = [b for b in d["matrix"] if b["models"] == ["gpt2"]]
+        d["matrix"][0]["devices"] = [1, 2]
+        d["commands"] = [c for c in d["commands"] if c["name"] in ("comm-2", "validate")]
+        d["commands"][0]["dlscale"] += ["--max-bytes", "1M", "--factor", 16, "--device", "cpu"]
+
+    t = time.monotonic()
+    p = drive(tiny_suite("perfmodel", tmp, edit), tmp / "out")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+def test_perfmodel_suite_measures_the_pair_and_validates_the_model_on_it(perfmodel_run):
+    out, p, seconds = perfmodel_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    recs = records(out / "store")
+    assert sorted((r["kind"], r.get("world_size")) for r in recs if r["kind"] == "run") == [("run", 1), ("run", 2)]
+    assert [r["micro"] for r in recs if r["kind"] == "micro"] == ["comm"]
+    ddp = next(r for r in recs if r.get("world_size") == 2)
+    (row,) = json.loads((out / "validate.json").read_text())["rows"]  # the 2-process record from the 1-process one
+    assert ddp["id"].startswith(row["record"]) and (row["devices"], row["protocol"]) == (2, "from-1-gpu")
+    assert row["measured"] == pytest.approx(ddp["summary"]["samples_per_s"]["median"])
+    index = (out / "index.md").read_text()
+    assert "`dlscale predict --validate store --format md > validate.md`" in index and "not made" not in index
+    print(f"perfmodel suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+    """jax.yaml, tiny, GPT-2 only: torch eager (profiled) and JAX (profiled), the JAX bare loop, kernels."""
+    tmp = tmp_path_factory.mktemp("jax")
+
+    def edit(d):  # no torch.compile on this CPU: torch eager carries the torch profile instead
+        d["cases"] = [c for c in d["cases"] if c["model"] == "gpt2" and not c.get("compile")]
+        d["cases"][0]["profile"] = True
+
+    t = time.monotonic()
+    p = drive(tiny_suite("jax", tmp, edit), tmp / "out")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_jax_suite_runs_the_jax_yardstick_and_the_kernel_table(jax_run):
+    out, p, seconds = jax_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    (bare,) = records(out / "bare")
+    runs = {r["config"]["framework"]: r for r in records(out / "store")}
+    assert bare["status"] == "ok" and bare["bare"]["script"] == "benchmarks/bare_loop_jax.py"
+    assert bare["case_key"] == runs["jax"]["case_key"] and bare["model"]["params"] == runs["jax"]["model"]["params"]
+    (case,) = [c for c in json.loads((out / "vs-bare.json").read_text())["cases"] if c["record_a"]]
+    assert case["record_b"] == runs["jax"]["id"] and case["ratio"] == pytest.approx(
+        runs["jax"]["summary"]["samples_per_s"]["median"] / bare["summary"]["samples_per_s"]["median"])
+    kernels = json.loads((out / "kernels.json").read_text())
+    assert [r["record_id"] for r in kernels["records"]] == [runs["torch"]["id"], runs["jax"]["id"]]
+    assert "No device kernels in these traces" in (out / "kernels.md").read_text()  # a CPU trace has none
+    print(f"jax suite, tiny: {seconds:.1f} s")
