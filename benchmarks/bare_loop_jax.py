@@ -58,7 +58,7 @@ def main() -> None:
     from dlscale.frameworks.jax.models import count_params, get_jax_model
 
     gpu = jax.default_backend() == "gpu"
-    if gpu and args.precision == "fp32":
+    if gpu:  # fp32 matmuls on TF32 tensor cores, as dlscale's JAX worker (and torch's allow_tf32)
         jax.config.update("jax_default_matmul_precision", "tensorfloat32")
     attention = args.attention if args.attention != "auto" else \
         ("cudnn" if gpu and args.precision != "fp32" else "xla")

@@ -256,6 +256,44 @@ def test_driver_bad_suite_exits_2_before_writing(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+def test_driver_decides_which_commands_run(tmp_path):
+    plan = RUN.Plan(suite=None, path=tmp_path / "s.yaml", out=tmp_path / "out", case_idx=[0], bare=[], filters=[])
+    made = tmp_path / "made"
+    made.write_text("x")
+    io = Command("io", "after", ("micro", "io", "--store", "{store}"), gpus=2)
+    state = {"io": {"argv": io.resolved(RUN.places(plan)), "status": "ok"}}
+    assert RUN.command_action(io, plan, 1, {}, False) == ("skip", "needs 2 GPUs, this machine has 1")
+    assert RUN.command_action(io, plan, None, {}, False) == ("run", "")  # on the CPU any rank count runs
+    assert RUN.command_action(io, plan, 2, state, False) == ("done", "ok in commands.json")
+    assert RUN.command_action(io, plan, 2, state, True) == ("run", "")
+    assert RUN.command_action(io, plan, 2, {"io": {**state["io"], "argv": ["other"]}}, False)[0] == "run"
+    mk = Command("mk", "before", ("data", "make", "tokens"), creates=str(made))
+    assert RUN.command_action(mk, plan, None, {}, True) == ("done", f"{made} exists")  # never made twice
+    assert RUN.command_line(io, plan)[1:] == ["-m", "dlscale", "micro", "io", "--store", str(tmp_path / "out" / "store")]
+    script = Command("k", "table", ("kernels.py", "{store}"), script=True)
+    assert RUN.command_line(script, plan)[1:] == [str(ROOT / "benchmarks" / "kernels.py"), str(tmp_path / "out" / "store")]
+
+
+@pytest.mark.slow
+def test_a_failed_before_command_stops_the_measurements(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the driver sets the hosts' variables
+    taken = tmp_path / "taken"
+    (taken / "x").mkdir(parents=True)  # `data make` refuses a folder that is not empty
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({
+        "description": "x", "device": "cpu", "warmup": 1, "steps": 2, "repeats": 1, "monitor": False,
+        "cases": [{"model": "gpt2", "flavor": "tiny", "precision": "fp32", "batch_size": 2}],
+        "commands": [{"name": "tokens", "when": "before", "time_limit": 120,
+                      "dlscale": ["data", "make", "tokens", "--out", str(taken), "--size", "1k"]}]}))
+    out = tmp_path / "out"
+    assert RUN.main([str(suite), "--out", str(out)]) == 5
+    printed = capsys.readouterr().out
+    assert "[before tokens] failed (exit 2)" in printed and "not an empty folder" in printed
+    assert not (out / "store").exists() and json.loads((out / "commands.json").read_text())["tokens"]["status"] \
+        == "failed (exit 2)"
+    assert "- before commands: 1, 1 ran (commands.log); not ok: tokens: failed (exit 2)" in (out / "index.md").read_text()
+
+
 # ----------------------------------------------------------------------------- compare --ignore
 
 def _rec(rid, samples, strategy="ddp", nproc=2, env=None, options=None, label=None, batch=128):
