@@ -31,13 +31,13 @@ def open_source(*args, **kwargs):
     return _open(*args, **kwargs)
 
 
-_PENDING: list[str] = []  # data sets a benchmark's prepare step is yet to make (benchmarks/run.py)
+_PENDING: list[str] = []  # data sets a benchmark suite's before commands are yet to make (benchmarks/run.py)
 
 
 @contextlib.contextmanager
 def files_pending(paths: Iterable[str]) -> Iterator[None]:
     """Within: a data set at (or holding) one of ``paths`` is checked against the model's kind only,
-    not for its files, so that a benchmark suite validates before its prepare step makes the set."""
+    not for its files, so that a benchmark suite validates before its before command makes the set."""
     added = [os.path.abspath(p) for p in paths]
     _PENDING.extend(added)
     try:
