@@ -8,58 +8,74 @@ synthetic batch on the device, W warm-up steps, then N steps between two ``block
 No dlscale worker, launcher, mesh, loss scale or records. One process, one device.
 
     python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16
-    python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16 --profile /tmp/prof   # + top GPU ops
 
 Prints one JSON line: {"bench": "bare_loop_jax", "model", "samples_per_s", "mfu", "compile_s", ...}.
+With --out DIR it also writes DIR/rank0.json in the shape dlscale's worker writes, so that
+benchmarks/run.py stores the run as a record of its dlscale case (a suite's ``bare`` entry with
+``loop: jax``, the default for a JAX case).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="gpt2", help="resnet50, bert-base, gpt2 or gpt2-vpad")
     ap.add_argument("--flavor", default="full", choices=("full", "tiny"))
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
-    ap.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"),
-                    help="jax.nn.dot_product_attention implementation (cudnn falls back to xla where it cannot run)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                    help="auto: JAX's default backend")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch (dlscale's rule)")
+    ap.add_argument("--attention", default="auto", choices=("auto", "cudnn", "xla"),
+                    help="jax.nn.dot_product_attention implementation; auto: dlscale's rule (cudnn on a GPU "
+                         "below fp32, else xla; cudnn falls back to xla where it cannot run)")
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--profile", metavar="DIR", default=None,
-                    help="after the window, trace 3 steps with jax.profiler into DIR and print the top device ops")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None, metavar="DIR", help="also write DIR/rank0.json (default: none)")
+    return ap.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     import jax
+
+    if args.device != "auto":
+        jax.config.update("jax_platforms", args.device)
     import optax
     import torch
 
     from dlscale import metrics
     from dlscale.frameworks.jax import layers
     from dlscale.frameworks.jax.layers import Ctx, HostInit
-    from dlscale.frameworks.jax.models import get_jax_model
+    from dlscale.frameworks.jax.models import count_params, get_jax_model
 
     gpu = jax.default_backend() == "gpu"
-    if gpu and args.precision == "fp32":
+    if gpu:  # fp32 matmuls on TF32 tensor cores, as dlscale's JAX worker (and torch's allow_tf32)
         jax.config.update("jax_default_matmul_precision", "tensorfloat32")
+    attention = args.attention if args.attention != "auto" else \
+        ("cudnn" if gpu and args.precision != "fp32" else "xla")
     model = get_jax_model(args.model, args.flavor)
     spec = model.spec
     ctx = Ctx(dtype="bfloat16" if args.precision == "amp-bf16" else "float32", train=True,
-              attention=args.attention if gpu else "xla", vocab_multiple=64 if gpu else 1)
+              attention=attention if gpu else "xla", vocab_multiple=64 if gpu else 1)
     if spec.optimizer == "sgd":
         tx = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.sgd(spec.lr, momentum=0.9))
     else:
         tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
-    params, stats = jax.device_put(model.init(HostInit(0)))
+    params, stats = jax.device_put(model.init(HostInit(args.seed)))
+    n_params = count_params(params)
     opt = jax.jit(tx.init)(params)  # one small program, not one per parameter shape
     batch = jax.device_put(model.to_numpy(spec.make_batch(args.batch_size, torch.device("cpu"),
-                                                          torch.Generator().manual_seed(0))))
-    key = jax.random.PRNGKey(1)
+                                                          torch.Generator().manual_seed(args.seed + 12345))))
+    key = jax.random.PRNGKey(args.seed + 1)
 
     def train_step(params, stats, opt, key, batch):
         key, sub = jax.random.split(key)
@@ -72,9 +88,11 @@ def main() -> None:
     t = time.perf_counter()
     step = step.lower(params, stats, opt, key, batch).compile()
     compile_s = time.perf_counter() - t
+    t = time.perf_counter()
     for _ in range(args.warmup):
         params, stats, opt, key, loss = step(params, stats, opt, key, batch)
     jax.block_until_ready(params)
+    warmup_s = time.perf_counter() - t
     t0 = time.perf_counter()
     for _ in range(args.steps):
         params, stats, opt, key, loss = step(params, stats, opt, key, batch)
@@ -85,26 +103,22 @@ def main() -> None:
     name = dev.device_kind if gpu else None
     peak, _ = metrics.peak_flops(name, metrics.precision_dtype(args.precision, "cuda" if gpu else "cpu"))
     mem = (dev.memory_stats() or {}).get("peak_bytes_in_use") if gpu else None
-    out = {"bench": "bare_loop_jax", "model": args.model, "flavor": args.flavor, "device": name or "cpu",
-           "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
-           "attention": sorted(layers.ATTENTION_USED), "compile_s": round(compile_s, 2),
-           "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,
-           "mfu": metrics.mfu(spec.flops_per_sample, sps, peak) if peak else None,
-           "loss": float(loss), "peak_mem_gib": mem / 2**30 if mem else None,
-           "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}
-    if args.profile:
-        from dlscale.frameworks.jax.profile import profile_steps
-
-        os.makedirs(args.profile, exist_ok=True)
-        # profile_steps expects step(state, batch) -> (state, loss)
-        def as_state_step(state, b):
-            *new, loss = step(*state, b)
-            return tuple(new), loss
-
-        _, info = profile_steps(as_state_step, (params, stats, opt, key), batch,
-                                trace_path=Path(args.profile) / f"{args.model}-jax-trace.json")
-        out["profile_top_ops"] = info["top_ops"]
-    print(json.dumps(out), flush=True)
+    if args.out:
+        result = {"rank": 0, "local_rank": 0, "status": "ok", "error": None, "window_s": dt, "warmup_s": warmup_s,
+                  "step_times_ms": [], "dp_size": 1, "device": f"{'cuda' if gpu else 'cpu'}:0",
+                  "device_name": name or "cpu", "pid": os.getpid(), "params": n_params, "framework": "jax",
+                  "compile_s": compile_s, "loss_last": float(loss), "peak_mem_allocated_bytes": mem,
+                  "peak_rss_bytes": None if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        path = Path(args.out) / "rank0.json"
+        path.with_suffix(".tmp").write_text(json.dumps(result))
+        os.replace(path.with_suffix(".tmp"), path)
+    print(json.dumps({"bench": "bare_loop_jax", "model": args.model, "flavor": args.flavor, "device": name or "cpu",
+                      "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
+                      "attention": sorted(layers.ATTENTION_USED), "compile_s": round(compile_s, 2),
+                      "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,
+                      "mfu": metrics.mfu(spec.flops_per_sample, sps, peak) if peak else None,
+                      "loss": float(loss), "peak_mem_gib": mem / 2**30 if mem else None,
+                      "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,17 +6,21 @@
 SUITE: a suite of benchmarks/suites/ by name (core, ddp-overlap, ...), a shipped dlscale suite
 (dlperf-bert) or a .yaml path. In order, each step skipped when it has nothing to do:
 
-1. the suite is validated whole (cases, ``bare`` and ``compare`` sections: dlscale/benchsuite.py);
-   bad input is one line and exit 2, before anything runs or is written;
+1. the suite is validated whole (cases, ``bare``, ``compare`` and ``commands`` sections:
+   dlscale/benchsuite.py); bad input is one line and exit 2, before anything runs or is written;
 2. the environment every benchmark on the lent hosts needs is set once (NVLink multicast off,
    unbuffered output, this checkout on PYTHONPATH), and `dlscale env` is captured;
-3. the bare-loop runs (benchmarks/bare_loop.py, one fresh process set per repeat, bounded by the
-   case's time limit, the whole tree killed past it) are measured and stored as records of their
-   dlscale cases in DIR/bare (variants in DIR/variants);
-4. the dlscale cases run through `dlscale sweep` into DIR/store;
-5. the tables: `dlscale report` (DLPerf tables, and --group-by label), `dlscale compare` of the bare
-   runs against dlscale's, and the suite's own comparisons, each as Markdown and JSON, listed with
-   the command that made it in DIR/index.md.
+3. the suite's ``before`` commands (making a data set), each a bounded process, output in
+   DIR/commands.log;
+4. the bare runs (the yardstick scripts: benchmarks/bare_loop.py, bare_loop_jax.py, bare_mp.py;
+   one fresh process set per repeat, bounded by the case's time limit, the whole tree killed past
+   it) are measured and stored as records of their dlscale cases in DIR/bare (variants in
+   DIR/variants);
+5. the dlscale cases run through `dlscale sweep` into DIR/store, then the ``after`` commands
+   (micro-benchmarks into the store);
+6. the tables: `dlscale report` (DLPerf tables, and --group-by label), `dlscale compare` of the bare
+   runs against dlscale's, the suite's own comparisons and ``table`` commands, each as Markdown
+   and JSON, listed with the command that made it in DIR/index.md.
 
 Both stores resume: the same command again measures only what is not yet ok (--force: all again).
 Exit: 0 done; 2 bad input; 5 a case or bare run failed or timed out, or a table failed (one with
@@ -45,13 +49,13 @@ from typing import Any, Callable
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SUITES_DIR = BENCH_DIR / "suites"
-BARE_LOOP = BENCH_DIR / "bare_loop.py"
 # The lent GPU hosts must never use NVLink multicast (it can put the host's shared GPUs out of
 # service): every process a benchmark starts gets these unless the caller set them otherwise.
 HOST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "PYTHONUNBUFFERED": "1"}
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 2, 5, 75, 130
 RESULT_STATUSES = ("ok", "oom", "unsupported")
+TABLE_SCRIPT_LIMIT_S = 300
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -152,8 +156,8 @@ def resolve_suite(name: str) -> Path:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """Everything validated before anything runs: suite, overrides, filters, output directory."""
-    from dlscale import ConfigError
-    from dlscale.suite import case_fields, filter_suite, load_suite, matches, parse_filters
+    from dlscale import ConfigError, benchsuite
+    from dlscale.suite import case_fields, filter_suite, matches, parse_filters
 
     if not args.suite:
         raise ConfigError("a SUITE is needed: a name of benchmarks/suites/ (see --list), a shipped suite or a "
@@ -161,7 +165,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.time_budget is not None and args.time_budget < 60:
         raise ConfigError(f"--time-budget must be at least 60 seconds, got {args.time_budget:g}")
     path = resolve_suite(args.suite)
-    suite = load_suite(path)
+    suite = benchsuite.load(path)
+    for cmd in suite.bench.commands:
+        if cmd.script and not (BENCH_DIR / cmd.argv[0]).is_file():
+            raise ConfigError(f"suite {suite.name}: command {cmd.name}: no script benchmarks/{cmd.argv[0]}")
     if args.device:
         suite = suite.with_device(args.device)
     suite = suite.with_overrides(warmup=args.warmup, steps=args.steps, repeats=args.repeats)
@@ -203,9 +210,10 @@ def visible_gpus(plan: Plan, dry_run: bool) -> int | None:
 # ----------------------------------------------------------------------------- bare runs
 
 @dataclass
-class BareLoopSpawner:
-    """benchmarks/bare_loop.py as a dlscale Spawner: alone on one device, under torchrun on more;
-    each rank writes rank<R>.json into the repeat's directory, which ``measure`` merges."""
+class BareSpawner:
+    """A bare run's yardstick script (dlscale.benchsuite.LOOPS) as a dlscale Spawner: alone on one
+    device, under torchrun on more; each rank writes rank<R>.json into the repeat's directory,
+    which ``measure`` merges."""
 
     run: Any  # BareRun
     device_type: str
@@ -215,12 +223,13 @@ class BareLoopSpawner:
         from dlscale.benchsuite import bare_args
         from dlscale.procs import Rendezvous
 
+        script = str(REPO / self.run.script)
         args = bare_args(self.run, self.device_type) + (["--out", out] if out else [])
         n = self.run.cfg.world_size
         if n == 1:
-            return [sys.executable, str(BARE_LOOP), *args]
+            return [sys.executable, script, *args]
         return [sys.executable, "-m", "torch.distributed.run", *Rendezvous().torchrun_args(),
-                "--nproc-per-node", str(n), str(BARE_LOOP), *args]
+                "--nproc-per-node", str(n), script, *args]
 
     def local_world(self, cfg) -> int:
         return cfg.world_size
@@ -235,7 +244,8 @@ def describe_bare(run) -> str:
     from dlscale.commands.sweep import describe
 
     extra = "".join(f" {k}={v}" for k, v in {**run.variant, **run.cfg.env}.items())
-    return f"bare {describe(run.cfg)}{extra}" + (f" [{run.cfg.label}]" if run.cfg.label else "")
+    loop = "" if run.loop == "torch" else f" (loop {run.loop})"
+    return f"bare {describe(run.cfg)}{extra}{loop}"  # describe ends with the label
 
 
 def shown_command(cmd: list[str]) -> str:
@@ -248,17 +258,18 @@ def bare_done(run, records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The ok record of this bare run already in its store, if any."""
     for r in reversed(records):
         if (r.get("kind") == "run" and r.get("status") == "ok" and r.get("case_key") == run.cfg.case_key()
-                and r.get("label") == run.cfg.label and (r.get("bare") or {}).get("variant", {}) == run.variant):
+                and r.get("label") == run.cfg.label and (r.get("bare") or {}).get("variant", {}) == run.variant
+                and (r.get("bare") or {}).get("script") == run.script):
             return r
     return None
 
 
-def bare_record(run, spawner: BareLoopSpawner) -> dict[str, Any]:
-    """Measure one bare run through dlscale's repeat loop; the record, marked as the bare loop's."""
+def bare_record(run, spawner: BareSpawner) -> dict[str, Any]:
+    """Measure one bare run through dlscale's repeat loop; the record, marked as its yardstick's."""
     from dlscale import launch
 
     rec = launch.measure(run.cfg, spawner, files_root=None, command=shown_command(spawner.command())).to_dict()
-    rec["bare"] = {"script": "benchmarks/bare_loop.py", "variant": run.variant}
+    rec["bare"] = {"script": run.script, "variant": run.variant}
     return rec
 
 
@@ -289,7 +300,7 @@ def run_bare(plan: Plan, gpus: int | None, force: bool, verbose: bool, log) -> l
 
         t = time.monotonic()
         log.write(f"== {what}\n")
-        rec = bare_record(run, BareLoopSpawner(run, device, on_line=line))
+        rec = bare_record(run, BareSpawner(run, device, on_line=line))
         _append_uninterrupted(store, rec)
         tput = (rec.get("summary") or {}).get("samples_per_s") or {}
         result = f"{tput['median']:,.1f}/s (n={tput.get('n')})" if tput.get("median") else \
@@ -339,15 +350,98 @@ def run_sweep(plan: Plan, args: argparse.Namespace) -> int:
         return dlscale_main(sweep_argv(plan, args))
 
 
+# ----------------------------------------------------------------------------- commands
+
+def places(plan: Plan) -> dict[str, str]:
+    """What a command's placeholders stand for."""
+    return {"out": str(plan.out), "store": plan.stores["dlscale"], "bare": plan.stores["bare"],
+            "variants": plan.stores["variants"]}
+
+
+def command_line(cmd, plan: Plan) -> list[str]:
+    """The process a suite command starts: python -m dlscale ARGS, or python benchmarks/NAME.py ARGS."""
+    args = cmd.resolved(places(plan))
+    if cmd.script:
+        return [sys.executable, str(BENCH_DIR / args[0]), *args[1:]]
+    return [sys.executable, "-m", "dlscale", *args]
+
+
+def cuda_gpus(plan: Plan) -> int | None:
+    """GPUs visible here when the suite's cases run on CUDA (None: on the CPU)."""
+    from dlscale.config import resolve_device
+
+    if not any(resolve_device(c.device) == "cuda" for c in plan.suite.cases):
+        return None
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def command_state(plan: Plan) -> dict[str, Any]:
+    try:
+        return json.loads((plan.out / "commands.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def command_action(cmd, plan: Plan, gpus: int | None, state: dict[str, Any], force: bool) -> tuple[str, str]:
+    """("run" | "done" | "skip", why) for a before or after command."""
+    if cmd.creates and os.path.exists(cmd.creates):
+        return "done", f"{cmd.creates} exists"
+    if cmd.gpus and gpus is not None and gpus < cmd.gpus:
+        return "skip", f"needs {cmd.gpus} GPUs, this machine has {gpus}"
+    prev = state.get(cmd.name) or {}
+    if not force and prev.get("status") == "ok" and prev.get("argv") == cmd.resolved(places(plan)):
+        return "done", "ok in commands.json"
+    return "run", ""
+
+
+def run_commands(plan: Plan, phase: str, args: argparse.Namespace, log) -> list[tuple[str, str]]:
+    """The suite's commands of a phase (before, after), each a bounded process; (name, status) of
+    each that ran. A finished command is remembered in DIR/commands.json (resume)."""
+    from dlscale.procs import spawn
+
+    cmds = plan.suite.bench.when(phase)
+    gpus = cuda_gpus(plan) if any(c.gpus for c in cmds) else None
+    results = []
+    for cmd in cmds:
+        state = command_state(plan)
+        action, why = command_action(cmd, plan, gpus, state, args.force)
+        line = command_line(cmd, plan)
+        if action != "run":
+            print(f"[{phase} {cmd.name}] {action:<8} {why}", flush=True)
+            continue
+
+        def out(text: str) -> None:
+            log.write(text + "\n")
+            if args.verbose:
+                print(text, file=sys.stderr)
+
+        log.write(f"== {cmd.name}: {shown_command(line)}\n")
+        log.flush()
+        res = spawn(line, cmd.time_limit, on_line=out)
+        status = "ok" if res.returncode == 0 and not res.timed_out else \
+            "timeout" if res.timed_out else f"failed (exit {res.returncode})"
+        state[cmd.name] = {"argv": cmd.resolved(places(plan)), "status": status, "seconds": round(res.seconds, 1)}
+        (plan.out / "commands.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        last = [ln for ln in res.output_tail.splitlines() if ln.strip()][-1:] or [""]
+        print(f"[{phase} {cmd.name}] {status:<8} {shown_command(line)} [{res.seconds:.1f} s]"
+              + ("" if status == "ok" else f": {last[0][:200]}"), flush=True)
+        results.append((cmd.name, status))
+    return results
+
+
 # ----------------------------------------------------------------------------- tables
 
 @dataclass
 class Table:
     file: str
-    argv: list[str]  # `dlscale` arguments
+    argv: list[str]  # `dlscale` arguments (a script's: its name first)
     what: str
     rc: int | None = None
     note: str = ""
+    printed: bool = False  # a table command: its output is the table
+    script: bool = False
 
 
 def planned_tables(plan: Plan) -> list[Table]:
@@ -373,36 +467,56 @@ def planned_tables(plan: Plan) -> list[Table]:
     for spec in plan.suite.bench.compare:
         if have[spec.a.store] and have[spec.b.store]:
             both(f"compare-{spec.name}", ["compare", *spec.argv(s)], f"comparison {spec.name} (ratio B/A)")
+    for cmd in plan.suite.bench.when("table"):
+        for fmt in ("md", "json"):
+            out.append(Table(f"{cmd.name}.{fmt}", [*cmd.resolved(places(plan)), "--format", fmt],
+                             f"the suite's table command {cmd.name}", printed=True, script=cmd.script))
     return out
 
 
-def make_tables(tables: list[Table]) -> None:
-    """Each table by `dlscale` in this process; a table's error line is kept for the index."""
+def make_tables(tables: list[Table], out_dir: Path) -> None:
+    """Each table by `dlscale` in this process (a script's in its own); a table's error line is kept
+    for the index. A printed table is written only when its command succeeded."""
     import io
 
     from dlscale.cli import main as dlscale_main
 
     for t in tables:
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            t.rc = dlscale_main(t.argv)
+        err, printed = io.StringIO(), io.StringIO()
+        if t.script:  # a reader of the stores: bounded, its one process killed past the limit
+            try:
+                p = subprocess.run([sys.executable, str(BENCH_DIR / t.argv[0]), *t.argv[1:]], capture_output=True,
+                                   text=True, timeout=TABLE_SCRIPT_LIMIT_S)
+                t.rc = p.returncode
+                err.write(p.stderr)
+                printed.write(p.stdout)
+            except subprocess.TimeoutExpired:
+                t.rc = 124
+                err.write(f"benchmarks/run.py: error: {t.argv[0]} took more than {TABLE_SCRIPT_LIMIT_S} s\n")
+        else:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed if t.printed else sys.stdout):
+                t.rc = dlscale_main(t.argv)
         sys.stderr.write(err.getvalue())
         t.note = next((ln for ln in err.getvalue().splitlines() if "error:" in ln), "")
+        if t.printed and t.rc == 0:
+            (out_dir / t.file).write_text(printed.getvalue(), encoding="utf-8")
 
 
 def write_index(plan: Plan, argv: list[str], tables: list[Table], lines: list[str]) -> None:
     out = [f"# Benchmark {plan.suite.name}", "", f"- suite: `{os.path.relpath(plan.path, REPO)}`"
            f"{' — ' + plan.suite.description if plan.suite.description else ''}",
            f"- command: `python benchmarks/run.py {shlex.join(argv)}`",
-           "- stores: `store/` (dlscale sweep), `bare/` (bare loop, the cases' case keys), `variants/` "
-           "(bare-loop variants); environment: `env.txt`, `env.json`; logs: `sweep.log`, `bare.log`", ""]
+           "- stores: `store/` (dlscale sweep), `bare/` (bare runs, the cases' case keys), `variants/` "
+           "(bare-loop variants); environment: `env.txt`, `env.json`; logs: `sweep.log`, `bare.log`, "
+           "`commands.log`", ""]
     out += lines + ["", "## Tables", "", "| file | what | made by | result |", "|---|---|---|---|"]
     for t in tables:
-        shown = ["dlscale"] + [os.path.relpath(a, plan.out) if a.startswith(str(plan.out) + os.sep) else a
-                               for a in t.argv]
+        rel = [os.path.relpath(a, plan.out) if a.startswith(str(plan.out) + os.sep) else a for a in t.argv]
+        shown = shlex.join(["python", f"benchmarks/{rel[0]}", *rel[1:]] if t.script else ["dlscale", *rel])
+        shown += f" > {t.file}" if t.printed else ""
         why = t.note.split("error: ", 1)[-1].replace("|", "\\|")
         result = "ok" if t.rc == 0 else f"not made (exit {t.rc}): {why}"
-        out.append(f"| [{t.file}]({t.file}) | {t.what} | `{shlex.join(shown)}` | {result} |")
+        out.append(f"| [{t.file}]({t.file}) | {t.what} | `{shown}` | {result} |")
     (plan.out / "index.md").write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
@@ -447,38 +561,58 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def pending_data(plan: Plan) -> list[str]:
+    """The data sets the suite's before commands are yet to make."""
+    return [c.creates for c in plan.suite.bench.when("before") if c.creates and not os.path.exists(c.creates)]
+
+
 def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
     from dlscale.cli import main as dlscale_main
     from dlscale.config import resolve_device
+    from dlscale.inputs import files_pending
     from dlscale.store import ResultStore
 
     print(f"# benchmark {plan.suite.name} ({os.path.relpath(plan.path, REPO)}) -> {plan.out}")
+    state = command_state(plan)
+    for phase in ("before", "after"):
+        cmds = plan.suite.bench.when(phase) if plan.case_idx else []
+        cuda = cuda_gpus(plan) if any(c.gpus for c in cmds) else None
+        for cmd in cmds:
+            action, why = command_action(cmd, plan, cuda, state, args.force)
+            print(f"{phase:>6}  {action:<4}  {cmd.name}: {shown_command(command_line(cmd, plan))}"
+                  + (f" ({why})" if why else ""))
     if plan.case_idx:
-        dlscale_main(sweep_argv(plan, args, dry_run=True))
+        with files_pending(pending_data(plan)):
+            dlscale_main(sweep_argv(plan, args, dry_run=True))
     for n, run in enumerate(plan.bare, 1):
         records = ResultStore(plan.stores[run.store]).load().records
         action = "done" if (bare_done(run, records) and not args.force) else "run"
         if resolve_device(run.cfg.device) == "cuda" and gpus is not None and run.cfg.world_size > gpus:
             action = "skip"
-        cmd = BareLoopSpawner(run, resolve_device(run.cfg.device)).command()
+        cmd = BareSpawner(run, resolve_device(run.cfg.device)).command()
         print(f"{n:>4}  {action:<4}  {describe_bare(run)}  ({run.store}): {shown_command(cmd)}")
     print("# tables (made from what the stores hold): report.md/json, by-label.md/json"
           + (", bare.md/json, vs-bare.md/json" if plan.bare else "")
-          + "".join(f", compare-{c.name}.md/json" for c in plan.suite.bench.compare))
+          + "".join(f", compare-{c.name}.md/json" for c in plan.suite.bench.compare)
+          + "".join(f", {c.name}.md/json" for c in plan.suite.bench.when("table")))
     return EXIT_OK
 
 
 def list_suites() -> int:
-    from dlscale.suite import load_suite
+    from dlscale import ConfigError, benchsuite
 
     for p in sorted(SUITES_DIR.glob("*.yaml")):
-        s = load_suite(p)
+        try:
+            s = benchsuite.load(p)
+        except ConfigError as e:  # e.g. a JAX suite where JAX is not installed
+            print(f"{p.stem:20s} cannot load here: {e}")
+            continue
         print(f"{p.stem:20s} {len(s.cases):3d} case(s) {len(s.bench.bare):3d} bare  {s.description[:90]}")
     return EXIT_OK
 
 
 def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | None) -> int:
-    """Steps 2-5; returns the exit code."""
+    """Steps 2-6; returns the exit code."""
     from dlscale import envinfo
 
     plan.out.mkdir(parents=True, exist_ok=True)
@@ -489,19 +623,14 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     budget.start()
     try:
-        if plan.bare:
-            with open(plan.out / "bare.log", "a", encoding="utf-8") as log:
-                ran = run_bare(plan, gpus, args.force, args.verbose, log)
-            bad = [w for w, s in ran if s not in RESULT_STATUSES]
-            lines.append(f"- bare-loop runs: {len(plan.bare)} selected, {len(ran)} measured"
-                         + (f"; not ok: {'; '.join(bad)}" if bad else ""))
-            code = EXIT_FAILED if bad else code
-        if plan.case_idx:
-            rc = run_sweep(plan, args)
-            lines.append(f"- dlscale cases: {len(plan.case_idx)} selected; `dlscale sweep` exit {rc} (sweep.log)")
-            if rc == EXIT_INTERRUPTED and not budget.expired:
-                raise KeyboardInterrupt
-            code = EXIT_FAILED if rc not in (EXIT_OK, EXIT_INTERRUPTED) else code
+        with open(plan.out / "commands.log", "a", encoding="utf-8") as log:
+            bad = commands_phase(plan, "before", args, log, lines)
+        if bad:  # the cases need what these make: measure nothing
+            code = EXIT_FAILED
+        else:
+            code = measure_all(plan, args, gpus, budget, lines)
+            with open(plan.out / "commands.log", "a", encoding="utf-8") as log:
+                code = EXIT_FAILED if commands_phase(plan, "after", args, log, lines) else code
     except KeyboardInterrupt:
         if not budget.expired:
             print("benchmarks/run.py: interrupted; what finished is stored; run the same command again to carry on",
@@ -514,7 +643,7 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
         lines.append("- **stopped by --time-budget**: run the same command again to carry on")
         print("benchmarks/run.py: --time-budget reached; making the tables of what is stored", file=sys.stderr)
     tables = planned_tables(plan)
-    make_tables(tables)
+    make_tables(tables, plan.out)
     write_index(plan, argv, tables, lines)
     if any(t.rc not in (0, EXIT_BAD_INPUT) for t in tables):  # 2: nothing to show (a filter left it out)
         code = EXIT_FAILED
@@ -522,6 +651,36 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
     if args.pack:
         print(f"# packed into {pack(plan.out)}")
     return EXIT_BUDGET if budget.expired else code
+
+
+def commands_phase(plan: Plan, phase: str, args: argparse.Namespace, log, lines: list[str]) -> bool:
+    """The phase's commands where the dlscale cases run; True when one did not end ok."""
+    if not plan.case_idx or not plan.suite.bench.when(phase):
+        return False
+    ran = run_commands(plan, phase, args, log)
+    bad = [f"{n}: {s}" for n, s in ran if s != "ok"]
+    lines.append(f"- {phase} commands: {len(plan.suite.bench.when(phase))}, {len(ran)} ran (commands.log)"
+                 + (f"; not ok: {'; '.join(bad)}" if bad else ""))
+    return bool(bad)
+
+
+def measure_all(plan: Plan, args: argparse.Namespace, gpus: int | None, budget: Budget, lines: list[str]) -> int:
+    """The bare runs, then the dlscale cases; the exit code so far."""
+    code = EXIT_OK
+    if plan.bare:
+        with open(plan.out / "bare.log", "a", encoding="utf-8") as log:
+            ran = run_bare(plan, gpus, args.force, args.verbose, log)
+        bad = [w for w, s in ran if s not in RESULT_STATUSES]
+        lines.append(f"- bare runs: {len(plan.bare)} selected, {len(ran)} measured"
+                     + (f"; not ok: {'; '.join(bad)}" if bad else ""))
+        code = EXIT_FAILED if bad else code
+    if plan.case_idx:
+        rc = run_sweep(plan, args)
+        lines.append(f"- dlscale cases: {len(plan.case_idx)} selected; `dlscale sweep` exit {rc} (sweep.log)")
+        if rc == EXIT_INTERRUPTED and not budget.expired:
+            raise KeyboardInterrupt
+        code = EXIT_FAILED if rc not in (EXIT_OK, EXIT_INTERRUPTED) else code
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,28 +1,37 @@
-"""The benchmark sections of a suite file: bare-loop yardstick runs and the comparisons to render.
+"""The benchmark sections of a suite file: yardstick runs, comparisons and the driver's commands.
 
-A benchmark suite (benchmarks/suites/) is a dlscale suite with two more top-level sections. The
+A benchmark suite (benchmarks/suites/) is a dlscale suite with three more top-level sections. The
 suite loader validates them as strictly as the rest (unknown keys, types, values); `dlscale sweep`
 then leaves them alone, and the benchmark driver (benchmarks/run.py) runs them.
 
-``bare``: runs of benchmarks/bare_loop.py, the plain PyTorch loop dlscale is measured against. An
-entry is either an explicit case (the keys of a ``cases`` entry, the suite's settings applying) or
-``each: {KEY: VALUE, ...}``, one run per dlscale case of the suite matching those filter keys
-(``each: {}``: every case). A run's config is its case's, so its record carries the case's
-``case_key`` and `dlscale compare BARE STORE` pairs the two. Two keys change the loop itself and
-make a *variant* (stored apart, named by its label): ``torchvision: true`` (resnet50: torchvision's
-model definition) and ``sgd: foreach|fused`` (resnet50's optimizer implementation; ``auto``, the
-default, is what dlscale uses). The loop does only what a user's few lines do, so a bare run must
-be ``single`` on one device or ``ddp`` on several of one node, without strategy options, gradient
-accumulation, clipping, amp-fp16 or a batch search; breakdown and profile of an ``each`` case are
-dropped (the loop measures the timed window only).
+``bare``: runs of a yardstick, a hand-written training loop dlscale is measured against (``loop``:
+``torch``, benchmarks/bare_loop.py, the default for a torch case; ``jax``, bare_loop_jax.py, the
+default for a JAX case; ``mp``, bare_mp.py, the plain one-device loop of a model-parallel
+workload). An entry is either an explicit case (the keys of a ``cases`` entry, the suite's
+settings applying) or ``each: {KEY: VALUE, ...}``, one run per dlscale case of the suite matching
+those filter keys (``each: {}``: every case). A run's config is its case's, so its record carries
+the case's ``case_key`` and `dlscale compare BARE STORE` pairs the two. Two keys change the torch
+loop itself and make a *variant* (stored apart, named by its label): ``torchvision: true``
+(resnet50: torchvision's model definition) and ``sgd: foreach|fused`` (resnet50's optimizer
+implementation; ``auto``, the default, is what dlscale uses). A loop does only what a user's few
+lines do (``LOOPS`` says what each runs); breakdown and profile of an ``each`` case are dropped
+(the loop measures the timed window only).
 
 ``compare``: `dlscale compare` tables beside the standard ones, each ``name``, sides ``a`` and ``b``
 (``store``: dlscale, bare or variants; ``label``; any ``--filter`` key of `dlscale sweep`), and
 ``ignore``: case fields left out when pairing A's cases with B's (env, strategy_options, ...).
+
+``commands``: dlscale commands (``dlscale: [ARG, ...]``) or benchmarks/ scripts (``script:
+[NAME.py, ARG, ...]``), argument lists never passed to a shell, run ``before`` the measurements
+(make a data set: ``creates: PATH`` skips the command where PATH exists), ``after`` them (a
+micro-benchmark into the store; ``gpus: N`` skips it where fewer GPUs are visible), or as a
+``table`` (the driver adds ``--format md|json`` and keeps the output as NAME.md and NAME.json).
+``{out}``, ``{store}``, ``{bare}``, ``{variants}`` in an argument are the driver's paths.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -31,10 +40,11 @@ from dlscale import ConfigError
 from dlscale.caseargs import option_args
 from dlscale.config import FIELDS, PROCEDURE_FIELDS, RunConfig, check_value
 
-SECTIONS = ("bare", "compare")
+SECTIONS = ("bare", "compare", "commands")
 SGD_CHOICES = ("auto", "foreach", "fused")
 BARE_PRECISIONS = ("amp-bf16", "fp32")
-BARE_ONLY_KEYS = ("torchvision", "sgd")
+VARIANT_KEYS = ("torchvision", "sgd")  # the torch loop's variants
+BARE_ONLY_KEYS = ("loop",) + VARIANT_KEYS
 EACH_KEYS = ("each", "label", "repeats", "time_limit") + BARE_ONLY_KEYS
 STORES = ("dlscale", "bare", "variants")  # the driver's stores: sweep records, bare runs, bare variants
 SIDE_KEYS = ("store", "label")
@@ -51,6 +61,7 @@ class BareRun:
     cfg: RunConfig
     torchvision: bool = False
     sgd: str = "auto"
+    loop: str = "torch"  # the yardstick script (LOOPS)
 
     @property
     def variant(self) -> dict[str, Any]:
@@ -66,9 +77,13 @@ class BareRun:
     def store(self) -> str:
         return "variants" if self.variant else "bare"
 
+    @property
+    def script(self) -> str:
+        return LOOPS[self.loop].script
+
     def identity(self) -> tuple:
-        """What resume and duplicate checks match on: store, case key, label, variant."""
-        return self.store, self.cfg.case_key(), self.cfg.label, tuple(sorted(self.variant.items()))
+        """What resume and duplicate checks match on: store, loop, case key, label, variant."""
+        return self.store, self.loop, self.cfg.case_key(), self.cfg.label, tuple(sorted(self.variant.items()))
 
 
 @dataclass(frozen=True)
@@ -98,17 +113,38 @@ class CompareSpec:
         return out
 
 
+@dataclass(frozen=True)
+class Command:
+    """A command of the suite's ``commands`` section, as the driver runs it."""
+
+    name: str
+    when: str  # before | after | table
+    argv: tuple[str, ...]  # dlscale's arguments, or the script's name and its arguments
+    script: bool = False  # a benchmarks/ script, not a dlscale command
+    creates: str | None = None  # skip where this path exists (a data set already made)
+    gpus: int | None = None  # skip on CUDA where fewer GPUs are visible
+    time_limit: float = 900.0  # seconds; the command's process tree is killed past it
+
+    def resolved(self, places: dict[str, str]) -> list[str]:
+        """The arguments with ``{out}``, ``{store}``, ``{bare}``, ``{variants}`` replaced."""
+        return [_PLACE.sub(lambda m: places[m.group(1)], a) for a in self.argv]
+
+
 @dataclass
 class BenchSections:
     bare: list[BareRun] = field(default_factory=list)
     compare: list[CompareSpec] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
 
     def with_overrides(self, values: dict[str, Any]) -> "BenchSections":
         """The suite's command-line overrides (device, warmup, steps, repeats), applied to the bare
         runs as to the cases, so that both keep the same case keys."""
         given = {k: v for k, v in values.items() if k not in ("max_batch_start", "max_batch_cap")}
         bare = [dataclasses.replace(b, cfg=dataclasses.replace(b.cfg, **given)) for b in self.bare]
-        return BenchSections(bare, list(self.compare))
+        return BenchSections(bare, list(self.compare), list(self.commands))
+
+    def when(self, phase: str) -> list[Command]:
+        return [c for c in self.commands if c.when == phase]
 
 
 @dataclass(frozen=True)
@@ -127,49 +163,101 @@ class Context:
 def parse_sections(data: dict[str, Any], ctx: Context) -> BenchSections:
     bare = _bare_runs(data.get("bare"), ctx) if data.get("bare") is not None else []
     specs = _compare_specs(data.get("compare"), ctx) if data.get("compare") is not None else []
+    commands = _commands(data.get("commands"), ctx) if data.get("commands") is not None else []
     have = {"dlscale"} | {b.store for b in bare}
     for i, spec in enumerate(specs):
         for name, side in (("a", spec.a), ("b", spec.b)):
             if side.store not in have:
                 raise ctx.error(f"compare[{i}].{name}.store", f"the suite has no {side.store} runs to compare "
                                                               f"(its bare section makes: {', '.join(sorted(have))})")
-    return BenchSections(bare, specs)
+    return BenchSections(bare, specs, commands)
 
 
 # ----------------------------------------------------------------------------- bare
 
-def check_bare_case(cfg: RunConfig, torchvision: bool = False, sgd: str = "auto") -> None:
-    """What benchmarks/bare_loop.py can run: ConfigError naming the first thing it cannot."""
-    from dlscale.models import get_model
-
+def _check_plain(cfg: RunConfig) -> None:
+    """What no yardstick does: it trains plainly on synthetic batches and times the window only."""
     if cfg.nnodes != 1:
         raise ConfigError("the bare loop runs on one node")
-    if cfg.strategy == "single" and cfg.world_size != 1:
-        raise ConfigError("single runs on one device")
-    if cfg.strategy not in ("single", "ddp") or (cfg.strategy == "ddp" and cfg.world_size < 2):
-        raise ConfigError(f"the bare loop runs single on one device or ddp on 2 or more, not {cfg.strategy} on "
-                          f"{cfg.world_size}")
-    for name, bad in (("strategy_options", bool(cfg.strategy_options)), ("grad_accum", cfg.grad_accum != 1),
-                      ("clip_grad_norm", cfg.clip_grad_norm is not None), ("batch_size", cfg.batch_search),
-                      ("inject_failure", cfg.inject_failure is not None), ("breakdown", cfg.breakdown),
-                      ("profile", cfg.profile)):
+    for name, bad in (("grad_accum", cfg.grad_accum != 1), ("clip_grad_norm", cfg.clip_grad_norm is not None),
+                      ("batch_size", cfg.batch_search), ("inject_failure", cfg.inject_failure is not None),
+                      ("breakdown", cfg.breakdown), ("profile", cfg.profile)):
         if bad:
             raise ConfigError(f"the bare loop has no {name} {getattr(cfg, name)!r} (it trains plainly and times "
                               f"the window only)")
     if cfg.precision not in BARE_PRECISIONS:
         raise ConfigError(f"the bare loop runs precisions {', '.join(BARE_PRECISIONS)}, not {cfg.precision}")
-    if torchvision and cfg.model != "resnet50":
+    if cfg.data != "synthetic":
+        raise ConfigError(f"the bare loop trains on synthetic batches, not data {cfg.data}")
+
+
+def _one_device(cfg: RunConfig, loop: str) -> None:
+    if cfg.world_size != 1:
+        raise ConfigError(f"loop {loop} runs one process on one device, not {cfg.world_size}")
+
+
+def _check_torch(run: "BareRun") -> None:
+    """benchmarks/bare_loop.py: single on one device or ddp on several, eager or compiled."""
+    from dlscale.models import get_model
+
+    cfg = run.cfg
+    _check_plain(cfg)
+    if cfg.framework != "torch":
+        raise ConfigError(f"loop torch trains torch models; a {cfg.framework} case needs loop: {cfg.framework}")
+    if cfg.strategy == "single" and cfg.world_size != 1:
+        raise ConfigError("single runs on one device")
+    if cfg.strategy not in ("single", "ddp") or (cfg.strategy == "ddp" and cfg.world_size < 2):
+        raise ConfigError(f"the bare loop runs single on one device or ddp on 2 or more, not {cfg.strategy} on "
+                          f"{cfg.world_size}")
+    if cfg.strategy_options:
+        raise ConfigError(f"the bare loop has no strategy_options {cfg.strategy_options!r} (it trains plainly)")
+    if run.torchvision and cfg.model != "resnet50":
         raise ConfigError(f"torchvision: true is for resnet50, not {cfg.model}")
-    if sgd != "auto" and get_model(cfg.model, cfg.flavor).optimizer != "sgd":
-        raise ConfigError(f"sgd: {sgd} is for a model trained with SGD (resnet50), not {cfg.model}")
+    if run.sgd != "auto" and get_model(cfg.model, cfg.flavor).optimizer != "sgd":
+        raise ConfigError(f"sgd: {run.sgd} is for a model trained with SGD (resnet50), not {cfg.model}")
 
 
-def bare_args(run: BareRun, device_type: str) -> list[str]:
-    """benchmarks/bare_loop.py's options for a run (its ``--out`` is the driver's to add)."""
+def _check_jax(run: "BareRun") -> None:
+    """benchmarks/bare_loop_jax.py: one jitted step on one device."""
+    cfg = run.cfg
+    _check_plain(cfg)
+    if cfg.framework != "jax":
+        raise ConfigError(f"loop jax trains JAX models; a {cfg.framework} case needs loop: torch")
+    _one_device(cfg, "jax")
+    if cfg.strategy != "single" or cfg.strategy_options:
+        raise ConfigError(f"loop jax runs strategy single without options, not {cfg.strategy}")
+
+
+def mp_knobs(cfg: RunConfig) -> dict[str, Any]:
+    """The model's size knobs a model-parallel case sets through its strategy's options (classes,
+    vocab_scale, ...): what the plain loop resizes the model by. The other options choose how to
+    shard, which at one device changes nothing the plain loop computes."""
+    from dlscale.strategies import embedding_shard, partial_fc
+
+    knobs = {"embedding-shard": embedding_shard.KNOBS, "partial-fc": tuple(partial_fc.OPTIONS)}.get(cfg.strategy, ())
+    return {k: v for k, v in sorted(cfg.strategy_options.items()) if k in knobs and v is not None}
+
+
+MP_STRATEGIES = ("single", "embedding-shard", "partial-fc")
+
+
+def _check_mp(run: "BareRun") -> None:
+    """benchmarks/bare_mp.py: the plain one-device loop of a model-parallel workload, the model
+    sized as the case's strategy options size it."""
+    cfg = run.cfg
+    _check_plain(cfg)
+    if cfg.framework != "torch":
+        raise ConfigError(f"loop mp trains torch models, not {cfg.framework}")
+    _one_device(cfg, "mp")
+    if cfg.strategy not in MP_STRATEGIES:
+        raise ConfigError(f"loop mp is the yardstick of {', '.join(MP_STRATEGIES)} at one device, not {cfg.strategy}")
+    if cfg.compile:
+        raise ConfigError("loop mp runs eager (the sharded strategies are not compiled)")
+
+
+def _torch_args(run: "BareRun", device_type: str) -> list[str]:
     c = run.cfg
-    args = ["--model", c.model, "--flavor", c.flavor, "--batch-size", str(c.batch_size), "--precision",
-            c.precision, "--device", device_type, "--seed", str(c.seed), "--warmup", str(c.warmup),
-            "--steps", str(c.steps), "--sgd", run.sgd]
+    args = _common_args(c, device_type) + ["--sgd", run.sgd]
     if c.compile:
         args += ["--compile", "--compile-mode", c.compile_mode]
         args += option_args("--inductor-option", dict(sorted(c.inductor_options.items())))
@@ -178,8 +266,53 @@ def bare_args(run: BareRun, device_type: str) -> list[str]:
     return args
 
 
+def _common_args(c: RunConfig, device_type: str) -> list[str]:
+    return ["--model", c.model, "--flavor", c.flavor, "--batch-size", str(c.batch_size), "--precision",
+            c.precision, "--device", device_type, "--seed", str(c.seed), "--warmup", str(c.warmup),
+            "--steps", str(c.steps)]
+
+
+def _mp_args(run: "BareRun", device_type: str) -> list[str]:
+    return _common_args(run.cfg, device_type) + option_args("--resize", mp_knobs(run.cfg))
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A yardstick script: it takes the options ``args`` gives and ``--out DIR``, and writes
+    DIR/rank<R>.json per rank in the worker's shape; ``check`` raises for a case it cannot run."""
+
+    script: str  # from the repository root
+    multi_process: bool  # ddp under torchrun on 2 or more devices
+    check: Callable[[BareRun], None]
+    args: Callable[[BareRun, str], list[str]]
+
+
+LOOPS: dict[str, Loop] = {
+    "torch": Loop("benchmarks/bare_loop.py", True, _check_torch, _torch_args),
+    "jax": Loop("benchmarks/bare_loop_jax.py", False, _check_jax, lambda run, dev: _common_args(run.cfg, dev)),
+    "mp": Loop("benchmarks/bare_mp.py", False, _check_mp, _mp_args),
+}
+
+
+def check_bare_run(run: BareRun) -> None:
+    """ConfigError naming the first thing the run's loop cannot do."""
+    LOOPS[run.loop].check(run)
+
+
+def bare_args(run: BareRun, device_type: str) -> list[str]:
+    """The loop script's options for a run (its ``--out`` is the driver's to add)."""
+    return LOOPS[run.loop].args(run, device_type)
+
+
 def _bare_options(ctx: Context, key: str, entry: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if "loop" in entry:
+        if entry["loop"] not in LOOPS:
+            raise ctx.error(f"{key}.loop", f"expected one of {', '.join(LOOPS)}, got {entry['loop']!r}")
+        out["loop"] = entry["loop"]
+        if out["loop"] != "torch" and any(k in entry for k in VARIANT_KEYS):
+            raise ctx.error(key, f"{' and '.join(k for k in VARIANT_KEYS if k in entry)} are variants of loop torch, "
+                                 f"not of loop {out['loop']}")
     if "torchvision" in entry:
         if not isinstance(entry["torchvision"], bool):
             raise ctx.error(f"{key}.torchvision", f"expected true or false, got {entry['torchvision']!r}")
@@ -225,13 +358,18 @@ def _each(ctx: Context, key: str, entry: dict[str, Any]) -> list[BareRun]:
     runs = []
     for c in chosen:
         cfg = dataclasses.replace(c, breakdown=False, profile=False, monitor=False, **over)
-        runs.append(_checked(ctx, key, BareRun(cfg, **opts)))
+        runs.append(_checked(ctx, key, _run(cfg, opts)))
     return runs
+
+
+def _run(cfg: RunConfig, opts: dict[str, Any]) -> BareRun:
+    """A bare run; its loop by default the case's framework's (jax for a JAX case, else torch)."""
+    return BareRun(cfg, **{"loop": "jax" if cfg.framework == "jax" else "torch", **opts})
 
 
 def _checked(ctx: Context, key: str, run: BareRun) -> BareRun:
     try:
-        check_bare_case(run.cfg, run.torchvision, run.sgd)
+        check_bare_run(run)
     except ConfigError as e:
         c = run.cfg
         raise ctx.error(key, f"case {{model={c.model}, strategy={c.strategy}, devices={c.world_size}, "
@@ -254,11 +392,11 @@ def _bare_runs(value: Any, ctx: Context) -> list[BareRun]:
             ctx.unknown_keys(f"{key}.", entry, ctx.case_keys + BARE_ONLY_KEYS)
             opts = _bare_options(ctx, key, entry)
             cfg = ctx.case(key, {k: v for k, v in entry.items() if k not in BARE_ONLY_KEYS})
-            new = [_checked(ctx, key, BareRun(dataclasses.replace(cfg, monitor=False), **opts))]
+            new = [_checked(ctx, key, _run(dataclasses.replace(cfg, monitor=False), opts))]
         for run in new:
             ident = run.identity()
             if ident in seen:
-                raise ctx.error(key, f"the same bare run as {seen[ident]} (same case, label and variant; use "
+                raise ctx.error(key, f"the same bare run as {seen[ident]} (same loop, case, label and variant; use "
                                      f"repeats, or another label)")
             seen[ident] = key
         runs += new
@@ -309,3 +447,101 @@ def _compare_specs(value: Any, ctx: Context) -> list[CompareSpec]:
                                  "filters")
         out.append(CompareSpec(name, a, b, tuple(ignore)))
     return out
+
+
+# ----------------------------------------------------------------------------- commands
+
+WHEN = ("before", "after", "table")
+COMMAND_KEYS = ("name", "when", "dlscale", "script", "creates", "gpus", "time_limit")
+# the dlscale commands each phase may run: make data sets and micro-benchmarks around the cases,
+# read-only views of the stores as tables
+DLSCALE_COMMANDS = {"before": ("data", "micro"), "after": ("data", "micro"), "table": ("report", "compare", "predict")}
+PLACES = ("out", "store", "bare", "variants")
+_PLACE = re.compile(r"\{(" + "|".join(PLACES) + r")\}")
+_SCRIPT = re.compile(r"^[a-z0-9_]+\.py$")
+# file stems the driver writes itself (a table command writes NAME.md and NAME.json)
+RESERVED = ("report", "by-label", "bare", "variants", "vs-bare", "index", "env", "commands", "sweep", "store")
+
+
+def _argv(ctx: Context, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ctx.error(key, f"expected a non-empty list of arguments (never a shell string), got {value!r}")
+    out = []
+    for i, a in enumerate(value):
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)) or a == "":
+            raise ctx.error(f"{key}[{i}]", f"expected a string or a number, got {a!r}")
+        text = str(a)
+        if "{" in _PLACE.sub("", text) or "}" in _PLACE.sub("", text):
+            raise ctx.error(f"{key}[{i}]", f"{text!r}: the only placeholders are "
+                                           f"{', '.join('{' + p + '}' for p in PLACES)}")
+        out.append(text)
+    return tuple(out)
+
+
+def _command(ctx: Context, key: str, entry: Any, taken: set[str]) -> Command:
+    if not isinstance(entry, dict):
+        raise ctx.error(key, f"expected a mapping (name, when, dlscale or script, ...), got {entry!r}")
+    ctx.unknown_keys(f"{key}.", entry, COMMAND_KEYS)
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name) or name in RESERVED or name.startswith("compare-"):
+        raise ctx.error(f"{key}.name", f"expected a name of lowercase letters, digits and '-' (up to 40; not "
+                                       f"{', '.join(RESERVED)}, nor compare-*), got {name!r}")
+    if name in taken:
+        raise ctx.error(f"{key}.name", f"{name!r} is already the name of another command")
+    when = entry.get("when")
+    if when not in WHEN:
+        raise ctx.error(f"{key}.when", f"expected one of {', '.join(WHEN)}, got {when!r}")
+    if ("dlscale" in entry) == ("script" in entry):
+        raise ctx.error(key, "give one of dlscale: [ARG, ...] or script: [NAME.py, ARG, ...]")
+    script = "script" in entry
+    argv = _argv(ctx, f"{key}.{'script' if script else 'dlscale'}", entry["script" if script else "dlscale"])
+    if script and not _SCRIPT.match(argv[0]):
+        raise ctx.error(f"{key}.script[0]", f"expected the file name of a benchmarks/ script (NAME.py), got {argv[0]!r}")
+    if not script and argv[0] not in DLSCALE_COMMANDS[when]:
+        raise ctx.error(f"{key}.dlscale[0]", f"a {when} command runs dlscale {' or '.join(DLSCALE_COMMANDS[when])}, "
+                                             f"not {argv[0]!r}")
+    if when == "table":
+        bad = [a for a in argv if a in ("--format", "-o", "--output") or a.startswith(("--format=", "--output="))]
+        if bad or any(k in entry for k in ("creates", "gpus")):
+            raise ctx.error(key, "a table command prints its table: the driver adds --format md|json and keeps the "
+                                 "output (no --format, -o, creates or gpus)")
+    creates = entry.get("creates")
+    if creates is not None and (not isinstance(creates, str) or not creates.strip() or "{" in creates):
+        raise ctx.error(f"{key}.creates", f"expected a literal path (no placeholders), got {creates!r}")
+    gpus = entry.get("gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ctx.error(f"{key}.gpus", f"expected a GPU count >= 1, got {gpus!r}")
+    try:
+        limit = check_value("time_limit", entry.get("time_limit", Command.time_limit))
+    except ConfigError as e:
+        raise ctx.error(f"{key}.time_limit", str(e)) from None
+    taken.add(name)
+    return Command(name, when, argv, script, creates, gpus, float(limit))
+
+
+def _commands(value: Any, ctx: Context) -> list[Command]:
+    if not isinstance(value, list):
+        raise ctx.error("commands", f"expected a list of commands (name, when, dlscale or script), got {value!r}")
+    taken: set[str] = set()
+    return [_command(ctx, f"commands[{i}]", entry, taken) for i, entry in enumerate(value)]
+
+
+def load(name_or_path) -> Any:
+    """A benchmark suite, loaded and validated as `dlscale sweep` does, except that the data sets its
+    ``before`` commands are still to make (their ``creates`` paths) are checked against the models
+    only: their files do not exist before the driver has run those commands."""
+    import yaml
+
+    from dlscale.inputs import files_pending
+    from dlscale.suite import load_suite, resolve_suite_path
+
+    try:
+        raw = yaml.safe_load(resolve_suite_path(name_or_path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = None  # load_suite names the problem
+    commands = raw.get("commands") if isinstance(raw, dict) else None
+    creates = [c.get("creates") for c in commands if isinstance(c, dict) and c.get("when") == "before"] \
+        if isinstance(commands, list) else []
+    pending = [p for p in creates if isinstance(p, str) and p.strip() and not os.path.exists(p)]
+    with files_pending(pending):
+        return load_suite(name_or_path)

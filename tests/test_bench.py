@@ -1,5 +1,7 @@
-"""Benchmark suites (bare and compare sections), the driver benchmarks/run.py, compare --ignore and
---filter-a/-b, report --group-by label."""
+"""Benchmark suites (bare, compare and commands sections), the driver benchmarks/run.py with its
+yardsticks (bare_loop.py, bare_loop_jax.py, bare_mp.py), compare --ignore and --filter-a/-b and its
+real-data columns, report --group-by label, benchmarks/kernels.py; each GPU suite in a tiny CPU
+version through the driver."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import ConfigError
-from dlscale.benchsuite import BareRun, bare_args
+import yaml
+
+from dlscale import ConfigError, benchsuite, frameworks
+from dlscale.benchsuite import BareRun, Command, bare_args
 from dlscale.cli import main as dlscale_main
 from dlscale.config import RunConfig
 from dlscale.suite import load_suite, parse_suite
@@ -33,6 +37,9 @@ def _load(name: str, path: Path):
 
 F = _load("report_fixtures", FIXTURES / "report_fixtures.py")
 RUN = _load("bench_run", ROOT / "benchmarks" / "run.py")
+KERNELS = _load("bench_kernels", ROOT / "benchmarks" / "kernels.py")
+SUITES = ROOT / "benchmarks" / "suites"
+HAVE_JAX = not frameworks.missing_packages("jax")
 
 TINY = {"device": "cpu", "warmup": 1, "steps": 2, "repeats": 1, "label": "t",
         "matrix": {"models": ["gpt2"], "flavors": ["tiny"], "precisions": ["fp32"], "batch_sizes": [2],
@@ -46,13 +53,35 @@ def parse(**sections) -> object:
 
 # ----------------------------------------------------------------------------- suite sections
 
-@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "suites").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_benchmark_suite_loads(path):
-    suite = load_suite(path)
+    if "framework: jax" in path.read_text() and not HAVE_JAX:
+        pytest.skip("JAX is not installed (pip install -e '.[jax]')")
+    suite = benchsuite.load(path)  # data sets its before commands make are checked when made
     assert suite.cases and suite.description
     for run in suite.bench.bare:  # each bare run is the case of the same key, where one exists
         twins = [c for c in suite.cases if c.case_key() == run.cfg.case_key()]
         assert run.variant or not twins or twins[0].label == run.cfg.label or run.cfg.label
+    for cmd in suite.bench.commands:
+        assert not cmd.script or (ROOT / "benchmarks" / cmd.argv[0]).is_file()
+
+
+def test_before_commands_defer_the_data_checks_of_what_they_make(tmp_path):
+    tok = tmp_path / "tok" / "tokens.bin"
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "description": "x", "device": "cpu",
+        "cases": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "data": f"tokens:{tok}"}],
+        "commands": [{"name": "tokens", "when": "before", "creates": str(tok),
+                      "dlscale": ["data", "make", "tokens", "--out", str(tok.parent), "--size", "2k"]}]}))
+    with pytest.raises(ConfigError, match="no such file|does not exist|not found"):
+        load_suite(path)
+    suite = benchsuite.load(path)  # the file is the command's to make: only the model is checked now
+    assert [c.name for c in suite.bench.when("before")] == ["tokens"] and suite.bench.commands[0].creates == str(tok)
+    bad = tmp_path / "bad.yaml"  # a model that cannot read tokens is still refused
+    bad.write_text(path.read_text().replace("model: gpt2", "model: resnet50"))
+    with pytest.raises(ConfigError, match="trains on images"):
+        benchsuite.load(bad)
 
 
 def test_bare_each_takes_the_cases_keys_and_overrides_follow():
@@ -94,6 +123,51 @@ def test_compare_spec_argv():
         "--ignore", "env,strategy_options"]
 
 
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_a_jax_case_gets_the_jax_loop():
+    suite = parse(matrix={"models": ["gpt2"], "flavors": ["tiny"], "precisions": ["fp32"], "batch_sizes": [2],
+                          "frameworks": ["torch", "jax"], "strategies": ["single"]}, exclude=[],
+                  bare=[{"each": {}}])
+    loops = {r.cfg.framework: r for r in suite.bench.bare}
+    assert loops["jax"].loop == "jax" and loops["torch"].loop == "torch"
+    assert loops["jax"].script == "benchmarks/bare_loop_jax.py" and loops["jax"].store == "bare"
+    assert bare_args(loops["jax"], "cpu") == ["--model", "gpt2", "--flavor", "tiny", "--batch-size", "2", "--precision",
+                                              "fp32", "--device", "cpu", "--seed", "0", "--warmup", "1", "--steps", "2"]
+    assert loops["jax"].identity() != dataclasses_replace(loops["jax"], loop="torch").identity()
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def test_the_mp_loop_resizes_the_model_as_the_strategy_options_do():
+    suite = parse_suite({"description": "x", "device": "cpu", "warmup": 1, "steps": 2, "cases": [
+        {"model": "face", "flavor": "tiny", "precision": "fp32", "batch_size": 4, "strategy": "partial-fc",
+         "strategy_options": {"classes": 300}},
+        {"model": "wide-deep", "flavor": "tiny", "precision": "fp32", "batch_size": 8, "strategy": "embedding-shard",
+         "strategy_options": {"shard": "table", "vocab_scale": 2}}], "bare": [{"each": {}, "loop": "mp"}]},
+        Path("bench.yaml"))
+    face, wdl = suite.bench.bare
+    assert face.script == "benchmarks/bare_mp.py" and face.cfg.case_key() == suite.cases[0].case_key()
+    assert bare_args(face, "cuda")[-2:] == ["--resize", "classes=300"]
+    assert bare_args(wdl, "cpu")[-2:] == ["--resize", "vocab_scale=2"]  # shard: table is how, not what
+    assert "--sgd" not in bare_args(wdl, "cpu")
+
+
+def test_commands_resolve_their_placeholders():
+    cmd = Command("x", "after", ("micro", "io", "--store", "{store}", "--note", "{out}/a"))
+    assert cmd.resolved({"out": "/o", "store": "/o/store", "bare": "/o/bare", "variants": "/o/v"}) == [
+        "micro", "io", "--store", "/o/store", "--note", "/o/a"]
+    suite = parse(commands=[{"name": "t", "when": "table", "dlscale": ["predict", "--validate", "{store}"]},
+                            {"name": "io", "when": "after", "gpus": 2, "time_limit": 60,
+                             "dlscale": ["micro", "io", "--seconds", 0.5, "--store", "{store}"]}])
+    t, io = suite.bench.commands
+    assert (t.when, t.argv, t.script) == ("table", ("predict", "--validate", "{store}"), False)
+    assert io.argv[3] == "0.5" and io.gpus == 2 and io.time_limit == 60.0 and suite.bench.when("after") == [io]
+
+
 @pytest.mark.parametrize("sections, where, what", [
     ({"bare": {"model": "gpt2"}}, "key 'bare'", "expected a list"),
     ({"bare": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "torchvisoin": True}]},
@@ -121,6 +195,44 @@ def test_compare_spec_argv():
      "expected one of dlscale, bare, variants"),
     ({"compare": [{"name": "x", "a": {}, "b": {}}]}, "key 'compare[0]'", "select the same records"),
     ({"compares": []}, "key 'compares'", "did you mean 'compare'"),
+    ({"bare": [{"each": {}, "loop": "pytorch"}]}, "key 'bare[0].loop'", "expected one of torch, jax, mp"),
+    ({"bare": [{"each": {"devices": 2}, "loop": "mp"}]}, "key 'bare[0]'", "loop mp runs one process on one device"),
+    ({"bare": [{"each": {"devices": 1}, "loop": "jax"}]}, "key 'bare[0]'", "loop jax trains JAX models"),
+    ({"bare": [{"each": {"devices": 1}, "loop": "mp", "sgd": "fused"}]}, "key 'bare[0]'",
+     "sgd are variants of loop torch"),
+    ({"bare": [{"each": {}, "loop": "torch"}, {"each": {"devices": 1}}]}, "key 'bare[1]'", "the same bare run"),
+    ({"commands": {"name": "x"}}, "key 'commands'", "expected a list of commands"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": "data make tokens"}]}, "key 'commands[0].dlscale'",
+     "never a shell string"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": ["run", "--model", "gpt2"]}]},
+     "key 'commands[0].dlscale[0]'", "a before command runs dlscale data or micro, not 'run'"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["micro", "io"]}]}, "key 'commands[0].dlscale[0]'",
+     "report or compare or predict"),
+    ({"commands": [{"name": "x", "when": "later", "dlscale": ["micro", "io"]}]}, "key 'commands[0].when'",
+     "expected one of before, after, table"),
+    ({"commands": [{"name": "report", "when": "table", "dlscale": ["report", "{store}"]}]},
+     "key 'commands[0].name'", "not report, by-label"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", "io"]},
+                   {"name": "x", "when": "after", "dlscale": ["micro", "io"]}]}, "key 'commands[1].name'",
+     "already the name of another command"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["report"], "script": ["k.py"]}]}, "key 'commands[0]'",
+     "give one of dlscale"),
+    ({"commands": [{"name": "x", "when": "table", "script": ["../evil.py"]}]}, "key 'commands[0].script[0]'",
+     "file name of a benchmarks/ script"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", "io", "--store", "{home}"]}]},
+     "key 'commands[0].dlscale[3]'", "the only placeholders are {out}, {store}, {bare}, {variants}"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro", True]}]}, "key 'commands[0].dlscale[1]'",
+     "expected a string or a number"),
+    ({"commands": [{"name": "x", "when": "table", "dlscale": ["report", "{store}", "--format", "md"]}]},
+     "key 'commands[0]'", "the driver adds --format md|json"),
+    ({"commands": [{"name": "x", "when": "before", "dlscale": ["data"], "creates": "{out}/x"}]},
+     "key 'commands[0].creates'", "a literal path"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "gpus": 0}]}, "key 'commands[0].gpus'",
+     "a GPU count >= 1"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "time_limit": -1}]},
+     "key 'commands[0].time_limit'", "time-limit"),
+    ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "shell": True}]},
+     "key 'commands[0].shell'", "unknown key"),
 ])
 def test_bad_sections_one_line_naming_the_key(sections, where, what):
     with pytest.raises(ConfigError) as e:
@@ -142,6 +254,44 @@ def test_driver_bad_suite_exits_2_before_writing(tmp_path, capsys, monkeypatch):
                      "--out", str(out)]) == 2
     assert "no case of suite smoke-cpu matches --filter model=bert-base" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_driver_decides_which_commands_run(tmp_path):
+    plan = RUN.Plan(suite=None, path=tmp_path / "s.yaml", out=tmp_path / "out", case_idx=[0], bare=[], filters=[])
+    made = tmp_path / "made"
+    made.write_text("x")
+    io = Command("io", "after", ("micro", "io", "--store", "{store}"), gpus=2)
+    state = {"io": {"argv": io.resolved(RUN.places(plan)), "status": "ok"}}
+    assert RUN.command_action(io, plan, 1, {}, False) == ("skip", "needs 2 GPUs, this machine has 1")
+    assert RUN.command_action(io, plan, None, {}, False) == ("run", "")  # on the CPU any rank count runs
+    assert RUN.command_action(io, plan, 2, state, False) == ("done", "ok in commands.json")
+    assert RUN.command_action(io, plan, 2, state, True) == ("run", "")
+    assert RUN.command_action(io, plan, 2, {"io": {**state["io"], "argv": ["other"]}}, False)[0] == "run"
+    mk = Command("mk", "before", ("data", "make", "tokens"), creates=str(made))
+    assert RUN.command_action(mk, plan, None, {}, True) == ("done", f"{made} exists")  # never made twice
+    assert RUN.command_line(io, plan)[1:] == ["-m", "dlscale", "micro", "io", "--store", str(tmp_path / "out" / "store")]
+    script = Command("k", "table", ("kernels.py", "{store}"), script=True)
+    assert RUN.command_line(script, plan)[1:] == [str(ROOT / "benchmarks" / "kernels.py"), str(tmp_path / "out" / "store")]
+
+
+@pytest.mark.slow
+def test_a_failed_before_command_stops_the_measurements(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the driver sets the hosts' variables
+    taken = tmp_path / "taken"
+    (taken / "x").mkdir(parents=True)  # `data make` refuses a folder that is not empty
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({
+        "description": "x", "device": "cpu", "warmup": 1, "steps": 2, "repeats": 1, "monitor": False,
+        "cases": [{"model": "gpt2", "flavor": "tiny", "precision": "fp32", "batch_size": 2}],
+        "commands": [{"name": "tokens", "when": "before", "time_limit": 120,
+                      "dlscale": ["data", "make", "tokens", "--out", str(taken), "--size", "1k"]}]}))
+    out = tmp_path / "out"
+    assert RUN.main([str(suite), "--out", str(out)]) == 5
+    printed = capsys.readouterr().out
+    assert "[before tokens] failed (exit 2)" in printed and "not an empty folder" in printed
+    assert not (out / "store").exists() and json.loads((out / "commands.json").read_text())["tokens"]["status"] \
+        == "failed (exit 2)"
+    assert "- before commands: 1, 1 ran (commands.log); not ok: tokens: failed (exit 2)" in (out / "index.md").read_text()
 
 
 # ----------------------------------------------------------------------------- compare --ignore
@@ -210,6 +360,83 @@ def test_compare_ignore_refuses_an_ambiguous_side_a_and_bad_options(tmp_path, ca
             (["--filter-b", "devices=x"], "--filter-b devices: expected integers")):
         rc, _, err = _compare(capsys, store, store, *argv)
         assert rc == 2 and what in err and err.strip().count("\n") == 0, err
+
+
+def test_compare_of_real_data_against_synthetic_shows_the_input_pipeline(tmp_path, capsys):
+    syn = F.run_record("syn", "resnet50", "amp-bf16", 256, "single", 1, 1, [3000, 3010, 2990], unit="img")
+    real = F.run_record("cpu", "resnet50", "amp-bf16", 256, "single", 1, 1, [2400, 2410, 2390], unit="img", steps=320)
+    real["config"]["data"] = "imagefolder:/data/inet"
+    real["data"] = {"data_wait_share_max": 0.2, "input_bound": True, "loader_cpu_cores_total": 6.0,
+                    "samples_per_loader_core_s": 400.0, "wait_may_be_understated": False}
+    real["case_key"] = F._case_key(real["config"])
+    F.write_store(tmp_path / "s", [syn, real])
+    rc, doc, err = _compare(capsys, tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
+                            "data=imagefolder:/data/inet", "--ignore", "data,data_decode,steps")
+    assert rc == 0, err
+    (case,) = doc["cases"]
+    assert case["ratio"] == pytest.approx(0.8) and case["a_differs"] == "data=synthetic, steps=20"
+    assert case["b_data_wait_pct"] == pytest.approx(20.0) and case["b_input_verdict"] == "input-bound"
+    assert case["b_loader_cores"] == 6.0 and case["b_loader_cores_for_a"] == pytest.approx(3000 / 400)
+    assert "data imagefolder:/data/inet (cpu decode)" in case["case"]
+    assert dlscale_main(["compare", str(tmp_path / "s"), "--filter-a", "data=synthetic", "--filter-b",
+                         "data=imagefolder:/data/inet", "--ignore", "data,data_decode,steps"]) == 0
+    md = capsys.readouterr().out
+    assert "| B data wait (%) | B verdict | B loader CPU (cores) | B loader cores for A's rate | verdict |" in md
+    assert "| 20.00 | input-bound | 6.0 | 7.5 |" in md
+    rc, doc, _ = _compare(capsys, tmp_path / "s", tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
+                          "data=synthetic")  # synthetic on both sides: no such columns
+    assert rc == 0 and "b_data_wait_pct" not in doc["cases"][0]
+
+
+# ----------------------------------------------------------------------------- benchmarks/kernels.py
+
+def _trace(kernels: list[tuple[str, float]], jax_style: bool) -> dict:
+    """A Chrome trace with these (name, µs) device events: torch.profiler's shape or JAX's."""
+    if not jax_style:
+        return {"traceEvents": [{"ph": "X", "cat": "kernel", "name": n, "dur": d, "pid": 0, "tid": 7, "ts": 0}
+                                for n, d in kernels] + [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 999,
+                                                         "pid": 1, "tid": 1, "ts": 0}]}
+    meta = [{"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "thread_name", "pid": 3, "tid": 1, "args": {"name": "Stream #13"}},
+            {"ph": "M", "name": "thread_name", "pid": 3, "tid": 2, "args": {"name": "XLA Ops"}}]
+    return {"traceEvents": meta + [{"ph": "X", "name": n, "dur": d, "pid": 3, "tid": 1, "ts": 0} for n, d in kernels]
+            + [{"ph": "X", "name": "fusion.1", "dur": 5000, "pid": 3, "tid": 2, "ts": 0}]}  # a derived line
+
+
+def test_kernels_by_kind_from_a_torch_and_a_jax_trace(tmp_path, capsys):
+    store = tmp_path / "s"
+    (store / "traces").mkdir(parents=True)
+    torch_rec = F.run_record("tc", "gpt2", "amp-bf16", 16, "single", 1, 1, [480, 481, 479])
+    torch_rec["config"]["compile"] = True
+    jax_rec = F.run_record("jx", "gpt2", "amp-bf16", 16, "single", 1, 1, [450, 451, 449])
+    jax_rec["config"]["framework"] = "jax"
+    for rec in (torch_rec, jax_rec):
+        rec["case_key"] = F._case_key(rec["config"])
+        rec["trace"] = f"traces/{rec['id']}.json"
+    # 3 profiled steps each: torch 6 ms of flash attention and 9 ms of gemm; JAX 12 ms of cuDNN
+    # attention and 9 ms of gemm, plus 1.5 ms of fusions
+    (store / "traces" / "tc.json").write_text(json.dumps(_trace(
+        [("flash_fwd_kernel", 2000.0)] * 3 + [("sm90_xmma_gemm_bf16", 3000.0)] * 3, jax_style=False)))
+    (store / "traces" / "jx.json").write_text(json.dumps(_trace(
+        [("cudnn_generated_fort_native_sdpa", 4000.0)] * 3 + [("nvjet_gemm", 3000.0)] * 3
+        + [("loop_add_fusion", 500.0)] * 3, jax_style=True)))
+    F.write_store(store, [torch_rec, jax_rec, F.run_record("other", "bert-base", "amp-bf16", 8, "single", 1, 1, [1])])
+    assert KERNELS.main([str(store), "--filter", "model=gpt2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    a, b = doc["records"]
+    assert (a["record_id"], b["record_id"]) == ("tc", "jx") and a["profiled_steps"] == b["profiled_steps"] == 3
+    assert a["by_kind"]["attention"]["ms_per_step"] == pytest.approx(2.0)
+    assert a["by_kind"]["matmul"] == {"ms_per_step": pytest.approx(3.0), "kernels_per_step": pytest.approx(1.0)}
+    assert b["by_kind"]["attention"]["ms_per_step"] == pytest.approx(4.0)  # the derived XLA Ops line is not counted
+    assert b["by_kind"]["other"]["ms_per_step"] == pytest.approx(0.5) and b["total_ms_per_step"] == pytest.approx(7.5)
+    assert list(doc["difference_b_minus_a"]) == ["attention", "other", "matmul"]
+    assert doc["difference_b_minus_a"]["attention"] == pytest.approx(2.0)
+    assert KERNELS.main([str(store), "--filter", "model=gpt2"]) == 0
+    md = capsys.readouterr().out
+    assert "| attention | 2.00 | 1 | 4.00 | 1 | +2.00 |" in md and "Largest difference: **attention**" in md
+    assert "gpt2 b16 amp-bf16 torch compiled single x1" in md and "gpt2 b16 amp-bf16 jax single x1" in md
+    assert KERNELS.main([str(store), "--filter", "model=resnet50"]) == 2
+    assert "no ok run record with a profiler trace" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- report --group-by label
@@ -288,3 +515,204 @@ def test_driver_resumes_and_packs(smoke):
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert "smoke/index.md" in names and "smoke/bare/results.jsonl" in names
+
+
+# ----------------------------------------------------------------------------- the GPU suites, tiny, on the CPU
+
+TINY_BATCH = {"resnet50": 2, "bert-base": 2, "gpt2": 2, "wide-deep": 16, "face": 4}
+ON_CPU = {"device": "cpu", "threads": 1, "warmup": 1, "steps": 2, "repeats": 1, "time_limit": 240, "monitor": False,
+          "collective_timeout": 60}
+
+
+def tiny_suite(name: str, tmp: Path, edit=None) -> Path:
+    """benchmarks/suites/NAME.yaml made tiny for the CPU: tiny flavours in fp32 at small batches, one
+    repeat of 2 steps, data sets under ``tmp``; ``edit(data)`` changes the rest. Written to tmp/NAME.yaml."""
+    data = yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+    data.update(ON_CPU)
+    moved = lambda v: v.replace("/tmp/dlscale-data", str(tmp / "data")) if isinstance(v, str) else v  # noqa: E731
+
+    def shrink(entry: dict) -> None:
+        for k in ("steps", "warmup", "repeats", "time_limit"):
+            entry.pop(k, None)
+        if "model" in entry:
+            entry.update(flavor="tiny", precision="fp32", batch_size=TINY_BATCH[entry["model"]])
+        if "data" in entry:
+            entry["data"] = moved(entry["data"])
+
+    for block in data.get("matrix") or []:
+        block.update(flavors=["tiny"], precisions=["fp32"], batch_sizes=[TINY_BATCH[block["models"][0]]])
+    for entry in (data.get("cases") or []) + (data.get("bare") or []):
+        shrink(entry)
+    for spec in data.get("compare") or []:
+        for side in (spec.get("a") or {}, spec.get("b") or {}):
+            if "data" in side:
+                side["data"] = [moved(v) for v in side["data"]] if isinstance(side["data"], list) else moved(side["data"])
+    for cmd in data.get("commands") or []:
+        for key in ("dlscale", "script"):
+            if key in cmd:
+                cmd[key] = [moved(a) for a in cmd[key]]
+        if "creates" in cmd:
+            cmd["creates"] = moved(cmd["creates"])
+    if edit:
+        edit(data)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def drive(path: Path, out: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), str(path), "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def records(store: Path) -> list[dict]:
+    return [json.loads(x) for f in sorted(store.glob("*.jsonl")) for x in f.read_text().splitlines()]
+
+
+def _args(cmd: list, **values) -> list:
+    """A command's argument list with the values after these options replaced."""
+    out = list(cmd)
+    for opt, v in values.items():
+        out[out.index("--" + opt.replace("_", "-")) + 1] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_run(tmp_path_factory):
+    """data.yaml, tiny: the data sets made by its before commands, GPT-2 synthetic and from the token
+    file, micro io after; then a dry run of the same call (everything done)."""
+    tmp = tmp_path_factory.mktemp("data")
+
+    def edit(d):
+        images, tokens, io = d["commands"]
+        images["dlscale"] = _args(images["dlscale"], size=16, classes=2)
+        tokens["dlscale"] = _args(tokens["dlscale"], size="20k", vocab=500)
+        io["dlscale"] = _args(io["dlscale"], seconds=0.3) + ["--flavor", "tiny", "--workers", "1", "--batch-size", 4,
+                                                             "--device", "cpu"]
+
+    path = tiny_suite("data", tmp, edit)
+    t = time.monotonic()
+    p = drive(path, tmp / "out", "--filter", "model=gpt2")
+    seconds = time.monotonic() - t
+    return tmp, p, drive(path, tmp / "out", "--filter", "model=gpt2", "--dry-run"), seconds
+
+
+@pytest.mark.slow
+def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
+    tmp, p, again, seconds = data_run
+    out = tmp / "out"
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert (tmp / "data" / "imgs" / "dlscale-data.json").is_file() and (tmp / "data" / "tok" / "tokens.bin").is_file()
+    state = json.loads((out / "commands.json").read_text())
+    assert {k: v["status"] for k, v in state.items()} == {"images": "ok", "tokens": "ok", "micro-io": "ok"}
+    recs = records(out / "store")
+    runs = {r["config"]["data"]: r for r in recs if r["kind"] == "run"}
+    assert set(runs) == {"synthetic", f"tokens:{tmp}/data/tok/tokens.bin:uint16"} and \
+        all(r["status"] == "ok" for r in runs.values())
+    assert [r["micro"] for r in recs if r["kind"] == "micro"] == ["io"]
+    (case,) = json.loads((out / "compare-vs-synthetic.json").read_text())["cases"]
+    syn, tok = runs["synthetic"], runs[f"tokens:{tmp}/data/tok/tokens.bin:uint16"]
+    med = lambda r: r["summary"]["samples_per_s"]["median"]  # noqa: E731
+    assert case["record_a"] == syn["id"] and case["record_b"] == tok["id"]
+    assert case["ratio"] == pytest.approx(med(tok) / med(syn))
+    assert case["b_data_wait_pct"] == pytest.approx(tok["data"]["data_wait_share_max"] * 100)
+    per_core = tok["data"]["samples_per_loader_core_s"]  # None when the loader's CPU time rounds to 0
+    assert case["b_loader_cores_for_a"] == (pytest.approx(med(syn) / per_core) if per_core else None)
+    index = (out / "index.md").read_text()
+    assert "| [compare-vs-synthetic.md](compare-vs-synthetic.md) |" in index and "not made" not in index
+    assert "- before commands: 2, 2 ran" in index and "- after commands: 1, 1 ran" in index
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "before  done  images" in again.stdout and "after  done  micro-io" in again.stdout
+    print(f"data suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def mp_run(tmp_path_factory):
+    """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp)."""
+    tmp = tmp_path_factory.mktemp("mp")
+    t = time.monotonic()
+    p = drive(tiny_suite("mp", tmp), tmp / "out", "--filter", "model=wide-deep")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+def test_mp_suite_measures_the_sharded_paths_against_the_plain_loop(mp_run):
+    out, p, seconds = mp_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    (bare,) = records(out / "bare")
+    runs = {(r["config"]["strategy"], r["config"]["strategy_options"].get("shard")): r for r in records(out / "store")}
+    assert bare["status"] == "ok" and bare["bare"] == {"script": "benchmarks/bare_mp.py", "variant": {}}
+    assert bare["case_key"] == runs[("single", None)]["case_key"] and bare["summary"]["step_ms_p50"] > 0
+    assert bare["command"].startswith("python benchmarks/bare_mp.py --model wide-deep --flavor tiny")
+    doc = json.loads((out / "compare-sharded-vs-plain.json").read_text())
+    got = {c["record_b"]: c for c in doc["cases"]}
+    assert set(got) == {r["id"] for r in runs.values()} and {c["record_a"] for c in got.values()} == {bare["id"]}
+    for r in runs.values():
+        assert got[r["id"]]["ratio"] == pytest.approx(r["summary"]["samples_per_s"]["median"]
+                                                      / bare["summary"]["samples_per_s"]["median"])
+    assert "| [vs-bare.md](vs-bare.md) |" in (out / "index.md").read_text()
+    print(f"mp suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def perfmodel_run(tmp_path_factory):
+    """perfmodel.yaml, tiny: GPT-2 on 1 and 2 processes, the 2-rank all-reduce before, predict --validate."""
+    tmp = tmp_path_factory.mktemp("perfmodel")
+
+    def edit(d):
+        d["matrix"] = [b for b in d["matrix"] if b["models"] == ["gpt2"]]
+        d["matrix"][0]["devices"] = [1, 2]
+        d["commands"] = [c for c in d["commands"] if c["name"] in ("comm-2", "validate")]
+        d["commands"][0]["dlscale"] += ["--max-bytes", "1M", "--factor", 16, "--device", "cpu"]
+
+    t = time.monotonic()
+    p = drive(tiny_suite("perfmodel", tmp, edit), tmp / "out")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+def test_perfmodel_suite_measures_the_pair_and_validates_the_model_on_it(perfmodel_run):
+    out, p, seconds = perfmodel_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    recs = records(out / "store")
+    assert sorted((r["kind"], r.get("world_size")) for r in recs if r["kind"] == "run") == [("run", 1), ("run", 2)]
+    assert [r["micro"] for r in recs if r["kind"] == "micro"] == ["comm"]
+    ddp = next(r for r in recs if r.get("world_size") == 2)
+    (row,) = json.loads((out / "validate.json").read_text())["rows"]  # the 2-process record from the 1-process one
+    assert ddp["id"].startswith(row["record"]) and (row["devices"], row["protocol"]) == (2, "from-1-gpu")
+    assert row["measured"] == pytest.approx(ddp["summary"]["samples_per_s"]["median"])
+    index = (out / "index.md").read_text()
+    assert "`dlscale predict --validate store --format md > validate.md`" in index and "not made" not in index
+    print(f"perfmodel suite, tiny: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+    """jax.yaml, tiny, GPT-2 only: torch eager (profiled) and JAX (profiled), the JAX bare loop, kernels."""
+    tmp = tmp_path_factory.mktemp("jax")
+
+    def edit(d):  # no torch.compile on this CPU: torch eager carries the torch profile instead
+        d["cases"] = [c for c in d["cases"] if c["model"] == "gpt2" and not c.get("compile")]
+        d["cases"][0]["profile"] = True
+
+    t = time.monotonic()
+    p = drive(tiny_suite("jax", tmp, edit), tmp / "out")
+    return tmp / "out", p, time.monotonic() - t
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_jax_suite_runs_the_jax_yardstick_and_the_kernel_table(jax_run):
+    out, p, seconds = jax_run
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    (bare,) = records(out / "bare")
+    runs = {r["config"]["framework"]: r for r in records(out / "store")}
+    assert bare["status"] == "ok" and bare["bare"]["script"] == "benchmarks/bare_loop_jax.py"
+    assert bare["case_key"] == runs["jax"]["case_key"] and bare["model"]["params"] == runs["jax"]["model"]["params"]
+    (case,) = [c for c in json.loads((out / "vs-bare.json").read_text())["cases"] if c["record_a"]]
+    assert case["record_b"] == runs["jax"]["id"] and case["ratio"] == pytest.approx(
+        runs["jax"]["summary"]["samples_per_s"]["median"] / bare["summary"]["samples_per_s"]["median"])
+    kernels = json.loads((out / "kernels.json").read_text())
+    assert [r["record_id"] for r in kernels["records"]] == [runs["torch"]["id"], runs["jax"]["id"]]
+    assert "No device kernels in these traces" in (out / "kernels.md").read_text()  # a CPU trace has none
+    print(f"jax suite, tiny: {seconds:.1f} s")

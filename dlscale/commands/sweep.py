@@ -93,6 +93,8 @@ def describe(cfg: RunConfig, found: str = "") -> str:
         parts.append(",".join(f"{k}={v}" for k, v in sorted(cfg.strategy_options.items())))
     if cfg.env:
         parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
+    if cfg.data != "synthetic":
+        parts.append(f"data {cfg.data}" + (f" ({cfg.data_decode} decode)" if cfg.data.startswith("imagefolder:") else ""))
     if cfg.label:
         parts.append(f"[{cfg.label}]")
     return " ".join(parts)

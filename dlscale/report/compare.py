@@ -29,6 +29,7 @@ from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
 from dlscale.fmt import MISSING, md_table
 from dlscale.fmt import fmt_num as fmt
 from dlscale.report import sources
+from dlscale.report import datacols
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p
@@ -85,8 +86,9 @@ class Pair:
         parts = [str(cfg.get("model"))]
         if cfg.get("flavor") not in (None, "full"):
             parts[0] += f" ({cfg.get('flavor')})"
-        parts += [str(cfg.get("precision")), "compiled" if cfg.get("compile") else "eager",
-                  str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
+        fw = str(cfg.get("framework") or "torch")  # JAX is XLA-compiled: named by its framework
+        how = ("compiled" if cfg.get("compile") else "eager") if fw == "torch" else fw
+        parts += [str(cfg.get("precision")), how, str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
         kinds = [sources.describe(r.record) for r in (self.a, self.b) if r is not None]
@@ -119,6 +121,9 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
         out.append(str(cfg.get("compile_mode")))
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
+    if cfg.get("data", "synthetic") != "synthetic":  # real input data (docs/data.md)
+        decode = f" ({cfg.get('data_decode', 'cpu')} decode)" if str(cfg["data"]).startswith("imagefolder:") else ""
+        out.append(f"data {cfg['data']}{decode}")
     return [x for x in out if x]
 
 
@@ -288,6 +293,7 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
         "record_b": p.b.record.get("id") if p.b else None,
         **({"a_differs": c.a_differs(p)} if c is not None and c.ignore else {}),
         "flags": "; ".join(f"{f.check}: {f.reason}" for f in p.flags) or None,
+        **(datacols.as_dict(p) if c is not None and datacols.shown(c.pairs) else {}),
     }
 
 
@@ -310,6 +316,11 @@ def to_markdown(c: Comparison) -> str:
         headers.insert(1, "A differs in")
         for row, p in zip(rows, c.pairs):
             row.insert(1, c.a_differs(p))
+    data = datacols.shown(c.pairs)
+    if data:  # B reads real data: what its input pipeline cost, before the verdict
+        headers[-1:-1] = [h for h, _, _, _ in datacols.COLUMNS]
+        for row, p in zip(rows, c.pairs):
+            row[-1:-1] = datacols.cells(p)
     start = 2 if c.ignore else 1
     out += [md_table(headers, rows, numeric_from=start, numeric_to=len(headers) - 1), ""]
     flagged = [(p, f) for p in c.pairs for f in p.flags]
@@ -318,6 +329,8 @@ def to_markdown(c: Comparison) -> str:
         out += [f"- {p.case} {p.row.node_gpu}: ⚠ {f.check}: {f.reason}" for p, f in flagged] + [""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+    if data:
+        out += ["", datacols.NOTE[0].upper() + datacols.NOTE[1:] + "."]
     return "\n".join(out) + "\n"
 
 

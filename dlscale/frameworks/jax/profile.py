@@ -5,7 +5,7 @@ worker keeps rank 0's as ``trace.json`` (as the torch worker's profiler trace) a
 gets the top ops: the complete events of the device timelines (GPU kernels, grouped by name)
 or, on a CPU, of XLA's executor threads, summed over the profiled steps and divided by them.
 ``device_events``/``by_kind`` also read torch.profiler's Chrome traces, so the GPU benchmark
-compares the two frameworks' kernels by kind (benchmarks/summarize_jax_gpu.py).
+compares the two frameworks' kernels by kind (benchmarks/kernels.py).
 """
 from __future__ import annotations
 
