@@ -302,6 +302,23 @@ def _pil_list_decode(datas):
     return [images._pil_chw(d) for d in datas]
 
 
+def test_batched_crop_resize_flip_is_exact_bilinear():
+    """One grid_sample over the padded batch = each crop resized by bilinear interpolation (no
+    antialiasing) and flipped, image by image."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    imgs = [(torch.rand(3, 120, 90, generator=g) * 255).to(torch.uint8),
+            (torch.rand(3, 70, 130, generator=g) * 255).to(torch.uint8)]
+    boxes, flips = [(10, 20, 60, 80), (5, 3, 100, 50)], [False, True]
+    out = images._crop_resize_flip(imgs, boxes, flips, 32, torch.device("cpu"))
+    for i, (im, (left, top, w, h)) in enumerate(zip(imgs, boxes)):
+        ref = F.interpolate(im[:, top:top + h, left:left + w].unsqueeze(0).float(), size=(32, 32), mode="bilinear",
+                            antialias=False, align_corners=False)[0]
+        ref = ref.flip(-1) if flips[i] else ref
+        assert (out[i] - ref).abs().max() < 0.01
+
+
 def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
     """The GPU path's crop/resize/flip/normalise (driven here by a Pillow decoder on the CPU) gives
     the CPU path's batch up to interpolation rounding; PNG and broken files are handled and counted."""
@@ -314,7 +331,10 @@ def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
     (x_gpu, y_gpu), meta = dec(images.collate_bytes([byt[k] for k in keys]))
     assert x_gpu.shape == x_cpu.shape and x_gpu.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(y_gpu, y_cpu)
-    assert (x_gpu - x_cpu).abs().mean() < 0.05 < x_cpu.std()
+    # the GPU path resizes without antialiasing (one grid_sample per batch): the same crops, their
+    # statistics alike, pixel by pixel as close as aliasing of these noisy test images allows
+    assert abs(x_gpu.mean() - x_cpu.mean()) < 0.05 and abs(x_gpu.std() - x_cpu.std()) < 0.2 * x_cpu.std()
+    assert (x_gpu - x_cpu).abs().mean() < 0.5 * x_cpu.std()
     assert meta["decode_fallbacks"] == 0 and meta["bad"] == 0
     # a PNG goes to the host decoder; a file neither decoder reads is replaced and counted
     from PIL import Image

@@ -254,6 +254,32 @@ def _pil_chw(data: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
 
+def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device) -> torch.Tensor:
+    """Every image's crop box resized to ``size`` x ``size`` and flipped where asked, in one
+    ``grid_sample`` over the batch padded to its largest image (bilinear, no antialiasing: the
+    GPU path's work per batch is a few kernels, not a few per image, so the decode thread in the
+    training process holds the interpreter for little)."""
+    import torch.nn.functional as F
+
+    h_max, w_max = max(im.shape[-2] for im in imgs), max(im.shape[-1] for im in imgs)
+    batch = torch.zeros((len(imgs), 3, h_max, w_max), dtype=torch.uint8, device=device)
+    theta = torch.zeros((len(imgs), 2, 3), dtype=torch.float32)
+    for i, im in enumerate(imgs):
+        h_img, w_img = im.shape[-2:]
+        batch[i, :, :h_img, :w_img].copy_(im, non_blocking=True)
+        left, top, w, h = boxes[i]
+        if left + w > w_img or top + h > h_img:  # header and pixels disagree (a damaged file)
+            left, top, w, h = 0, 0, w_img, h_img
+        # output [-1, 1] -> the box's pixel span in the padded image's [-1, 1] coordinates
+        sx, sy = w / w_max, h / h_max
+        theta[i, 0, 0] = -sx if flips[i] else sx
+        theta[i, 0, 2] = (2 * left + w) / w_max - 1
+        theta[i, 1, 1] = sy
+        theta[i, 1, 2] = (2 * top + h) / h_max - 1
+    grid = F.affine_grid(theta.to(device, non_blocking=True), [len(imgs), 3, size, size], align_corners=False)
+    return F.grid_sample(batch.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
 class GpuDecoder:
     """Batch decode + augment on a device. Non-JPEG files (PNG) and files the batched decoder
     rejects are decoded by Pillow on the host and counted (``fallbacks``); files neither can read
@@ -290,29 +316,19 @@ class GpuDecoder:
         return out, fallbacks
 
     def __call__(self, item):
-        import torch.nn.functional as F
-
         flat, lengths, labels, boxes, flips, meta = item
         datas = list(torch.split(flat, lengths))
         imgs, fallbacks = self._decode_all(datas)
         good = [i for i, im in enumerate(imgs) if im is not None]
         if not good:
             raise RuntimeError(f"no image of a batch of {len(datas)} could be decoded")
-        s = self.size
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = torch.empty((len(datas), 3, s, s), dtype=torch.float32, device=self.device, memory_format=fmt)
-        bad = 0
-        for i, img in enumerate(imgs):
-            if img is None:  # neither decoder read it: take another image of the batch
-                img, bad = imgs[good[i % len(good)]], bad + 1
-            left, top, w, h = boxes[i]
-            h_img, w_img = img.shape[-2:]
-            if left + w > w_img or top + h > h_img:  # header and pixels disagree (a damaged file)
-                left, top, w, h = 0, 0, w_img, h_img
-            crop = img[:, top:top + h, left:left + w].unsqueeze(0).float()
-            r = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
-            out[i].copy_(r[0].flip(-1) if flips[i] else r[0])
+        bad = sum(im is None for im in imgs)
+        imgs = [im if im is not None else imgs[good[i % len(good)]]  # unreadable: another image of the batch
+                for i, im in enumerate(imgs)]
+        out = _crop_resize_flip(imgs, boxes, flips, self.size, self.device)
         mean, std = _mean_std(self.device)
-        out.sub_(mean).div_(std)
+        out = out.sub_(mean).div_(std)
+        if self.channels_last:
+            out = out.contiguous(memory_format=torch.channels_last)
         meta = dict(meta, decode_fallbacks=fallbacks, bad=meta["bad"] + bad)
         return (out, labels.to(self.device, non_blocking=True)), meta

@@ -23,6 +23,7 @@ import tempfile
 import time
 from typing import Any
 
+from dlscale.fmt import fmt_cell
 from dlscale import ConfigError
 from dlscale.micro import common
 
@@ -180,7 +181,7 @@ def main(args) -> int:
                 rows.append(measure_pipeline(p, data, w, args.batch_size or BATCH[p], args.seconds, device,
                                              args.flavor))
                 r = rows[-1]
-                print(f"# {p} workers {w}: {common.fmt(r['samples_per_s'])} samples/s ({r['status']})", flush=True)
+                print(f"# {p} workers {w}: {fmt_cell(r['samples_per_s'])} samples/s ({r['status']})", flush=True)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlscale import ConfigError, validity
-from dlscale.config import workload_fields
+from dlscale.config import LATE_FIELD_DEFAULTS, workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
 from dlscale.store import STATUSES, LoadResult, ResultStore
@@ -681,9 +681,11 @@ def assign_names(groups: list[Group]) -> None:
         keys: list[str] = []
         for g in gs:
             keys += [k for k in g.fields if k not in keys]
-        varying = [k for k in keys if len({freeze(g.fields.get(k)) for g in gs}) > 1]
+        # a late field left out at its default (data, data_decode...) means that default, not None
+        value = lambda g, k: g.fields.get(k, LATE_FIELD_DEFAULTS.get(k))  # noqa: E731
+        varying = [k for k in keys if len({freeze(value(g, k)) for g in gs}) > 1]
         for g in gs:
-            g.extras = {k: g.fields.get(k) for k in varying if k not in MAIN_KEYS}
+            g.extras = {k: value(g, k) for k in varying if k not in MAIN_KEYS}
             if len(gs) == 1:
                 name = model
             else:

@@ -20,9 +20,9 @@ STD = 0.02
 
 
 def make(spec: ModelSpec) -> JaxModel:
-    x = spec.extra
-    H, I, nl, nh, V = x["hidden"], x["intermediate"], x["n_layers"], x["n_heads"], x["vocab"]
-    rate = float(x["dropout"])
+    a = spec.arch
+    H, I, nl, nh, V = a.hidden, a.ffn_hidden, a.n_layers, a.n_heads, a.vocab
+    rate = float(a.dropout)
     from dlscale.models.bert import _CONFIGS
 
     cfg = _CONFIGS[spec.flavor]

@@ -18,9 +18,9 @@ LN_EPS = 1e-5  # torch nn.LayerNorm's default
 
 
 def make(spec: ModelSpec) -> JaxModel:
-    x = spec.extra
-    C, nl, nh = x["hidden"], x["n_layers"], x["n_heads"]
-    V, T = x["padded_vocab"], spec.seq_len
+    a = spec.arch
+    C, nl, nh = a.hidden, a.n_layers, a.n_heads
+    V, T = a.padded_vocab or a.vocab, spec.seq_len
     std, resid_std = 0.02, 0.02 / math.sqrt(2 * nl)
 
     def init(ini):

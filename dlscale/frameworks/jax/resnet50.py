@@ -45,8 +45,8 @@ def _plan(layers, width):
 
 
 def make(spec: ModelSpec) -> JaxModel:
-    x = spec.extra
-    layers, width, classes = tuple(x["layers"]), x["base_width"], x["num_classes"]
+    a = spec.arch
+    layers, width, classes = tuple(a.stages), a.base_width, a.classes
     plan, feat = _plan(layers, width)
 
     def init(ini):
