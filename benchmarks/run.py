@@ -11,13 +11,14 @@ SUITE: a suite of benchmarks/suites/ by name (core, ddp-overlap, ...), a shipped
 2. the environment every benchmark on the lent hosts needs is set once (NVLink multicast off,
    unbuffered output, this checkout on PYTHONPATH), and `dlscale env` is captured;
 3. the suite's ``before`` commands (making a data set), each a bounded process, output in
-   DIR/commands.log;
+   DIR/commands.log; its ``during`` commands start (a competing load, ended after step 5);
 4. the bare runs (the yardstick scripts: benchmarks/bare_loop.py, bare_loop_jax.py, bare_mp.py;
    one fresh process set per repeat, bounded by the case's time limit, the whole tree killed past
    it) are measured and stored as records of their dlscale cases in DIR/bare (variants in
    DIR/variants);
-5. the dlscale cases run through `dlscale sweep` into DIR/store, then the ``after`` commands
-   (micro-benchmarks into the store);
+5. the dlscale cases run through `dlscale sweep` into DIR/store, the suite's ``external`` cases
+   (other stacks' commands, as `dlscale run --command` runs them) into the same store, then the
+   ``after`` commands (micro-benchmarks into the store);
 6. the tables: `dlscale report` (DLPerf tables, and --group-by label), `dlscale compare` of the bare
    runs against dlscale's, the suite's own comparisons and ``table`` commands, each as Markdown
    and JSON, listed with the command that made it in DIR/index.md.
@@ -54,6 +55,9 @@ SUITES_DIR = BENCH_DIR / "suites"
 HOST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "PYTHONUNBUFFERED": "1"}
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 2, 5, 75, 130
+# a table command's exit 1 is its verdict (dlscale parity: a case outside its tolerance; compare
+# --fail-on-regression): the table is made and kept, the verdict shown in the index
+EXIT_VERDICT = 1
 RESULT_STATUSES = ("ok", "oom", "unsupported")
 TABLE_SCRIPT_LIMIT_S = 300
 
@@ -79,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only cases (and bare runs) matching, as `dlscale sweep --filter` (repeatable; "
                         "default: all)")
     p.add_argument("--only", choices=("all", "dlscale", "bare"), default="all",
-                   help="run everything, only the dlscale cases, or only the bare-loop runs (the tables are "
-                        "made either way)")
+                   help="run everything, only the dlscale cases (with the suite's external cases and commands), or "
+                        "only the bare-loop runs (the tables are made either way)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="override the suite's device (default: the suite's)")
     for name, what in (("warmup", "warm-up steps"), ("steps", "timed steps"), ("repeats", "repeats")):
@@ -139,6 +143,13 @@ class Plan:
     case_idx: list[int]
     bare: list[Any]  # BareRun
     filters: list[str]
+    external: list[Any] = field(default_factory=list)  # ExternalRun (dlscale/external/suite.py)
+    missing: str | None = None  # why the bare runs cannot start here (a dry run goes on)
+
+    @property
+    def dlscale_half(self) -> bool:
+        """Cases or external cases are selected: the suite's commands run with them."""
+        return bool(self.case_idx or self.external)
 
     @property
     def stores(self) -> dict[str, str]:
@@ -178,7 +189,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     except ConfigError:
         idx = []  # the filter may select bare runs only
     bare = [b for b in suite.bench.bare if matches(case_fields(b.cfg), filters)] if args.only != "dlscale" else []
-    if not idx and not bare:
+    external = [e for e in suite.bench.external if matches(e.case.to_dict(), filters)] if args.only != "bare" else []
+    if not idx and not bare and not external:
         filter_suite(suite, filters)  # raises, naming what the suite has
         what = {"bare": "bare-loop run", "dlscale": "dlscale case"}.get(args.only, "case or bare-loop run")
         raise ConfigError(f"nothing to run: no {what} of suite {suite.name}"
@@ -187,7 +199,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
         else Path("bench-out") / suite.name
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    return Plan(suite, path, out, idx, bare, list(args.filter or []))
+    why = benchsuite.missing_packages(bare)
+    if why and not args.dry_run:  # a dry run shows it (the GPU machine may have what this one lacks)
+        raise ConfigError(why)
+    plan = Plan(suite, path, out, idx, bare, list(args.filter or []), external, missing=why)
+    for run in external:  # the program is on this machine, its directory exists
+        try:
+            external_case(plan, run).check_launchable()
+        except ConfigError as e:
+            raise ConfigError(f"suite {suite.name}: {run.describe()}: {e}") from None
+    return plan
 
 
 def visible_gpus(plan: Plan, dry_run: bool) -> int | None:
@@ -350,12 +371,64 @@ def run_sweep(plan: Plan, args: argparse.Namespace) -> int:
         return dlscale_main(sweep_argv(plan, args))
 
 
+# ----------------------------------------------------------------------------- external cases
+
+def external_case(plan: Plan, run):
+    """The ExternalCase of a suite entry as it runs here (placeholders and script path resolved)."""
+    return run.resolved(places(plan), BENCH_DIR, sys.executable)
+
+
+def external_done(case, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ok record of this external case already in the store, if any."""
+    for r in reversed(records):
+        if (r.get("kind") == "external" and r.get("status") == "ok" and r.get("case_key") == case.case_key()
+                and r.get("label") == case.label):
+            return r
+    return None
+
+
+def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]]:
+    """Measure the external cases not yet ok in the dlscale store (each as `dlscale run --command`
+    measures it: fresh processes per repeat, bounded, logs in STORE/logs); (description, status)."""
+    from dlscale.commands.sweep import _append_uninterrupted
+    from dlscale.config import resolve_device
+    from dlscale.external.measure import measure_external
+    from dlscale.store import ResultStore
+
+    store = ResultStore(plan.stores["dlscale"])
+    gpus = None
+    results = []
+    for n, run in enumerate(plan.external, 1):
+        case, what = external_case(plan, run), run.describe()
+        head = f"[external {n}/{len(plan.external)}]"
+        if not force and external_done(case, store.load().records):
+            print(f"{head} done     {what}: ok record in {store.root}", flush=True)
+            continue
+        if resolve_device(case.device) == "cuda":
+            import torch
+
+            gpus = torch.cuda.device_count() if gpus is None else gpus
+            if case.world_size > gpus:
+                print(f"{head} skip     {what}: needs {case.world_size} GPUs, this machine has {gpus}", flush=True)
+                continue
+        t = time.monotonic()
+        rec = measure_external(case, store, verbose=verbose)
+        _append_uninterrupted(store, rec)
+        tput = (rec.get("summary") or {}).get("samples_per_s") or {}
+        result = f"{tput['median']:,.1f}/s (n={tput.get('n')})" if tput.get("median") else \
+            " ".join(str(rec.get("error") or "").split())[:140]
+        print(f"{head} {rec['status']:<8} {what}: {result} [{time.monotonic() - t:.1f} s; output in "
+              f"{store.root}/logs/{rec['id']}-r*.log]", flush=True)
+        results.append((what, rec["status"]))
+    return results
+
+
 # ----------------------------------------------------------------------------- commands
 
 def places(plan: Plan) -> dict[str, str]:
     """What a command's placeholders stand for."""
     return {"out": str(plan.out), "store": plan.stores["dlscale"], "bare": plan.stores["bare"],
-            "variants": plan.stores["variants"]}
+            "variants": plan.stores["variants"], "python": sys.executable}
 
 
 def command_line(cmd, plan: Plan) -> list[str]:
@@ -431,6 +504,54 @@ def run_commands(plan: Plan, phase: str, args: argparse.Namespace, log) -> list[
     return results
 
 
+@contextlib.contextmanager
+def during_commands(plan: Plan, verbose: bool, lines: list[str], failed: list[str]):
+    """The suite's during commands (a load while the measurements run): each started as the block
+    begins, in its own session, its output in DIR/commands.log, and its whole tree ended when the
+    block ends (or at its time limit). One that ended before the block did is named in ``failed``:
+    the measurements after it ran without the load the suite asked for."""
+    from dlscale.procs import kill_tree
+
+    cmds = plan.suite.bench.when("during") if plan.dlscale_half else []
+    gpus = cuda_gpus(plan) if any(c.gpus for c in cmds) else None
+    running = []
+    with open(plan.out / "commands.log", "a", encoding="utf-8") as log:
+        try:
+            for cmd in cmds:
+                if cmd.gpus and gpus is not None and gpus < cmd.gpus:
+                    print(f"[during {cmd.name}] skip     needs {cmd.gpus} GPUs, this machine has {gpus}", flush=True)
+                    continue
+                line = command_line(cmd, plan)
+                log.write(f"== {cmd.name} (during the measurements): {shown_command(line)}\n")
+                log.flush()
+                proc = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                timer = threading.Timer(cmd.time_limit, kill_tree, args=(proc,))
+                timer.daemon = True
+                timer.start()
+                running.append((cmd, proc, timer, time.monotonic()))
+                print(f"[during {cmd.name}] started  {shown_command(line)} (pid {proc.pid})", flush=True)
+            yield
+        finally:
+            for cmd, proc, timer, started in running:
+                timer.cancel()
+                early = proc.poll()
+                kill_tree(proc)
+                seconds = time.monotonic() - started
+                status = "ok" if early is None else f"ended early (exit {early})"
+                state = command_state(plan)
+                state[cmd.name] = {"argv": cmd.resolved(places(plan)), "status": status, "seconds": round(seconds, 1),
+                                   "pid": proc.pid}
+                (plan.out / "commands.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+                shown = "stopped after the measurements" if early is None else \
+                    f"ended by itself (exit {early}) before the measurements did: what ran after it ran without it"
+                print(f"[during {cmd.name}] {status if early is not None else 'stopped':<8} {shown} "
+                      f"[{seconds:.1f} s]", flush=True)
+                lines.append(f"- during command {cmd.name}: {shown} after {seconds:.1f} s (commands.log)")
+                if early is not None:
+                    failed.append(cmd.name)
+
+
 # ----------------------------------------------------------------------------- tables
 
 @dataclass
@@ -497,8 +618,9 @@ def make_tables(tables: list[Table], out_dir: Path) -> None:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed if t.printed else sys.stdout):
                 t.rc = dlscale_main(t.argv)
         sys.stderr.write(err.getvalue())
-        t.note = next((ln for ln in err.getvalue().splitlines() if "error:" in ln), "")
-        if t.printed and t.rc == 0:
+        said = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        t.note = next((ln for ln in said if "error:" in ln), said[-1] if t.rc == EXIT_VERDICT and said else "")
+        if t.printed and t.rc in (0, EXIT_VERDICT) and printed.getvalue():
             (out_dir / t.file).write_text(printed.getvalue(), encoding="utf-8")
 
 
@@ -515,7 +637,8 @@ def write_index(plan: Plan, argv: list[str], tables: list[Table], lines: list[st
         shown = shlex.join(["python", f"benchmarks/{rel[0]}", *rel[1:]] if t.script else ["dlscale", *rel])
         shown += f" > {t.file}" if t.printed else ""
         why = t.note.split("error: ", 1)[-1].replace("|", "\\|")
-        result = "ok" if t.rc == 0 else f"not made (exit {t.rc}): {why}"
+        result = "ok" if t.rc == 0 else f"made; its verdict (exit 1): {why}" if t.rc == EXIT_VERDICT and t.printed \
+            else f"not made (exit {t.rc}): {why}"
         out.append(f"| [{t.file}]({t.file}) | {t.what} | `{shown}` | {result} |")
     (plan.out / "index.md").write_text("\n".join(out) + "\n", encoding="utf-8")
 
@@ -584,6 +707,13 @@ def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
     if plan.case_idx:
         with files_pending(pending_data(plan)):
             dlscale_main(sweep_argv(plan, args, dry_run=True))
+    for cmd in plan.suite.bench.when("during") if plan.dlscale_half else []:
+        print(f"during        {cmd.name}: {shown_command(command_line(cmd, plan))} (while the measurements run)")
+    records = ResultStore(plan.stores["dlscale"]).load().records
+    for n, run in enumerate(plan.external, 1):
+        case = external_case(plan, run)
+        action = "done" if (external_done(case, records) and not args.force) else "run"
+        print(f"{n:>4}  {action:<4}  {run.describe()}: {shown_command(case.command)}")
     for n, run in enumerate(plan.bare, 1):
         records = ResultStore(plan.stores[run.store]).load().records
         action = "done" if (bare_done(run, records) and not args.force) else "run"
@@ -591,6 +721,8 @@ def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
             action = "skip"
         cmd = BareSpawner(run, resolve_device(run.cfg.device)).command()
         print(f"{n:>4}  {action:<4}  {describe_bare(run)}  ({run.store}): {shown_command(cmd)}")
+    if plan.missing:
+        print(f"# not here: {plan.missing}")
     print("# tables (made from what the stores hold): report.md/json, by-label.md/json"
           + (", bare.md/json, vs-bare.md/json" if plan.bare else "")
           + "".join(f", compare-{c.name}.md/json" for c in plan.suite.bench.compare)
@@ -628,7 +760,10 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
         if bad:  # the cases need what these make: measure nothing
             code = EXIT_FAILED
         else:
-            code = measure_all(plan, args, gpus, budget, lines)
+            early: list[str] = []
+            with during_commands(plan, args.verbose, lines, early):
+                code = measure_all(plan, args, gpus, budget, lines)
+            code = EXIT_FAILED if early else code
             with open(plan.out / "commands.log", "a", encoding="utf-8") as log:
                 code = EXIT_FAILED if commands_phase(plan, "after", args, log, lines) else code
     except KeyboardInterrupt:
@@ -645,7 +780,8 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
     tables = planned_tables(plan)
     make_tables(tables, plan.out)
     write_index(plan, argv, tables, lines)
-    if any(t.rc not in (0, EXIT_BAD_INPUT) for t in tables):  # 2: nothing to show (a filter left it out)
+    # 2: nothing to show (a filter left it out); 1 from a table command: its verdict, shown in the table
+    if any(t.rc not in (0, EXIT_BAD_INPUT) and not (t.rc == EXIT_VERDICT and t.printed) for t in tables):
         code = EXIT_FAILED
     print(f"# tables and index in {plan.out}/index.md")
     if args.pack:
@@ -655,7 +791,7 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
 
 def commands_phase(plan: Plan, phase: str, args: argparse.Namespace, log, lines: list[str]) -> bool:
     """The phase's commands where the dlscale cases run; True when one did not end ok."""
-    if not plan.case_idx or not plan.suite.bench.when(phase):
+    if not plan.dlscale_half or not plan.suite.bench.when(phase):
         return False
     ran = run_commands(plan, phase, args, log)
     bad = [f"{n}: {s}" for n, s in ran if s != "ok"]
@@ -665,7 +801,7 @@ def commands_phase(plan: Plan, phase: str, args: argparse.Namespace, log, lines:
 
 
 def measure_all(plan: Plan, args: argparse.Namespace, gpus: int | None, budget: Budget, lines: list[str]) -> int:
-    """The bare runs, then the dlscale cases; the exit code so far."""
+    """The bare runs, the dlscale cases, the external cases; the exit code so far."""
     code = EXIT_OK
     if plan.bare:
         with open(plan.out / "bare.log", "a", encoding="utf-8") as log:
@@ -680,6 +816,12 @@ def measure_all(plan: Plan, args: argparse.Namespace, gpus: int | None, budget: 
         if rc == EXIT_INTERRUPTED and not budget.expired:
             raise KeyboardInterrupt
         code = EXIT_FAILED if rc not in (EXIT_OK, EXIT_INTERRUPTED) else code
+    if plan.external and not budget.expired:
+        ran = run_external(plan, args.force, args.verbose)
+        bad = [w for w, s in ran if s not in RESULT_STATUSES]
+        lines.append(f"- external cases: {len(plan.external)} selected, {len(ran)} measured (logs: store/logs)"
+                     + (f"; not ok: {'; '.join(bad)}" if bad else ""))
+        code = EXIT_FAILED if bad else code
     return code
 
 

@@ -26,7 +26,12 @@ lines do (``LOOPS`` says what each runs); breakdown and profile of an ``each`` c
 (make a data set: ``creates: PATH`` skips the command where PATH exists), ``after`` them (a
 micro-benchmark into the store; ``gpus: N`` skips it where fewer GPUs are visible), or as a
 ``table`` (the driver adds ``--format md|json`` and keeps the output as NAME.md and NAME.json).
-``{out}``, ``{store}``, ``{bare}``, ``{variants}`` in an argument are the driver's paths.
+``during`` commands run while the measurements do (a competing load), and are ended after them.
+``{out}``, ``{store}``, ``{bare}``, ``{variants}`` in an argument are the driver's paths,
+``{python}`` its Python interpreter.
+
+``external``: other stacks' training commands measured as `dlscale run --command` measures them
+(dlscale/external/suite.py), into the dlscale store beside the suite's cases.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from dlscale import ConfigError
 from dlscale.caseargs import option_args
 from dlscale.config import FIELDS, PROCEDURE_FIELDS, RunConfig, check_value
 
-SECTIONS = ("bare", "compare", "commands")
+SECTIONS = ("bare", "compare", "commands", "external")
 SGD_CHOICES = ("auto", "foreach", "fused")
 BARE_PRECISIONS = ("amp-bf16", "fp32")
 VARIANT_KEYS = ("torchvision", "sgd")  # the torch loop's variants
@@ -118,7 +123,7 @@ class Command:
     """A command of the suite's ``commands`` section, as the driver runs it."""
 
     name: str
-    when: str  # before | after | table
+    when: str  # before | after | table | during
     argv: tuple[str, ...]  # dlscale's arguments, or the script's name and its arguments
     script: bool = False  # a benchmarks/ script, not a dlscale command
     creates: str | None = None  # skip where this path exists (a data set already made)
@@ -126,8 +131,13 @@ class Command:
     time_limit: float = 900.0  # seconds; the command's process tree is killed past it
 
     def resolved(self, places: dict[str, str]) -> list[str]:
-        """The arguments with ``{out}``, ``{store}``, ``{bare}``, ``{variants}`` replaced."""
-        return [_PLACE.sub(lambda m: places[m.group(1)], a) for a in self.argv]
+        """The arguments with the placeholders (``{out}``, ``{store}``, ...) replaced."""
+        return resolve_args(self.argv, places)
+
+
+def resolve_args(argv: Sequence[str], places: dict[str, str]) -> list[str]:
+    """Arguments with ``{out}``, ``{store}``, ``{bare}``, ``{variants}``, ``{python}`` replaced."""
+    return [_PLACE.sub(lambda m: places[m.group(1)], a) for a in argv]
 
 
 @dataclass
@@ -135,13 +145,15 @@ class BenchSections:
     bare: list[BareRun] = field(default_factory=list)
     compare: list[CompareSpec] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    external: list[Any] = field(default_factory=list)  # ExternalRun (dlscale/external/suite.py)
 
     def with_overrides(self, values: dict[str, Any]) -> "BenchSections":
         """The suite's command-line overrides (device, warmup, steps, repeats), applied to the bare
         runs as to the cases, so that both keep the same case keys."""
         given = {k: v for k, v in values.items() if k not in ("max_batch_start", "max_batch_cap")}
         bare = [dataclasses.replace(b, cfg=dataclasses.replace(b.cfg, **given)) for b in self.bare]
-        return BenchSections(bare, list(self.compare), list(self.commands))
+        return BenchSections(bare, list(self.compare), list(self.commands),
+                             [e.with_overrides(given) for e in self.external])
 
     def when(self, phase: str) -> list[Command]:
         return [c for c in self.commands if c.when == phase]
@@ -164,13 +176,22 @@ def parse_sections(data: dict[str, Any], ctx: Context) -> BenchSections:
     bare = _bare_runs(data.get("bare"), ctx) if data.get("bare") is not None else []
     specs = _compare_specs(data.get("compare"), ctx) if data.get("compare") is not None else []
     commands = _commands(data.get("commands"), ctx) if data.get("commands") is not None else []
+    external = _external(data, ctx) if data.get("external") is not None else []
     have = {"dlscale"} | {b.store for b in bare}
     for i, spec in enumerate(specs):
         for name, side in (("a", spec.a), ("b", spec.b)):
             if side.store not in have:
                 raise ctx.error(f"compare[{i}].{name}.store", f"the suite has no {side.store} runs to compare "
                                                               f"(its bare section makes: {', '.join(sorted(have))})")
-    return BenchSections(bare, specs, commands)
+    return BenchSections(bare, specs, commands, external)
+
+
+def _external(data: dict[str, Any], ctx: Context) -> list[Any]:
+    from dlscale.external.suite import SETTINGS, parse_external
+
+    # the suite's settings were checked by its loader; an external case takes them as its defaults
+    settings = {k: data[k] for k in SETTINGS if k in data}
+    return parse_external(data["external"], ctx.error, ctx.unknown_keys, lambda key, v: _argv(ctx, key, v), settings)
 
 
 # ----------------------------------------------------------------------------- bare
@@ -181,7 +202,8 @@ def _check_plain(cfg: RunConfig) -> None:
         raise ConfigError("the bare loop runs on one node")
     for name, bad in (("grad_accum", cfg.grad_accum != 1), ("clip_grad_norm", cfg.clip_grad_norm is not None),
                       ("batch_size", cfg.batch_search), ("inject_failure", cfg.inject_failure is not None),
-                      ("breakdown", cfg.breakdown), ("profile", cfg.profile)):
+                      ("breakdown", cfg.breakdown), ("profile", cfg.profile),
+                      ("activation_checkpointing", cfg.activation_checkpointing != "none")):
         if bad:
             raise ConfigError(f"the bare loop has no {name} {getattr(cfg, name)!r} (it trains plainly and times "
                               f"the window only)")
@@ -255,6 +277,21 @@ def _check_mp(run: "BareRun") -> None:
         raise ConfigError("loop mp runs eager (the sharded strategies are not compiled)")
 
 
+def _check_hf_llama(run: "BareRun") -> None:
+    """benchmarks/bare_llama_hf.py: Hugging Face's LlamaForCausalLM at the case's llama shape, one
+    device, eager or compiled with torch.compile's defaults."""
+    cfg = run.cfg
+    _check_plain(cfg)
+    if cfg.framework != "torch" or cfg.model != "llama":
+        raise ConfigError(f"loop hf-llama trains Hugging Face's Llama at a llama flavour's shape, not {cfg.framework} "
+                          f"{cfg.model}")
+    _one_device(cfg, "hf-llama")
+    if cfg.strategy != "single" or cfg.strategy_options:
+        raise ConfigError(f"loop hf-llama runs strategy single without options, not {cfg.strategy}")
+    if cfg.compile and (cfg.compile_mode != "default" or cfg.inductor_options):
+        raise ConfigError("loop hf-llama compiles with torch.compile's default mode and no inductor options")
+
+
 def _torch_args(run: "BareRun", device_type: str) -> list[str]:
     c = run.cfg
     args = _common_args(c, device_type) + ["--sgd", run.sgd]
@@ -285,13 +322,29 @@ class Loop:
     multi_process: bool  # ddp under torchrun on 2 or more devices
     check: Callable[[BareRun], None]
     args: Callable[[BareRun, str], list[str]]
+    packages: tuple[str, ...] = ()  # what the script imports beyond dlscale's dependencies
 
 
 LOOPS: dict[str, Loop] = {
     "torch": Loop("benchmarks/bare_loop.py", True, _check_torch, _torch_args),
     "jax": Loop("benchmarks/bare_loop_jax.py", False, _check_jax, lambda run, dev: _common_args(run.cfg, dev)),
     "mp": Loop("benchmarks/bare_mp.py", False, _check_mp, _mp_args),
+    "hf-llama": Loop("benchmarks/bare_llama_hf.py", False, _check_hf_llama,
+                     lambda run, dev: _common_args(run.cfg, dev) + (["--compile"] if run.cfg.compile else []),
+                     packages=("transformers",)),
 }
+
+
+def missing_packages(runs: Iterable[BareRun]) -> str | None:
+    """Why these bare runs cannot start here (a loop's package not importable), else None."""
+    import importlib.util
+
+    for run in runs:
+        missing = [p for p in LOOPS[run.loop].packages if importlib.util.find_spec(p) is None]
+        if missing:
+            return (f"loop {run.loop} ({run.script}) needs {', '.join(missing)}: pip install {' '.join(missing)} "
+                    f"(on a machine without an index: the driver's --wheels DIR)")
+    return None
 
 
 def check_bare_run(run: BareRun) -> None:
@@ -451,12 +504,13 @@ def _compare_specs(value: Any, ctx: Context) -> list[CompareSpec]:
 
 # ----------------------------------------------------------------------------- commands
 
-WHEN = ("before", "after", "table")
+WHEN = ("before", "after", "table", "during")
 COMMAND_KEYS = ("name", "when", "dlscale", "script", "creates", "gpus", "time_limit")
-# the dlscale commands each phase may run: make data sets and micro-benchmarks around the cases,
-# read-only views of the stores as tables
-DLSCALE_COMMANDS = {"before": ("data", "micro"), "after": ("data", "micro"), "table": ("report", "compare", "predict")}
-PLACES = ("out", "store", "bare", "variants")
+# the dlscale commands each phase may run: make data sets and micro-benchmarks around the cases
+# (or as a load while they run), read-only views of the stores as tables
+DLSCALE_COMMANDS = {"before": ("data", "micro"), "after": ("data", "micro"), "during": ("micro",),
+                    "table": ("report", "compare", "predict", "parity", "plan")}
+PLACES = ("out", "store", "bare", "variants", "python")
 _PLACE = re.compile(r"\{(" + "|".join(PLACES) + r")\}")
 _SCRIPT = re.compile(r"^[a-z0-9_]+\.py$")
 # file stems the driver writes itself (a table command writes NAME.md and NAME.json)
@@ -505,6 +559,9 @@ def _command(ctx: Context, key: str, entry: Any, taken: set[str]) -> Command:
         if bad or any(k in entry for k in ("creates", "gpus")):
             raise ctx.error(key, "a table command prints its table: the driver adds --format md|json and keeps the "
                                  "output (no --format, -o, creates or gpus)")
+    if when == "during" and "creates" in entry:
+        raise ctx.error(f"{key}.creates", "a during command is a load while the measurements run: it makes nothing "
+                                          "to skip it by (no creates)")
     creates = entry.get("creates")
     if creates is not None and (not isinstance(creates, str) or not creates.strip() or "{" in creates):
         raise ctx.error(f"{key}.creates", f"expected a literal path (no placeholders), got {creates!r}")

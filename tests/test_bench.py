@@ -168,6 +168,18 @@ def test_commands_resolve_their_placeholders():
     assert io.argv[3] == "0.5" and io.gpus == 2 and io.time_limit == 60.0 and suite.bench.when("after") == [io]
 
 
+def test_external_cases_take_the_suite_settings_and_resolve_their_script():
+    suite = parse(external=[{"script": ["hf_gpt2_train.py", "--steps", 8, "--out", "{out}/hf"],
+                             "parser": "hf-trainer", "model": "gpt2", "batch_size": 2, "precision": "fp32",
+                             "repeats": 2}])
+    (run,) = suite.bench.external
+    c = run.case
+    assert (c.warmup, c.steps, c.repeats, c.label, c.device, c.strategy) == (1, 2, 2, "t", "cpu", "single")
+    resolved = run.resolved({"out": "/o"}, Path("/b"), "py")
+    assert resolved.command == ["py", "/b/hf_gpt2_train.py", "--steps", "8", "--out", "/o/hf"]
+    assert suite.bench.with_overrides({"steps": 5}).external[0].case.steps == 5
+
+
 @pytest.mark.parametrize("sections, where, what", [
     ({"bare": {"model": "gpt2"}}, "key 'bare'", "expected a list"),
     ({"bare": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "torchvisoin": True}]},
@@ -233,6 +245,22 @@ def test_commands_resolve_their_placeholders():
      "key 'commands[0].time_limit'", "time-limit"),
     ({"commands": [{"name": "x", "when": "after", "dlscale": ["micro"], "shell": True}]},
      "key 'commands[0].shell'", "unknown key"),
+    ({"commands": [{"name": "x", "when": "during", "script": ["gpu_load.py"], "creates": "x"}]},
+     "key 'commands[0].creates'", "a during command is a load"),
+    ({"commands": [{"name": "x", "when": "during", "dlscale": ["report"]}]}, "key 'commands[0].dlscale[0]'",
+     "a during command runs dlscale micro"),
+    ({"bare": [{"each": {}, "loop": "hf-llama"}]}, "key 'bare[0]'", "loop hf-llama trains Hugging Face's Llama"),
+    ({"external": {"command": ["x"]}}, "key 'external'", "expected a list of external cases"),
+    ({"external": [{"command": ["x"], "script": ["a.py"], "parser": "regex"}]}, "key 'external[0]'",
+     "give one of command"),
+    ({"external": [{"script": ["../a.py"], "parser": "hf-trainer", "model": "gpt2", "batch_size": 2,
+                    "precision": "fp32"}]}, "key 'external[0].script[0]'", "file name of a benchmarks/ script"),
+    ({"external": [{"command": ["x"], "parser": "hf-trainer", "model": "gpt2", "batch_size": 2}]},
+     "key 'external[0]'", "an external case needs precision"),
+    ({"external": [{"command": ["x"], "parser": "hf-trainer", "model": "gpt2", "batch_size": 2,
+                    "precision": "fp32", "compile": "yes"}]}, "key 'external[0].compile'", "expected bool"),
+    ({"external": [{"command": ["x"], "parser": "hf-trainer", "model": "gpt2", "batch_size": 2,
+                    "precision": "fp32", "shell": True}]}, "key 'external[0].shell'", "unknown key"),
 ])
 def test_bad_sections_one_line_naming_the_key(sections, where, what):
     with pytest.raises(ConfigError) as e:

@@ -40,12 +40,16 @@ def register(sub) -> None:
                        description="For each strategy and degree the job allows (ddp, zero1, fsdp zero2/zero3, "
                        "hsdp, tensor, pipeline, hybrid dp x tp x pp), the predicted memory per device (parameters, "
                        "gradients, optimizer state, activations, weight copies, head), whether it fits, the largest "
-                       "batch that fits and a first-order throughput. Formulas: docs/plan.md.")
-    p.add_argument("--model", required=True, help="registered model with a transformer architecture (gpt2, llama...)")
+                       "batch that fits and a first-order throughput. Formulas: docs/plan.md. With --check STORE "
+                       "instead: the plan of each stored case beside its measured peak (exit 1 when one is outside "
+                       "--tolerance).")
+    p.add_argument("--model", default=None,
+                   help="registered model with a transformer architecture (gpt2, llama...); required without --check")
     p.add_argument("--flavor", default=None, help="the model's size (default: its first flavour)")
-    p.add_argument("--gpus", type=_positive(int), required=True, help="GPUs in the job (all nodes)")
+    p.add_argument("--gpus", type=_positive(int), default=None, help="GPUs in the job (all nodes); required without --check")
     p.add_argument("--nodes", type=_positive(int), default=1, help="nodes the GPUs are spread over (evenly)")
-    p.add_argument("--gpu-memory", type=memory_size, required=True, help="memory of one GPU, e.g. 80GiB, 141GB")
+    p.add_argument("--gpu-memory", type=memory_size, default=None,
+                   help="memory of one GPU, e.g. 80GiB, 141GB; required without --check")
     p.add_argument("--batch-size", type=_positive(int), default=4,
                    help="per-device micro-batch as in dlscale run (pipelines: the batch their micro-batches share)")
     p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS, help="as dlscale run's --precision")
@@ -64,6 +68,12 @@ def register(sub) -> None:
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
+    p.add_argument("--check", metavar="STORE", default=None,
+                   help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
+                        "one file) with a transformer model, the plan's peak per device beside the measured peak, "
+                        "with the error (dlscale/plancheck.py; default: off)")
+    p.add_argument("--tolerance", type=_positive(float), default=None,
+                   help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -88,12 +98,44 @@ def _machine(args):
                    headroom=args.headroom)
 
 
+def cmd_check(args) -> int:
+    """--check STORE: the plan beside the measured peaks; exit 1 when a measured case is outside."""
+    import sys
+
+    from dlscale import plancheck
+    from dlscale.report.cli import _warn
+    from dlscale.report.data import load_records
+
+    given = [f for f, v in (("--model", args.model), ("--gpus", args.gpus), ("--gpu-memory", args.gpu_memory),
+                            ("--strategy", args.strategy)) if v is not None]
+    if given:
+        raise ConfigError(f"--check reads the cases from the store; not with {', '.join(given)}")
+    tolerance = plancheck.TOLERANCE if args.tolerance is None else args.tolerance
+    loaded = load_records(args.check)
+    _warn(loaded.warnings())
+    rep = plancheck.check(loaded.records, args.check, tolerance)
+    print(plancheck.to_json(rep) if args.format == "json" else plancheck.to_markdown(rep))
+    if rep.outside:
+        names = ", ".join(f"{r.case} ({100 * r.error:+.1f} %)" for r in rep.outside)
+        print(f"dlscale: plan --check: {len(rep.outside)} case(s) outside {tolerance:.0%}: {names}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_plan(args) -> int:
     from dlscale.memplan import Workload
     from dlscale.models import default_flavor, get_model
     from dlscale.plan import plan_rows
     from dlscale.strategies import strategy_names
 
+    if args.check is not None:
+        return cmd_check(args)
+    if args.tolerance is not None:
+        raise ConfigError("--tolerance applies to --check only")
+    missing = [f for f, v in (("--model", args.model), ("--gpus", args.gpus), ("--gpu-memory", args.gpu_memory))
+               if v is None]
+    if missing:
+        raise ConfigError(f"plan needs {', '.join(missing)} (or --check STORE: the plan against stored peaks)")
     for s in args.strategy or []:
         if s not in strategy_names():
             raise ConfigError(f"unknown strategy {s!r}; choose one of: {', '.join(strategy_names())}")
