@@ -98,6 +98,8 @@ def series_name(w: Workload) -> str:
     cfg = rec_config(base.record)
     parts = [group_of(base.record) if base.record.get("kind") == "imported" else "", str(cfg.get("model")),
              str(cfg.get("precision")), f"b{cfg.get('batch_size')}", "compile" if cfg.get("compile") else "eager"]
+    if cfg.get("framework") not in (None, "torch"):  # another framework: another series, always compiled (XLA)
+        parts[1:] = [str(cfg.get("framework")), *parts[1:-1]]
     if cfg.get("flavor") not in (None, "full"):
         parts.insert(2, str(cfg.get("flavor")))
     if base.record.get("label") is not None:
