@@ -57,7 +57,7 @@ def main() -> int:
             rows[name] = json.loads(lines[-1])
             log.write(json.dumps({"variant": name, **rows[name]}) + "\n")
             log.flush()
-            print(f"{name}: {rows[name]['samples_per_s']:.1f} samples/s", flush=True)
+            print(f"{name}: {rows[name]['samples_per_s']:.4g} samples/s", flush=True)
     base = rows.get("default")
     device = next(iter(rows.values()))["device"] if rows else "?"
     md = [f"{args.model} b{args.batch_size}, bare JAX loop, one device ({device}); ratio: samples/s / the default's",
