@@ -9,6 +9,12 @@ No dlscale worker, launcher, mesh, loss scale or records. One process, one devic
 
     python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16
 
+``--legacy matmul-f32-out`` / ``--legacy gather-ce`` (diagnosis only, repeatable) swap in the
+formulations dlscale's JAX layers used before: matmuls and convolutions with
+``preferred_element_type=float32`` then a cast (which makes every backward matmul mix float32
+with bfloat16), and the cross-entropy through ``take_along_axis`` on the float32 log-softmax; an
+A/B of each against the default measures what it cost (docs/benchmarks.md, issue 21).
+
 Prints one JSON line: {"bench": "bare_loop_jax", "model", "samples_per_s", "mfu", "compile_s", ...}.
 With --out DIR it also writes DIR/rank0.json in the shape dlscale's worker writes, so that
 benchmarks/run.py stores the run as a record of its dlscale case (a suite's ``bare`` entry with
@@ -40,7 +46,57 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default=None, metavar="DIR", help="also write DIR/rank0.json (default: none)")
+    ap.add_argument("--legacy", action="append", default=[], choices=sorted(LEGACY),
+                    help="diagnosis: use an earlier layer formulation (repeatable)")
     return ap.parse_args()
+
+
+def _legacy_matmul_f32_out(layers) -> None:
+    """dense, vocab_logits, conv: float32 outputs (preferred_element_type) cast to the compute dtype."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    f32 = jnp.float32
+
+    def dense(p, x, ctx):
+        dt = ctx.cdt
+        y = jnp.dot(x.astype(dt), p["kernel"].astype(dt), preferred_element_type=f32).astype(dt)
+        return y + p["bias"].astype(dt) if "bias" in p else y
+
+    def vocab_logits(x, table, bias, ctx):
+        vocab, dt = table.shape[0], ctx.cdt
+        pad = -vocab % ctx.vocab_multiple
+        w = table if pad == 0 else jnp.pad(table, ((0, pad), (0, 0)))
+        logits = jnp.dot(x.astype(dt), w.astype(dt).T, preferred_element_type=f32).astype(dt)
+        b = jnp.zeros((vocab,), f32) if bias is None else bias
+        if pad:
+            b = jnp.concatenate([b, jnp.full((pad,), layers.MASKED_LOGIT, f32)])
+        return logits + b.astype(dt)
+
+    def conv(p, x, ctx, stride=1, padding=0):
+        dt = ctx.cdt
+        return lax.conv_general_dilated(
+            x.astype(dt), p["kernel"].astype(dt), (stride, stride), [(padding, padding)] * 2,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=f32).astype(dt)
+
+    layers.dense, layers.vocab_logits, layers.conv = dense, vocab_logits, conv
+
+
+def _legacy_gather_ce(layers) -> None:
+    """cross_entropy: take_along_axis on the float32 log-softmax (its gradient is a scatter)."""
+    import jax
+    import jax.numpy as jnp
+
+    def cross_entropy(logits, labels, ignore_index=None):
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        valid = jnp.ones(labels.shape, bool) if ignore_index is None else labels != ignore_index
+        nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+    layers.cross_entropy = cross_entropy
+
+
+LEGACY = {"matmul-f32-out": _legacy_matmul_f32_out, "gather-ce": _legacy_gather_ce}
 
 
 def main() -> None:
@@ -57,6 +113,8 @@ def main() -> None:
     from dlscale.frameworks.jax.layers import Ctx, HostInit
     from dlscale.frameworks.jax.models import count_params, get_jax_model
 
+    for name in args.legacy:  # the models call layers.<fn> at trace time, so this swaps them in
+        LEGACY[name](layers)
     gpu = jax.default_backend() == "gpu"
     if gpu:  # fp32 matmuls on TF32 tensor cores, as dlscale's JAX worker (and torch's allow_tf32)
         jax.config.update("jax_default_matmul_precision", "tensorfloat32")
@@ -118,6 +176,7 @@ def main() -> None:
                       "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,
                       "mfu": metrics.mfu(spec.flops_per_sample, sps, peak) if peak else None,
                       "loss": float(loss), "peak_mem_gib": mem / 2**30 if mem else None,
+                      "legacy": sorted(set(args.legacy)),
                       "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}), flush=True)
 
 

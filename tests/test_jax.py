@@ -232,6 +232,70 @@ def test_fp16_loss_scale_skips_non_finite_steps_and_backs_off():
     np.testing.assert_array_equal(np.asarray(bad.params["w"]), np.asarray(ok.params["w"]))  # skipped
 
 
+def _dot_dtypes(fn, *args) -> set[tuple[str, ...]]:
+    """(lhs, rhs, out) dtypes of every dot_general and convolution in fn's jaxpr."""
+    prims = {"dot_general", "conv_general_dilated"}
+    found = set()
+
+    def walk(jaxpr):
+        for e in jaxpr.eqns:
+            if e.primitive.name in prims:
+                found.add(tuple(str(v.aval.dtype) for v in (*e.invars, *e.outvars)))
+            for v in e.params.values():
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def test_bf16_backward_matmuls_and_convs_run_in_bf16():
+    """Every matmul and convolution of the forward AND backward pass takes and gives bfloat16 (as
+    torch autocast's): a float32 output cast down would make the gradient ones float32 x bfloat16
+    (run in fp32/TF32 on GPUs), the cause of the JAX GPT-2's 1.8x deficit (docs/benchmarks.md)."""
+    import jax.numpy as jnp
+
+    from dlscale.frameworks.jax import layers as L
+
+    ctx, bf = L.Ctx(dtype="bfloat16"), ("bfloat16",) * 3
+    ini = L.HostInit(0)
+    dense, table = L.dense_params(ini, 8, 16, std=0.02), jnp.asarray(ini.normal((10, 8), 0.02))
+    conv = {"kernel": jnp.asarray(ini.normal((3, 3, 4, 6), 0.1))}
+    x, img, q = jnp.ones((2, 3, 8)), jnp.ones((2, 5, 5, 4)), jnp.ones((2, 4, 2, 8), jnp.bfloat16)
+    cases = {
+        "dense": (lambda p, x: jnp.sum(L.dense(p, x, ctx).astype(jnp.float32)), dense, x),
+        "vocab": (lambda w, x: jnp.sum(L.vocab_logits(x, w, None, L.Ctx(dtype="bfloat16", vocab_multiple=4))
+                                       .astype(jnp.float32)), table, x),
+        "conv": (lambda p, x: jnp.sum(L.conv(p, x, ctx, padding=1).astype(jnp.float32)), conv, img),
+        "attention with dropout": (lambda q, k: jnp.sum(L.attention(
+            q, k, q, ctx, causal=True, dropout_rate=0.1, key=jax.random.PRNGKey(0)).astype(jnp.float32)), q, q),
+    }
+    for name, (f, a, b) in cases.items():
+        found = _dot_dtypes(jax.grad(f, argnums=(0, 1)), a, b)
+        assert found == {bf}, (name, found)
+
+
+def test_cross_entropy_by_hand():
+    """logsumexp - label logit: against values computed by hand, with and without ignore_index."""
+    import math
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dlscale.frameworks.jax.layers import cross_entropy
+
+    logits = jnp.asarray([[[0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.0]]], jnp.bfloat16)  # (1, 2, 4)
+    labels = jnp.asarray([[1, 2]])
+    a, b = math.log(4.0), math.log(math.e + math.e ** 2 + math.e ** 3 + 1.0) - 3.0
+    np.testing.assert_allclose(float(cross_entropy(logits, labels)), (a + b) / 2, rtol=1e-6)
+    np.testing.assert_allclose(float(cross_entropy(logits, jnp.asarray([[-100, 2]]), ignore_index=-100)), b,
+                               rtol=1e-6)
+    # gradient: softmax - one_hot(label), over the batch mean
+    g = np.asarray(jax.grad(lambda z: cross_entropy(z, labels))(logits.astype(jnp.float32)))
+    np.testing.assert_allclose(g[0, 0], np.array([0.25, -0.75, 0.25, 0.25]) / 2, rtol=1e-6)
+
+
 def test_env_records_jax_versions_and_backend():
     from dlscale import envinfo
 

@@ -5,6 +5,13 @@ convolutions, GELU and attention run in the compute dtype (``ctx.dtype``: float3
 float16, fp32 accumulation); LayerNorm, BatchNorm statistics, softmax cross-entropy and the
 residual stream run in float32; parameters are float32 (the master copy) and cast at use.
 
+Matmuls and convolutions return the compute dtype directly (the GPU libraries accumulate half
+precision in fp32 anyway), never ``preferred_element_type=float32`` followed by a cast: the
+transpose of that cast hands the backward pass a float32 cotangent, so every gradient matmul
+would mix float32 with the half-precision operand and XLA would run it in fp32/TF32 on upcast
+copies (2/3 of the FLOPs at half the tensor-core rate or worse). Here, as in torch autocast, the
+backward matmuls run in the compute dtype too.
+
 Layouts are JAX's: a dense kernel is (in, out), a convolution kernel HWIO on NHWC activations,
 an embedding (rows, features). ``dlscale.frameworks.jax.convert`` maps torch tensors onto them.
 """
@@ -109,7 +116,7 @@ def norm_params(init, features: int) -> dict:
 
 def dense(p: dict, x, ctx: Ctx):
     dt = ctx.cdt
-    y = jnp.dot(x.astype(dt), p["kernel"].astype(dt), preferred_element_type=F32).astype(dt)
+    y = jnp.dot(x.astype(dt), p["kernel"].astype(dt))  # not preferred_element_type: module docstring
     if "bias" in p:
         y = y + p["bias"].astype(dt)
     return y
@@ -147,13 +154,13 @@ def attention(q, k, v, ctx: Ctx, *, causal: bool, dropout_rate: float = 0.0, key
     """
     if dropout_rate > 0.0 and ctx.train and key is not None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-        s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=F32) * scale
+        s = jnp.einsum("btnh,bsnh->bnts", q, k).astype(F32) * scale
         if causal:
             t = q.shape[1]
             s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
         ATTENTION_USED.add("manual (dropout)")
         w = dropout(jax.nn.softmax(s, axis=-1), dropout_rate, key, ctx).astype(q.dtype)
-        return jnp.einsum("bnts,bsnh->btnh", w, v, preferred_element_type=F32).astype(q.dtype)
+        return jnp.einsum("bnts,bsnh->btnh", w, v)
     impl = ctx.attention
     if impl == "cudnn":
         try:
@@ -177,7 +184,7 @@ def vocab_logits(x, table, bias, ctx: Ctx):
     pad = -vocab % ctx.vocab_multiple
     dt = ctx.cdt
     w = table if pad == 0 else jnp.pad(table, ((0, pad), (0, 0)))
-    logits = jnp.dot(x.astype(dt), w.astype(dt).T, preferred_element_type=F32).astype(dt)
+    logits = jnp.dot(x.astype(dt), w.astype(dt).T)
     if pad:
         b = jnp.zeros((vocab,), F32) if bias is None else bias
         b = jnp.concatenate([b, jnp.full((pad,), MASKED_LOGIT, F32)])
@@ -187,14 +194,19 @@ def vocab_logits(x, table, bias, ctx: Ctx):
 
 def cross_entropy(logits, labels, ignore_index: int | None = None):
     """Mean softmax cross-entropy in float32 over the last axis; ``ignore_index`` labels count
-    neither in the sum nor in the mean (torch's F.cross_entropy)."""
-    logp = jax.nn.log_softmax(logits.astype(F32), axis=-1)
+    neither in the sum nor in the mean (torch's F.cross_entropy).
+
+    As ``logsumexp - logit[label]``, the label's logit picked by comparing with an iota: reductions
+    and elementwise work XLA fuses, where ``take_along_axis`` on the log-softmax materialises it
+    in float32 and its gradient is a scatter into a zeroed (batch, seq, vocab) float32 array.
+    """
+    x = logits.astype(F32)
+    safe = labels if ignore_index is None else jnp.where(labels != ignore_index, labels, 0)
+    hit = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == safe[..., None]
+    nll = jax.nn.logsumexp(x, axis=-1) - jnp.sum(jnp.where(hit, x, 0.0), axis=-1)
     if ignore_index is None:
-        nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
         return jnp.mean(nll)
     valid = labels != ignore_index
-    safe = jnp.where(valid, labels, 0)
-    nll = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
@@ -202,7 +214,7 @@ def conv(p: dict, x, ctx: Ctx, stride: int = 1, padding: int = 0):
     dt = ctx.cdt
     return lax.conv_general_dilated(
         x.astype(dt), p["kernel"].astype(dt), (stride, stride), [(padding, padding)] * 2,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=F32).astype(dt)
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def batch_norm(p: dict, stats: dict, x, ctx: Ctx, momentum: float = 0.1, eps: float = 1e-5):
