@@ -79,7 +79,8 @@ def py(code: str) -> str:
 def test_failures_are_recorded_with_status_and_exit_code(tmp_path, capsys):
     store = tmp_path / "st"
     base = ["run", "--store", str(store), "--parser", "regex", "--metric", r"rate: (?P<value>[0-9.]+)", "--unit",
-            "img", "--warmup", "1", "--steps", "3", "--repeats", "2", "--no-monitor", "--device", "cpu"]
+            "img", "--precision", "fp32", "--warmup", "1", "--steps", "3", "--repeats", "2", "--no-monitor", "--device",
+            "cpu"]
     # exit 1 without a window: failed (exit 5), the last line quoted
     assert run(*base, "--command", py("import sys; print('loading'); print('boom', file=sys.stderr); sys.exit(1)")) == 5
     # an out-of-memory message: oom (exit 3)
@@ -113,7 +114,7 @@ def test_time_limit_kills_the_whole_tree(tmp_path):
             "time.sleep(120)\n")
     t = time.monotonic()
     assert run("run", "--store", str(tmp_path / "st"), "--command", py(code), "--parser", "regex", "--metric",
-               r"rate: (?P<value>[0-9.]+)", "--unit", "img", "--time-limit", "3", "--repeats", "1",
+               r"rate: (?P<value>[0-9.]+)", "--unit", "img", "--precision", "fp32", "--time-limit", "3", "--repeats", "1",
                "--no-monitor", "--device", "cpu") == 4
     assert time.monotonic() - t < 60
     (rec,) = records(tmp_path / "st")
@@ -188,7 +189,7 @@ def test_report_puts_external_beside_native_and_marks_it(torchrun_store, tmp_pat
     assert "### external: plain torchrun (parser regex) — gpt2" in md
     assert "## Stacks side by side" in md
     stacks = md.split("## Stacks side by side")[1].split("\n## ")[0]
-    assert "| dlscale ddp eager | measured |" in stacks and "| plain torchrun | external |" in stacks
+    assert "| dlscale single eager | measured |" in stacks and "| plain torchrun | external |" in stacks
     out = tmp_path / "r.json"
     assert run("report", str(torchrun_store), "--format", "json", "--output", str(out)) == 0
     rep = json.loads(out.read_text())
