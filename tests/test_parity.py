@@ -103,6 +103,21 @@ def test_repeat_spread_and_bad_input(tmp_path, capsys):
     assert main(["parity", str(tmp_path / "nope")]) == 2
 
 
+def test_frameworks_are_never_each_others_reference(tmp_path, capsys):
+    """JAX initialises its own weights: its single is JAX's reference, torch's is torch's (no cross FAIL)."""
+    off = [w * 1.08 for w in WARM]  # another framework's trajectory: 8 % away
+    jx, jd = rec("js", "single", 1, 8, warm=off), rec("jd", "ddp", 2, 4, warm=off)
+    jx["config"]["framework"] = jd["config"]["framework"] = "jax"
+    old = rec("ts", "single", 1, 8)  # an older torch record: no framework field at all
+    td = rec("td", "ddp", 2, 4)
+    td["config"]["framework"] = "torch"
+    rc, doc = run_json(capsys, write(tmp_path, [jx, jd, old, td]))
+    assert rc == 0 and len(doc["groups"]) == 2
+    refs = {g["reference"]["record_id"]: [c["record_id"] for c in g["cases"]] for g in doc["groups"]}
+    assert refs == {"js": ["jd"], "ts": ["td"]}
+    assert all(c["verdict"] == "pass" for g in doc["groups"] for c in g["cases"])
+
+
 def test_report_has_a_parity_section_and_a_loss_column(tmp_path, capsys):
     store = write(tmp_path, [rec("s", "single", 1, 8), rec("d", "ddp", 2, 4)])
     assert main(["report", str(store)]) == 0

@@ -75,9 +75,11 @@ def splits_batch(rec: dict[str, Any]) -> bool:
 
 
 def workload(rec: dict[str, Any]) -> tuple:
+    """Cases whose losses must agree; another framework's loss is not expected to match (its own init)."""
     cfg = rec_config(rec)
     return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in WORKLOAD_KEYS) + (
-        rec_device_type(rec), str(rec.get("global_batch")), json.dumps(rec_label(rec)))
+        str(cfg.get("framework") or "torch"), rec_device_type(rec), str(rec.get("global_batch")),
+        json.dumps(rec_label(rec)))
 
 
 @dataclass
@@ -125,6 +127,8 @@ class Group:
         gb, acc = self.rec.get("global_batch"), cfg.get("grad_accum") or 1
         batch = f"global batch {gb}" + (f" ({acc} accumulated micro-batches)" if acc > 1 else "")
         bits = [model, str(cfg.get("precision")), rec_device_type(self.rec), batch, f"seed {cfg.get('seed')}"]
+        if cfg.get("framework") not in (None, "torch"):
+            bits.insert(1, str(cfg.get("framework")))
         if cfg.get("clip_grad_norm") is not None:
             bits.append(f"clip {cfg.get('clip_grad_norm')}")
         if rec_label(self.rec) is not None:
