@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# the bare loop imports dlscale (metrics, the JAX models): this checkout first on its path, installed or not
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
 VARIANTS = {  # name -> bare_loop_jax.py --legacy values
     "default": [],
     "legacy both": ["matmul-f32-out", "gather-ce"],
@@ -49,7 +52,7 @@ def main() -> int:
                    str(args.batch_size), "--warmup", str(args.warmup), "--steps", str(args.steps)]
             for legacy in VARIANTS[name]:
                 cmd += ["--legacy", legacy]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=ENV)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"bench": "bare_loop_jax"')]
             if proc.returncode != 0 or not lines:
                 print(f"{name}: failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
