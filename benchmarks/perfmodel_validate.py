@@ -2,8 +2,9 @@
 
     python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms] [--frameworks] [--node-sizes] [--points]
 
-Inputs: every table in tests/fixtures/tables (format dlscale-table/1), the older
-tests/fixtures/published_mxnet_bert_base_v100.yaml, and the H200 pair stores docs/bench-data/*h200x2*.jsonl
+Inputs: every table in tests/fixtures/tables (format dlscale-table/1; the older
+tests/fixtures/published_mxnet_bert_base_v100.yaml holds the same figures as tables/mxnet-bert-base-v100.yaml and
+is not read again), and the H200 pair stores docs/bench-data/*h200x2*.jsonl
 (with their micro comm record). Runs on the CPU (a minute; --forms several); no GPU, nothing measured.
 
 What it prints (markdown, for docs/perfmodel.md):
@@ -40,7 +41,7 @@ from dlscale.perfmodel.render import fmt, md_table, plot_validation, summary_tab
 from dlscale.perfmodel.validate import Validation, summarize_rows  # noqa: E402
 from dlscale.report.data import load_records  # noqa: E402
 
-TABLES = [ROOT / "tests/fixtures/tables", ROOT / "tests/fixtures/published_mxnet_bert_base_v100.yaml"]
+TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
 OWN = sorted(p for p in (ROOT / "docs/bench-data").glob("*h200x2*.jsonl")
              if "bare" not in p.name and "micro" not in p.name) + [ROOT / "docs/bench-data/dlperf-h200x2/results.jsonl"]
 COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"
