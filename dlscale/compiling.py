@@ -7,6 +7,12 @@ of every Triton kernel). So dlscale compiles with their union: the mode's option
 ``--inductor-option KEY=VALUE`` over them, which is exactly what torch.compile does with a mode.
 The record keeps both (``config.compile_mode``, ``config.inductor_options``).
 
+Input never runs code: some settings name a program inductor runs (``cpp.cxx``, ``cuda.cuda_cxx``)
+or a path it reads or writes. dlscale takes a setting only with a bool, int or float value of the
+setting's own type (or for a setting whose default is None), and a string only for the few
+settings in ``SAFE_STRING_OPTIONS`` (names of backends and heuristics, never paths); a setting
+whose name says program, path or command is refused whatever its value.
+
 CUDA graphs replay the recorded kernels of the forward and the backward with no launch between
 them. dlscale allows them with the strategies whose compiled region holds no collective of its
 own (``single``, ``ddp``: DDP's all-reduce runs in hooks outside the graphs); the others, whose
@@ -15,6 +21,7 @@ sharding or pipelining happens inside the model's forward, are refused before la
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from dlscale import ConfigError
@@ -23,9 +30,31 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 _MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
 
 
+# String settings whose values are names of backends, heuristics or policies (never a path, a
+# program or a flag passed to a compiler); every other string setting is refused.
+SAFE_STRING_OPTIONS = frozenset({
+    "cpp.descriptive_names", "triton.descriptive_names", "cpp.enable_floating_point_contract_flag",
+    "max_autotune_gemm_backends", "max_autotune_conv_backends", "max_autotune_gemm_search_space",
+    "max_autotune_flex_search_space", "memory_pool", "estimate_op_runtime", "mixed_mm_choice",
+    "layout_opt_default", "triton_kernel_default_layout_constraint", "cpu_backend", "cuda_backend",
+})
+# name parts of settings that hold a program, a path, a command or compiler flags
+_UNSAFE_PARTS = frozenset({"cxx", "cc", "ld", "compiler", "cmd", "command", "path", "dir", "exe", "executable",
+                           "binary", "bin", "script", "prog", "program", "home", "lib", "libs", "url", "file",
+                           "flags", "opt", "march", "arch"})
+_SCALARS = (bool, int, float)
+_ALLOWED = ("allowed: bool, int and float settings, and string settings that name no path or program "
+            "(dlscale.compiling.SAFE_STRING_OPTIONS, e.g. memory_pool)")
+
+
+def _unsafe_name(name: str) -> bool:
+    return bool(_UNSAFE_PARTS & set(re.split(r"[._]+", name.lower())))
+
+
 def check_options(options: dict[str, Any]) -> None:
-    """Every option names a setting of ``torch._inductor.config`` and has its type (torch.compile
-    would raise the same, but only inside the workers). The mode is checked by RunConfig."""
+    """Every option names a setting of ``torch._inductor.config``, has its type (torch.compile
+    would raise the same, but only inside the workers) and can run no code (see the module's
+    note). The mode is checked by RunConfig."""
     if not options:
         return
     from torch._inductor import config
@@ -37,10 +66,32 @@ def check_options(options: dict[str, Any]) -> None:
             close = difflib.get_close_matches(name, list(known), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else " (see torch._inductor.config)"
             raise ConfigError(f"inductor-option {key!r} is not a setting of torch._inductor.config{hint}")
-        want = type(known[name])
-        if want in (bool, int, float, str) and not _fits(value, want):
-            raise ConfigError(f"inductor-option {key} takes a value of type {want.__name__} "
-                              f"(default {known[name]!r}), got {value!r}")
+        default = known[name]
+        want = type(default)
+        if not isinstance(value, (*_SCALARS, str)):
+            raise ConfigError(f"inductor-option {key} takes a bool, int, float or string value, "
+                              f"got {type(value).__name__} {value!r}")
+        if want in _SCALARS:  # a number or a switch of the setting's own type cannot name a program
+            if not _fits(value, want):
+                raise ConfigError(f"inductor-option {key} takes a value of type {want.__name__} "
+                                  f"(default {default!r}), got {value!r}")
+            continue
+        if _unsafe_name(name):
+            raise ConfigError(f"inductor-option {key} is refused: it names a program, path, command or compiler "
+                              f"flags, which a suite or the command line must not set ({_ALLOWED})")
+        if want is str:
+            if name not in SAFE_STRING_OPTIONS:
+                raise ConfigError(f"inductor-option {key} is refused: a string setting may name a path or a "
+                                  f"program ({_ALLOWED})")
+            if not isinstance(value, str):
+                raise ConfigError(f"inductor-option {key} takes a value of type str (default {default!r}), "
+                                  f"got {value!r}")
+            continue
+        if default is None and isinstance(value, _SCALARS):  # an unset number or switch
+            continue
+        what = "a string" if isinstance(value, str) else f"the value {value!r}"
+        raise ConfigError(f"inductor-option {key} is refused: {what} for a setting whose default is "
+                          f"{default!r} may name a path or a program ({_ALLOWED})")
 
 
 def _fits(value: Any, want: type) -> bool:

@@ -3,7 +3,14 @@
 Every append is a single ``write`` of one line under an exclusive ``flock``, followed by
 ``fsync``, so concurrent writers (several Slurm jobs on a shared file system) never interleave
 and a killed writer leaves at most one torn last line. Loading skips torn or foreign lines and
-reports how many; nothing in dlscale ever rewrites a record.
+reports how many; an unreadable entry of the store (a directory named ``x.jsonl``, a dangling or
+looping symlink, a file that cannot be opened, a line that is not UTF-8) is skipped and named,
+never fatal. Nothing in dlscale ever rewrites a record.
+
+A finished measurement is never lost: ``check_writable`` checks before launch what can be checked
+(the directory, its ``series/`` and ``traces/``, free space), and ``append_or_recover`` appends or,
+when the write still fails, removes any partial line and keeps the record as one JSON line in a
+recovery file it names (``StoreError``, exit code 7).
 """
 from __future__ import annotations
 
@@ -12,16 +19,40 @@ import fcntl
 import json
 import math
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, DlscaleError
 
 SCHEMA = "dlscale.record/1"
 DEFAULT_FILE = "results.jsonl"
 STATUSES = ("ok", "oom", "timeout", "failed", "unsupported")
+EXIT_NOT_STORED = 7  # the measurement could not be stored (kept in a recovery file)
+ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below the store's directory
+# free space a case needs in the store before it starts: its record and utilisation series (a record
+# is tens of kB; a series a few hundred bytes a sample per node)
+EXPECTED_CASE_BYTES = 4 << 20
+
+
+class StoreError(DlscaleError):
+    """A finished record could not be appended; ``recovery`` is where it was kept (None: nowhere,
+    the message then holds the record). The CLI exits with ``EXIT_NOT_STORED``."""
+
+    exit_code = EXIT_NOT_STORED
+
+    def __init__(self, message: str, recovery: Path | None = None):
+        super().__init__(message)
+        self.recovery = recovery
+
+
+def _shown(path: Any) -> str:
+    """A path on one line: control characters (a newline in a file name) shown escaped."""
+    text = str(path)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def new_record(kind: str, **fields: Any) -> dict[str, Any]:
@@ -42,11 +73,21 @@ class LoadResult:
     skipped: list[tuple[str, int, str]] = field(default_factory=list)  # (file, line number, reason)
 
     def warning(self) -> str | None:
+        """One line naming what was skipped; line number 0 is a whole entry (file) of the store."""
         if not self.skipped:
             return None
-        files = sorted({f for f, _, _ in self.skipped})
-        return (f"skipped {len(self.skipped)} unreadable line(s) in {', '.join(files)} "
-                f"(first: line {self.skipped[0][1]}: {self.skipped[0][2]})")
+        parts = []
+        whole = [(f, why) for f, n, why in self.skipped if n == 0]
+        lines = [s for s in self.skipped if s[1] != 0]
+        if whole:
+            parts.append(f"skipped {len(whole)} unreadable store entr{'y' if len(whole) == 1 else 'ies'}: "
+                         + ", ".join(f"{_shown(f)} ({why})" for f, why in whole[:5])
+                         + (", ..." if len(whole) > 5 else ""))
+        if lines:
+            files = sorted({_shown(f) for f, _, _ in lines})
+            parts.append(f"skipped {len(lines)} unreadable line(s) in {', '.join(files)} "
+                         f"(first: line {lines[0][1]}: {lines[0][2]})")
+        return "; ".join(parts)
 
 
 class ResultStore:
@@ -56,16 +97,33 @@ class ResultStore:
         self.root = Path(path)
         self.file = self.root / filename
 
-    def check_writable(self) -> None:
-        """Fail early (before any training) when records could not be appended."""
+    def check_writable(self, expected_bytes: int = EXPECTED_CASE_BYTES) -> None:
+        """Fail early (before any training) when records or their files could not be written:
+        the directory and the records file, each of ``ARTIFACT_DIRS`` that exists (one that does
+        not is made when needed, in the checked directory), and ``expected_bytes`` of free space."""
+        where = _shown(self.root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.file, "a", encoding="utf-8"):
                 pass
+            for name in ARTIFACT_DIRS:
+                sub = self.root / name
+                if os.path.lexists(sub) and not sub.is_dir():
+                    raise ConfigError(f"result store {where} cannot take {name}/: {_shown(sub)} is not a directory")
+                if sub.is_dir():
+                    with tempfile.TemporaryFile(dir=sub):
+                        pass
+            with tempfile.TemporaryFile(dir=self.root):
+                pass
+            free = shutil.disk_usage(self.root).free
         except OSError as e:
-            raise ConfigError(f"result store {self.root} is not writable: {e.strerror or e}") from None
+            raise ConfigError(f"result store {where} is not writable: {e.strerror or e}") from None
+        if free < expected_bytes:
+            raise ConfigError(f"result store {where} has {free / 2**20:.1f} MiB free; a case needs about "
+                              f"{expected_bytes / 2**20:.0f} MiB for its record and series")
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append one line in one write; when the write fails no partial line is left (OSError)."""
         line = json.dumps(_finite(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n"
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -81,40 +139,119 @@ class ResultStore:
                         line = "\n" + line
             data = line.encode("utf-8")
             written = 0
-            while written < len(data):
-                written += os.write(fd, data[written:])
-            os.fsync(fd)
+            try:
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            except OSError:
+                # a full disk may take part of the line: cut it off (under the lock, nobody else
+                # appended since), so the store never holds a partial record of ours
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                raise
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def append_or_recover(self, record: dict[str, Any]) -> Path:
+        """Append ``record``; returns the records file. When the store cannot take it, the record is
+        kept as one JSON line in a recovery file (the temp directory, else the home directory) and
+        StoreError names it; move that file into the store to keep the record there."""
+        try:
+            self.append(record)
+            return self.file
+        except OSError as e:
+            why = e.strerror or str(e)
+        line = json.dumps(_finite(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n"
+        rec_id = str(record.get("id") or uuid.uuid4().hex)[:12]
+        last = ""
+        for base in recovery_dirs():
+            path = Path(base) / f"dlscale-unstored-{rec_id}-{uuid.uuid4().hex[:6]}.jsonl"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except OSError as e:
+                last = e.strerror or str(e)
+                continue
+            try:
+                data = line.encode("utf-8")
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            except OSError as e:
+                last = e.strerror or str(e)
+                os.close(fd)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                continue
+            os.close(fd)
+            raise StoreError(f"the measurement could not be stored in {_shown(self.file)} ({why}); "
+                             f"the record is kept in {_shown(path)} (move it into the store to keep it)", path)
+        raise StoreError(f"the measurement could not be stored in {_shown(self.file)} ({why}) nor in a "
+                         f"recovery file ({last}); the record: {line.strip()}")
+
     def files(self) -> list[Path]:
-        if not self.root.exists():
+        """The store's .jsonl entries (a file given as the store is its only entry). A store that
+        exists but cannot be listed is ConfigError, never read as empty."""
+        if not os.path.lexists(self.root):
             return []
-        if self.root.is_file():
-            return [self.root]
-        return sorted(self.root.glob("*.jsonl"))
+        try:
+            if self.root.is_file():
+                return [self.root]
+            return sorted(p for p in self.root.iterdir() if p.name.endswith(".jsonl"))
+        except OSError as e:
+            raise ConfigError(f"cannot read result store {_shown(self.root)}: {e.strerror or e}") from None
 
     def load(self, kind: str | None = None) -> LoadResult:
-        """Read every record; torn or foreign lines are skipped and listed, never fatal."""
+        """Read every record; unreadable entries and torn, foreign or non-UTF-8 lines are skipped
+        and listed (``LoadResult.skipped``, line 0 for a whole entry), never fatal."""
         out = LoadResult()
         for path in self.files():
-            with open(path, "r", encoding="utf-8", errors="replace") as f:
-                for n, line in enumerate(f, 1):
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        out.skipped.append((str(path), n, f"not JSON ({e.msg})"))
-                        continue
-                    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
-                        out.skipped.append((str(path), n, "not a dlscale record"))
-                        continue
-                    if kind is None or rec.get("kind") == kind:
-                        out.records.append(rec)
+            try:
+                f = open(path, "rb")
+            except OSError as e:
+                out.skipped.append((str(path), 0, "a directory" if isinstance(e, IsADirectoryError)
+                                    else e.strerror or str(e)))
+                continue
+            n = 0
+            try:
+                with f:
+                    for n, raw in enumerate(f, 1):
+                        self._parse_line(path, n, raw, kind, out)
+            except OSError as e:
+                out.skipped.append((str(path), n + 1 if n else 0, f"read failed: {e.strerror or e}"))
         return out
+
+    @staticmethod
+    def _parse_line(path: Path, n: int, raw: bytes, kind: str | None, out: LoadResult) -> None:
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            out.skipped.append((str(path), n, f"not UTF-8 (byte {e.start + 1})"))
+            return
+        if not line:
+            return
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            out.skipped.append((str(path), n, f"not JSON ({e.msg})"))
+            return
+        if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+            out.skipped.append((str(path), n, "not a dlscale record"))
+            return
+        if kind is None or rec.get("kind") == kind:
+            out.records.append(rec)
+
+
+def recovery_dirs() -> list[str]:
+    """Where a record the store could not take is kept: $DLSCALE_RECOVERY_DIR, the temp directory,
+    the home directory."""
+    out = [os.environ.get("DLSCALE_RECOVERY_DIR"), tempfile.gettempdir(), os.path.expanduser("~")]
+    return [d for i, d in enumerate(out) if d and d not in out[:i]]
 
 
 def _finite(o: Any) -> Any:

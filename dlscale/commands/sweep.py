@@ -10,7 +10,11 @@
 * A case that needs more GPUs than are visible, or more than one node, is skipped with a note.
 * Exit codes: 0 when every case has a result (ok, oom or unsupported: DLPerf lists OOM as a
   result), 5 when a case failed or timed out, 2 for bad input (before anything runs), 130 when
-  interrupted (Ctrl-C or SIGTERM: the running case's processes are killed, no record is written).
+  interrupted (Ctrl-C or SIGTERM: the running case's processes are killed, no record is written),
+  7 when a finished case's record could not be stored (the sweep stops; the one line names the
+  recovery file that keeps the record).
+* An unreadable entry of the store is skipped with a warning naming it; a store that cannot be
+  read at all is bad input (2), never planned as empty.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
+EXIT_NOT_STORED = 7  # dlscale.store.EXIT_NOT_STORED
 RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
 
 
@@ -138,12 +143,13 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
 # ----------------------------------------------------------------------------- running
 
 def _append_uninterrupted(store, record: dict[str, Any]) -> None:
-    """Append with SIGINT/SIGTERM held off, so an interrupt never tears a record line."""
+    """Append with SIGINT/SIGTERM held off, so an interrupt never tears a record line; a record the
+    store cannot take is kept in a recovery file (StoreError names it)."""
     sigs = {signal.SIGINT, signal.SIGTERM}
     main = threading.current_thread() is threading.main_thread()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
     try:
-        store.append(record)
+        store.append_or_recover(record)
     finally:
         if main:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -296,7 +302,7 @@ def _report_end(suite, store, planned: list[Planned], results: list, n_done: int
 
 
 def cmd_sweep(args) -> int:
-    from dlscale.store import ResultStore
+    from dlscale.store import ResultStore, StoreError
     from dlscale.suite import display_path, load_suite, shipped_suites
 
     if args.list:
@@ -341,6 +347,10 @@ def cmd_sweep(args) -> int:
               f"{n_done} finished case(s) are in {store.file}; run the same command again to carry on",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except StoreError as e:  # the store stopped taking records: the next cases would be lost too
+        print(f"dlscale: error: {e}; {len(results) - 1} earlier case(s) of this sweep are in the store",
+              file=sys.stderr)
+        return EXIT_NOT_STORED
     finally:
         if sigterm_installed:
             signal.signal(signal.SIGTERM, old_handler)
@@ -350,6 +360,8 @@ def cmd_sweep(args) -> int:
 def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dlscale.store import StoreError
 
     total = len(todo)
     if not total:
@@ -374,6 +386,10 @@ def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list)
                 record = _run_one(p, suite, store.root, verbose, on_probe)
                 rec = record.to_dict()
                 _append_uninterrupted(store, rec)
+            except StoreError:
+                results.append((p, rec))
+                print(case_line(n, total, p, rec, time.monotonic() - t), flush=True)
+                raise
             except DlscaleError as e:  # cannot start here (bad input found at launch): next case
                 error = str(e)
             results.append((p, rec))

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import re
 from collections import Counter
 from typing import Any, Callable, Sequence
 
@@ -24,6 +25,46 @@ METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record o
 WARN_MARK, NOTE_MARK = "⚠", "?"
 VALIDITY_TEXT = (f"validity: {WARN_MARK} marks a number that may be wrong, {NOTE_MARK} a weak claim (a spread "
                  "from too few repeats or steps); the reasons follow, thresholds in docs/metrics.md")
+
+
+_MD_SPECIAL = "\\`*_[]<>#|"  # backslash first: an escape the user wrote must not combine with ours
+
+
+def md_text(v: Any) -> str:
+    """A user string (a label, a host name) as literal Markdown text on one line: control
+    characters become spaces and every character Markdown (or raw HTML) would read is escaped."""
+    text = "".join(c if c.isprintable() else " " for c in str(v))
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
+
+
+def _md_generated(text: str) -> str:
+    """A generated line (a table title) holding user values: like md_text, but ``_`` and ``*``
+    stay as written (setting names such as grad_accum=2); callers escape the label fully."""
+    text = "".join(c if c.isprintable() else " " for c in str(text))
+    return "".join("\\" + c if c in "\\`[]<>#|" else c for c in text)
+
+
+def md_title(group: Group) -> str:
+    """A table's heading text: the title with its label escaped as Markdown text."""
+    title = _md_generated(group.title)
+    if group.label is not None:
+        label = _md_generated(str(group.label))
+        title = title.replace(f"label {label}", f"label {md_text(group.label)}", 1)
+    return title
+
+
+def _fence(lines: Sequence[str]) -> str:
+    """A code fence longer than any run of backticks in ``lines`` (a command cannot close it)."""
+    longest = max((len(m) for line in lines for m in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def md_code(v: Any) -> str:
+    """A user string as an inline code span on one line (delimited by more backticks than it holds)."""
+    text = "".join(c if c.isprintable() else " " for c in str(v))
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def fmt(v: Any, nd: int = 2) -> str:
@@ -343,6 +384,15 @@ def micro_title(rec: dict[str, Any]) -> str:
     return " · ".join(bits)
 
 
+def micro_md_title(rec: dict[str, Any]) -> str:
+    """micro_title as Markdown heading text: host, time and label escaped."""
+    title = _md_generated(micro_title(rec))
+    for raw in {str(rec_label(rec) or ""), str((rec.get("env") or {}).get("host") or "")
+                if isinstance(rec.get("env"), dict) else ""} - {""}:
+        title = title.replace(_md_generated(raw), md_text(raw))
+    return title
+
+
 # ----------------------------------------------------------------------------- markdown
 
 def parity_view(report: Report):
@@ -356,7 +406,7 @@ def header_lines(report: Report) -> list[str]:
     n_cases = sum(len(g.own_rows) for g in report.groups)
     others = ", ".join(f"{n} {k}" for k in ("external", "imported")
                        if (n := sum(1 for r in report.records if r.get("kind") == k)))
-    line = (f"Store `{report.store}` · generated {report.generated} · {n_runs} run record(s)"
+    line = (f"Store {md_code(report.store)} · generated {report.generated} · {n_runs} run record(s)"
             f"{' (+ ' + others + ')' if others else ''}, {n_cases} "
             f"case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
     if report.filters.describe():
@@ -372,7 +422,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     if report.groups:
         out += ["## Scaling (DLPerf tables)", ""]
     for g in report.groups:
-        out += [f"### {g.title}", "",
+        out += [f"### {md_title(g)}", "",
                 f"DLPerf key `{g.name}` · per-device batch {g.batch_size} · device {g.device_type}", ""]
         out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
         out.append("")
@@ -393,7 +443,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
-        out += [f"### {micro_title(m)}", ""]
+        out += [f"### {micro_md_title(m)}", ""]
         if m.get("status", "ok") != "ok":
             out += [f"Status **{m.get('status')}**: {_one_line(m.get('error') or '', 300)}", ""]
         cols = micro_columns(m)
@@ -407,7 +457,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     if envs:
         out += ["## Environment", ""]
     for e in envs:
-        out += [f"### host {e['host']} ({e['records']} record(s))", ""]
+        out += [f"### host {md_text(e['host'])} ({e['records']} record(s))", ""]
         for k in ENV_KEYS:
             if k == "topology":
                 continue
@@ -420,10 +470,11 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         out.append("")
     cmds = commands(report)
     if cmds:
-        out += ["## Commands", "", "```"]
+        body = []
         for what, status, cmd in cmds:
-            out += [f"# {what} ({status})", cmd]
-        out += ["```", ""]
+            body += [f"# {what} ({status})".replace("\n", " "), cmd]
+        fence = _fence(body)
+        out += ["## Commands", "", fence] + body + [fence, ""]
     return "\n".join(out)
 
 
