@@ -153,33 +153,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
         _known(row, ROW_KEYS, where)
         r = {**defaults, **row}
         try:
-            batch = check_int(r.get("batch_size"), "batch_size")
-            nodes = check_int(r.get("nodes"), "nodes")
-            per_node = check_int(r.get("gpus_per_node"), "gpus_per_node")
-            precision = check_precision(r.get("precision"), "precision")
-            status = r.get("status", "ok")
-            if status not in STATUSES:
-                raise ConfigError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-            if gpn is not None and nodes > 1 and per_node > gpn:
-                raise ConfigError(f"{per_node} GPUs per node, more than the {gpn} of hardware.gpus_per_node")
-            runs = r.get("runs")
-            tput = r.get("throughput")
-            if status == "ok":
-                if (runs is None) == (tput is None):
-                    raise ConfigError("give throughput (the published median) or runs (per-run figures), one of them")
-                if runs is not None:
-                    if not isinstance(runs, list) or not runs:
-                        raise ConfigError(f"runs must be a non-empty list of samples/s, got {runs!r}")
-                    runs = [check_rate(x, "runs[]") for x in runs]
-                else:
-                    tput = check_rate(tput, "throughput")
-            elif runs is not None or tput is not None:
-                raise ConfigError(f"status {status} with a throughput: a failed case has no figure")
-            mean = check_rate(r["mean"], "mean") if r.get("mean") is not None else None
-            compile_ = r.get("compile", False)
-            if not isinstance(compile_, bool):
-                raise ConfigError(f"compile must be true or false, got {compile_!r}")
-            strategy = _text(r.get("strategy", "ddp"), "strategy")
+            batch, nodes, per_node, precision, status, runs, tput, mean, compile_, strategy = _row_fields(r, gpn)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         key = (batch, nodes, per_node, precision, strategy, compile_)
@@ -194,6 +168,39 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
             framework=framework, seq_len=seq_len, params=params, system=row_system(system, precision), label=label,
             note=_text(r.get("note"), "note")))
     return out
+
+
+def _row_fields(r: dict[str, Any], gpn: int | None) -> tuple:
+    """One row's case and figures, validated: (batch, nodes, GPUs per node, precision, status, runs,
+    published median, mean, compile, strategy)."""
+    batch = check_int(r.get("batch_size"), "batch_size")
+    nodes = check_int(r.get("nodes"), "nodes")
+    per_node = check_int(r.get("gpus_per_node"), "gpus_per_node")
+    precision = check_precision(r.get("precision"), "precision")
+    status = r.get("status", "ok")
+    if status not in STATUSES:
+        raise ConfigError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+    if gpn is not None and nodes > 1 and per_node > gpn:
+        raise ConfigError(f"{per_node} GPUs per node, more than the {gpn} of hardware.gpus_per_node")
+    runs = r.get("runs")
+    tput = r.get("throughput")
+    if status == "ok":
+        if (runs is None) == (tput is None):
+            raise ConfigError("give throughput (the published median) or runs (per-run figures), one of them")
+        if runs is not None:
+            if not isinstance(runs, list) or not runs:
+                raise ConfigError(f"runs must be a non-empty list of samples/s, got {runs!r}")
+            runs = [check_rate(x, "runs[]") for x in runs]
+        else:
+            tput = check_rate(tput, "throughput")
+    elif runs is not None or tput is not None:
+        raise ConfigError(f"status {status} with a throughput: a failed case has no figure")
+    mean = check_rate(r["mean"], "mean") if r.get("mean") is not None else None
+    compile_ = r.get("compile", False)
+    if not isinstance(compile_, bool):
+        raise ConfigError(f"compile must be true or false, got {compile_!r}")
+    strategy = _text(r.get("strategy", "ddp"), "strategy")
+    return batch, nodes, per_node, precision, status, runs, tput, mean, compile_, strategy
 
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from dlscale.fmt import MISSING
 from dlscale.report.data import Row, num
-from dlscale.report.render import MISSING
 
 
 def _data(row: Row | None) -> dict[str, Any]:

@@ -144,90 +144,21 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     for w in report.warnings():
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
-    toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
     side, par = sidebyside.tables(report), parity_view(report)
-    if side:
-        toc.append('<li><a href="#side-by-side">Side by side</a></li>')
-    if par is not None:
-        toc.append('<li><a href="#parity">Loss parity</a></li>')
-    if report.micro:
-        toc.append('<li><a href="#micro">Micro-benchmarks</a></li>')
-    toc += ['<li><a href="#environment">Environment</a></li>', '<li><a href="#commands">Commands</a></li>']
-    body.append(f"<nav><ol>{''.join(toc)}</ol></nav>")
-
+    body.append(_toc(report, bool(side), par is not None))
     if report.groups:
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
-        rows, rclasses, cclasses, titles = [], [], [], []
-        headers = table_columns(g)
-        for r in g.rows:
-            cells = table_cells(g, r)
-            rows.append(cells)
-            rclasses.append("borrowed" if r.borrowed else "")
-            cc = [""] * len(cells)
-            tt = [""] * len(cells)
-            if not r.ok:
-                cc[2] = f"status status-{r.status}"
-                tt[2] = r.error or ""
-            else:
-                _mark_flags(headers, r, cc, tt)
-            cclasses.append(cc)
-            titles.append(tt)
-        body.append(f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>')
-        body.append(f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
-                    f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>")
-        wrap = "tablewrap wide" if extra_columns(g) else "tablewrap"  # utilisation columns: tighter cells
-        body.append(f'<div class="{wrap}">' + _table(table_columns(g), rows, row_classes=rclasses,
-                                                     cell_classes=cclasses, cell_titles=titles, cls="dlperf")
-                    + "</div>")
-        notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
-                 for n in group_notes(g, traces=False)] + _trace_items(g, output)
-        body.append('<ul class="notes">' + "".join(notes) + "</ul>")
-        body.append(_figures(by_key.get(g.name, [])))
-        body.append("</section>")
+        body += _group_section(g, by_key.get(g.name, []), output)
 
-    from dlscale.report import frameworks
+    from dlscale.report import frameworks, sources
 
     body += frameworks.html(report)
-    from dlscale.report import sources
-
     body.append(sources.html_section(report))
     body += _side_by_side(side)
     body += _parity(par)
-    if report.micro:
-        body.append('<h2 id="micro">Micro-benchmarks</h2>')
-    for m in report.micro:
-        body.append(f"<section><h3>{_e(micro_title(m))}</h3>")
-        if m.get("status", "ok") != "ok":
-            body.append(f'<p><strong>{_e(STATUS_TEXT.get(str(m.get("status")), m.get("status")))}</strong> '
-                        f'{_e(m.get("error") or "")}</p>')
-        body.append(_figures(by_key.get(f"micro:{m.get('id')}", [])))
-        cols = micro_columns(m)
-        if cols:
-            res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
-            body.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
-        body.append("</section>")
-
-    body.append('<h2 id="environment">Environment</h2>')
-    prov = sources.provenance_lines(report)
-    if prov:
-        body.append('<h2 id="imported">Imported results</h2><ul class="notes">'
-                    + "".join(f"<li>{_e(line[2:])}</li>" for line in prov if line.startswith("- ")) + "</ul>")
-    envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
-    if not envs:
-        body.append("<p>No environment recorded.</p>")
-    for e in envs:
-        body.append(f"<h3>host {_e(e['host'])} <span class=\"meta\">({e['records']} record(s))</span></h3>")
-        rows = [[k, env_value(k, e["env"].get(k))] for k in ENV_KEYS if k != "topology"]
-        extra = sorted(k for k in e["env"] if k not in ENV_KEYS and k != "host")
-        rows += [[k, env_value(k, e["env"].get(k))] for k in extra]
-        others = sorted(set(e["rank_hosts"]) - {e["host"]})
-        if others:
-            rows.append(["other hosts in these runs", ", ".join(others)])
-        body.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
-        if e["env"].get("topology"):
-            body.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
-
+    body += _micro_sections(report, by_key)
+    body += _environment_section(report)
     body.append('<h2 id="commands">Commands</h2>')
     cmds = commands(report)
     body.append(_commands_table(cmds) if cmds else "<p>No commands recorded.</p>")
@@ -236,6 +167,90 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dlscale report · {_e(report.store)}</title><style>{CSS}</style></head>"
             f"<body><main>{''.join(body)}</main></body></html>\n")
+
+
+def _toc(report: Report, side: bool, parity: bool) -> str:
+    toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
+    if side:
+        toc.append('<li><a href="#side-by-side">Side by side</a></li>')
+    if parity:
+        toc.append('<li><a href="#parity">Loss parity</a></li>')
+    if report.micro:
+        toc.append('<li><a href="#micro">Micro-benchmarks</a></li>')
+    toc += ['<li><a href="#environment">Environment</a></li>', '<li><a href="#commands">Commands</a></li>']
+    return f"<nav><ol>{''.join(toc)}</ol></nav>"
+
+
+def _group_section(g, plots: list[Plot], output: str | None) -> list[str]:
+    """One DLPerf table with its flagged cells, notes, trace links and plots."""
+    rows, rclasses, cclasses, titles = [], [], [], []
+    headers = table_columns(g)
+    for r in g.rows:
+        cells = table_cells(g, r)
+        rows.append(cells)
+        rclasses.append("borrowed" if r.borrowed else "")
+        cc = [""] * len(cells)
+        tt = [""] * len(cells)
+        if not r.ok:
+            cc[2] = f"status status-{r.status}"
+            tt[2] = r.error or ""
+        else:
+            _mark_flags(headers, r, cc, tt)
+        cclasses.append(cc)
+        titles.append(tt)
+    out = [f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>',
+           f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
+           f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>"]
+    wrap = "tablewrap wide" if extra_columns(g) else "tablewrap"  # utilisation columns: tighter cells
+    out.append(f'<div class="{wrap}">' + _table(headers, rows, row_classes=rclasses, cell_classes=cclasses,
+                                                cell_titles=titles, cls="dlperf") + "</div>")
+    notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
+             for n in group_notes(g, traces=False)] + _trace_items(g, output)
+    out.append('<ul class="notes">' + "".join(notes) + "</ul>")
+    out.append(_figures(plots))
+    out.append("</section>")
+    return out
+
+
+def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
+    out = ['<h2 id="micro">Micro-benchmarks</h2>'] if report.micro else []
+    for m in report.micro:
+        out.append(f"<section><h3>{_e(micro_title(m))}</h3>")
+        if m.get("status", "ok") != "ok":
+            out.append(f'<p><strong>{_e(STATUS_TEXT.get(str(m.get("status")), m.get("status")))}</strong> '
+                       f'{_e(m.get("error") or "")}</p>')
+        out.append(_figures(by_key.get(f"micro:{m.get('id')}", [])))
+        cols = micro_columns(m)
+        if cols:
+            res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
+            out.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
+        out.append("</section>")
+    return out
+
+
+def _environment_section(report: Report) -> list[str]:
+    from dlscale.report import sources
+
+    out = ['<h2 id="environment">Environment</h2>']
+    prov = sources.provenance_lines(report)
+    if prov:
+        out.append('<h2 id="imported">Imported results</h2><ul class="notes">'
+                   + "".join(f"<li>{_e(line[2:])}</li>" for line in prov if line.startswith("- ")) + "</ul>")
+    envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
+    if not envs:
+        out.append("<p>No environment recorded.</p>")
+    for e in envs:
+        out.append(f"<h3>host {_e(e['host'])} <span class=\"meta\">({e['records']} record(s))</span></h3>")
+        rows = [[k, env_value(k, e["env"].get(k))] for k in ENV_KEYS if k != "topology"]
+        extra = sorted(k for k in e["env"] if k not in ENV_KEYS and k != "host")
+        rows += [[k, env_value(k, e["env"].get(k))] for k in extra]
+        others = sorted(set(e["rank_hosts"]) - {e["host"]})
+        if others:
+            rows.append(["other hosts in these runs", ", ".join(others)])
+        out.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
+        if e["env"].get("topology"):
+            out.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
+    return out
 
 
 def _side_by_side(ts: list) -> list[str]:

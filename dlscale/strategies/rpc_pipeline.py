@@ -187,28 +187,11 @@ def _local_optimizer(params, cls, kwargs):
 def parallelize(model, spec, cfg, denv):
     global _STAGE
     from torch.distributed import rpc
-    import torch.distributed.autograd as dist_autograd
 
     opts = options(cfg)
     n, rank, device, micro = denv.world_size, denv.rank, denv.device, opts["microbatches"]
-    blocks = spec.blocks(model)
-    balance = parse_balance(NAME, opts["balance"], n, len(blocks))
-    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n, cfg.batch_size // micro)
-    n_embed = spec.embed_args
-    embed_names, head_names = _used_children(model, spec, device)
-    block_ids = {id(b) for b in blocks}
-    for nm in embed_names | head_names:
-        if any(id(m) in block_ids for m in getattr(model, nm).modules()):
-            raise ConfigError(f"{NAME}: {spec.name}.embed/head use the container {nm!r} of its blocks")
+    stage, runs, balance_info, tied = _build_stage(model, spec, cfg, denv, opts)
     first, last = rank == 0, rank == n - 1
-    keep = (embed_names if first else set()) | (head_names if last else set())
-    stage = StageModule(_shell(model, keep) if keep else None, [blocks[i] for i in runs[rank]], first, last, n_embed)
-    mine = {id(p) for p in stage.parameters()} | {id(b) for b in stage.buffers()}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in mine:  # free what this rank does not run
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-    first_params = {id(p) for nm in embed_names for p in getattr(model, nm).parameters()}
-    tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
     params = unique_params([stage])
 
     maps = _start_rpc(denv, cfg.collective_timeout)
@@ -226,21 +209,56 @@ def parallelize(model, spec, cfg, denv):
             "exchange_bytes_per_step": None}
     timeout = cfg.collective_timeout
     teardown = lambda: rpc.shutdown(graceful=True, timeout=timeout)  # noqa: E731
-
     if not first:
-        seen = {"steps": 0}
+        return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1,
+                            step=_serve(rank, timeout, device), reports_loss=False, info=info, teardown=teardown)
+    drive = _drive(stage, cfg, device, micro, spec.embed_args, tied, _distributed_optimizer(n, cls, kwargs), info)
+    return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1, step=drive,
+                        reports_loss=True, info=info, teardown=teardown)
 
-        def serve(micro_batches: list[tuple]) -> torch.Tensor:
-            seen["steps"] += 1
-            with _STAGE.cond:
-                if not _STAGE.cond.wait_for(lambda: _STAGE.done >= seen["steps"], timeout=timeout):
-                    raise TimeoutError(f"{NAME} rank {rank}: rank 0 did not finish step {seen['steps']} "
-                                       f"within {timeout} s")
-            return torch.zeros((), device=device)
 
-        return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1, step=serve,
-                            reports_loss=False, info=info, teardown=teardown)
+def _build_stage(model, spec, cfg, denv, opts) -> tuple:
+    """This rank's stage (its blocks, with the embedding on the first and the head on the last), the
+    blocks of every stage, the balance facts, and the head's parameters tied to the embedding."""
+    n, rank, device = denv.world_size, denv.rank, denv.device
+    blocks = spec.blocks(model)
+    balance = parse_balance(NAME, opts["balance"], n, len(blocks))
+    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n, cfg.batch_size // opts["microbatches"])
+    embed_names, head_names = _used_children(model, spec, device)
+    block_ids = {id(b) for b in blocks}
+    for nm in embed_names | head_names:
+        if any(id(m) in block_ids for m in getattr(model, nm).modules()):
+            raise ConfigError(f"{NAME}: {spec.name}.embed/head use the container {nm!r} of its blocks")
+    first, last = rank == 0, rank == n - 1
+    keep = (embed_names if first else set()) | (head_names if last else set())
+    stage = StageModule(_shell(model, keep) if keep else None, [blocks[i] for i in runs[rank]], first, last,
+                        spec.embed_args)
+    mine = {id(p) for p in stage.parameters()} | {id(b) for b in stage.buffers()}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in mine:  # free what this rank does not run
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    first_params = {id(p) for nm in embed_names for p in getattr(model, nm).parameters()}
+    tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
+    return stage, runs, balance_info, tied
 
+
+def _serve(rank: int, timeout: float, device):
+    """The step of a stage other than the first: it only serves RPCs, and waits until rank 0 finished."""
+    seen = {"steps": 0}
+
+    def serve(micro_batches: list[tuple]) -> torch.Tensor:
+        seen["steps"] += 1
+        with _STAGE.cond:
+            if not _STAGE.cond.wait_for(lambda: _STAGE.done >= seen["steps"], timeout=timeout):
+                raise TimeoutError(f"{NAME} rank {rank}: rank 0 did not finish step {seen['steps']} "
+                                   f"within {timeout} s")
+        return torch.zeros((), device=device)
+
+    return serve
+
+
+def _distributed_optimizer(n: int, cls, kwargs):
+    from torch.distributed import rpc
     from torch.distributed.optim import DistributedOptimizer
 
     rrefs = list(_STAGE.param_rrefs)
@@ -250,12 +268,20 @@ def parallelize(model, spec, cfg, denv):
     level = log.level
     log.setLevel(logging.ERROR)  # its warning that an eager optimizer may contend for the GIL
     try:
-        optimizer = DistributedOptimizer(_local_optimizer, rrefs, cls, kwargs)
+        return DistributedOptimizer(_local_optimizer, rrefs, cls, kwargs)
     finally:
         log.setLevel(level)
+
+
+def _drive(stage, cfg, device, micro: int, n_embed: int, tied: list, optimizer, info: dict):
+    """Rank 0's step: every micro-batch's forward issued through the stages asynchronously, then one
+    distributed backward and the distributed optimizer's step."""
+    from torch.distributed import rpc
+    import torch.distributed.autograd as dist_autograd
+
+    n = info["num_stages"]
     peers = [f"stage{r}" for r in range(1, n)]
     last_name = peers[-1]
-
     notices: list = []
 
     def drive(micro_batches: list[tuple]) -> torch.Tensor:
@@ -294,6 +320,4 @@ def parallelize(model, spec, cfg, denv):
         # as the worker's own step: the loss of the last accumulation batch
         return torch.stack(losses[-micro:]).detach().mean()
 
-    return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1, step=drive,
-                        reports_loss=True, info=info, teardown=teardown)
-
+    return drive
