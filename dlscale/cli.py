@@ -32,6 +32,7 @@ EXIT_OOM = 3
 EXIT_TIMEOUT = 4
 EXIT_FAILED = 5
 EXIT_UNSUPPORTED = 6
+from dlscale.store import EXIT_NOT_STORED  # noqa: E402,F401  (7: finished, but the store could not take it)
 STATUS_EXIT = {"ok": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT, "failed": EXIT_FAILED,
                "unsupported": EXIT_UNSUPPORTED}
 
@@ -106,17 +107,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_store_args(args: argparse.Namespace) -> None:
+    """An empty store path (--store "", STORE "") would quietly mean the current directory: refused
+    for every command, before it reads or writes anything."""
+    for dest, name in (("store", "--store/STORE"), ("store_a", "A"), ("store_b", "B")):
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{name} must name a result store directory, got {value!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_store_args(args)
         return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"dlscale: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except DlscaleError as e:
         print(f"dlscale: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return getattr(e, "exit_code", EXIT_FAILED)  # StoreError: EXIT_NOT_STORED
     except KeyboardInterrupt:
         print("dlscale: interrupted", file=sys.stderr)
         return 130

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,11 @@ DEVICES = ("auto", "cuda", "cpu")
 BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/batchsearch.py)
 AUTO_STRATEGY = "auto"  # single on one device, ddp on more
 _NO_LATE = object()
+# Upper bounds of numbers (docs/sweeps.md "Limits"): a value past one is a typo, refused before anything starts.
 MAX_SEED = 2**32 - 1  # numpy's and torch's seed range
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: anything longer is a typo, not a benchmark
 MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any model here
+CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
 
 
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
@@ -104,6 +107,7 @@ class Opt:
     late: Any = _NO_LATE  # added after records were first stored: left out of case_key at this value
     setting: bool = False  # may be set once for a whole suite (top level of a suite file)
     unit: str | None = None  # what a number counts (for messages): "seconds"
+    limit: str | None = None  # why the maximum is what it is (for messages): "a week"
     validator: Any = None  # value -> anything; raises ConfigError for a value of the right type but bad form
 
     def option(self, name: str) -> str | None:
@@ -150,7 +154,7 @@ class RunConfig:
                                             "(torchtitan's op-level policy: keep attention and every other matmul "
                                             "output) or full (keep only each block's input); docs/models.md")
     batch_size: int | str = _f(16, type=int, kind="batch", minimum=1, maximum=MAX_BATCH, axis="batch_sizes",
-                               match=True,
+                               match=True, limit="samples per device; no device holds more",
                                help="per-device micro-batch size, or max: the largest that fits (docs/sweeps.md)")
     grad_accum: int = _f(1, type=int, minimum=1, maximum=65536, axis="grad_accum", match=True,
                          help="micro-batches accumulated per optimizer step")
@@ -180,7 +184,8 @@ class RunConfig:
     strategy: str = _f(AUTO_STRATEGY, choices="strategies", axis="strategies", match=True,
                        help="registered parallel strategy; auto: single on one device, ddp on more")
     nproc_per_node: int = _f(1, type=int, minimum=1, maximum=4096, axis="nproc_per_node", match=True,
-                             help="processes (devices) per machine")
+                             help="processes (devices) per machine; a CPU run takes at most "
+                                  f"{CPU_OVERSUBSCRIBE} per core it may run on")
     nnodes: int = _f(1, type=int, minimum=1, maximum=65536, axis="nodes", match=True,
                      help="machines in the job (world = nnodes x nproc-per-node; docs/multinode.md)")
     clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
@@ -189,15 +194,15 @@ class RunConfig:
     steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
     device: str = _f("auto", choices=DEVICES, setting=True,
                      help="auto picks CUDA when a GPU is visible, else the CPU with gloo")
-    seed: int = _f(0, type=int, minimum=0, maximum=MAX_SEED, setting=True,
+    seed: int = _f(0, type=int, minimum=0, maximum=MAX_SEED, setting=True, limit="numpy's and torch's seed range",
                    help="seed of weights and synthetic data")
     repeats: int = _f(5, type=int, minimum=1, maximum=1000, procedure=True, setting=True,
                       help="independent runs (fresh processes) of the case; the median is reported")
     time_limit: float = _f(1200.0, type=float, minimum=0, maximum=MAX_SECONDS, exclusive_minimum=True,
-                           procedure=True, setting=True, unit="seconds",
+                           procedure=True, setting=True, unit="seconds", limit="a week",
                            help="wall-clock seconds for each repeat; a case past it is killed and recorded timeout")
     collective_timeout: float = _f(300.0, type=float, minimum=0, maximum=MAX_SECONDS, exclusive_minimum=True,
-                                   procedure=True, setting=True, unit="seconds",
+                                   procedure=True, setting=True, unit="seconds", limit="a week",
                                    help="seconds before a stalled collective raises in the workers")
     label: str | None = _f(None, optional=True, procedure=True, setting=True,
                            help="free-form label stored with the record (for compare)")
@@ -216,9 +221,10 @@ class RunConfig:
                             "the median repeat's trace is kept in STORE/traces/")
     # the largest-batch search (batch_size max): first probe and largest batch tried
     max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                     setting=True, help="with --batch-size max: the first probe (default 8)")
+                                     setting=True, limit="samples per device; no device holds more",
+                                     help="with --batch-size max: the first probe (default 8)")
     max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                   setting=True,
+                                   setting=True, limit="samples per device; no device holds more",
                                    help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
                                         "64 on the CPU)")
     # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
@@ -313,6 +319,13 @@ def choices_of(name: str) -> tuple:
     return tuple(c or ())
 
 
+def _num(x: float) -> str:
+    """A bound or value in a message: whole numbers in full (4294967295, not 4.29497e+09)."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
 def check_value(name: str, value: Any) -> Any:
     """One field's value checked for type, range and choices; ConfigError naming the option."""
     o = FIELDS[name]
@@ -348,11 +361,12 @@ def check_value(name: str, value: Any) -> Any:
         raise ConfigError(f"{what} must be a non-empty single line, got {value!r}")
     if o.minimum is not None:
         if o.exclusive_minimum and not value > o.minimum:
-            raise ConfigError(f"{what} must be > {o.minimum:g}, got {value}")
+            raise ConfigError(f"{what} must be > {_num(o.minimum)}, got {_num(value)}")
         if not o.exclusive_minimum and value < o.minimum:
-            raise ConfigError(f"{what} must be >= {o.minimum:g}, got {value}")
+            raise ConfigError(f"{what} must be >= {_num(o.minimum)}, got {_num(value)}")
     if o.maximum is not None and value > o.maximum:
-        raise ConfigError(f"{what} must be <= {o.maximum:g}, got {value}")
+        why = f" ({o.limit})" if o.limit else ""
+        raise ConfigError(f"{what} must be <= {_num(o.maximum)}{why}, got {_num(value)}")
     if o.validator is not None:
         o.validator(value)
     if o.choices is not None:
@@ -363,8 +377,9 @@ def check_value(name: str, value: Any) -> Any:
     return value
 
 
-def expected(name: str, many: bool = False) -> str:
-    """What a field takes, in words (suite messages): "a positive integer", "a list of true/false"..."""
+def expected(name: str, many: bool = False, bounded: bool = False) -> str:
+    """What a field takes, in words (suite messages): "a positive integer", "a list of true/false"...
+    ``bounded``: with the maximum and why (for a value past it, or not finite)."""
     o = FIELDS[name]
     if o.type is bool:
         return "a list of true/false" if many else "true or false"
@@ -379,6 +394,8 @@ def expected(name: str, many: bool = False) -> str:
         elif o.minimum is not None:
             noun = f"{noun} >= {o.minimum:g}"
         what = noun + (f" of {o.unit}" if o.unit else "")
+        if bounded and o.maximum is not None:
+            what += (" and <= " if ">=" in noun else " <= ") + _num(o.maximum) + (f" ({o.limit})" if o.limit else "")
     else:
         what = "string"
     if many:
@@ -442,6 +459,19 @@ def validate_case(cfg: RunConfig) -> None:
     check_case(cfg)  # the data set's files against the model
 
 
+def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
+    """A CPU run starts at most CPU_OVERSUBSCRIBE processes per core it may run on: more
+    time-slices the ranks (what is measured is the scheduler) and stalls gloo's collectives."""
+    if cores is None:
+        from dlscale.envinfo import affinity_count
+
+        cores = affinity_count() or os.cpu_count() or 1
+    allowed = CPU_OVERSUBSCRIBE * cores
+    if nproc_per_node > allowed:
+        raise ConfigError(f"nproc-per-node {nproc_per_node} is more than {CPU_OVERSUBSCRIBE} processes per CPU core "
+                          f"on this machine ({cores} core(s): at most {allowed}) for a CPU run")
+
+
 def validate_for_launch(cfg: RunConfig) -> str:
     """validate_case plus the checks that need this machine. Returns the resolved device type."""
     import torch
@@ -454,6 +484,8 @@ def validate_for_launch(cfg: RunConfig) -> str:
         n = torch.cuda.device_count()
         if cfg.nproc_per_node > n:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
+    else:
+        check_cpu_processes(cfg.nproc_per_node)
     from dlscale.inputs import check_machine
 
     check_machine(cfg, device)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,10 @@ class Suite:
         if not given:
             return self
         search_only = {k: v for k, v in given.items() if k in ("max_batch_start", "max_batch_cap")}
+        if search_only and not any(c.batch_search for c in self.cases):
+            names = " and ".join("--" + k.replace("_", "-") for k in search_only)
+            raise ConfigError(f"{names} applies to largest-batch cases (batch_sizes: [max]); suite {self.name} "
+                              f"has none")
         every = {k: v for k, v in given.items() if k not in search_only}
         cases = [dataclasses.replace(c, **every, **(search_only if c.batch_search else {})) for c in self.cases]
         return dataclasses.replace(self, cases=cases, settings={**self.settings, **given},
@@ -178,8 +183,17 @@ def _values(where: _Where, key: str, name: str, value: Any, many: bool = True) -
         except ConfigError as e:
             if (o.choices is not None or o.validator is not None) and isinstance(v, str) and v.strip():
                 raise where.error(key, str(e)) from None  # "unknown model 'gpt3'; choose one of: ..."
-            raise where.error(key, f"expected {expected(name, many)}, got {_show(v)}") from None
+            # a number past the maximum (or inf/nan): say the maximum, not only the minimum
+            big = _is_number(v, o.type) and (not math.isfinite(v) or (o.maximum is not None and v > o.maximum))
+            raise where.error(key, f"expected {expected(name, many, bounded=big)}, got {_show(v)}") from None
     return [dict(v) if isinstance(v, dict) else v for v in items]
+
+
+def _is_number(v: Any, kind: type) -> bool:
+    """A value of a numeric field's own kind (an int for an integer field; any number for a float one)."""
+    if isinstance(v, bool) or kind not in (int, float):
+        return False
+    return isinstance(v, int) if kind is int else isinstance(v, (int, float))
 
 
 def _settings(where: _Where, data: dict[str, Any]) -> dict[str, Any]:
@@ -360,9 +374,52 @@ def parse_suite(data: Any, path: Path, name: str | None = None, max_cases: int =
     return Suite(name or data.get("name") or path.stem, path, cases, settings, dups, bench)
 
 
+_LOADER: Any = None
+
+
+def _unique_key_loader() -> Any:
+    """yaml's SafeLoader, except that a key given twice in one mapping is an error (plain
+    SafeLoader keeps the last one: a suite would silently run something else than it reads)."""
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                first: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue  # "<<: *base" then a key: an override, as YAML means it
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        seen = first.setdefault(key, key_node.start_mark)
+                    except TypeError:
+                        continue  # an unhashable key: SafeLoader's own error names it
+                    if seen is not key_node.start_mark:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first at line {seen.line + 1}); give each key once",
+                            key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    _LOADER = UniqueKeyLoader
+    return _LOADER
+
+
+def add_max_cases_option(parser) -> None:
+    """``--max-cases`` for every command that expands a suite (sweep, slurm)."""
+    parser.add_argument("--max-cases", type=int, default=MAX_CASES, metavar="N",
+                        help="refuse a suite that expands to more cases than this (a typo in an axis can mean "
+                             "millions)")
+
+
 def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> Suite:
     """Load a shipped suite by name ("quick") or a suite file by path, validated and expanded."""
     import yaml
+
+    if max_cases < 1:
+        raise ConfigError(f"--max-cases must be >= 1, got {max_cases}")
 
     path = resolve_suite_path(name_or_path)
     shown = display_path(path)
@@ -373,7 +430,7 @@ def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> S
     except UnicodeDecodeError as e:
         raise ConfigError(f"suite file {shown} is not UTF-8 text (byte {e.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

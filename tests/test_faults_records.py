@@ -327,3 +327,17 @@ def test_markdown_report_escapes_labels(tmp_path):
         assert "<script>" not in h and "\\<script\\>" in h
         assert "\\#" in h and "\\|" in h and "\\*b\\*" in h and "\\_i\\_" in h and "\\`c\\`" in h and "\\[l\\]" in h
     assert not any(ln.startswith("# injected") for ln in md.splitlines())
+
+
+def test_import_exits_7_and_keeps_the_record_when_the_store_fails(tmp_path, monkeypatch, capsys, recovery_dir):
+    """Every command that appends goes through append_or_recover; the CLI maps StoreError to exit 7."""
+    table = Path(__file__).parent / "fixtures" / "tables" / "mxnet-bert-base-v100.yaml"
+    root = tmp_path / "st"
+    fail_writes_to(monkeypatch, root)
+    rc = cli.main(["import", str(table), "--format", "table", "--store", str(root)])
+    _, err = capsys.readouterr()
+    assert rc == EXIT_NOT_STORED
+    line = one_error_line(err)
+    kept = list(recovery_dir.glob("dlscale-unstored-*.jsonl"))
+    assert len(kept) == 1 and str(kept[0]) in line
+    assert json.loads(kept[0].read_text())["kind"] == "imported"

@@ -254,7 +254,7 @@ def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
     store = tmp_path / "store"
     name = f"dlscale-test-{mode}"
     job = _submit(capsys, "--nnodes", "1", "--nproc-per-node", "2", *CASE, "--store", str(store), "--mode", mode,
-                  "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()))
+                  "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()), "--profile")
     try:
         code = _wait_job(job, 120)  # ~20 s on an idle 2-core machine
     finally:
@@ -267,6 +267,11 @@ def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["label"] == f"slurm-{mode}", out
     assert rec["summary"]["samples_per_s"]["median"] > 0
     assert len(rec["ranks"]) == 2
+    # both modes measure through launch.measure: the utilisation series and the trace as in a local run
+    rep = rec["repeats"][0]
+    assert rec["utilisation"]["cpu_util_pct_mean"] is not None, out
+    assert rep["series"] and all((store / p).is_file() for p in rep["series"]), out
+    assert rec["trace"] and (store / rec["trace"]).is_file(), out
     if mode == "srun":  # two Slurm tasks, rank from SLURM_PROCID; task 0 recorded
         assert rec["rendezvous"]["backend"] == "slurm-srun" and rec["rendezvous"]["job_id"] == job
         assert rec["nodes"][0]["ranks"] == [0, 1]

@@ -111,6 +111,8 @@ def register(sub) -> None:
     p.add_argument("--python", default=sys.executable, help="python on the compute nodes that has dlscale")
     p.add_argument("--script", default=None, help="where to write the job script (default STORE/slurm/)")
     p.add_argument("--dry-run", action="store_true", help="print the job script; write and submit nothing")
+    from dlscale.suite import add_max_cases_option
+    add_max_cases_option(p)
     p.set_defaults(func=cmd_slurm)
 
     # one Slurm task per process (--mode srun); started by the job script, not by users
@@ -136,7 +138,7 @@ def cases_from_args(args) -> list[RunConfig]:
         return [config_from_args(args)]
     from dlscale.suite import load_suite
 
-    loaded = load_suite(args.suite)
+    loaded = load_suite(args.suite, max_cases=args.max_cases)
     loaded = loaded.with_overrides(device=args.device if args.device != "auto" else None,
                                    max_batch_cap=args.max_batch_cap)
     cases = []

@@ -31,7 +31,7 @@ from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
-EXIT_NOT_STORED = 7  # dlscale.store.EXIT_NOT_STORED
+from dlscale.store import EXIT_NOT_STORED  # noqa: E402
 RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
 
 
@@ -74,9 +74,8 @@ def register(sub) -> None:
                    help="override the suite's timed steps per repeat (part of a case's identity: resume with the same value)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="override the suite's repeats per case (not part of a case's identity)")
-    from dlscale.suite import MAX_CASES
-    p.add_argument("--max-cases", type=int, default=MAX_CASES, metavar="N",
-                   help="refuse a suite that expands to more cases than this (a typo in an axis can mean millions)")
+    from dlscale.suite import add_max_cases_option
+    add_max_cases_option(p)
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output to stderr")
     p.set_defaults(func=cmd_sweep)
@@ -250,8 +249,6 @@ def _selected(args):
 
     if not args.suite:
         raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
-    if args.max_cases < 1:
-        raise ConfigError(f"--max-cases must be >= 1, got {args.max_cases}")
     suite = load_suite(args.suite, max_cases=args.max_cases)
     if args.device:
         suite = suite.with_device(args.device)

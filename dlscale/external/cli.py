@@ -135,7 +135,7 @@ def cmd_run_external(args: argparse.Namespace) -> int:
     if not quiet:
         print_header(case)
     rec = measure_external(case, store, verbose=args.verbose, on_event=None if quiet else progress_printer(case))
-    store.append(rec)
+    store.append_or_recover(rec)  # StoreError (exit 7) names the file that keeps the record
     if quiet:
         print(json.dumps(rec, indent=1, default=str))
     else:

@@ -107,7 +107,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not args.dry_run:
         store.check_writable()
         for rec in records:
-            store.append(rec)
+            store.append_or_recover(rec)
     if args.json:
         for rec in records:
             print(json.dumps(rec, sort_keys=True))

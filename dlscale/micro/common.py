@@ -312,7 +312,7 @@ def append_record(store_dir: str, record: dict[str, Any]) -> str:
     from dlscale.store import ResultStore
 
     store = ResultStore(store_dir)
-    store.append(record)
+    store.append_or_recover(record)  # StoreError (exit 7) names the file that keeps the record
     return str(store.file)
 
 

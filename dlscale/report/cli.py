@@ -87,14 +87,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="only B's cases of this framework (default: any)")
     c.add_argument("--format", choices=COMPARE_FORMATS, default="md", help="output format")
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
-    c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (100 to 1000000)")
     c.add_argument("--confidence", type=float, default=95.0,
                    help="confidence level in percent, for the CI and (as 1 - level) the test's p threshold")
-    c.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap random seed (0 to 2^32-1)")
     c.add_argument("--min-change", type=float, default=0.0, metavar="PCT",
                    help="changes smaller than PCT %% count as no change even when significant")
     c.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                   help="exit 1 when a case is significantly slower by more than PCT %% (default: off)")
+                   help="exit 1 when a case is significantly slower by more than PCT %% (0 <= PCT < 100; default: off)")
     for side in ("a", "b"):
         c.add_argument(f"--filter-{side}", action="append", metavar="KEY=VALUE[,VALUE]",
                        help=f"only cases of {side.upper()} matching, with the keys of `dlscale sweep --filter` "
@@ -182,12 +182,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             and not (args.filter_a or args.filter_b or (args.framework_a and args.framework_b)):
         raise ConfigError("compare needs two stores (A B), or one store with --label-a and --label-b "
                           "(or --filter-a/--filter-b, or --framework-a and --framework-b)")
-    if args.resamples < 100:
-        raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
-    if not 50.0 <= args.confidence < 100.0:
-        raise ConfigError(f"--confidence must be a percentage in [50, 100), got {args.confidence:g}")
-    if args.min_change < 0 or (args.fail_on_regression is not None and args.fail_on_regression < 0):
-        raise ConfigError("--min-change and --fail-on-regression must be >= 0")
+    cmp.check_options(args.resamples, args.confidence, args.seed, args.min_change, args.fail_on_regression)
     case_filters, ignore = _pairing(args)
     loaded_a = load_records(args.store_a)
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)

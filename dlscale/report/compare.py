@@ -53,12 +53,43 @@ class Side:
         return s + f" ({len(self.rows)} case(s))"
 
 
+MAX_RESAMPLES = 1_000_000  # the bootstrap holds resamples x repeats numbers per side: more is a typo
+
+
 @dataclass
 class Options:
     resamples: int = 2000
     confidence: float = 0.95
     seed: int = 0
     min_change_pct: float = 0.0
+
+
+def check_options(resamples: int, confidence_pct: float, seed: int, min_change_pct: float,
+                  fail_on_regression_pct: float | None) -> None:
+    """compare's numbers, as given on its command line; ConfigError naming the option.
+
+    A regression gate must never be silently off: NaN compares false with everything (the gate
+    would never fire), and a slowdown is at most 100 % (B's throughput falls to 0), so a gate or a
+    --min-change of 100 % or more with the gate could never flag one.
+    """
+    from dlscale.config import MAX_SEED
+
+    if isinstance(resamples, bool) or not 100 <= resamples <= MAX_RESAMPLES:
+        raise ConfigError(f"--resamples must be from 100 to {MAX_RESAMPLES}, got {resamples}")
+    if not 50.0 <= confidence_pct < 100.0:  # false for NaN too
+        raise ConfigError(f"--confidence must be a percentage in [50, 100), got {confidence_pct:g}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be from 0 to {MAX_SEED}, got {seed}")
+    if not 0.0 <= min_change_pct < float("inf"):  # false for NaN
+        raise ConfigError(f"--min-change must be a finite percentage >= 0, got {min_change_pct:g}")
+    if fail_on_regression_pct is None:
+        return
+    if not 0.0 <= fail_on_regression_pct < 100.0:
+        raise ConfigError(f"--fail-on-regression must be a percentage in [0, 100) (a slowdown is at most 100 %), "
+                          f"got {fail_on_regression_pct:g}")
+    if min_change_pct >= 100.0:
+        raise ConfigError(f"--min-change {min_change_pct:g} with --fail-on-regression: no slowdown reaches 100 %, "
+                          f"so the gate could never fire; give a --min-change below 100")
 
 
 @dataclass
