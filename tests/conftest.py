@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 _TOOLS = {"git", "nvidia-smi", "ldconfig", "ip", "uname", "lscpu", "hostname", "nproc", "which", "scontrol", "sinfo",
-          "lsblk", "df", "free", "numactl", "sbatch", "squeue"}
+          "lsblk", "df", "free", "numactl", "sbatch", "squeue",
+          "fc-list"}  # matplotlib's font manager, once per fresh environment, to build its font cache
 
 
 def _is_tool(args) -> bool:
