@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 from dlscale import envinfo, fp8, frameworks, inputs, metrics, validity
 from dlscale.config import RunConfig, validate_for_launch
+from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
 from dlscale.strategies import get_strategy, resolve_spec
@@ -37,15 +40,82 @@ def read_rank_files(out_dir: Path) -> list[dict[str, Any]]:
     return ranks
 
 
-def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int, tail: str) -> tuple[str, str | None]:
-    """(status, error) of one repeat from the process result and the ranks' own reports."""
+def read_started(out_dir: Path) -> dict[int, int]:
+    """rank -> pid of the ranks that started (their ``started-rank<R>.json``, worker.py)."""
+    out = {}
+    for p in out_dir.glob("started-rank*.json"):
+        try:
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = int(d["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+# torchrun's failure summary, one entry per failed local rank ("Root Cause" is the first observed)
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# a rank gave up waiting in a collective for a peer (gloo's read/connect time-outs, NCCL's watchdog)
+_COLLECTIVE_TIMEOUT = re.compile(r"timed out|timeout|DEADLINE_EXCEEDED", re.IGNORECASE)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def killed_ranks(tail: str) -> list[tuple[int, str]]:
+    """(rank, signal name) of ranks that torchrun reports killed by a signal, the root cause first."""
+    root = tail.rfind("Root Cause")
+    found = _TORCHRUN_FAILURE.findall(tail[root:]) if root >= 0 else []
+    found += _TORCHRUN_FAILURE.findall(tail[:root] if root >= 0 else tail)
+    out: list[tuple[int, str]] = []
+    for rank, code in found:
+        if int(code) < 0 and int(rank) not in {r for r, _ in out}:
+            out.append((int(rank), _signal_name(-int(code))))
+    return out
+
+
+def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int, tail: str,
+             started: dict[int, int] | None = None, stopped_pids: list[int] | None = None) -> tuple[str, str | None]:
+    """(status, error) of one repeat from the process result and the ranks' own reports.
+
+    ``started``: rank -> pid of the ranks that started (``read_started``); ``stopped_pids``:
+    processes found stopped when the time limit struck. A rank that stalls is named as the cause
+    (``timeout``), not the healthy peer that gave up waiting for it in a collective; a rank
+    killed by a signal is named with the signal.
+    """
+    everyone = sorted(set(range(world)) | set(started or {}))
+    reported = {r["rank"] for r in ranks}
     if timed_out:
-        hung = sorted(set(range(world)) - {r["rank"] for r in ranks if r.get("status") == "ok"})
+        hung = sorted(set(everyone) - {r["rank"] for r in ranks if r.get("status") == "ok"})
+        stopped = sorted(r for r, pid in (started or {}).items() if pid in set(stopped_pids or ()))
+        if stopped:
+            names = ", ".join(f"rank {r}" for r in stopped)
+            return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
+                               f"collective; ranks not finished: {hung}")
+        if started is not None and set(started) and set(everyone) - set(started):
+            return "timeout", (f"time limit reached; ranks that never started: {sorted(set(everyone) - set(started))}; "
+                               f"ranks not finished: {hung}")
         return "timeout", f"time limit reached; ranks not finished: {hung}"
     bad = [r for r in ranks if r.get("status") != "ok"]
     oom = [r for r in bad if r.get("status") == "oom"]
     if oom:
         return "oom", f"rank {oom[0]['rank']}: {oom[0].get('error')}"
+    killed = [(r, name) for r, name in killed_ranks(tail) if r not in reported]
+    # SIGTERM is how torchrun ends the other ranks after a first failure: not a cause
+    cause = [(r, name) for r, name in killed if name != "SIGTERM"] or (killed if not bad else [])
+    if cause:
+        r, name = cause[0]
+        extra = " (the kernel's out-of-memory killer also sends it)" if name == "SIGKILL" else ""
+        peers = f"; then rank {bad[0]['rank']}: {bad[0].get('error')}" if bad else ""
+        return "failed", f"rank {r} was killed by {name}{extra}{peers}"
+    missing = sorted(set(everyone) - reported)
+    if bad and missing and all(_COLLECTIVE_TIMEOUT.search(str(r.get("error") or "")) for r in bad):
+        who = ", ".join(f"rank {r}" for r in missing)
+        return "timeout", (f"{who} did not reach the collective (stalled) within the collective timeout; "
+                           f"rank {bad[0]['rank']} gave up waiting: {bad[0].get('error')}")
     if bad:
         return "failed", f"rank {bad[0]['rank']}: {bad[0].get('error')}"
     if proc_rc != 0 and len(ranks) >= world:
@@ -53,8 +123,10 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
         # "terminate called without an active exception" in torch's teardown): the measurement
         # stands; the repeat carries a warning.
         return "ok", None
+    if proc_rc is not None and proc_rc < 0:
+        return "failed", (f"the launcher (torchrun) was killed by {_signal_name(-proc_rc)}; its ranks were ended "
+                          f"with it; ranks without a result: {missing}")
     if proc_rc != 0 or len(ranks) < world:
-        missing = sorted(set(range(world)) - {r["rank"] for r in ranks})
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["no output"]
         return "failed", f"torchrun exited {proc_rc}; ranks without a result: {missing}; last output: {last[0][:300]}"
     return "ok", None
@@ -229,16 +301,19 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     env.update({k: str(v) for k, v in cfg.env.items()})  # the case's own tuning variables
     local_world = spawner.local_world(cfg)
     rank_results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="dlscale-traces-") as staging:
+    procs.clean_stale_tempdirs()  # what a SIGKILLed dlscale left behind
+    with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging:
         for i in range(cfg.repeats):
-            with tempfile.TemporaryDirectory(prefix="dlscale-case-") as tmp:
+            with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
                 workdir = Path(tmp)
                 (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
                 proc = spawner.start(cfg, workdir, env)
                 rank_results = read_rank_files(workdir)
+                started = read_started(workdir)
                 series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
-                                         proc.output_tail)
+                                         proc.output_tail, started=started or None,
+                                         stopped_pids=getattr(proc, "stopped_pids", None))
             entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
             if status_i == "ok" and proc.returncode != 0:
                 entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
@@ -293,12 +368,23 @@ def _keep_artifacts(workdir: Path, root: Path | None, rec_id: str, repeat: int, 
         return kept
     for f in sorted(workdir.glob("series-rank*.jsonl")):
         dest = Path(root) / "series" / f"{rec_id}-r{repeat}-{f.stem.split('-', 1)[1]}.jsonl"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(f), dest)
-        kept.append(str(dest.relative_to(root)))
+        if _move(f, dest, "utilisation series"):
+            kept.append(str(dest.relative_to(root)))
     if (workdir / "trace.json").exists():
         shutil.move(str(workdir / "trace.json"), staging / f"trace-r{repeat}.json")
     return kept
+
+
+def _move(src: Path, dest: Path, what: str) -> bool:
+    """Move a file into the store; a full or vanished store loses the file, never the record."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), dest)
+        return True
+    except OSError as e:
+        print(f"dlscale: warning: {what} {src.name} not kept in the store: {e.strerror or e}", file=sys.stderr,
+              flush=True)
+        return False
 
 
 def median_repeat(repeats: list[dict]) -> dict | None:
@@ -315,9 +401,8 @@ def _median_repeat_extras(rec: Record, root: Path | None, staging: Path) -> None
     staged = staging / f"trace-r{med['repeat']}.json"
     if staged.exists() and root is not None:
         dest = Path(root) / "traces" / f"{rec.id}.json"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(staged), dest)
-        rec.trace = str(dest.relative_to(root))
+        if _move(staged, dest, "profiler trace"):
+            rec.trace = str(dest.relative_to(root))
     rec.utilisation, rec.breakdown = med.get("utilisation"), med.get("breakdown")
     rec.median_repeat, rec.profile_top_ops = med["repeat"], med.get("profile_top_ops")
     rec.data = med.get("data")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlscale import ConfigError
+from dlscale import procs
 from dlscale.procs import Rendezvous
 
 NODE_DIR_ENV = "DLSCALE_NODE_DIR"
@@ -440,7 +441,7 @@ def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
     from dlscale import launch
 
     rdzv = spawner.rdzv
-    with tempfile.TemporaryDirectory(prefix="dlscale-node-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("node")) as tmp:  # a SIGKILL's: procs.clean_stale_tempdirs
         node_dir = Path(tmp)
         spawner.env = {**(spawner.env or {}), NODE_DIR_ENV: tmp}
 

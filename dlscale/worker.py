@@ -25,6 +25,11 @@ from typing import Any
 
 _STARTED = time.time()  # before torch's import: the process's phases are timed from here
 
+from dlscale import procs  # noqa: E402
+
+if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's task) even when it is SIGKILLed
+    procs.die_with_parent()
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -37,6 +42,23 @@ from dlscale.models import count_parameters  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy, resolve_spec  # noqa: E402
 
 EXIT_OOM = 3
+
+# a host allocation failure: MemoryError, or c10's allocator refusing ("DefaultCPUAllocator: can't
+# allocate memory" / "not enough memory"); on the CPU that is the case's out-of-memory, as on a GPU
+_CPU_OOM = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory")
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether ``e`` is an out-of-memory failure, on the device or on the host."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _CPU_OOM)
+
+
+def write_started(out_dir: Path, rank: int) -> None:
+    """``started-rank<R>.json``: the rank runs, as this pid (the launcher names stalled ranks by it)."""
+    with contextlib.suppress(OSError):
+        (out_dir / f"started-rank{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
 
 
 def dist_env_from_environ(device_type: str) -> DistEnv:
@@ -252,32 +274,7 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
 def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
     device = denv.device
     fetch = None if source.static else source.next  # real data: refills ``batches`` each step
-    # Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read
-    # here (a host sync per step is harmless outside the window) for correctness checks.
-    losses = []
-    t_w = time.perf_counter()
-    ticker = None
-    for i in range(cfg.warmup):
-        compiling_now = cfg.compile and i == 0  # torch.compile compiles on the first call
-        if compiling_now:
-            progress.phase("compile", "start", denv.rank)
-        elif i == int(cfg.compile):
-            progress.phase("warmup", "start", denv.rank)
-            ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
-        inject.check(i)
-        if fetch is not None:
-            fetch()
-        loss = step()
-        losses.append(parity.global_loss(loss if par.reports_loss else None, par, denv))
-        if compiling_now:
-            progress.phase("compile", "end", denv.rank)
-        elif ticker is not None:
-            ticker.tick(i + 1)
-    progress.phase("warmup", "end", denv.rank)
-    result["warmup_s"] = time.perf_counter() - t_w
-    result["loss_scope"] = parity.LOSS_SCOPE
-    result.setdefault("marks", {})["warmed_up"] = time.time()
-    result["warmup_losses"] = losses
+    _warmup(cfg, denv, result, par, step, inject, fetch)
 
     n = cfg.steps
     cuda = device.type == "cuda"
@@ -352,7 +349,41 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         result["data"] = source.summary(waits, window, step_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
-    # Extra measurements, all after the window and after the memory peak was read.
+    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+
+
+def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
+    """Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read here (a
+    host sync per step is harmless outside the window) for correctness checks."""
+    losses = []
+    t_w = time.perf_counter()
+    ticker = None
+    for i in range(cfg.warmup):
+        compiling_now = cfg.compile and i == 0  # torch.compile compiles on the first call
+        if compiling_now:
+            progress.phase("compile", "start", denv.rank)
+        elif i == int(cfg.compile):
+            progress.phase("warmup", "start", denv.rank)
+            ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
+        inject.check(i)
+        if fetch is not None:
+            fetch()
+        loss = step()
+        losses.append(parity.global_loss(loss if par.reports_loss else None, par, denv))
+        if compiling_now:
+            progress.phase("compile", "end", denv.rank)
+        elif ticker is not None:
+            ticker.tick(i + 1)
+    progress.phase("warmup", "end", denv.rank)
+    result["warmup_s"] = time.perf_counter() - t_w
+    result["loss_scope"] = parity.LOSS_SCOPE
+    result.setdefault("marks", {})["warmed_up"] = time.time()
+    result["warmup_losses"] = losses
+
+
+def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch) -> None:
+    """Extra measurements, all after the window and after the memory peak was read."""
+    device = denv.device
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 
@@ -369,7 +400,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         progress.phase("profile", "end", denv.rank)
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
     result["strategy_info"] = par.record_info()  # again: a strategy may fill in what it saw while training
-    if cuda:
+    if device.type == "cuda":
         result["model_state_mem_bytes"] = _model_state_memory(step, device)
 
 
@@ -430,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     # wall-clock marks of the process's phases (epoch seconds); the launcher turns them into durations
     result["marks"] = {"started": _STARTED, "imported": time.time()}
     out = Path(args.out) / f"rank{denv.rank}.json"
+    write_started(Path(args.out), denv.rank)
     code = 0
     try:
         progress.phase("rendezvous", "start", denv.rank)
@@ -441,10 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         result["marks"]["process_group"] = time.time()
         progress.phase("rendezvous", "end", denv.rank)
         train(cfg, denv, result, Path(args.out))
-    except torch.OutOfMemoryError as e:
-        result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
     except Exception as e:
-        result["status"], result["error"], code = "failed", _one_line(e), 1
+        if is_oom(e):
+            result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
+        else:
+            result["status"], result["error"], code = "failed", _one_line(e), 1
         result["traceback"] = traceback.format_exc(limit=20)
     finally:
         if code:

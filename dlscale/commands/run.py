@@ -7,6 +7,8 @@ import sys
 from dlscale import envinfo
 from dlscale.caseargs import add_case_arguments, config_from_args
 
+EXIT_INTERRUPTED = 130  # as sweep and the shell (128 + SIGINT)
+
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="measure one training case (repeated) and store the record",
@@ -71,17 +73,23 @@ def _machine_defaults(args) -> str | None:
 
 def cmd_run(args) -> int:
     from dlscale import console, launch
-    from dlscale.batchsearch import measure_max_batch
-    from dlscale.cli import STATUS_EXIT
     from dlscale.config import validate_for_launch
-    from dlscale.multinode import is_multinode, measure_node, rendezvous_from_args, was_recorded
+    from dlscale.multinode import rendezvous_from_args
     from dlscale.store import ResultStore
 
     if args.list:
         return _list()
     from dlscale.external.cli import check_external_only, cmd_run_external
+    from dlscale.procs import interrupts
     if args.external_command is not None:  # an external training command (dlscale/external/)
-        return cmd_run_external(args)
+        try:
+            with interrupts():  # SIGTERM/SIGHUP end the command's processes as Ctrl-C does
+                return cmd_run_external(args)
+        except KeyboardInterrupt as e:
+            by = f" by {e.args[0]}" if e.args else ""
+            print(f"dlscale: run of the external command interrupted{by}: its processes were ended; no record "
+                  f"was written to {args.store} (the repeats' logs stay in its logs/)", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
     check_external_only(args)
     note = _machine_defaults(args)
     cfg = config_from_args(args)
@@ -98,6 +106,33 @@ def cmd_run(args) -> int:
     if quiet and args.verbose:
         spawner.on_line = lambda line: print(line, file=sys.stderr)
     events = None if quiet else console.progress_printer(cfg)
+    done: list[int] = []
+
+    def on_event(kind, payload) -> None:
+        if kind == "repeat":
+            done.append(1)
+        if events is not None:
+            events(kind, payload)
+
+    try:
+        with interrupts():  # SIGTERM/SIGHUP end the case's processes as Ctrl-C does
+            return _measure_and_store(args, cfg, rdzv, spawner, store, quiet, on_event)
+    except KeyboardInterrupt as e:
+        by = f" by {e.args[0]}" if e.args else ""
+        print(f"dlscale: run interrupted{by} during repeat {min(len(done) + 1, cfg.repeats)}/{cfg.repeats} of "
+              f"{cfg.model} {cfg.strategy} batch {cfg.batch_size}: its processes and temp files were removed; "
+              f"no record was written to {store.file}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> int:
+    from dlscale import console, launch
+    from dlscale.batchsearch import measure_max_batch
+    from dlscale.cli import STATUS_EXIT
+    from dlscale.multinode import is_multinode, measure_node, was_recorded
+    from dlscale.procs import uninterrupted
+    from dlscale.store import StoreError
+
     if cfg.batch_search:
         rec = measure_max_batch(cfg, spawner, files_root=store.root, on_event=events,
                                 on_probe=None if quiet else lambda e: print(
@@ -108,7 +143,14 @@ def cmd_run(args) -> int:
     else:
         rec = launch.measure(cfg, spawner, files_root=store.root, on_event=events)
     if was_recorded(rec):
-        store.append(rec.to_dict())
+        try:
+            with uninterrupted():  # never a torn record line
+                store.append_or_recover(rec.to_dict())
+        except StoreError as e:  # the measurement is kept in the recovery file the line names
+            if not quiet:
+                console.print_result(rec.to_dict())  # the numbers, shown although not stored
+            print(f"dlscale: error: {e}", file=sys.stderr, flush=True)
+            return e.exit_code
     if quiet:
         print(json.dumps(rec.to_dict(), indent=1, default=str))
     else:

@@ -51,6 +51,14 @@ def classify(proc: ProcResult, res: ParseResult | None, parse_error: str | None,
         if oom:
             line = next((ln for ln in reversed(tail.splitlines()) if OOM.search(ln)), last[0])
             return "oom", f"out of memory: {line.strip()[:300]}", None
+        if proc.returncode is not None and proc.returncode < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-proc.returncode).name
+            except ValueError:
+                name = f"signal {-proc.returncode}"
+            return "failed", f"the command was killed by {name}; last output: {last[0].strip()[:300]}", None
         return "failed", f"command exited {proc.returncode}; last output: {last[0].strip()[:300]}", None
     if res is None:
         return "failed", parse_error, None

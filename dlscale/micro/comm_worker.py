@@ -15,9 +15,13 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+from dlscale import procs
 from dlscale.micro import common
 from dlscale.micro.comm import (DTYPE_BYTES, IN_PLACE_OPS, OPS, algbw_busbw, busbw_factor, op_layout,
                                 size_sweep)
+
+if __name__ == "__main__":  # end with torchrun's agent even when it is SIGKILLed (procs.py)
+    procs.die_with_parent()
 
 # exactly representable consecutive integers per dtype (2**(mantissa bits + 1))
 EXACT_INT_LIMIT = {"fp32": 2**24, "fp16": 2**11, "bf16": 2**8}

@@ -18,6 +18,7 @@ process's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -30,6 +31,11 @@ from pathlib import Path
 from typing import Any
 
 _STARTED = time.time()
+
+from dlscale import procs  # noqa: E402
+
+if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (procs.py)
+    procs.die_with_parent()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (CPU only: the synthetic batch is the torch spec's, so both frameworks see it)
@@ -285,7 +291,9 @@ def _injection(cfg: RunConfig, rank: int):
 
 
 def is_oom(e: BaseException) -> bool:
-    return isinstance(e, InjectedOOM) or "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
+    text = str(e)
+    return (isinstance(e, (InjectedOOM, MemoryError)) or "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+            or "DefaultCPUAllocator" in text or "can't allocate memory" in text or "not enough memory" in text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         "marks": {"started": _STARTED, "imported": time.time()},
     }
     out = Path(args.out) / f"rank{rank}.json"
+    with contextlib.suppress(OSError):  # the launcher names stalled ranks by this (launch.py)
+        (Path(args.out) / f"started-rank{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
     code = 0
     try:
         configure_jax(device_type, rank, ids[1], ids[2], cfg.collective_timeout)

@@ -1,0 +1,225 @@
+"""Every process a case starts ends with it, and a failure says what happened (procs.py, launch.py).
+
+Real ``dlscale run`` processes on the CPU: tiny gpt2, two ranks. Each test points TMPDIR at its
+own folder, so the case's temp directories and every process whose command line names them (the
+torchrun agent, the workers, the hardware sampler) belong to that test alone.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dlscale import launch, procs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _case_args(store: Path, *extra: str, steps: int = 100000, time_limit: float = 60) -> list[str]:
+    return [sys.executable, "-m", "dlscale", "run", "--model", "gpt2", "--flavor", "tiny", "--nproc-per-node", "2",
+            "--device", "cpu", "--precision", "fp32", "--batch-size", "4", "--warmup", "1", "--steps", str(steps),
+            "--repeats", "1", "--time-limit", str(time_limit), "--store", str(store), *extra]
+
+
+def _start(tmp_path: Path, *extra: str, mem_limit: int | None = None, **kw) -> subprocess.Popen:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+    def limit() -> None:  # address space of dlscale and all it starts, as a memory limit would
+        resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+
+    return subprocess.Popen(_case_args(tmp_path / "store", *extra, **kw), cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=limit if mem_limit else None)
+
+
+def _ours(tmp_path: Path) -> list[psutil.Process]:
+    """Live processes of this test's case: their command line names its temp folder."""
+    key = str(tmp_path / "tmp")
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(key in a for a in p.info["cmdline"] or ()):
+                out.append(p)
+        except (psutil.Error, TypeError):
+            continue
+    return out
+
+
+def _workers(tmp_path: Path) -> dict[int, psutil.Process]:
+    """rank -> worker process."""
+    out = {}
+    for p in _ours(tmp_path):
+        try:
+            if "dlscale.worker" in p.cmdline() and "torch.distributed.run" not in " ".join(p.cmdline()):
+                out[int(p.environ().get("RANK", "-1"))] = p
+        except psutil.Error:
+            continue
+    return out
+
+
+def _agent(tmp_path: Path) -> psutil.Process:
+    return next(p for p in _ours(tmp_path) if "torch.distributed.run" in " ".join(p.cmdline()))
+
+
+def _wait_training(tmp_path: Path, timeout: float = 90) -> dict[int, psutil.Process]:
+    """Both ranks started and past their warm-up's start (the sampler's series exists)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list((tmp_path / "tmp").glob("dlscale-case-*/series-rank0.jsonl")):
+            w = _workers(tmp_path)
+            if len(w) == 2:
+                time.sleep(1.0)
+                return w
+        time.sleep(0.2)
+    raise AssertionError("the case's workers did not start training in time")
+
+
+def _assert_none_left(tmp_path: Path, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = _ours(tmp_path)
+        if not left:
+            return
+        time.sleep(0.3)
+    desc = [(p.pid, p.status(), " ".join(p.cmdline())[:120]) for p in left]
+    for p in left:  # never leak into the next test
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    raise AssertionError(f"processes left after the case: {desc}")
+
+
+def _finish(dl: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    try:
+        _, err = dl.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        dl.kill()
+        _, err = dl.communicate()
+        raise AssertionError(f"dlscale did not end; stderr: {err[-2000:]}")
+    return dl.returncode, err
+
+
+@pytest.fixture
+def reaper(tmp_path):
+    """Kill whatever a failing test left behind."""
+    yield
+    for p in _ours(tmp_path):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+# ----------------------------------------------------------------------------- no process outlives its case
+
+@pytest.mark.slow
+def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
+    dl = _start(tmp_path)
+    _wait_training(tmp_path)
+    _agent(tmp_path).send_signal(signal.SIGKILL)
+    rc, err = _finish(dl)
+    assert rc == 5, err
+    _assert_none_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up(tmp_path, reaper):
+    dl = _start(tmp_path)
+    _wait_training(tmp_path)
+    dl.kill()
+    dl.wait()
+    _assert_none_left(tmp_path, timeout=10)
+    assert list((tmp_path / "tmp").glob("dlscale-case-*"))  # left by the kill ...
+    procs.clean_stale_tempdirs(str(tmp_path / "tmp"))
+    assert not list((tmp_path / "tmp").glob("dlscale-*"))  # ... removed by the next start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_interrupt_like_ctrl_c(tmp_path, reaper, sig):
+    dl = _start(tmp_path)
+    _wait_training(tmp_path)
+    dl.send_signal(sig)
+    rc, err = _finish(dl)
+    assert rc == 130, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "no record" in lines[0], err
+    _assert_none_left(tmp_path)
+    assert not list((tmp_path / "tmp").glob("dlscale-*"))
+    assert not (tmp_path / "store" / "results.jsonl").exists() or not (
+        tmp_path / "store" / "results.jsonl").read_text().strip()
+
+
+# ----------------------------------------------------------------------------- failures say what happened
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named(tmp_path, reaper):
+    dl = _start(tmp_path)
+    _wait_training(tmp_path)[1].send_signal(signal.SIGKILL)
+    rc, err = _finish(dl)
+    assert rc == 5, err
+    assert "rank 1 was killed by SIGKILL" in err, err
+    _assert_none_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper):
+    dl = _start(tmp_path, time_limit=40)
+    _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP)
+    rc, err = _finish(dl, timeout=90)
+    assert rc == 4, err
+    assert "rank 1" in err and "stopped" in err, err
+    _assert_none_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer(tmp_path, reaper):
+    dl = _start(tmp_path, "--inject-failure", "hang@3:1", "--collective-timeout", "8", "--no-monitor", steps=10)
+    rc, err = _finish(dl, timeout=60)
+    assert rc == 4, err
+    assert "rank 1" in err and "did not reach" in err, err
+    _assert_none_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_cpu_allocation_failure_is_oom(tmp_path, reaper):
+    # under a 3 GiB address-space limit, the activations of 256 Ki sequences cannot be allocated
+    dl = _start(tmp_path, "--batch-size", str(2 ** 18), "--no-monitor", mem_limit=3 << 30, steps=2)
+    rc, err = _finish(dl, timeout=60)
+    assert rc == 3, err
+    assert "memory" in err, err
+    _assert_none_left(tmp_path)
+
+
+# ----------------------------------------------------------------------------- classify, without processes
+
+def test_classify_names_a_rank_killed_by_a_signal():
+    tail = """[rank0]: something
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : h
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+====="""
+    status, error = launch.classify(1, False, [], 2, tail)
+    assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
+
+
+def test_classify_a_collective_timeout_blames_the_rank_that_never_arrived():
+    ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] "
+              "Read error [127.0.0.1]:1234: Timed out waiting 4000ms for recv operation to complete"}]
+    status, error = launch.classify(1, False, ranks, 2, "")
+    assert status == "timeout" and "rank 1" in error and "did not reach" in error, error
