@@ -119,17 +119,20 @@ def check_store_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from dlscale.procs import interrupts
+
     try:
         check_store_args(args)
-        return int(args.func(args) or 0)
+        with interrupts():  # SIGTERM and SIGHUP end every command as Ctrl-C does (its processes too)
+            return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"dlscale: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except DlscaleError as e:
         print(f"dlscale: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_FAILED)  # StoreError: EXIT_NOT_STORED
-    except KeyboardInterrupt:
-        print("dlscale: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"dlscale: interrupted{' by ' + e.args[0] if e.args else ''}", file=sys.stderr)
         return 130
 
 

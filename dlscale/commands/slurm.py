@@ -350,7 +350,9 @@ def cmd_task(args) -> int:
             print(f"dlscale slurm-task rank {rank}: repeat {entry['repeat'] + 1}/{cfg.repeats} {entry['status']}"
                   + (f": {err}" if err else ""), file=sys.stderr, flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="dlscale-task-") as node_dir:
+    from dlscale.procs import temp_prefix
+
+    with tempfile.TemporaryDirectory(prefix=temp_prefix("task")) as node_dir:
         spawner = SrunTaskSpawner(task_env, base_port, node_dir, args.verbose)
         rec = launch.measure(cfg, spawner, files_root=store.root if rank == 0 else None,
                              command="dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]), on_event=event)

@@ -4,13 +4,13 @@
   search) already has an ``ok`` record in the store is skipped; ``--force`` measures it again
   (a new record is appended; nothing is ever rewritten). Cases whose last record is oom, failed,
   timeout or unsupported run again.
-* Records are appended only when a case finishes (one atomic line each, with SIGINT/SIGTERM held
+* Records are appended only when a case finishes (one atomic line each, with SIGINT/SIGTERM/SIGHUP held
   off while it is written), so a sweep killed at any moment leaves a consistent store and the
   next run carries on with the case that was interrupted.
 * A case that needs more GPUs than are visible, or more than one node, is skipped with a note.
 * Exit codes: 0 when every case has a result (ok, oom or unsupported: DLPerf lists OOM as a
   result), 5 when a case failed or timed out, 2 for bad input (before anything runs), 130 when
-  interrupted (Ctrl-C or SIGTERM: the running case's processes are killed, no record is written),
+  interrupted (Ctrl-C, SIGTERM or SIGHUP: the running case's processes are killed, no record is written),
   7 when a finished case's record could not be stored (the sweep stops; the one line names the
   recovery file that keeps the record).
 * An unreadable entry of the store is skipped with a warning naming it; a store that cannot be
@@ -19,9 +19,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -142,20 +140,12 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
 # ----------------------------------------------------------------------------- running
 
 def _append_uninterrupted(store, record: dict[str, Any]) -> None:
-    """Append with SIGINT/SIGTERM held off, so an interrupt never tears a record line; a record the
-    store cannot take is kept in a recovery file (StoreError names it)."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
-    try:
+    """Append with the interrupting signals held off, so an interrupt never tears a record line; a
+    record the store cannot take is kept in a recovery file (StoreError names it)."""
+    from dlscale.procs import uninterrupted
+
+    with uninterrupted():
         store.append_or_recover(record)
-    finally:
-        if main:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _fmt_eta(seconds: float | None) -> str:
@@ -333,10 +323,11 @@ def cmd_sweep(args) -> int:
         store.check_writable()
 
     results: list[tuple[Planned, dict[str, Any] | None]] = []
-    sigterm_installed = threading.current_thread() is threading.main_thread()
-    old_handler = signal.signal(signal.SIGTERM, _on_sigterm) if sigterm_installed else None
+    from dlscale.procs import interrupts
+
     try:
-        _sweep_loop(todo, suite, store, args.verbose, results)
+        with interrupts():  # SIGTERM and SIGHUP as Ctrl-C: the running case's processes end
+            _sweep_loop(todo, suite, store, args.verbose, results)
     except KeyboardInterrupt:
         n_done = len(results)
         what = describe(todo[n_done].cfg) if n_done < len(todo) else "-"
@@ -348,9 +339,6 @@ def cmd_sweep(args) -> int:
         print(f"dlscale: error: {e}; {len(results) - 1} earlier case(s) of this sweep are in the store",
               file=sys.stderr)
         return EXIT_NOT_STORED
-    finally:
-        if sigterm_installed:
-            signal.signal(signal.SIGTERM, old_handler)
     return _report_end(suite, store, planned, results, len(done), len(skipped), args.store)
 
 
