@@ -1,10 +1,13 @@
 """`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models."""
 import json
+import os
 import re
 import subprocess
 import sys
 import time
+import uuid
 
+import psutil
 import pytest
 
 from dlscale.store import ResultStore
@@ -12,9 +15,21 @@ from dlscale.store import ResultStore
 FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1"]
 
 
-def dlscale(*args, timeout=180):
+def dlscale(*args, timeout=180, env=None):
     return subprocess.run([sys.executable, "-m", "dlscale", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Processes (any depth, any parent now) started with DLSCALE_TEST_TAG=tag in their environment."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("DLSCALE_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def one_record(store_dir):
@@ -173,18 +188,17 @@ def test_crash_records_failed_exit_5(tmp_path):
 
 @pytest.mark.slow
 def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
-    t = time.monotonic()
+    t, tag = time.monotonic(), uuid.uuid4().hex
     p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
                 "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "hang@1:1",
-                "--time-limit", "20", "--store", str(tmp_path))
+                "--time-limit", "20", "--store", str(tmp_path), env={"DLSCALE_TEST_TAG": tag})
     elapsed = time.monotonic() - t
     assert p.returncode == 4, p.stderr[-2000:]
     assert elapsed < 60
     rec = one_record(tmp_path)
     assert rec["status"] == "timeout" and "time limit" in rec["error"]
-    # nothing of the killed case may survive
-    left = subprocess.run(["pgrep", "-f", "dlscale.worker"], capture_output=True, text=True)
-    assert left.stdout.strip() == ""
+    # nothing of the killed case may survive (its own processes: other runs on the machine may be going on)
+    assert tagged(tag) == []
 
 
 @pytest.mark.slow
