@@ -203,7 +203,8 @@ class RunConfig:
                            help="wall-clock seconds for each repeat; a case past it is killed and recorded timeout")
     collective_timeout: float = _f(300.0, type=float, minimum=0, maximum=MAX_SECONDS, exclusive_minimum=True,
                                    procedure=True, setting=True, unit="seconds", limit="a week",
-                                   help="seconds before a stalled collective raises in the workers")
+                                   help="seconds before a stalled collective raises in the workers; also how "
+                                        "long a multi-node rendezvous waits for every node to join")
     label: str | None = _f(None, optional=True, procedure=True, setting=True,
                            help="free-form label stored with the record (for compare)")
     # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds

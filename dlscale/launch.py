@@ -54,6 +54,9 @@ def read_started(out_dir: Path) -> dict[int, int]:
 
 # torchrun's failure summary, one entry per failed local rank ("Root Cause" is the first observed)
 _TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# torchrun's rendezvous gave up on nodes that never joined (c10d: RendezvousTimeoutError; static:
+# "Timed out after N seconds waiting for clients. 1/2 clients joined.")
+_JOIN_TIMEOUT = re.compile(r"RendezvousTimeoutError|waiting for clients\. (\d+)/(\d+) clients joined")
 # a rank gave up waiting in a collective for a peer (gloo's read/connect time-outs, NCCL's watchdog)
 _COLLECTIVE_TIMEOUT = re.compile(r"timed out|timeout|DEADLINE_EXCEEDED", re.IGNORECASE)
 
@@ -95,10 +98,17 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
             names = ", ".join(f"rank {r}" for r in stopped)
             return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
                                f"collective; ranks not finished: {hung}")
+        held = (f"; {len(stopped_pids)} process(es) of the case were found stopped (SIGSTOP)"
+                if stopped_pids else "")
         if started is not None and set(started) and set(everyone) - set(started):
-            return "timeout", (f"time limit reached; ranks that never started: {sorted(set(everyone) - set(started))}; "
-                               f"ranks not finished: {hung}")
-        return "timeout", f"time limit reached; ranks not finished: {hung}"
+            never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
+            return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
+        return "timeout", f"time limit reached{held}; ranks not finished: {hung}"
+    join = _JOIN_TIMEOUT.search(tail) if not ranks else None
+    if join:
+        joined = f" ({join.group(1)} of {join.group(2)} nodes joined)" if join.group(1) else ""
+        return "timeout", (f"a peer node never joined the rendezvous{joined} within the join timeout "
+                           "(--collective-timeout); no rank started")
     bad = [r for r in ranks if r.get("status") != "ok"]
     oom = [r for r in bad if r.get("status") == "oom"]
     if oom:

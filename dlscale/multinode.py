@@ -113,7 +113,8 @@ def rendezvous_from_args(args: argparse.Namespace, nproc_per_node: int = 1) -> R
         return None
     return Rendezvous(nnodes=nnodes, node_rank=node_rank or 0, master_addr=args.master_addr,
                       master_port=port if args.master_addr else None, rdzv_endpoint=args.rdzv_endpoint,
-                      max_restarts=args.max_restarts)
+                      max_restarts=args.max_restarts,
+                      join_timeout=getattr(args, "collective_timeout", None) if nnodes > 1 else None)
 
 
 def is_multinode(rdzv: Rendezvous | None) -> bool:

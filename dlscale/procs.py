@@ -63,6 +63,8 @@ class Rendezvous:
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     max_restarts: int = 0
+    # seconds to wait for every node to join; a peer that never joins ends the case then, not at its time limit
+    join_timeout: float | None = None
 
     def torchrun_args(self) -> list[str]:
         if self.nnodes == 1 and not self.rdzv_endpoint and not self.master_addr:
@@ -76,6 +78,9 @@ class Rendezvous:
                      "--master-port", str(self.master_port or 29500)]
         if self.max_restarts:
             args += ["--max-restarts", str(self.max_restarts)]
+        if self.join_timeout is not None:  # torchrun's rendezvous settings: c10d's join_timeout, static's timeout
+            key = "join_timeout" if self.rdzv_endpoint else "timeout"
+            args += ["--rdzv-conf", f"{key}={max(1, int(self.join_timeout))}"]
         return args
 
 

@@ -223,3 +223,30 @@ def test_classify_a_collective_timeout_blames_the_rank_that_never_arrived():
               "Read error [127.0.0.1]:1234: Timed out waiting 4000ms for recv operation to complete"}]
     status, error = launch.classify(1, False, ranks, 2, "")
     assert status == "timeout" and "rank 1" in error and "did not reach" in error, error
+
+
+def test_classify_a_time_limit_names_stopped_and_never_started_ranks():
+    # rank 1 ran as pid 11 and was found stopped: named as the cause
+    status, error = launch.classify(None, True, [], 2, "", started={0: 10, 1: 11}, stopped_pids=[11])
+    assert status == "timeout" and "rank 1 was stopped (SIGSTOP)" in error, error
+    # rank 1 was stopped before it could say which pid it is: it never started, and a stopped process is reported
+    status, error = launch.classify(None, True, [], 2, "", started={0: 10}, stopped_pids=[12])
+    assert status == "timeout" and "rank 1 never started" in error and "1 process(es)" in error, error
+
+
+def test_classify_names_a_peer_node_that_never_joined():
+    status, error = launch.classify(1, False, [], 4, "torch.distributed.DistStoreError: Timed out after 21 seconds "
+                                    "waiting for clients. 1/2 clients joined.")
+    assert status == "timeout" and "never joined the rendezvous (1 of 2 nodes joined)" in error, error
+    status, error = launch.classify(1, False, [], 4, "raise RendezvousTimeoutError\n"
+                                    "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+    assert status == "timeout" and "never joined" in error, error
+
+
+def test_multinode_rendezvous_waits_for_peers_only_the_join_timeout():
+    from dlscale.procs import Rendezvous
+
+    assert Rendezvous(nnodes=2, rdzv_endpoint="h:1", join_timeout=20.0).torchrun_args()[-2:] == [
+        "--rdzv-conf", "join_timeout=20"]
+    assert Rendezvous(nnodes=2, master_addr="h", join_timeout=20.0).torchrun_args()[-2:] == [
+        "--rdzv-conf", "timeout=20"]
