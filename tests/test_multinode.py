@@ -39,14 +39,17 @@ def test_single_node_stays_standalone():
 def test_static_rendezvous_torchrun_args():
     rdzv = multinode.rendezvous_from_args(run_args("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
                                                    "--master-port", "29555", "--max-restarts", "2"))
-    assert rdzv == Rendezvous(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29555, max_restarts=2)
+    # the join timeout is the collective timeout (default 300 s): a peer that never joins is reported then
+    assert rdzv == Rendezvous(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29555, max_restarts=2,
+                              join_timeout=300.0)
     assert rdzv.torchrun_args() == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-                                    "--master-port", "29555", "--max-restarts", "2"]
+                                    "--master-port", "29555", "--max-restarts", "2", "--rdzv-conf", "timeout=300"]
 
 
 def test_c10d_rendezvous_torchrun_args():
     rdzv = multinode.rendezvous_from_args(run_args("--nnodes", "3", "--rdzv-endpoint", "head:29400"))
-    assert rdzv.torchrun_args() == ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400"]
+    assert rdzv.torchrun_args() == ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400",
+                                    "--rdzv-conf", "join_timeout=300"]
     assert multinode.is_multinode(rdzv)
 
 
