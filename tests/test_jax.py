@@ -276,6 +276,7 @@ def test_bf16_backward_matmuls_and_convs_run_in_bf16():
         assert found == {bf}, (name, found)
 
 
+@pytest.mark.slow  # XLA compiles the loss and its gradient: seconds on a 2-core CPU
 def test_cross_entropy_by_hand():
     """logsumexp - label logit: against values computed by hand, with and without ignore_index."""
     import math

@@ -467,6 +467,7 @@ def test_qkv_permutation_keeps_heads_together():
 # ---------------------------------------------------------------- compatibility matrix
 
 
+@pytest.mark.slow  # builds every model under every strategy's check: several seconds, kept out of the quick tier
 def test_docs_hold_the_current_matrix():
     from dlscale.strategies._matrix import BEGIN, END, compat_matrix
 
@@ -477,6 +478,7 @@ def test_docs_hold_the_current_matrix():
         "docs/strategies.md is stale: run python -m dlscale.strategies._matrix --write"
 
 
+@pytest.mark.slow  # as above
 def test_matrix_covers_every_strategy_and_model():
     from dlscale.models import model_names
     from dlscale.strategies import strategy_names
