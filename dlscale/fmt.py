@@ -95,6 +95,31 @@ def fmt_cell(v: Any, digits: int = 2, *, missing: str = MISSING) -> str:
     return str(v)
 
 
+_MD_SPECIAL = "\\`*_[]<>#|"  # backslash first: an escape the user wrote must not combine with ours
+
+
+def md_text(v: Any) -> str:
+    """A user string (a label, a host name) as literal Markdown text on one line: control
+    characters become spaces and every character Markdown (or raw HTML) would read is escaped."""
+    text = "".join(c if c.isprintable() else " " for c in str(v))
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
+
+
+def md_generated(text: str) -> str:
+    """A generated line (a table title) holding user values: like md_text, but ``_`` and ``*``
+    stay as written (setting names such as grad_accum=2); callers escape the label fully."""
+    text = "".join(c if c.isprintable() else " " for c in str(text))
+    return "".join("\\" + c if c in "\\`[]<>#|" else c for c in text)
+
+
+def md_heading(title: str, label: Any = None) -> str:
+    """A heading's text: the generated title escaped, its ``label X`` part escaped as user text."""
+    out = md_generated(title)
+    if label is not None:
+        out = out.replace(f"label {md_generated(str(label))}", f"label {md_text(label)}", 1)
+    return out
+
+
 def md_cell(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 

@@ -127,3 +127,14 @@ def test_report_has_a_parity_section_and_a_loss_column(tmp_path, capsys):
     assert main(["report", str(store), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["parity"]["summary"] == {"pass": 1}
+
+
+def test_markdown_headings_escape_the_label(tmp_path, capsys):
+    """A label is user text: in a heading it cannot start a line, a heading or an HTML tag."""
+    hostile = "x\n# injected <b>*y*</b>"
+    a, b = rec("s", "single", 1, 8), rec("d", "ddp", 2, 4)
+    a["label"] = b["label"] = a["config"]["label"] = b["config"]["label"] = hostile
+    assert main(["parity", str(write(tmp_path, [a, b]))]) == 0
+    out = capsys.readouterr().out
+    assert "\n# injected" not in out and "<b>" not in out
+    assert r"label x \# injected \<b\>\*y\*\</b\>" in out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.fmt import MISSING, fmt_num
+from dlscale.fmt import MISSING, fmt_num, md_heading
 from dlscale.config import workload_fields
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 
@@ -171,7 +171,8 @@ def markdown(report: Report) -> list[str]:
         return []
     out = ["## Frameworks (DLPerf comparison)", ""]
     for t in tables:
-        out += [f"### {t.title}", "", md_table(headers(t), [cells(r) for r in t.rows], numeric_from=2), ""]
+        out += [f"### {md_heading(t.title, t.fields.get('label'))}", "",
+                md_table(headers(t), [cells(r) for r in t.rows], numeric_from=2), ""]
         out += [f"- {n}" for n in notes(t)] + [""]
     return out
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import parity
-from dlscale.fmt import MISSING, fmt_num, md_table
+from dlscale.fmt import MISSING, fmt_num, md_heading, md_table
 from dlscale.report.data import Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases
 
 PASS, FAIL, EXPECTED, NOT_COMPARABLE, NO_LOSS, REFERENCE = (
@@ -283,7 +283,7 @@ def to_markdown(rep: ParityReport, heading: str = "#") -> str:
     if not rep.groups:
         out += ["No workload has a strategy other than `single` to compare.", ""]
     for g in rep.groups:
-        out += [f"{heading}# {g.title}", ""]
+        out += [f"{heading}# {md_heading(g.title, rec_label(g.rec))}", ""]
         headers, rows = table(g)
         out += [md_table(headers, rows, numeric_from=1, numeric_to=len(headers) - 1), ""]
         out += [f"- {n}" for n in notes(g)]

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale import validity
-from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_table
+from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import parity, sidebyside, sources
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
@@ -27,30 +27,9 @@ VALIDITY_TEXT = (f"validity: {WARN_MARK} marks a number that may be wrong, {NOTE
                  "from too few repeats or steps); the reasons follow, thresholds in docs/metrics.md")
 
 
-_MD_SPECIAL = "\\`*_[]<>#|"  # backslash first: an escape the user wrote must not combine with ours
-
-
-def md_text(v: Any) -> str:
-    """A user string (a label, a host name) as literal Markdown text on one line: control
-    characters become spaces and every character Markdown (or raw HTML) would read is escaped."""
-    text = "".join(c if c.isprintable() else " " for c in str(v))
-    return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
-
-
-def _md_generated(text: str) -> str:
-    """A generated line (a table title) holding user values: like md_text, but ``_`` and ``*``
-    stay as written (setting names such as grad_accum=2); callers escape the label fully."""
-    text = "".join(c if c.isprintable() else " " for c in str(text))
-    return "".join("\\" + c if c in "\\`[]<>#|" else c for c in text)
-
-
 def md_title(group: Group) -> str:
     """A table's heading text: the title with its label escaped as Markdown text."""
-    title = _md_generated(group.title)
-    if group.label is not None:
-        label = _md_generated(str(group.label))
-        title = title.replace(f"label {label}", f"label {md_text(group.label)}", 1)
-    return title
+    return md_heading(group.title, group.label)
 
 
 def _fence(lines: Sequence[str]) -> str:
@@ -386,10 +365,10 @@ def micro_title(rec: dict[str, Any]) -> str:
 
 def micro_md_title(rec: dict[str, Any]) -> str:
     """micro_title as Markdown heading text: host, time and label escaped."""
-    title = _md_generated(micro_title(rec))
+    title = md_generated(micro_title(rec))
     for raw in {str(rec_label(rec) or ""), str((rec.get("env") or {}).get("host") or "")
                 if isinstance(rec.get("env"), dict) else ""} - {""}:
-        title = title.replace(_md_generated(raw), md_text(raw))
+        title = title.replace(md_generated(raw), md_text(raw))
     return title
 
 
