@@ -276,8 +276,13 @@ def _build(where: _Where, key: str, case: dict[str, Any], settings: dict[str, An
         cfg = RunConfig(**fields)
         validate_case(cfg)
     except ConfigError as e:
-        raise where.error(key, f"impossible case {_describe(case)}: {e}{how}") from None
+        shown = {**{AXES[a]: fields.get(AXES[a], DEFAULTS[AXES[a]]) for a in EXPANSION_ORDER}, **case} \
+            if in_matrix else case  # a matrix case named by every axis, as it was expanded
+        raise where.error(key, f"impossible case {_describe(shown)}: {e}{how}") from None
     return cfg
+
+
+_UNSET = object()  # an axis a matrix block does not give
 
 
 def _block_axes(where: _Where, key: str, block: Any) -> tuple[dict[str, list[Any]], list[tuple[int, int]]]:
@@ -288,16 +293,17 @@ def _block_axes(where: _Where, key: str, block: Any) -> tuple[dict[str, list[Any
     for required in ("models", "batch_sizes"):
         if required not in block:
             raise where.error(f"{key}.{required}", "missing (every matrix block needs models and batch_sizes)")
-    axes = {a: _values(where, f"{key}.{a}", AXES[a], block[a]) if a in block else [DEFAULTS[AXES[a]]]
+    # an axis the block leaves out takes the suite's setting of that field (threads: 1), else its default
+    axes = {a: _values(where, f"{key}.{a}", AXES[a], block[a]) if a in block else [_UNSET]
             for a in EXPANSION_ORDER}
     return axes, _counts(where, f"{key}.", block)
 
 
 def _expand_block(axes: dict[str, list[Any]], counts: list[tuple[int, int]]) -> Iterable[dict[str, Any]]:
     for combo in itertools.product(*(axes[a] for a in EXPANSION_ORDER), counts):
-        case = {AXES[a]: v for a, v in zip(EXPANSION_ORDER, combo[:-1])}
+        case = {AXES[a]: v for a, v in zip(EXPANSION_ORDER, combo[:-1]) if v is not _UNSET}
         case["nnodes"], case["nproc_per_node"] = combo[-1]
-        if not case["compile"]:  # compile modes and inductor options apply to the compiled cases
+        if not case.get("compile", DEFAULTS["compile"]):  # modes and inductor options apply to compiled cases
             case["compile_mode"], case["inductor_options"] = DEFAULTS["compile_mode"], {}
         yield case
 

@@ -57,6 +57,9 @@ def test_shipped_suites_load_and_expand():
         ("gpt2", "single", 1), ("gpt2", "ddp", 2), ("bert-base", "single", 1), ("bert-base", "ddp", 2),
         ("resnet50", "single", 1), ("resnet50", "ddp", 2)]
     assert all(c.flavor == "tiny" and c.device == "cpu" and c.precision == "fp32" for c in quick.cases)
+    # its suite-wide `threads: 1` reaches every case: the 1-process baseline and the 2-process case get the
+    # same budget per rank (an axis a matrix block leaves out takes the suite's setting, not the default)
+    assert {c.threads for c in quick.cases} == {1} and all(c.steps == 80 for c in quick.cases)
     bert = load_suite("dlperf-bert")
     assert sorted({(c.precision, c.batch_size) for c in bert.cases}) == [
         ("amp-fp16", 64), ("amp-fp16", 96), ("amp-fp16", 128), ("fp32", 32), ("fp32", 48), ("fp32", 64)]
