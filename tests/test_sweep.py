@@ -330,8 +330,11 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
     assert recs[0]["id"] == first[0]["id"]
     assert sorted(r["config"]["batch_size"] for r in recs) == [2, 4, 6]
     assert "throughput median" in out  # the DLPerf table of the sweep's cases
-    # workload fields always (the framework too), procedure fields where they differ from their defaults
-    assert recs[1]["command"].startswith("dlscale run --model gpt2 --framework torch --flavor tiny --strategy single")
+    # workload fields always, in the configuration's field order (the framework too); procedure fields only
+    # where they differ from their defaults
+    cmd = recs[1]["command"]
+    assert cmd.startswith("dlscale run --model gpt2 --framework torch --flavor tiny --precision fp32 "), cmd
+    assert "--strategy single" in cmd and "--batch-size 4" in cmd and "--label" not in cmd, cmd
 
     # a third run has nothing to do; --force measures again (a new record, nothing rewritten)
     assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
