@@ -227,6 +227,7 @@ def test_nothing_writes_to_the_store(store, tmp_path, capsys):
     assert digest(store) == before
 
 
+@pytest.mark.slow  # renders PNG/SVG plots with matplotlib: seconds, kept out of the quick tier
 def test_plots_dir_png_and_svg(store, tmp_path, capsys):
     import matplotlib.image as mpimg
 

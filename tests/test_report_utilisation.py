@@ -186,6 +186,7 @@ def _img_count(html: str) -> int:
     return len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', html))
 
 
+@pytest.mark.slow  # renders PNG/SVG plots with matplotlib: seconds, kept out of the quick tier
 def test_over_time_plot_file_and_html(store, tmp_path, capsys):
     import matplotlib.image as mpimg
 

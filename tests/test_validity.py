@@ -202,6 +202,7 @@ def test_report_formats_carry_every_flag(tmp_path, capsys):
     assert seen >= set(checks)
 
 
+@pytest.mark.slow  # renders PNG/SVG plots with matplotlib: seconds, kept out of the quick tier
 def test_efficiency_plot_marks_flags_and_one_device_tables_draw_no_scaling(tmp_path):
     from dlscale.report.data import Filters, build_report, load_records
     from dlscale.report.plots import render_plots
