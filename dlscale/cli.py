@@ -119,7 +119,7 @@ def check_store_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dlscale.procs import interrupts
+    from dlscale.procs import EXIT_INTERRUPTED, interrupts
 
     try:
         check_store_args(args)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(e, "exit_code", EXIT_FAILED)  # StoreError: EXIT_NOT_STORED
     except KeyboardInterrupt as e:
         print(f"dlscale: interrupted{' by ' + e.args[0] if e.args else ''}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

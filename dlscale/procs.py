@@ -40,6 +40,7 @@ PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "DLSCALE_LAUNCHER_PID"  # the dlscale process that owns a case's processes
 TEMP_PREFIXES = ("dlscale-case-", "dlscale-traces-", "dlscale-node-", "dlscale-task-")
 POLL_S = 1.0  # how often the tree's process list is refreshed while waiting
+EXIT_INTERRUPTED = 130  # what a command interrupted by Ctrl-C, SIGTERM or SIGHUP exits with (128 + SIGINT)
 
 
 @dataclass

@@ -6,8 +6,7 @@ import sys
 
 from dlscale import envinfo
 from dlscale.caseargs import add_case_arguments, config_from_args
-
-EXIT_INTERRUPTED = 130  # as sweep and the shell (128 + SIGINT)
+from dlscale.procs import EXIT_INTERRUPTED
 
 
 def register(sub) -> None:

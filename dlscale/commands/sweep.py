@@ -28,7 +28,8 @@ from dlscale import ConfigError, DlscaleError
 from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 130
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 5
+from dlscale.procs import EXIT_INTERRUPTED  # noqa: E402
 from dlscale.store import EXIT_NOT_STORED  # noqa: E402
 RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
 
