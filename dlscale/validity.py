@@ -7,7 +7,7 @@ judges a speedup or scaling efficiency between two records. Every threshold is i
 ``THRESHOLDS`` and documented in docs/metrics.md ("Validity").
 
 A flag of severity ``warn`` says the number may be wrong (above-ideal scaling, competing load,
-throttling, drift, a noisy or too short window); ``note`` says a claim is weak (a spread from too
+throttling, drift, a stall, a noisy or too short window); ``note`` says a claim is weak (a spread from too
 few repeats or steps). A check that cannot run (no utilisation sampled, an old record) is listed
 under ``unchecked`` with the reason, never passed silently.
 """
@@ -31,7 +31,9 @@ class Thresholds:
     min_repeats: int = 3  # repeats for a spread (stdev, min–max) to be an estimate
     max_cv: float = 0.05  # coefficient of variation of samples/s over the repeats
     max_drift: float = 0.10  # |median step time, 2nd half / 1st half - 1| within one repeat's window
-    min_drift_steps: int = 8  # fewer timed steps: the drift check does not run
+    min_drift_steps: int = 8  # fewer timed steps: the drift and stall checks do not run
+    stall_factor: float = 3.0  # a step longer than this x its repeat's median step is a stall
+    max_stall_share: float = 0.02  # stalls' time beyond the median, share of the repeat's window
     max_other_cpu_pct: float = 10.0  # CPU used by processes outside the case, % of the case's cores
     max_throttle_frac: float = 0.05  # share of GPU samples with a thermal/hardware clock slowdown
     noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
@@ -122,6 +124,18 @@ def drift(step_times_ms: list[float]) -> float | None:
     half = len(xs) // 2
     first, second = statistics.median(xs[:half]), statistics.median(xs[len(xs) - half:])
     return None if first <= 0 else second / first - 1.0
+
+
+def stalls(step_times_ms: list[float], factor: float = THRESHOLDS.stall_factor) -> tuple[int, float, float]:
+    """(count, longest ms, share of the window) of steps longer than ``factor`` x the median step;
+    the share is their time beyond the median over the sum of all steps (what the stalls cost)."""
+    xs = [x for x in (_num(t) for t in step_times_ms) if x is not None and x >= 0]
+    total = sum(xs)
+    if len(xs) < 2 or total <= 0:
+        return 0, 0.0, 0.0
+    med = statistics.median(xs)
+    long = [x for x in xs if x > factor * med]
+    return len(long), max(long, default=0.0), sum(x - med for x in long) / total
 
 
 def rank_threads(rec: dict[str, Any]) -> tuple | None:
@@ -227,6 +241,26 @@ def _check_drift(rec, t: Thresholds, v: Validity) -> None:
                             "warm-up too short, throttling, or load changing", WARN, worst, t.max_drift))
 
 
+def _check_stalls(rec, t: Thresholds, v: Validity) -> None:
+    worst: tuple[int, float, float, float] | None = None  # (count, longest, share, median)
+    for r in _ok_repeats(rec):
+        times = r.get("step_times_ms") or []
+        if len(times) < t.min_drift_steps:
+            continue
+        n, longest, share = stalls(times, t.stall_factor)
+        if worst is None or share > worst[2]:
+            worst = (n, longest, share, statistics.median([x for x in times if _num(x) is not None]))
+    if worst is None:
+        v.unchecked["stall"] = f"fewer than {t.min_drift_steps} timed steps per repeat"
+        return
+    n, longest, share, med = worst
+    if share > t.max_stall_share:
+        v.flags.append(Flag("stall", f"{n} step(s) over {t.stall_factor:g} x the median step ({med:.3g} ms; longest "
+                            f"{longest:.3g} ms) hold {share * 100:.1f} % of a window beyond the median (limit "
+                            f"{t.max_stall_share * 100:g} %): one event may set the figure; raise --steps or "
+                            "--repeats to see whether it recurs", WARN, share, t.max_stall_share))
+
+
 def _check_load(rec, t: Thresholds, v: Validity) -> None:
     utils = _utilisations(rec)
     gpu_checks = () if str(rec.get("device_type")) == "cpu" else ("throttled", "competing_gpu")
@@ -294,7 +328,7 @@ def _check_threads(rec, t: Thresholds, v: Validity) -> None:
                             f"on {cores:.0f} cores: ranks compete for cores", WARN, used, cores))
 
 
-CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_load, _check_threads)
+CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

@@ -68,6 +68,8 @@ RECORD_CONDITIONS = [
     ("few_repeats", validity.NOTE, lambda: record("r-reps", samples=(100.0, 101.0))),
     ("high_cv", validity.WARN, lambda: record("r-cv", samples=(100.0, 130.0, 80.0, 120.0, 90.0))),
     ("drift", validity.WARN, lambda: record("r-drift", step_ms=[100.0] * 10 + [125.0] * 10)),
+    # one 400 ms step among 19 of 100 ms: (400 - 100) / 2300 = 13 % of the window; medians unmoved
+    ("stall", validity.WARN, lambda: record("r-stall", step_ms=[100.0] * 10 + [400.0] + [100.0] * 9)),
     ("competing_cpu", validity.WARN, lambda: record("r-cpu", util={"other_cpu_pct_mean": 45.0,
                                                                     "other_cpu_cores_mean": 0.9})),
     ("throttled", validity.WARN, lambda: record("r-throttle", device="cuda", util={
@@ -109,6 +111,9 @@ def test_hand_computed_values_in_the_reasons():
     assert f.value == pytest.approx(20.73644135 / 104, rel=1e-6) and "19.9 %" in f.reason
     assert validity.drift([10, 10, 12, 12]) == pytest.approx(0.2)
     assert validity.drift([10, 12, 11, 11, 12, 10]) == pytest.approx(0.0)  # medians of (10,12,11), (11,12,10)
+    # median 10; the 40 ms step is over 3 x 10 and costs 40 - 10 = 30 of 130 ms; 25 ms is not a stall
+    assert validity.stalls([10] * 8 + [40, 10]) == (1, 40, pytest.approx(30 / 130))
+    assert validity.stalls([10] * 8 + [25, 10]) == (0, 0.0, 0.0)
     over = validity.assess(record("o", devices=2, omp="2")).flags[0]
     assert over.value == 4 and over.limit == 2
 
