@@ -1,0 +1,47 @@
+"""benchmarks/ddp_tail.py: the GPU gap before the optimizer step, read from a hand-made trace."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_ddp_tail", ROOT / "benchmarks" / "ddp_tail.py")
+TAIL = importlib.util.module_from_spec(_spec)
+sys.modules["bench_ddp_tail"] = TAIL  # dataclasses look their module up
+_spec.loader.exec_module(TAIL)
+
+
+def _x(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 0}
+
+
+def _step(t0: float) -> list[dict]:
+    """One step from t0 (µs): backward compute to +10,000; the last bucket's all-reduce
+    +10,000..+10,500; the host begins the optimizer at +10,800; its kernel runs +11,500..+12,000."""
+    return [_x("kernel", "sm90_gemm", t0, 6000), _x("kernel", "elementwise", t0 + 6000, 4000),
+            _x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 10000, 500),
+            _x("user_annotation", "Optimizer.step#AdamW.step", t0 + 10800, 1200),
+            _x("gpu_user_annotation", "Optimizer.step#AdamW.step", t0 + 11500, 500),
+            _x("kernel", "multi_tensor_apply_kernel", t0 + 11500, 500)]
+
+
+def test_tail_of_two_steps(tmp_path, capsys):
+    trace = {"traceEvents": _step(0.0) + _step(12000.0)}
+    rows = TAIL.tails(trace)
+    assert [r.step for r in rows] == [1, 2]
+    for r in rows:
+        assert r.step_ms == pytest.approx(12.0) and r.compute_busy_ms == pytest.approx(10.5)
+        assert r.idle_before_optimizer_ms == pytest.approx(1.5)  # 10,000 -> 11,500
+        assert r.collective_in_gap_ms == pytest.approx(0.5) and r.host_late_ms == pytest.approx(0.8)
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    assert TAIL.main([str(path)]) == 0
+    assert "| 2 | 12.00 | 10.50 | 1.50 | 0.50 | 0.80 |" in capsys.readouterr().out
+    (tmp_path / "none.json").write_text(json.dumps({"traceEvents": []}))
+    assert TAIL.main([str(tmp_path / "none.json")]) == 1
