@@ -317,6 +317,12 @@ def test_batched_crop_resize_flip_is_exact_bilinear():
                             antialias=False, align_corners=False)[0]
         ref = ref.flip(-1) if flips[i] else ref
         assert (out[i] - ref).abs().max() < 0.01
+    # a box past the decoded image (its header lied): the whole image is resized instead
+    out = images._crop_resize_flip(imgs, [(50, 20, 60, 80), (5, 3, 100, 50)], [False, False], 32,
+                                   torch.device("cpu"))
+    whole = F.interpolate(imgs[0].unsqueeze(0).float(), size=(32, 32), mode="bilinear", antialias=False,
+                          align_corners=False)[0]
+    assert (out[0] - whole).abs().max() < 0.01
 
 
 def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):

@@ -263,20 +263,22 @@ def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device)
 
     h_max, w_max = max(im.shape[-2] for im in imgs), max(im.shape[-1] for im in imgs)
     batch = torch.zeros((len(imgs), 3, h_max, w_max), dtype=torch.uint8, device=device)
-    theta = torch.zeros((len(imgs), 2, 3), dtype=torch.float32)
+    hw = np.array([im.shape[-2:] for im in imgs], dtype=np.float64)  # (n, 2): h, w
+    box = np.array(boxes, dtype=np.float64).reshape(len(imgs), 4)  # left, top, w, h
     for i, im in enumerate(imgs):
-        h_img, w_img = im.shape[-2:]
-        batch[i, :, :h_img, :w_img].copy_(im, non_blocking=True)
-        left, top, w, h = boxes[i]
-        if left + w > w_img or top + h > h_img:  # header and pixels disagree (a damaged file)
-            left, top, w, h = 0, 0, w_img, h_img
-        # output [-1, 1] -> the box's pixel span in the padded image's [-1, 1] coordinates
-        sx, sy = w / w_max, h / h_max
-        theta[i, 0, 0] = -sx if flips[i] else sx
-        theta[i, 0, 2] = (2 * left + w) / w_max - 1
-        theta[i, 1, 1] = sy
-        theta[i, 1, 2] = (2 * top + h) / h_max - 1
-    grid = F.affine_grid(theta.to(device, non_blocking=True), [len(imgs), 3, size, size], align_corners=False)
+        batch[i, :, :im.shape[-2], :im.shape[-1]].copy_(im, non_blocking=True)
+    # header and pixels disagree (a damaged file): the whole image
+    off = (box[:, 0] + box[:, 2] > hw[:, 1]) | (box[:, 1] + box[:, 3] > hw[:, 0])
+    box[off] = np.stack([np.zeros(off.sum()), np.zeros(off.sum()), hw[off, 1], hw[off, 0]], axis=1)
+    left, top, w, h = box.T
+    # output [-1, 1] -> the box's pixel span in the padded image's [-1, 1] coordinates, built on the
+    # host in one array (no per-image tensor writes: the decode thread holds the interpreter less)
+    theta = np.zeros((len(imgs), 2, 3), dtype=np.float32)
+    theta[:, 0, 0] = np.where(np.asarray(flips, dtype=bool), -1.0, 1.0) * w / w_max
+    theta[:, 0, 2] = (2 * left + w) / w_max - 1
+    theta[:, 1, 1] = h / h_max
+    theta[:, 1, 2] = (2 * top + h) / h_max - 1
+    grid = F.affine_grid(torch.from_numpy(theta).to(device), [len(imgs), 3, size, size], align_corners=False)
     return F.grid_sample(batch.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
