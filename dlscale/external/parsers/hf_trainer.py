@@ -22,6 +22,14 @@ total time between the two lines that bound it. ``logging_steps`` comes from ``-
 logging_steps=K``, else from the final metrics (total steps = runtime x steps/s) and the number of
 lines. Without arrival times (a saved log, trainer_state.json) only the Trainer's whole-run
 figure exists: it is used, with a warning that it includes the warm-up.
+
+The final metrics are rounded (``speed_metrics``: runtime to 4 decimals, rates to 3) and, from
+transformers 5, printed to 4 significant digits, so runtime x steps/s is only near the step count
+(1e-3 off at 4 digits: 20 steps in 20000) and the rates' ratio only near the batch. The step count
+is read within the printed values' precision: the logging interval (and whether
+``logging_first_step`` added a line) is the one whose step count, a multiple of it, lies nearest
+the estimate; the samples per step are the workload's global batch where that lies within the
+ratio's precision, else the ratio rounded.
 """
 from __future__ import annotations
 
@@ -35,18 +43,54 @@ from dlscale.external.parsers import (LogLine, Obs, ParseOptions, Parser, ParseR
                                       register_parser)
 
 DICT = re.compile(r"\{.*\}")
-PAIR = re.compile(r"['\"](?P<k>[\w./-]+)['\"]\s*:\s*['\"]?(?P<v>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-                  r"|nan|inf|-inf)['\"]?")
+PAIR = re.compile(r"['\"](?P<k>[\w./-]+)['\"]\s*:\s*(?P<q>['\"]?)(?P<v>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+                  r"|nan|inf|-inf)(?P=q)")
 FINAL_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+# speed_metrics rounds the runtime to 4 decimals and the rates to 3 (transformers 4.x and 5)
+DECIMALS = {"train_runtime": 4, "train_samples_per_second": 3, "train_steps_per_second": 3}
 
 
 def log_dict(text: str) -> dict[str, float] | None:
     """The numeric items of a printed log dict (never evaluated: matched key by key)."""
+    raw = _log_raw(text)
+    return {k: float(v) for k, (v, _) in raw.items()} if raw else None
+
+
+def _log_raw(text: str) -> dict[str, tuple[str, bool]]:
+    """The numeric items of a printed log dict as printed: (number, printed as a string)."""
     m = DICT.search(text)
     if not m:
+        return {}
+    return {p.group("k"): (p.group("v"), bool(p.group("q"))) for p in PAIR.finditer(m.group(0))}
+
+
+def _rel_precision(raw: dict[str, tuple[str, bool]], key: str) -> float:
+    """How far (relative) the printed value may lie from the measured one: speed_metrics' decimal
+    rounding (its keys), transformers 5's 4 significant digits, a bare float's printed digits (a
+    whole unit of the last digit: a bound for two roundings together)."""
+    text, quoted = raw[key]
+    v = abs(float(text))
+    if not v or not math.isfinite(v):
+        return math.inf
+    sig4 = 10.0 ** (math.floor(math.log10(v)) - 3)  # f"{v:.4g}" (trailing zeros dropped: 4 digits all the same)
+    if key in DECIMALS:
+        ulp = max(10.0 ** -DECIMALS[key], sig4 if quoted else 0.0)
+    elif quoted:
+        ulp = sig4
+    else:  # a bare float: as precise as its printed digits
+        mant, _, exp = text.lower().partition("e")
+        ulp = 10.0 ** ((int(exp) if exp else 0) - len(mant.partition(".")[2]))
+    return ulp / v
+
+
+def _epoch_ratio(first: dict[str, tuple[str, bool]], last: dict[str, tuple[str, bool]]) -> tuple[float, float] | None:
+    """The last step log's epoch over the first's (= their steps' ratio) and its relative precision."""
+    if "epoch" not in first or "epoch" not in last:
         return None
-    out = {p.group("k"): float(p.group("v")) for p in PAIR.finditer(m.group(0))}
-    return out or None
+    e1, e2 = float(first["epoch"][0]), float(last["epoch"][0])
+    if not (e1 > 0 and e2 > 0 and math.isfinite(e1 / e2)):
+        return None
+    return e2 / e1, _rel_precision(first, "epoch") + _rel_precision(last, "epoch")
 
 
 @register_parser("hf-trainer")
@@ -72,13 +116,15 @@ class HFTrainer(Parser):
         self._final: dict[str, float] | None = None
         out: list[Obs] = []
         logs: list[LogLine] = []
+        raw_final: dict[str, tuple[str, bool]] = {}
         for ln in lines:
-            d = log_dict(ln.text) if "{" in ln.text else None
-            if not d:
+            raw = _log_raw(ln.text) if "{" in ln.text else {}
+            if not raw:
                 continue
-            if all(k in d for k in FINAL_KEYS):
-                self._final = d
-            elif "loss" in d:
+            if all(k in raw for k in FINAL_KEYS):
+                raw_final = raw
+                self._final = {k: float(v) for k, (v, _) in raw.items()}
+            elif "loss" in raw:
                 logs.append(ln)
         if self._final is None:
             if logs:
@@ -89,13 +135,25 @@ class HFTrainer(Parser):
             # no live timing: the whole-run figure (reduce() turns this marker into the result)
             return [Obs(step=0, steps=0, extra={"whole_run": 1.0})]
         fin = self._final
-        total = round(fin["train_runtime"] * fin["train_steps_per_second"])
-        batch = fin["train_samples_per_second"] / fin["train_steps_per_second"]
-        steps = _line_steps(len(logs), total, opts.options.get("logging_steps"))
+        total = fin["train_runtime"] * fin["train_steps_per_second"]
+        total_tol = _rel_precision(raw_final, "train_runtime") + _rel_precision(raw_final, "train_steps_per_second")
+        steps = _line_steps(len(logs), total, total_tol, opts.options.get("logging_steps"),
+                            _epoch_ratio(_log_raw(logs[0].text), _log_raw(logs[-1].text)))
         if steps is None:
-            raise self.error(f"{len(logs)} step log line(s) do not fit {total} steps at any logging_steps: give "
+            raise self.error(f"{len(logs)} step log line(s) do not fit {total:.0f} steps at any logging_steps: give "
                              f"-o logging_steps=K")
-        gb = round(batch)
+        batch = fin["train_samples_per_second"] / fin["train_steps_per_second"]
+        batch_tol = batch * (_rel_precision(raw_final, "train_samples_per_second")
+                             + _rel_precision(raw_final, "train_steps_per_second"))
+        gb: float = round(batch)
+        self._batch_note = ""
+        if opts.global_batch and abs(opts.global_batch - batch) <= max(batch_tol, 0.5):
+            gb = opts.global_batch  # the printed ratio is that imprecise: the workload's figure is exact
+            if round(batch) != gb:
+                self._batch_note = f", the workload's global batch: the Trainer's printed rates give {batch:.2f}"
+        elif batch_tol >= 0.5:
+            self._batch_note = (f", rounded from {batch:.2f} (the Trainer's printed rates are only that precise: give "
+                                f"--batch-size for the exact figure)")
         prev_t, prev_step = logs[0].t, steps[0]
         for i in range(1, len(logs)):
             dt = logs[i].t - prev_t  # type: ignore[operator]
@@ -118,7 +176,7 @@ class HFTrainer(Parser):
         gb = obs[0].extra["global_batch"]
         res = reduce_window(self.name, "sample", obs, opts,
                             note=f"arrival times of the Trainer's log lines, {gb:g} samples per step "
-                                 f"(train_samples_per_second / train_steps_per_second)")
+                                 f"(train_samples_per_second / train_steps_per_second{self._batch_note})")
         if res.window_t is None and res.skipped_steps == obs[0].first:  # the window starts at the first line
             end = next((o.t for o in obs if o.step == res.skipped_steps + res.window_steps), None)
             if end is not None and self._first.t is not None:
@@ -147,15 +205,47 @@ class HFTrainer(Parser):
         return res
 
 
-def _line_steps(lines: int, total: int, given: Any) -> list[int] | None:
-    """The step each log line ends: k, 2k, ... (or 1, k, 2k, ... with logging_first_step)."""
-    cands = [int(given)] if given else sorted({max(1, round(total / lines)), max(1, round(total / max(lines - 1, 1)))})
-    for k in cands:
-        if total // k == lines:
-            return [k * (i + 1) for i in range(lines)]
-        if total // k + 1 == lines and k > 1:
-            return [1] + [k * (i + 1) for i in range(lines - 1)]
-    return None
+def _line_steps(lines: int, total: float, tol: float, given: Any,
+                epoch_ratio: tuple[float, float] | None = None) -> list[int] | None:
+    """The step each log line ends: k, 2k, ... (or 1, k, 2k, ... with logging_first_step).
+
+    ``total``: the step count estimated from the final metrics, within ``tol`` (relative) and one
+    step. A run of T steps logged every k prints T // k lines (one more with logging_first_step).
+    The epochs the first and last lines print tell the two apart where they are precise enough
+    (their ratio is the steps': L lines apart, or k (L - 1) from step 1); of the (k, first-step)
+    pairs left that fit the estimate, the one whose multiple of k (a run's length usually is one)
+    lies nearest it wins, the plain one on a tie.
+    """
+    if not (math.isfinite(total) and math.isfinite(tol) and total > 0):
+        return None  # steps/s printed as 0: a run too slow for 3 decimals
+    if lines < 2:  # one line: nothing to time, its step does not matter
+        return [int(given) if given else max(1, round(total))]
+    lo, hi = total * (1 - tol) - 1, total * (1 + tol) + 1
+    if given:
+        ks: Any = [int(given)]
+    else:
+        k_lo = max(1, math.floor(lo / (lines + 1)))
+        k_hi = max(k_lo, math.ceil(hi / (lines - 1)))
+        if k_hi - k_lo > 100_000:  # the estimate is too loose to tell the interval
+            return None
+        ks = range(k_lo, k_hi + 1)
+    fits: list[tuple[float, int, bool]] = []
+    for k in ks:
+        for first in (False, True):
+            n = lines - 1 if first else lines  # the lines at multiples of k
+            if (first and k == 1) or n < 1:
+                continue
+            if k * n + k - 1 < lo or k * n > hi:  # T in [k n, k n + k - 1]
+                continue
+            fits.append((abs(total - k * n), k, first))
+    if epoch_ratio is not None and epoch_ratio[1] < 0.1:
+        ratio, rel = epoch_ratio
+        agree = [f for f in fits if abs(ratio / (f[1] * (lines - 1) if f[2] else lines) - 1) <= rel + 0.02]
+        fits = agree or fits
+    if not fits:
+        return None
+    _, k, first = min(fits)
+    return ([1] if first else []) + [k * (i + 1) for i in range(lines - 1 if first else lines)]
 
 
 def _trainer_state(text: str) -> dict[str, Any] | None:
