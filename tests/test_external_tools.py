@@ -2,7 +2,8 @@
 randomly initialised GPT-2 built in code, no downloads) and DeepSpeed (no compiled ops); and the
 hf-trainer parser on long runs' output as the installed transformers' own code prints it.
 
-They need the optional extra (`pip install -e '.[external]'`) and skip, with the reason, without it.
+transformers and accelerate are in the `test` extra (and `external`); DeepSpeed is not (README: its
+first use compiles an op for minutes), and its test skips, with the reason, without it.
 """
 import contextlib
 import io
@@ -32,8 +33,8 @@ def run(*argv):
 
 @pytest.mark.slow
 def test_hf_trainer_tiny_gpt2_on_cpu(tmp_path, monkeypatch):
-    pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[external]')")
-    pytest.importorskip("accelerate", reason="accelerate not installed (pip install -e '.[external]')")
+    pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
+    pytest.importorskip("accelerate", reason="accelerate not installed (pip install -e '.[test]')")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     store = tmp_path / "st"
@@ -110,8 +111,8 @@ def test_hf_trainer_parser_reads_long_runs_as_transformers_prints_them(steps, ev
 def test_deepspeed_on_cpu(tmp_path, monkeypatch):
     pytest.importorskip("deepspeed", reason="deepspeed not installed (DS_BUILD_OPS=0 pip install deepspeed)")
     if not os.environ.get("DLSCALE_TEST_DEEPSPEED"):
-        pytest.skip("DeepSpeed's CPU backend JIT-compiles its shared-memory op with g++ on first use (minutes on a "
-                    "2-core machine); set DLSCALE_TEST_DEEPSPEED=1 to run it")
+        pytest.skip("DeepSpeed's CPU backend JIT-compiles its shared-memory op with g++ on first use (1-3 minutes "
+                    "on a 2-core machine; ~25 s once built); set DLSCALE_TEST_DEEPSPEED=1 to run it")
     store = tmp_path / "st"
     cmd = f"{PY} {shlex.quote(str(TOOLS / 'ds_tiny_train.py'))} --steps 20 --batch-size 8"
     code = run("run", "--command", cmd, "--parser", "deepspeed", "--model", "mlp", "--unit", "img", "--batch-size",
