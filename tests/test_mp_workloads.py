@@ -132,6 +132,60 @@ def test_table_plan_greedy_by_bytes():
     assert owner == {("d", 1): 0, ("d", 2): 1, ("d", 0): 1, ("w", 0): 1}
 
 
+
+def test_table_wise_send_layout_and_its_inverse():
+    """Table-wise exchange layout on hand-made ids, without collectives: the ids for each owner are
+    B x its fields batch-major (offset into the owner's stack), and vectors coming back in that
+    layout land in the batch's order through ``permute_rows``, whose backward gathers the
+    gradients as index_select's own backward (a scatter-add) would."""
+    from dlscale.models.wide_deep import FusedTables
+    from dlscale.strategies.embedding_shard import ShardedTables, permute_rows
+
+    rows, owners, k, b = (5, 7, 3, 4, 6), [2, 0, 1, 0, 2], 3, 3
+    tables = FusedTables(rows, 2, seed=1, table_base=0)
+    st = ShardedTables(tables, "table", owners, None, 1, k, 1.0, torch.device("cpu"))
+    assert st.fields_of == [2, 1, 2] and not st.one_owner
+    ids = torch.stack([torch.arange(b) % r for r in rows], dim=1) + torch.tensor([[0, 1, 0, 2, 1]])
+    ids = ids % torch.tensor(rows)
+    order, inverse = st.send_order(b, ids.device)
+    assert torch.equal(order[inverse], torch.arange(b * 5)) and torch.equal(inverse[order], torch.arange(b * 5))
+    sent = (ids + st.off_t).reshape(-1).index_select(0, order)
+    start = 0
+    for j in range(k):  # owner j's block: its fields in field order, row by row, at its own offsets
+        mine = [f for f in range(5) if owners[f] == j]
+        n = b * len(mine)
+        local = torch.tensor([sum(rows[g] for g in range(f) if owners[g] == j) for f in mine])
+        assert torch.equal(sent[start:start + n].view(b, len(mine)), ids[:, mine] + local)
+        start += n
+    # vectors in the send layout (here: a function of field and id) back to (B, fields, dim)
+    field_of = torch.arange(5).expand(b, 5).reshape(-1).index_select(0, order)
+    back = torch.stack([field_of * 100.0 + ids.reshape(-1).index_select(0, order), -field_of.double()], 1)
+    back.requires_grad_(True)
+    out = permute_rows(back, inverse, order).view(b, 5, 2)
+    assert torch.equal(out[..., 0], torch.arange(5) * 100.0 + ids)
+    assert torch.equal(out[..., 1], -torch.arange(5.0).expand(b, 5))
+    g = torch.randn(b, 5, 2, dtype=torch.float64)
+    out.backward(g)
+    ref = back.detach().clone().requires_grad_(True)
+    ref.index_select(0, inverse).view(b, 5, 2).backward(g)
+    assert torch.equal(back.grad, ref.grad)
+
+
+def test_one_owner_sends_the_batch_as_it_is():
+    """Every field on one owner (one rank, or shards=1): no permutation; row-wise at one rank: the
+    rows are the ids plus the field offsets (the block is the whole table)."""
+    from dlscale.models.wide_deep import FusedTables
+    from dlscale.strategies.embedding_shard import ShardedTables
+
+    tables = FusedTables((5, 7, 3), 2, seed=1, table_base=0)
+    tables.reset_parameters()
+    st = ShardedTables(tables, "table", [0, 0, 0], None, 0, 1, 1.0, torch.device("cpu"))
+    assert st.one_owner and st.fields_of == [3]
+    row = ShardedTables(tables, "row", None, None, 0, 1, 1.0, torch.device("cpu"))
+    ids = torch.tensor([[4, 6, 2], [0, 0, 0]])
+    assert torch.equal(torch.remainder(ids, row.block_t) + row.off_t, ids + tables.offsets)
+    assert torch.equal(row.weight, tables.weight) and torch.equal(st.weight, tables.weight)
+
 # ---------------------------------------------------------------- face model
 
 

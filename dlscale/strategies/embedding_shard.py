@@ -11,16 +11,20 @@ One forward of a ``ShardedTables`` (TorchRec's sequence of input dist, lookup, o
    ``shard=table`` - a field lives whole on one rank (fields dealt out largest first to the
    least-filled rank, over both widths: greedy by bytes); ``shard=row`` - rank r holds rows
    [r x ceil(rows/K), (r+1) x ceil(rows/K)) of every field (the last shares may be short);
-2. the ids are grouped by owner and exchanged (``all_to_all_single``). Table-wise: laid out field
-   by field with the fields ordered by owner (a fixed permutation, no sort; TorchRec's
-   feature-major layout), and the counts are known in advance (B x the owner's fields).
-   Row-wise: sorted by owner (stable), and the counts exchanged first (one small all-to-all and
-   a host read of the split sizes: the path's only host sync; skipped with one rank);
+2. the ids are grouped by owner and exchanged (``all_to_all_single``). Table-wise: owner by
+   owner, batch-major inside each owner's block (B x its fields; a fixed permutation made once
+   per batch size, no sort; none at all where one owner holds every field, as at one rank), and
+   the counts are known in advance. Row-wise: sorted by owner (stable), and the counts exchanged
+   first (one small all-to-all and a host read of the split sizes: the path's only host sync;
+   with one rank no owner map, sort or count exchange);
 3. the owner gathers the rows from its shard; the vectors go back by the reverse all-to-all and
-   are put back in the batch's order. Backward: the vectors' gradients travel the same way back
-   to the owners (scaled by 1/world: each rank's loss is the mean over its own slice, so the sum
-   over ranks would be world x the gradient of the global mean that DDP gives the MLP), where
-   the lookup's backward adds them into the shard's gradient.
+   are put back in the batch's order by one gather (``permute_rows``; its backward is a gather
+   too), straight into (B, fields, dim). At one rank a table's step is the plain lookup's
+   kernels (row-wise: one more, the remainder) plus its three all-to-alls (ids, vectors, and the
+   gradients in the backward). Backward: the vectors' gradients travel the same way back to the
+   owners (scaled by 1/world: each rank's loss is the mean over its own slice, so the sum over
+   ranks would be world x the gradient of the global mean that DDP gives the MLP), where the
+   lookup's backward adds them into the shard's gradient.
 
 Options:
 
@@ -38,7 +42,8 @@ Options:
 Recorded in ``strategy_info``: the plan (``shards``, rows held by each rank), and the bytes each
 rank sends to the other ranks per optimizer step (``exchange_bytes_per_step``: ids and vectors
 in the forward, gradients in the backward, counts; all-reduce of replicated shards separately),
-measured on the first step (the batches repeat, so every step sends the same).
+measured on the first step (the batches repeat, so every step sends the same; the hook that
+measures it removes itself).
 Not with ``--clip-grad-norm`` (the worker would clip by a per-rank norm), ``amp-fp16`` (the loss
 scaler's overflow check is per rank) or ``--compile``: recorded unsupported.
 At one process the same path runs with groups of one rank (no DDP: nothing to average).
@@ -56,8 +61,7 @@ from torch import nn
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies._sharding import (all_to_all, data_parallel, first_call, materialize, meta_spec, probe,
-                                          resized)
+from dlscale.strategies._sharding import all_to_all, data_parallel, materialize, meta_spec, probe, resized
 
 MODES = ("row", "table")
 OPTIONS = {"shard": "row", "shards": None, "fields": None, "vocab_scale": None, "dim": None}
@@ -149,12 +153,8 @@ class ShardedTables(nn.Module):
                 fill[self.owners[f]] += r
             local_rows = fill[group_rank]
             self.fields_of = [sum(1 for o in self.owners if o == j) for j in range(k)]
-            order = sorted(range(nf), key=lambda f: (self.owners[f], f))  # fields grouped by owner
-            inverse = [order.index(f) for f in range(nf)]
-            self.register_buffer("field_order", torch.tensor(order, dtype=torch.long, device=device),
-                                 persistent=False)
-            self.register_buffer("field_inverse", torch.tensor(inverse, dtype=torch.long, device=device),
-                                 persistent=False)
+            self.one_owner = sum(1 for n in self.fields_of if n) == 1  # the send layout is the batch's own
+            self._perms: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         else:
             self.block = [math.ceil(r / k) for r in self.rows]
             off = [sum(self.block[:f]) for f in range(nf)]
@@ -178,25 +178,48 @@ class ShardedTables(nn.Module):
         self.held_rows = held  # rows of the whole tables this rank holds (row-wise: without the padding)
         self.sent = {"ids": 0, "vectors": 0, "gradients": 0, "counts": 0}
 
+    def send_order(self, b: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Table-wise, a batch of ``b``: (order, inverse) over the batch's flat (row, field) slots.
+
+        The send layout is owner by owner, each owner's block batch-major over its fields
+        (``ids.reshape(-1)[order]``); ``inverse`` puts a tensor in that layout back in the batch's
+        order. Made once per batch size, on the device."""
+        key = (b, str(device))
+        if key not in self._perms:
+            nf = len(self.rows)
+            slots = torch.arange(b * nf, device=device).view(b, nf)
+            order = torch.cat([slots[:, [f for f in range(nf) if self.owners[f] == j]].reshape(-1)
+                               for j in range(self.k) if self.fields_of[j]])
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=device)
+            self._perms[key] = (order, inverse)
+        return self._perms[key]
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         b, nf = ids.shape
         counts_bytes = 0
+        perm = None
         if self.mode == "table":
-            # field-major, fields grouped by owner (a fixed permutation; no sort): the ids for rank j
-            # are B x its fields, and every rank receives B x this rank's fields from each source
-            send_rows = (ids + self.off_t).t().index_select(0, self.field_order).reshape(-1)
+            # owner by owner, batch-major inside each owner's block: rank j gets B x its fields, and
+            # every rank receives B x this rank's fields from each source. With every field on one
+            # owner (one rank) that layout is the batch's own: no permutation at all.
+            send_rows = (ids + self.off_t).reshape(-1)
+            if not self.one_owner:
+                perm = self.send_order(b, ids.device)
+                send_rows = send_rows.index_select(0, perm[0])
             send = [b * self.fields_of[j] for j in range(self.k)]
             recv = [b * self.fields_of[self.me]] * self.k
-            order = None
         else:
-            owner = torch.div(ids, self.block_t, rounding_mode="floor")
-            row = (ids - owner * self.block_t + self.off_t).reshape(-1)
-            if self.k == 1:  # one owner: the sort and the count exchange are no-ops
-                send_rows, order, send = row, None, [b * nf]
+            # the row within the owner's block, plus the field's offset in the owner's stack
+            row = (torch.remainder(ids, self.block_t) + self.off_t).reshape(-1)
+            if self.k == 1:  # one owner: the owner map, the sort and the count exchange are no-ops
+                send_rows, send = row, [b * nf]
                 recv = send
             else:
-                owner = owner.reshape(-1)
+                owner = torch.div(ids, self.block_t, rounding_mode="floor").reshape(-1)
                 order = torch.argsort(owner, stable=True)
+                perm = (order, torch.empty_like(order))
+                perm[1][order] = torch.arange(order.numel(), device=order.device)
                 send_rows = row.index_select(0, order)
                 counts = torch.bincount(owner, minlength=self.k)
                 got = torch.empty_like(counts)
@@ -210,13 +233,36 @@ class ShardedTables(nn.Module):
         out_peers, in_peers = sum(send) - send[self.me], sum(recv) - recv[self.me]
         self.sent = {"ids": 8 * out_peers, "vectors": 4 * self.dim * in_peers,
                      "gradients": 4 * self.dim * out_peers, "counts": counts_bytes}
-        if self.mode == "table":  # (fields by owner, B, dim) -> (B, fields, dim)
-            return back.view(nf, b, self.dim).index_select(0, self.field_inverse).transpose(0, 1)
-        if order is None:
-            return back.view(b, nf, self.dim)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        return back.index_select(0, inverse).view(b, nf, self.dim)
+        if perm is not None:  # back in the batch's order; backward: the gradients gathered the other way
+            back = permute_rows(back, perm[1], perm[0])
+        return back.view(b, nf, self.dim)
+
+
+class _PermuteRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.inverse = inverse
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(0, ctx.inverse), None, None
+
+
+def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` for a permutation ``index`` (``inverse`` its inverse). Backward: ``grad[inverse]``,
+    a gather as the forward (index_select's own backward scatter-adds into zeros)."""
+    return _PermuteRows.apply(x, index, inverse)
+
+
+def once_after_forward(module: nn.Module, fn) -> None:
+    """Run ``fn()`` after the first forward of ``module``, then drop the hook (a module with no
+    hooks takes the plain call path: nothing left per step)."""
+    def hook(mod, args, output):
+        handle.remove()
+        fn()
+
+    handle = module.register_forward_hook(hook)
 
 
 def _groups(world: int, k: int, rank: int):
@@ -298,6 +344,6 @@ def parallelize(model, spec, cfg, denv):
             shard_bytes = sum(st.weight.numel() * st.weight.element_size() for st in sharded.values())
             info["replica_allreduce_bytes_per_step"] = int(2 * (n - 1) / n * shard_bytes)
 
-    first_call(model, record_volume)
+    once_after_forward(model, record_volume)
     return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
                         dp_size=world, dp_rank=denv.rank, no_sync=no_sync, info=info)
