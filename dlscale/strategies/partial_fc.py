@@ -116,10 +116,13 @@ class _ShardedSoftmaxLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # (softmax - one-hot) x grad / G in one pass over the (G x N_r) logits: the per-row factor
+        # grad / (G x sum exp) first, then one multiply, then the target columns
         e, s, col, has = ctx.saved_tensors
-        p = e / s.unsqueeze(1)
-        p.scatter_add_(1, col, -has.to(p.dtype).unsqueeze(1))
-        return p * (grad / ctx.rows), None, None
+        c = grad / ctx.rows
+        p = e * (c / s).unsqueeze(1)
+        p.scatter_add_(1, col, (-c * has.to(p.dtype)).unsqueeze(1))
+        return p, None, None
 
 
 class ShardedArcFace(torch.nn.Module):
