@@ -195,6 +195,23 @@ def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):
     assert [p.action for p in forced] == ["run"] * 6 + ["skip"]
 
 
+def test_plan_skips_a_cpu_case_with_more_processes_than_run_takes(tmp_path):
+    """On the CPU a case over config.CPU_OVERSUBSCRIBE processes per core is skipped with run's reason
+    at planning (it used to start, fail at launch and make the sweep exit 5)."""
+    from dlscale.config import CPU_OVERSUBSCRIBE
+    from dlscale.envinfo import affinity_count
+
+    cores = affinity_count() or os.cpu_count() or 1
+    too_many = CPU_OVERSUBSCRIBE * cores + 1
+    p = write(tmp_path, TINY + f"""\
+    matrix: {{models: [gpt2], flavors: [tiny], devices: [1, {too_many}], batch_sizes: [4], precisions: [fp32]}}
+    """)
+    s = load_suite(p)
+    plan = sweep_cmd.plan(s, list(range(len(s.cases))), [], force=False, gpus=None)
+    assert [p.action for p in plan] == ["run", "skip"]
+    assert f"nproc-per-node {too_many} is more than {CPU_OVERSUBSCRIBE} processes per CPU core" in plan[1].reason
+
+
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
     assert cli.main(["sweep", "dlperf-resnet50", "--dry-run", "--store", str(tmp_path / "st")]) == 0
     out = capsys.readouterr().out

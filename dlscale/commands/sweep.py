@@ -119,6 +119,18 @@ def done_keys(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _cpu_processes_refused(nproc_per_node: int) -> str:
+    """Why `run` would refuse this many CPU processes on this machine ("" when it would not): the
+    sweep skips such a case at planning, as it skips one that needs more GPUs than are here."""
+    from dlscale.config import check_cpu_processes
+
+    try:
+        check_cpu_processes(nproc_per_node)
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
 def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
          gpus: int | None) -> list[Planned]:
     """What the sweep does with each selected case. ``gpus``: visible GPUs (None: CPU run)."""
@@ -132,6 +144,8 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
                                           f"(use dlscale slurm, or dlscale run --nnodes on each node)")
         elif gpus is not None and cfg.nproc_per_node > gpus:
             p.action, p.reason = "skip", f"needs {cfg.nproc_per_node} GPUs, this machine has {gpus}"
+        elif gpus is None and (too_many := _cpu_processes_refused(cfg.nproc_per_node)):
+            p.action, p.reason = "skip", too_many
         elif p.key in done and not force:
             p.action, p.reason = "done", f"ok record {str(done[p.key].get('id'))[:12]} in the store"
         out.append(p)
