@@ -1,16 +1,12 @@
 """--compile-mode and --inductor-option: validation, what torch.compile gets, suites, and one real
 compiled run on the CPU (inductor's C++ backend; CUDA graphs are skipped off the GPU)."""
-import contextlib
-import io
 import json
-import sys
-from unittest import mock
 
 import pytest
 import torch
 
+import helpers_cli
 from dlscale import ConfigError, compiling
-from dlscale.cli import main as cli_main
 from dlscale.config import RunConfig, validate_case
 from dlscale.strategies import make_optimizer
 from dlscale.models import get_model
@@ -107,17 +103,10 @@ def test_sgd_is_fused_on_cuda_and_foreach_elsewhere():
 
 
 def _cli(*args) -> tuple[int, str, str]:
-    """``dlscale ARGS`` in this process, argv as ``python -m dlscale`` sees it (the record keeps the
-    command); its workers are real torchrun processes. Saves the ~5 s a fresh interpreter spends
-    importing torch and reading the environment. Returns (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.object(sys, "argv", ["dlscale", *args]):
-        try:
-            rc = cli_main(list(args))
-        except SystemExit as e:  # argparse's own errors
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
+    """``dlscale ARGS`` in this process (tests/helpers_cli.py; its workers are real torchrun
+    processes): (exit code, stdout, stderr)."""
+    p = helpers_cli.dlscale(*args)
+    return p.returncode, p.stdout, p.stderr
 
 
 @pytest.mark.slow  # imports torch._inductor.config to check the option's name: seconds

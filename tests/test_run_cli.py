@@ -10,14 +10,21 @@ import uuid
 import psutil
 import pytest
 
+import helpers_cli
 from dlscale.store import ResultStore
 
 FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1"]
 
 
-def dlscale(*args, timeout=180, env=None):
+def dlscale_process(*args, timeout=180, env=None):
+    """``python -m dlscale ARGS``: a fresh interpreter, for what only a process shows."""
     return subprocess.run([sys.executable, "-m", "dlscale", *args], capture_output=True, text=True,
                           timeout=timeout, env=None if env is None else {**os.environ, **env})
+
+
+def dlscale(*args, env=None):
+    """``dlscale ARGS`` in this process (tests/helpers_cli.py); its torchrun and workers are real."""
+    return helpers_cli.dlscale(*args, env=env)
 
 
 def tagged(tag: str) -> list[psutil.Process]:
@@ -74,7 +81,7 @@ def test_unwritable_store_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     t = time.monotonic()
-    p = dlscale("run", "--model", "gpt2", *FAST, "--store", str(blocker / "st"), timeout=60)
+    p = dlscale_process("run", "--model", "gpt2", *FAST, "--store", str(blocker / "st"), timeout=60)
     assert p.returncode == 2 and "not writable" in p.stderr
     assert "rank 0" not in p.stdout  # no worker was started
     assert time.monotonic() - t < 30
@@ -94,17 +101,33 @@ def test_help_lists_every_option_with_default(capsys):
     assert "(default: 20)" in out and "(default: 100)" in out and "(default: 5)" in out
 
 
+@pytest.fixture(scope="module")
+def single_ref(tmp_path_factory):
+    """model -> the store of its 1-process run with batch 8 (3 warm-up + 2 timed steps), run once
+    per module: the reference of the DDP runs below."""
+    stores = {}
+
+    def get(model: str):
+        if model not in stores:
+            store = tmp_path_factory.mktemp(f"single-{model}")
+            p = dlscale("run", "--model", model, *FAST, "--warmup", "3", "--steps", "2", "--json",
+                        "--strategy", "single", "--batch-size", "8", "--store", str(store))
+            assert p.returncode == 0, p.stderr[-2000:]
+            stores[model] = store
+        return stores[model]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt2", "bert-base"])
-def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
+def test_ddp_matches_single_process_on_same_global_batch(tmp_path, single_ref, model):
     """2-process gloo DDP with batch 4 each trains exactly like one process with batch 8."""
     common = ["--model", model, *FAST, "--warmup", "3", "--steps", "2", "--json"]
-    single = dlscale("run", *common, "--strategy", "single", "--batch-size", "8", "--store", str(tmp_path / "a"))
     ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
                   "--store", str(tmp_path / "b"))
-    assert single.returncode == 0, single.stderr[-2000:]
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    rs, rd = one_record(tmp_path / "a"), one_record(tmp_path / "b")
+    rs, rd = one_record(single_ref(model)), one_record(tmp_path / "b")
     # 3 warm-up + 2 timed optimizer steps, then the loss of the trained model on the same data
     ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
     assert ls is not None and ld == pytest.approx(ls, rel=1e-4)
@@ -132,15 +155,13 @@ def test_ddp_matches_single_process_on_same_global_batch(tmp_path, model):
 
 
 @pytest.mark.slow
-def test_ddp_fp16_comm_hook_trains_like_single(tmp_path):
+def test_ddp_fp16_comm_hook_trains_like_single(tmp_path, single_ref):
     """-o comm_hook=fp16 all-reduces in fp16: same training within fp16 rounding, recorded; false parses as False."""
     common = ["--model", "gpt2", *FAST, "--warmup", "3", "--steps", "2", "--json"]
-    single = dlscale("run", *common, "--strategy", "single", "--batch-size", "8", "--store", str(tmp_path / "a"))
     ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
                   "-o", "comm_hook=fp16", "-o", "static_graph=false", "--store", str(tmp_path / "b"))
-    assert single.returncode == 0, single.stderr[-2000:]
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    rs, rd = one_record(tmp_path / "a"), one_record(tmp_path / "b")
+    rs, rd = one_record(single_ref("gpt2")), one_record(tmp_path / "b")
     info = rd["strategy_info"]
     assert info["comm_hook"] == "fp16" and info["static_graph"] is False
     ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
@@ -207,11 +228,11 @@ def test_json_output_and_env_command(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
     monkeypatch.setenv("TORCH_NCCL_HIGH_PRIORITY", "1")
     monkeypatch.setenv("DLSCALE_TEST_UNRELATED", "x")
-    p = dlscale("env", "--json", timeout=60)
+    p = dlscale("env", "--json")
     assert p.returncode == 0
     env = json.loads(p.stdout)
     assert env["torch"] and env["host"] and env["cpu_count"] >= 1
     assert env["env_vars"]["NCCL_DEBUG"] == "WARN" and env["env_vars"]["TORCH_NCCL_HIGH_PRIORITY"] == "1"
     assert "DLSCALE_TEST_UNRELATED" not in env["env_vars"]
-    text = dlscale("env", timeout=60).stdout
+    text = dlscale("env").stdout
     assert "torch:" in text and "gpus:" in text
