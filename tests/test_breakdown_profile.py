@@ -1,16 +1,15 @@
 """Issue 5 on the CPU: sampler in the record, step breakdown, profiler trace, interval bounds."""
 import json
-import subprocess
-import sys
 
 import pytest
 
+import helpers_cli
 from dlscale.store import ResultStore
 
 
-def run(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "dlscale", "run", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def run(*args):
+    """``dlscale run`` in this process (tests/helpers_cli.py); torchrun and its workers are real."""
+    return helpers_cli.dlscale("run", *args)
 
 
 @pytest.mark.slow
