@@ -1,8 +1,11 @@
 """Every process a case starts ends with it, and a failure says what happened (procs.py, launch.py).
 
-Real ``dlscale run`` processes on the CPU: tiny gpt2, two ranks. Each test points TMPDIR at its
-own folder, so the case's temp directories and every process whose command line names them (the
-torchrun agent, the workers, the hardware sampler) belong to that test alone.
+Real ``dlscale run`` cases on the CPU: tiny gpt2, two ranks. Each test points TMPDIR at its own
+folder, so the case's temp directories and every process whose command line names them (the
+torchrun agent, the workers, the hardware sampler) belong to that test alone. Where the fault is
+dealt to dlscale itself (its signals, its memory limit) dlscale is a ``python -m dlscale``
+process; where it is dealt to the agent or a rank, dlscale runs in this process (tests/helpers_cli.py,
+~5 s of start-up less) while a thread waits for training and deals it.
 """
 from __future__ import annotations
 
@@ -11,12 +14,17 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
+from unittest import mock
 
 import psutil
 import pytest
 
+import helpers_cli
 from dlscale import launch, procs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +47,33 @@ def _start(tmp_path: Path, *extra: str, mem_limit: int | None = None, **kw) -> s
     return subprocess.Popen(_case_args(tmp_path / "store", *extra, **kw), cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=limit if mem_limit else None)
+
+
+def _run_here(tmp_path: Path, *extra: str, during: Callable[[], None] | None = None,
+              **kw) -> tuple[int, str]:
+    """The case run by dlscale in this process, its temp folders under tmp_path/tmp as _start's are;
+    ``during`` runs in a thread meanwhile (it waits for training and deals the fault). (exit code, stderr)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    failed: list[BaseException] = []
+
+    def act() -> None:
+        try:
+            during()
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread below
+            failed.append(e)
+
+    thread = threading.Thread(target=act, daemon=True) if during else None
+    with mock.patch.object(tempfile, "tempdir", str(tmp)):  # dlscale's own temp folders
+        if thread:
+            thread.start()
+        p = helpers_cli.dlscale(*_case_args(tmp_path / "store", *extra, **kw)[3:],
+                                env={"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"})
+    if thread:
+        thread.join(timeout=30)
+        if failed:
+            raise failed[0]
+    return p.returncode, p.stderr
 
 
 def _ours(tmp_path: Path) -> list[psutil.Process]:
@@ -124,10 +159,11 @@ def reaper(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
-    dl = _start(tmp_path)
-    _wait_training(tmp_path)
-    _agent(tmp_path).send_signal(signal.SIGKILL)
-    rc, err = _finish(dl)
+    def kill_agent() -> None:
+        _wait_training(tmp_path)
+        _agent(tmp_path).send_signal(signal.SIGKILL)
+
+    rc, err = _run_here(tmp_path, during=kill_agent)
     assert rc == 5, err
     _assert_none_left(tmp_path)
 
@@ -164,9 +200,7 @@ def test_sigterm_and_sighup_interrupt_like_ctrl_c(tmp_path, reaper, sig):
 
 @pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_named(tmp_path, reaper):
-    dl = _start(tmp_path)
-    _wait_training(tmp_path)[1].send_signal(signal.SIGKILL)
-    rc, err = _finish(dl)
+    rc, err = _run_here(tmp_path, during=lambda: _wait_training(tmp_path)[1].send_signal(signal.SIGKILL))
     assert rc == 5, err
     assert "rank 1 was killed by SIGKILL" in err, err
     _assert_none_left(tmp_path)
@@ -174,9 +208,9 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path, reaper):
 
 @pytest.mark.slow
 def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper):
-    dl = _start(tmp_path, time_limit=40)
-    _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP)
-    rc, err = _finish(dl, timeout=90)
+    # the time limit counts from torchrun's start; training starts ~6-10 s after it on 2 cores
+    rc, err = _run_here(tmp_path, during=lambda: _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP),
+                        time_limit=25)
     assert rc == 4, err
     assert "rank 1" in err and "stopped" in err, err
     _assert_none_left(tmp_path)
@@ -184,8 +218,8 @@ def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper
 
 @pytest.mark.slow
 def test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer(tmp_path, reaper):
-    dl = _start(tmp_path, "--inject-failure", "hang@3:1", "--collective-timeout", "8", "--no-monitor", steps=10)
-    rc, err = _finish(dl, timeout=60)
+    rc, err = _run_here(tmp_path, "--inject-failure", "hang@3:1", "--collective-timeout", "8", "--no-monitor",
+                        steps=10)
     assert rc == 4, err
     assert "rank 1" in err and "did not reach" in err, err
     _assert_none_left(tmp_path)
