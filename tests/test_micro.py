@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import helpers_cli
 from dlscale import ConfigError
 from dlscale.cli import main as cli_main
 from dlscale.micro import common
@@ -339,19 +339,13 @@ def test_help_lists_defaults(capsys, verb):
 # ---------------------------------------------------------------------------------------------
 # real 2-process gloo runs through the CLI
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DLSCALE_MICRO_COMM_INJECT_FAILURE", None)
-    return env
-
-
 @pytest.mark.slow
-def test_comm_gloo_two_ranks_every_op(tmp_path):
+def test_comm_gloo_two_ranks_every_op(tmp_path, monkeypatch):
+    # dlscale in this process (tests/helpers_cli.py): its torchrun and 2 gloo workers are real
+    monkeypatch.delenv("DLSCALE_MICRO_COMM_INJECT_FAILURE", raising=False)
     store = tmp_path / "st"
-    p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "comm", "--op", "all",
-                        "--nproc-per-node", "2", "--max-bytes", "1M", "--warmup", "1", "--steps", "3",
-                        "--device", "cpu", "--store", str(store)], capture_output=True, text=True, timeout=120, env=_env())
+    p = helpers_cli.dlscale("micro", "comm", "--op", "all", "--nproc-per-node", "2", "--max-bytes", "1M",
+                            "--warmup", "1", "--steps", "3", "--device", "cpu", "--store", str(store))
     assert p.returncode == 0, p.stdout + p.stderr
     (rec,) = records(store)
     check_record(rec, "comm")
@@ -375,11 +369,9 @@ def test_comm_gloo_two_ranks_every_op(tmp_path):
 @pytest.mark.slow
 def test_comm_worker_failure_exits_5(tmp_path):
     store = tmp_path / "st"
-    env = _env()
-    env["DLSCALE_MICRO_COMM_INJECT_FAILURE"] = "1"
-    p = subprocess.run([sys.executable, "-m", "dlscale", "micro", "comm", "--op", "all_reduce",
-                        "--nproc-per-node", "2", "--max-bytes", "64", "--warmup", "0", "--steps", "2",
-                        "--device", "cpu", "--store", str(store)], capture_output=True, text=True, timeout=120, env=env)
+    p = helpers_cli.dlscale("micro", "comm", "--op", "all_reduce", "--nproc-per-node", "2", "--max-bytes", "64",
+                            "--warmup", "0", "--steps", "2", "--device", "cpu", "--store", str(store),
+                            env={"DLSCALE_MICRO_COMM_INJECT_FAILURE": "1"})
     assert p.returncode == 5, p.stdout + p.stderr
     (rec,) = records(store)
     assert rec["status"] == "failed"
