@@ -116,8 +116,7 @@ def test_all_strategies_registered():
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, nproc, opts", [
     ("zero1", 2, ()),
-    ("fsdp", 2, ()),  # zero3, per-block fully_shard
-    ("fsdp", 2, ("shard=zero2", "blocks_per_unit=2")),  # both tiny blocks in one unit (a list)
+    ("fsdp", 2, ()),  # zero3, per-block fully_shard (zero2 per block and in one unit: the clipping test below)
     ("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
     ("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
 ])
@@ -134,11 +133,13 @@ def test_data_parallel_matches_single(store, strategy, nproc, opts):
 def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
     """The optimizer on local shards (fsdp's default) with global-norm clipping tight enough to
     clip: the same training as `single` and as torch's optimizer on the DTensors; a shard-local
-    norm would clip each rank differently and drift."""
+    norm would clip each rank differently and drift. zero2 both times: per block, and with both
+    tiny blocks in one unit (a list)."""
     clip = ("--clip-grad-norm", "0.05")
     ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=clip))["loss_after"]
     shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=clip)
-    dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "optimizer_on_shards=false", extra=clip))
+    dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false",
+                         extra=clip))
     assert shards["strategy_info"]["optimizer_on_shards"] is True
     got = _rep(shards)["loss_after"]
     assert _close(got, ref) and _close(dtensors["loss_after"], ref), (got, dtensors["loss_after"], ref)
