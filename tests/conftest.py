@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 # Bytecode caches are written whatever the environment says. The suite starts a few hundred Python
-# processes that import torch; where PYTHONDONTWRITEBYTECODE is set and the packages were installed
-# without byte-compiling (pip --no-compile, as .ci/run does), every one of them would compile torch
-# from source again: a tiny 2-process run took 50 s instead of 16 s on 2 cores. Written once, read
-# by every later process (this one and all it starts).
+# processes that import torch; where PYTHONDONTWRITEBYTECODE is set and a package was installed
+# without byte-compiling (pip --no-compile; this repo's own modules in the editable install), every
+# one of them would compile it from source again: with torch so installed, a tiny 2-process run took
+# 50 s instead of 16 s on 2 cores. Written once, read by every later process (this one and all it
+# starts).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
