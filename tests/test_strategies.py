@@ -12,10 +12,9 @@ wrong averaging factor (sum instead of mean); resnet50 trains with SGD, which ca
 compared with `single` on it, and so is the interleaved schedule with one micro-batch (BatchNorm
 statistics are per micro-batch, so only then is resnet50 comparable with `single`).
 
-Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~45 s);
-the file runs in ~4 min. The `single` references the parity view reads come from the store (real
-`dlscale run` cases); the others (gpt2 clipped and amp-fp16, llama) run the worker's own ``train``
-on a one-rank gloo group in this process, which records bit for bit the same losses.
+Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~50 s);
+the file runs in ~4 min. Every `single` reference is a real `dlscale run` in the module's store:
+the parity view at the end compares each strategy's record with its workload's single record.
 """
 from __future__ import annotations
 
@@ -23,12 +22,9 @@ import contextlib
 import importlib.util
 import io
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from dlscale.cli import main as cli_main
 
@@ -72,43 +68,6 @@ def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: 
     assert rc == 0
     _RECORDS[key] = rec
     return rec
-
-
-_HERE: dict[tuple, dict] = {}
-
-
-def _here(model: str, batch: int, precision: str = "fp32", clip: float | None = None) -> dict:
-    """`single` through ``dlscale.worker.train`` on a one-rank gloo group in this process, one
-    thread as a torchrun worker has: the repeat ``dlscale run --strategy single`` records, without
-    ~6 s of torchrun start-up (its losses are bit for bit the same: checked for gpt2 fp32 clipped
-    and amp-fp16, llama fp32 with and without clipping). Cached per module, like _run."""
-    from dlscale.config import RunConfig
-    from dlscale.strategies import DistEnv
-    from dlscale.worker import train
-
-    key = (model, batch, precision, clip)
-    if key in _HERE:
-        return _HERE[key]
-    cfg = RunConfig(model=model, flavor="tiny", strategy="single", batch_size=batch,
-                    grad_accum=GRAD_ACCUM.get(model, 1), precision=precision, warmup=WARMUP, steps=1, repeats=1,
-                    device="cpu", monitor=False, clip_grad_norm=clip)
-    own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/pg", rank=0, world_size=1)
-    assert dist.get_world_size() == 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    result: dict = {}
-    try:
-        with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory() as out:
-            train(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo"), result, Path(out))
-    finally:
-        torch.set_num_threads(threads)
-        if own_group:
-            dist.destroy_process_group()
-    assert result["status"] == "ok", result
-    _HERE[key] = {"repeats": [result]}
-    return _HERE[key]
 
 
 def _close(a: float, b: float, rel: float = REL) -> bool:
@@ -178,7 +137,7 @@ def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
     norm would clip each rank differently and drift. zero2 both times: per block, and with both
     tiny blocks in one unit (a list)."""
     clip = ("--clip-grad-norm", "0.05")
-    ref = _rep(_here("gpt2", 4, clip=0.05))["loss_after"]
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=clip))["loss_after"]
     shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=clip)
     dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false",
                          extra=clip))
@@ -211,7 +170,7 @@ def test_pipeline_bert_matches_single(store):
 def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
     """amp-fp16: the stages share one loss scale; the reported loss is unscaled and follows
     `single` with torch's GradScaler (fp16 rounding differs with the micro-batch split: 1e-2)."""
-    ref = _rep(_here("gpt2", 4, precision="amp-fp16"))
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, precision="amp-fp16"))
     rec = _rep(_run(store, "gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
     _assert_losses(rec["warmup_losses"], ref["warmup_losses"], rel=1e-2)
 
@@ -259,7 +218,7 @@ def test_tensor_bert_matches_single(store):
 def test_llama_fsdp_with_selective_checkpointing_matches_single(store):
     """Llama (GQA, rotary, SwiGLU) under FSDP2 with op-level selective activation checkpointing
     trains as `single` without it: recomputation changes memory, never the arithmetic."""
-    ref = _rep(_here("llama", 4))
+    ref = _rep(_run(store, "llama", "single", 1, 4))
     rec = _run(store, "llama", "fsdp", 2, 2, extra=("--activation-checkpointing", "selective"))
     assert rec["strategy_info"]["activation_checkpointing"]["mode"] == "selective"
     got, want = _rep(rec)["loss_after"], ref["loss_after"]  # the global batch's loss after 3 steps
@@ -273,14 +232,14 @@ def test_llama_3d_dp_tp_pp_matches_single(store):
     first and the last; full activation checkpointing and global-norm clipping tight enough to
     clip: the per-step losses of `single` on the same global batch (4 = dp 2 x 2)."""
     clip = ("--clip-grad-norm", "0.05")
-    ref = _rep(_here("llama", 4, clip=0.05))
+    ref = _rep(_run(store, "llama", "single", 1, 4, extra=clip))
     rec = _run(store, "llama", "hybrid", 8, 2, "dp=2", "tp=2", "pp=2", "dp_shard=fsdp", "sequence_parallel=true",
                "microbatches=2", "balance=blocks", extra=(*clip, "--activation-checkpointing", "full"))
     info = rec["strategy_info"]
     assert (info["mesh"], info["dp_impl"], info["tied_params"]) == ([1, 2, 2, 2], "fsdp2 per stage", 1)
     assert rec["global_batch"] == 4
     _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
-    unclipped = _rep(_here("llama", 4))["warmup_losses"]
+    unclipped = _rep(_run(store, "llama", "single", 1, 4))["warmup_losses"]
     assert not _close(unclipped[-1], ref["warmup_losses"][-1], rel=1e-7), "the clip changed nothing"
 
 
