@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -23,11 +24,21 @@ def _run(cmd: list[str], timeout: float = 10.0) -> str | None:
 def git_sha() -> str | None:
     root = Path(dlscale.__file__).resolve().parent.parent
     if not (root / ".git").exists():
-        return None
+        return archive_sha(Path(dlscale.__file__).resolve().parent / "ARCHIVE_SHA")
     sha = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
     if sha and _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]):
         sha += "-dirty"
     return sha
+
+
+def archive_sha(path: Path) -> str | None:
+    """The commit a ``git archive`` copy was made from: ``git archive`` fills ARCHIVE_SHA's
+    placeholder (export-subst in .gitattributes); a copy made any other way leaves it unfilled."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{40}", text) else None
 
 
 def cpu_model() -> str:
