@@ -15,6 +15,7 @@ Exit 2 when no record matches.
 from __future__ import annotations
 
 import argparse
+import gzip
 import inspect
 import json
 import sys
@@ -74,8 +75,13 @@ def select(store: str, filters: list[str], label: str | None) -> tuple[str, list
 def summarise(store_dir: str, rec: dict[str, Any]) -> dict[str, Any]:
     cfg = rec_config(rec)
     path = resolve_store_path(store_dir, rec["trace"])
+    gz = path.with_name(path.name + ".gz")  # an archived store keeps its traces gzipped
     try:
-        trace = json.loads(path.read_text(encoding="utf-8"))
+        if not path.exists() and gz.exists():
+            with gzip.open(gz, "rt", encoding="utf-8") as f:
+                trace = json.load(f)
+        else:
+            trace = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ConfigError(f"record {rec.get('id')}: cannot read its trace {path}: {e}") from None
     steps = profiled_steps(str(cfg.get("framework") or "torch"))

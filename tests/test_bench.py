@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import gzip
 import io
 import json
 import os
@@ -484,6 +485,13 @@ def test_kernels_by_kind_from_a_torch_and_a_jax_trace(tmp_path, capsys):
     assert "gpt2 b16 amp-bf16 torch compiled single x1" in md and "gpt2 b16 amp-bf16 jax single x1" in md
     assert KERNELS.main([str(store), "--filter", "model=resnet50"]) == 2
     assert "no ok run record with a profiler trace" in capsys.readouterr().err
+    # an archived store keeps its traces gzipped beside the names its records give
+    for name in ("tc.json", "jx.json"):
+        raw = store / "traces" / name
+        raw.with_name(name + ".gz").write_bytes(gzip.compress(raw.read_bytes()))
+        raw.unlink()
+    assert KERNELS.main([str(store), "--filter", "model=gpt2"]) == 0
+    assert capsys.readouterr().out == md
 
 
 # ----------------------------------------------------------------------------- report --group-by label
