@@ -62,7 +62,7 @@ def test_markdown_framework_table(store, capsys):
     assert [r[0] for r in rows[:6]] == ["torch", "torch", "torch-compiled", "torch-compiled", "jax", "jax"]
     assert "jax 0.11.2, jaxlib 0.11.2, optax 0.2.8, backend gpu" in section
     # the per-framework scaling tables stay as they were: jax has its own, named by the framework field
-    assert "gpt2 · amp-bf16 · eager · ddp · batch 16/device · framework=jax" in out
+    assert "gpt2 · amp-bf16 · jax (XLA) · ddp · batch 16/device · framework=jax" in out
 
 
 def test_csv_json_html_carry_the_comparison(store, capsys, tmp_path):

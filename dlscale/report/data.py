@@ -537,8 +537,10 @@ class Group:
         parts = [self.model]
         if f.get("flavor") not in (None, "full"):
             parts[0] += f" ({f['flavor']})"
-        parts += [str(f.get("precision")), "compiled" if f.get("compile") else "eager", self.strategy,
-                  f"batch {self.batch_size}/device"]
+        fw = f.get("framework") or "torch"
+        # a JAX step is always jit-compiled by XLA: "eager" would misname it
+        how = ("compiled" if f.get("compile") else "eager") if fw == "torch" else f"{fw} (XLA)" if fw == "jax" else fw
+        parts += [str(f.get("precision")), how, self.strategy, f"batch {self.batch_size}/device"]
         if self.label is not None:
             parts.append(f"label {self.label}")
         if f.get("data") not in (None, "synthetic") and "data" not in self.extras:
