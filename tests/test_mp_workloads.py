@@ -133,58 +133,185 @@ def test_table_plan_greedy_by_bytes():
 
 
 
-def test_table_wise_send_layout_and_its_inverse():
-    """Table-wise exchange layout on hand-made ids, without collectives: the ids for each owner are
-    B x its fields batch-major (offset into the owner's stack), and vectors coming back in that
-    layout land in the batch's order through ``permute_rows``, whose backward gathers the
-    gradients as index_select's own backward (a scatter-add) would."""
+class _Rank:
+    """Stands for the process group of one rank in ``_ThreadA2A`` (the exchange passes it as ``group``)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+
+class _ThreadA2A:
+    """``dist.all_to_all_single`` between threads standing for the K ranks of one group, counting calls."""
+
+    def __init__(self, k: int):
+        import threading
+
+        self.k, self.barrier, self.box, self.calls = k, threading.Barrier(k, timeout=60), {}, [0] * k
+
+    def __call__(self, out, inp, out_splits=None, in_splits=None, group=None):
+        me, k = group.rank, self.k
+        self.calls[me] += 1
+        self.box[me] = inp.split(in_splits or [inp.shape[0] // k] * k)
+        self.barrier.wait()
+        out.copy_(torch.cat([self.box[j][me] for j in range(k)]))
+        self.barrier.wait()  # nobody refills the box before everyone has read it
+
+
+def _exchange_ranks(monkeypatch, tables: dict, mode: str, k: int, ids: list[torch.Tensor], coef: list[torch.Tensor]):
+    """K threads, each one rank of ``embedding-shard`` over ``tables`` (name -> FusedTables) with its
+    slice of the global ``ids`` (one per table): forward, loss sum(out x coef), backward.
+    Returns per rank (outputs, its ShardedTables, the exchange's volume) and the calls per rank."""
+    import threading
+
+    from dlscale.strategies.embedding_shard import Exchange, ShardedTables, plan_tables
+
+    sizes = [(g, f, r, t.dim) for g, t in tables.items() for f, r in enumerate(t.rows)]
+    owners = plan_tables(sizes, k) if mode == "table" else None
+    fake = _ThreadA2A(k)
+    monkeypatch.setattr(dist, "all_to_all_single", fake)
+    b = ids[0].shape[0] // k
+    got: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+
+    def rank(r):
+        try:
+            sts = [ShardedTables(t, mode, [owners[(g, f)] for f in range(len(t.rows))] if owners else None, r, k,
+                                 torch.device("cpu")) for g, t in tables.items()]
+            ex = Exchange(sts, _Rank(r), k, r, 1.0 / k)
+            mine = slice(r * b, (r + 1) * b)
+            outs = ex(*[x[mine] for x in ids])
+            sum((o * c[mine]).sum() for o, c in zip(outs, coef)).backward()
+            got[r] = (outs, sts, ex.volume())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+            fake.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return got, fake.calls
+
+
+@pytest.mark.parametrize("mode, k", [("table", 2), ("table", 3), ("row", 2), ("row", 3)])
+def test_exchange_matches_the_plain_lookups(monkeypatch, mode, k):
+    """K ranks (threads, all-to-all between them) exchange wide and deep together: every rank gets
+    the whole model's vectors for its slice bit for bit, each shard's gradient is the whole
+    table's for its rows (loss: the mean over ranks), and a training step makes one id, one vector
+    and one gradient all-to-all (row-wise: one count all-to-all more), whatever the tables."""
     from dlscale.models.wide_deep import FusedTables
-    from dlscale.strategies.embedding_shard import ShardedTables, permute_rows
 
-    rows, owners, k, b = (5, 7, 3, 4, 6), [2, 0, 1, 0, 2], 3, 3
-    tables = FusedTables(rows, 2, seed=1, table_base=0)
-    st = ShardedTables(tables, "table", owners, None, 1, k, 1.0, torch.device("cpu"))
-    assert st.fields_of == [2, 1, 2] and not st.one_owner
-    ids = torch.stack([torch.arange(b) % r for r in rows], dim=1) + torch.tensor([[0, 1, 0, 2, 1]])
-    ids = ids % torch.tensor(rows)
-    order, inverse = st.send_order(b, ids.device)
-    assert torch.equal(order[inverse], torch.arange(b * 5)) and torch.equal(inverse[order], torch.arange(b * 5))
-    sent = (ids + st.off_t).reshape(-1).index_select(0, order)
-    start = 0
-    for j in range(k):  # owner j's block: its fields in field order, row by row, at its own offsets
-        mine = [f for f in range(5) if owners[f] == j]
-        n = b * len(mine)
-        local = torch.tensor([sum(rows[g] for g in range(f) if owners[g] == j) for f in mine])
-        assert torch.equal(sent[start:start + n].view(b, len(mine)), ids[:, mine] + local)
-        start += n
-    # vectors in the send layout (here: a function of field and id) back to (B, fields, dim)
-    field_of = torch.arange(5).expand(b, 5).reshape(-1).index_select(0, order)
-    back = torch.stack([field_of * 100.0 + ids.reshape(-1).index_select(0, order), -field_of.double()], 1)
-    back.requires_grad_(True)
-    out = permute_rows(back, inverse, order).view(b, 5, 2)
-    assert torch.equal(out[..., 0], torch.arange(5) * 100.0 + ids)
-    assert torch.equal(out[..., 1], -torch.arange(5.0).expand(b, 5))
-    g = torch.randn(b, 5, 2, dtype=torch.float64)
-    out.backward(g)
-    ref = back.detach().clone().requires_grad_(True)
-    ref.index_select(0, inverse).view(b, 5, 2).backward(g)
-    assert torch.equal(back.grad, ref.grad)
+    tables = {"wide": FusedTables((4, 3), 1, seed=1, table_base=0),
+              "deep": FusedTables((5, 6, 2, 9), 2, seed=1, table_base=2)}
+    gen = torch.Generator().manual_seed(5)
+    b = 3 * k
+    ids = [torch.stack([torch.randint(0, r, (b,), generator=gen) for r in t.rows], 1) for t in tables.values()]
+    coef = [torch.randn(b, len(t.rows), t.dim, generator=gen) for t in tables.values()]
+    for t in tables.values():
+        t.reset_parameters()
+    ref = [t(x) for t, x in zip(tables.values(), ids)]
+    (sum((o * c).sum() for o, c in zip(ref, coef)) / k).backward()
+    got, calls = _exchange_ranks(monkeypatch, tables, mode, k, ids, coef)
+    assert calls == [4 if mode == "row" else 3] * k
+    for r, (outs, sts, _) in got.items():
+        mine = slice(r * 3, (r + 1) * 3)
+        for o, want in zip(outs, ref):
+            assert torch.equal(o, want[mine].detach())
+        for st, t in zip(sts, tables.values()):
+            whole = t.weight.grad.split(t.rows)
+            for f, rows in enumerate(t.rows):
+                if mode == "table":
+                    lo, n = (0, rows) if st.owners[f] == r else (0, 0)
+                else:
+                    lo = r * st.block[f]
+                    n = max(0, min(st.block[f], rows - lo))
+                mine_rows = st.weight.grad[st.off_t[f]:st.off_t[f] + n]
+                torch.testing.assert_close(mine_rows, whole[f][lo:lo + n], rtol=0, atol=1e-6)
 
 
-def test_one_owner_sends_the_batch_as_it_is():
-    """Every field on one owner (one rank, or shards=1): no permutation; row-wise at one rank: the
-    rows are the ids plus the field offsets (the block is the whole table)."""
+def test_exchange_volume_by_hand(monkeypatch):
+    """The bytes each rank sends to the other, on hand-made ids (2 ranks, 2 ids each; int64 ids,
+    fp32 vectors of width 1 (wide) and 2 (deep))."""
     from dlscale.models.wide_deep import FusedTables
-    from dlscale.strategies.embedding_shard import ShardedTables
 
-    tables = FusedTables((5, 7, 3), 2, seed=1, table_base=0)
-    tables.reset_parameters()
-    st = ShardedTables(tables, "table", [0, 0, 0], None, 0, 1, 1.0, torch.device("cpu"))
-    assert st.one_owner and st.fields_of == [3]
-    row = ShardedTables(tables, "row", None, None, 0, 1, 1.0, torch.device("cpu"))
-    ids = torch.tensor([[4, 6, 2], [0, 0, 0]])
-    assert torch.equal(torch.remainder(ids, row.block_t) + row.off_t, ids + tables.offsets)
-    assert torch.equal(row.weight, tables.weight) and torch.equal(st.weight, tables.weight)
+    tables = {"wide": FusedTables((4, 3), 1, seed=1, table_base=0),
+              "deep": FusedTables((5, 6, 2), 2, seed=1, table_base=2)}
+    wide = torch.tensor([[0, 2], [3, 1], [1, 0], [1, 2]])  # rank 0: rows 0-1, rank 1: rows 2-3
+    deep = torch.tensor([[4, 0, 1], [1, 5, 0], [2, 3, 0], [0, 0, 1]])
+    coef = [torch.ones(4, 2, 1), torch.ones(4, 3, 2)]
+    # table-wise, greedy by bytes: deep1 (12) -> 0, deep0 (10) -> 1, deep2 (4) -> 1, wide0 (4) -> 0,
+    # wide1 (3) -> 1. Rank 0 sends its 2 x (wide1, deep0, deep2) ids = 2 + 4 and gets 2 + 2 x 2
+    # floats back; it serves rank 1's 2 x (wide0, deep1): 2 + 2 x 2 floats
+    got, _ = _exchange_ranks(monkeypatch, tables, "table", 2, [wide, deep], coef)
+    assert got[0][2] == {"ids": 8 * 6, "vectors": 4 * 6, "gradients": 4 * 10, "counts": 0}
+    assert got[1][2] == {"ids": 8 * 4, "vectors": 4 * 10, "gradients": 4 * 6, "counts": 0}
+    # row-wise, blocks wide (2, 2), deep (3, 3, 1): rank 0's ids owned by rank 1: wide 3, 2 and
+    # deep 4, 5, 1 (2 + 3 ids; 2 x 1 + 3 x 2 gradient floats); rank 1's owned by rank 0: wide 1, 1,
+    # 0 and deep 2, 0, 0, 0 (3 + 4: 3 x 1 + 4 x 2 vector floats); counts: one int64 per table
+    got, _ = _exchange_ranks(monkeypatch, tables, "row", 2, [wide, deep], coef)
+    assert got[0][2] == {"ids": 8 * 5, "vectors": 4 * 11, "gradients": 4 * 8, "counts": 8 * 2}
+
+
+def test_one_rank_sends_the_batch_as_it_is():
+    """One rank (either mode): the shard is the whole table, the ids go out in the batch's order
+    (table by table) plus the fields' offsets, and nothing is permuted."""
+    from dlscale.models.wide_deep import FusedTables
+    from dlscale.strategies.embedding_shard import Exchange, ShardedTables
+
+    tables = [FusedTables((5, 7, 3), 2, seed=1, table_base=0), FusedTables((4, 2), 1, seed=1, table_base=3)]
+    for t in tables:
+        t.reset_parameters()
+    for mode in ("table", "row"):
+        sts = [ShardedTables(t, mode, [0] * len(t.rows) if mode == "table" else None, 0, 1, torch.device("cpu"))
+               for t in tables]
+        assert all(torch.equal(st.weight, t.weight) for st, t in zip(sts, tables))
+        plan = Exchange(sts, None, 1, 0, 1.0)._fixed_plan(2, torch.device("cpu"))
+        assert plan.order is None and plan.perms == [None, None]
+        assert plan.off.tolist() == [0, 5, 12, 0, 5, 12] + [0, 4, 0, 4]
+        assert plan.out_ids == plan.in_ids == [2 * 3 + 2 * 2] and plan.out_vec == [2 * 3 * 2 + 2 * 2 * 1]
+
+
+def test_degree_one_collectives_per_step(world1, monkeypatch):
+    """At one rank a training step (forward, backward, optimizer step) of embedding-shard makes
+    exactly three collectives, all all-to-alls (ids, vectors, gradients): wide and deep together."""
+    from dlscale.strategies import DistEnv, get_strategy, resolve_spec
+
+    calls: list[str] = []
+    names = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+             "all_gather_object", "reduce_scatter_tensor", "broadcast", "barrier")
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    for shard in ("table", "row"):
+        cfg = RunConfig(model="wide-deep", flavor="tiny", strategy="embedding-shard", device="cpu",
+                        precision="fp32", batch_size=8, strategy_options={"shard": shard})
+        spec = resolve_spec(cfg)
+        with torch.random.fork_rng(devices=[]):
+            model = spec.build()
+        par = get_strategy("embedding-shard").fn(model, spec, cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo"))
+        batch = spec.make_batch(8, torch.device("cpu"), torch.Generator().manual_seed(1))
+
+        def step():
+            par.module(*batch).backward()
+            par.optimizer.step()
+            par.optimizer.zero_grad(set_to_none=True)
+
+        step()  # the first records the exchange volume (an all_gather_object)
+        with monkeypatch.context() as m:
+            calls.clear()
+            for n in names:
+                m.setattr(dist, n, counted(n, getattr(dist, n)))
+            step()
+            step()
+        assert calls == ["all_to_all_single"] * 6, (shard, calls)
+
 
 # ---------------------------------------------------------------- face model
 

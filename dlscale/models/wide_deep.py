@@ -27,7 +27,9 @@ hashing spreads real ids) so that the hot rows are not all at the start of the t
 Structure a sharding strategy relies on (``dlscale/strategies/embedding_shard.py``):
 
 * ``model.embedding_groups()`` -> ``{"wide": FusedTables, "deep": FusedTables}``: the attribute
-  names of the tables' modules; ``forward`` calls each as ``module(ids) -> (B, fields, width)``;
+  names of the tables' modules, each called as ``module(ids) -> (B, fields, width)``;
+* ``model.embed(wide_ids, deep_ids)``: ``forward`` looks every table up through this one call, so
+  a strategy that replaces it on the instance exchanges all the tables' ids and vectors at once;
 * ``FusedTables.rows`` (rows per field), ``.dim``, ``.fill(field, out, row_start)`` (the
   initial values of rows [row_start, row_start + len(out)) of that field, see ``_rows.py``);
 * ``model.init_weights(tables=False)`` re-initialises everything but the tables, from the
@@ -155,8 +157,14 @@ class WideDeep(nn.Module):
             self.wide.reset_parameters()
             self.deep.reset_parameters()
 
+    def embed(self, wide_ids, deep_ids):
+        """Every table's lookup, one ids tensor per module of ``embedding_groups()`` in its order (a
+        sharding strategy replaces this on the instance: one exchange for all the tables)."""
+        return self.wide(wide_ids), self.deep(deep_ids)
+
     def forward(self, dense, wide_ids, deep_ids, labels):
-        return self.over(dense, self.wide(wide_ids), self.deep(deep_ids), labels)
+        wide, deep = self.embed(wide_ids, deep_ids)
+        return self.over(dense, wide, deep, labels)
 
 
 def zipf_ids(batch: int, rows: tuple[int, ...], exponent: float, generator: torch.Generator) -> torch.Tensor:
