@@ -24,7 +24,6 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -157,8 +156,8 @@ def main() -> None:
                 times[i].append(statistics.median(ms))
         for i, (s, o, _, par) in enumerate(built):
             row = {"flavor": flavor, "strategy": s, **o, "batch": args.batch, "collectives_deg1": counts[i][0],
-                   "ops_per_step": counts[i][1], "step_ms": round(statistics.median(times[i]), 3), "step_ms_min": round(min(times[i]), 3),
-                   "cpu_ms": round(statistics.median(cpu[i]), 3),
+                   "ops_per_step": counts[i][1], "step_ms": round(statistics.median(times[i]), 3),
+                   "step_ms_min": round(min(times[i]), 3), "cpu_ms": round(statistics.median(cpu[i]), 3),
                    "step_ms_repeats": [round(t, 3) for t in times[i]]}
             if s != "single":
                 row["exchange"] = par.info.get("exchange_bytes_per_step")
@@ -172,13 +171,16 @@ def main() -> None:
         with open(out) as f:
             deg2 = json.load(f)
         print(json.dumps({"degree2_tiny": deg2}), flush=True)
-    print(f"\ntorch {torch.__version__}, 1 thread, fp32, batch {args.batch}, median of {args.repeats} x {args.steps} steps")
-    print(f"{'flavor':7s} {'case':22s} {'collectives/step (deg 1)':>26s} {'deg 2':>6s} {'ops/step':>9s} {'step ms':>8s} {'min':>7s} {'cpu ms':>7s}")
+    print(f"\ntorch {torch.__version__}, 1 thread, fp32, batch {args.batch}, "
+          f"median of {args.repeats} x {args.steps} steps")
+    print(f"{'flavor':7s} {'case':22s} {'collectives/step (deg 1)':>26s} {'deg 2':>6s} {'ops/step':>9s} "
+          f"{'step ms':>8s} {'min':>7s} {'cpu ms':>7s}")
     for r in rows:
         name = r["strategy"] + (f" {r['shard']}" if "shard" in r else "")
         c1 = sum(r["collectives_deg1"].values())
         c2 = sum(deg2.get(r.get("shard"), {}).values()) if "shard" in r and deg2 else ""
-        print(f"{r['flavor']:7s} {name:22s} {c1:26g} {c2!s:>6s} {r['ops_per_step']:9g} {r['step_ms']:8.3f} {r['step_ms_min']:7.3f} {r['cpu_ms']:7.3f}")
+        print(f"{r['flavor']:7s} {name:22s} {c1:26g} {c2!s:>6s} {r['ops_per_step']:9g} {r['step_ms']:8.3f} "
+              f"{r['step_ms_min']:7.3f} {r['cpu_ms']:7.3f}")
 
 
 if __name__ == "__main__":
