@@ -12,7 +12,9 @@ bookkeeping). Host work does not depend on tensor sizes, so this counts and time
   repeat's median, the fastest repeat's median, and the process's CPU time per step, which a
   busy machine inflates less), one thread, for the tiny flavour and a "medium" one (the full
   flavour's 26 + 2 fields at 1,000 rows each, deep width 16, MLP 3 x 256: host work shows, the
-  optimizer over the tables does not swamp it).
+  optimizer over the tables does not swamp it);
+* the lookups alone (µs, fastest repeat): forward and backward of ``model.embed`` (``single``: the
+  plain table modules; ``embedding-shard``: its exchange), the steadiest view of the overhead.
 
     python benchmarks/embshard_host_cpu.py [--steps 30] [--repeats 5] [--batch 512]
 
@@ -100,6 +102,10 @@ def build(strategy: str, opts: dict, flavor: str, batch: int, rank: int = 0, wor
         par.optimizer.step()
         par.optimizer.zero_grad(set_to_none=True)
 
+    def tables():  # the lookups alone: the model's embed (single: the plain modules), forward and backward
+        sum(o.sum() for o in model.embed(mine[1], mine[2])).backward()
+
+    step.tables = tables
     return step, par
 
 
@@ -144,6 +150,7 @@ def main() -> None:
         counts = [per_step(step) for _, _, step, _ in built]
         times = {i: [] for i in range(len(built))}
         cpu = {i: [] for i in range(len(built))}
+        lookups = {i: [] for i in range(len(built))}
         for _ in range(args.repeats):  # interleaved: a slow spell of the machine hits every case
             for i, (_, _, step, _) in enumerate(built):
                 ms = []
@@ -154,10 +161,15 @@ def main() -> None:
                     ms.append((time.perf_counter() - t0) * 1e3)
                 cpu[i].append((time.process_time() - c0) * 1e3 / args.steps)
                 times[i].append(statistics.median(ms))
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    step.tables()
+                lookups[i].append((time.perf_counter() - t0) * 1e6 / args.steps)
         for i, (s, o, _, par) in enumerate(built):
             row = {"flavor": flavor, "strategy": s, **o, "batch": args.batch, "collectives_deg1": counts[i][0],
                    "ops_per_step": counts[i][1], "step_ms": round(statistics.median(times[i]), 3),
                    "step_ms_min": round(min(times[i]), 3), "cpu_ms": round(statistics.median(cpu[i]), 3),
+                   "tables_us_min": round(min(lookups[i]), 1),
                    "step_ms_repeats": [round(t, 3) for t in times[i]]}
             if s != "single":
                 row["exchange"] = par.info.get("exchange_bytes_per_step")
@@ -174,13 +186,13 @@ def main() -> None:
     print(f"\ntorch {torch.__version__}, 1 thread, fp32, batch {args.batch}, "
           f"median of {args.repeats} x {args.steps} steps")
     print(f"{'flavor':7s} {'case':22s} {'collectives/step (deg 1)':>26s} {'deg 2':>6s} {'ops/step':>9s} "
-          f"{'step ms':>8s} {'min':>7s} {'cpu ms':>7s}")
+          f"{'step ms':>8s} {'min':>7s} {'cpu ms':>7s} {'tables us':>9s}")
     for r in rows:
         name = r["strategy"] + (f" {r['shard']}" if "shard" in r else "")
         c1 = sum(r["collectives_deg1"].values())
         c2 = sum(deg2.get(r.get("shard"), {}).values()) if "shard" in r and deg2 else ""
         print(f"{r['flavor']:7s} {name:22s} {c1:26g} {c2!s:>6s} {r['ops_per_step']:9g} {r['step_ms']:8.3f} "
-              f"{r['step_ms_min']:7.3f} {r['cpu_ms']:7.3f}")
+              f"{r['step_ms_min']:7.3f} {r['cpu_ms']:7.3f} {r['tables_us_min']:9.1f}")
 
 
 if __name__ == "__main__":
