@@ -7,7 +7,8 @@ matmul's requirement) for a ``Float8Linear``; its forward and backward matmuls r
 (``torch._scaled_mm``: e4m3 inputs and weights, e5m2 output gradients) with dynamic scales, and
 everything else (embeddings, norms, attention, the vocabulary projection, the loss) stays in bf16
 under autocast, as in torchtitan's float8 recipe. Parameters, gradients and optimizer state stay
-fp32 as for amp-bf16, so the memory model is amp-bf16's.
+fp32 as for amp-bf16; the converted Linears keep no bf16 weight casts and, compiled, fewer
+activations (the memory plan counts both: docs/plan.md, "fp8").
 
 Recipe: ``tensorwise`` (torchao's default ``Float8LinearConfig``: one dynamic scale per tensor,
 computed from its amax each step); the record keeps the recipe, the torchao version and which

@@ -8,20 +8,26 @@ A first-principles model, term by term (docs/plan.md has the formulas and their 
   the first the embedding, the last the head, and with tied embeddings a copy of it);
 * activations -- what one block saves for its backward, per token, written per block family
   (``_BLOCK``: Llama's SwiGLU/RMSNorm/rotary block, the GPT pre-LN and BERT post-LN blocks) and
-  per regime (fp32; bf16 autocast over fp32 parameters, eager or torch.compile'd; with selective
-  or full activation checkpointing). The coefficients count the tensors autograd keeps, found by
-  listing them (saved-tensor hooks) and checked by tests against the CPU allocator's measurement;
-  times the tokens of a micro-batch, the blocks on the device and the micro-batches in flight;
+  per regime (fp32; bf16 autocast over fp32 parameters, eager or torch.compile'd; torchao float8
+  Linears, compiled; with selective or full activation checkpointing). The coefficients count the
+  tensors autograd keeps (eager: listed with saved-tensor hooks; compiled: the forward graph's
+  outputs after inductor's partitioner) and are checked by tests against the CPU allocator's
+  measurement; times the tokens of a micro-batch, the blocks on the device and the micro-batches
+  in flight;
 * the head -- the final norm, the vocabulary projection and the loss keep about one
   logits-sized tensor per token (fp32 log-softmax in eager, the compute-dtype logits when
   compiled), and their backward briefly needs more (``_HEAD``);
 * copies -- under autocast with fp32 parameters every Linear's weight is cast to bf16 once per
-  step and kept for the backward (2 bytes per block parameter); FSDP gathers units in its
-  parameter dtype (zero3: the root unit and two blocks at a time; zero2: everything, from forward
-  to backward);
+  step and kept for the backward (2 bytes per parameter), except where the cast is not kept: the
+  blocks' casts under activation checkpointing (made inside the checkpointed region, made again
+  by the recomputation) and float8 Linears (torchao casts the fp32 weight to float8 itself and
+  saves the fp32 parameter); FSDP gathers units in its parameter dtype (zero3: the root unit and
+  two blocks at a time; zero2: everything, from forward to backward);
 * the peak -- the largest of three instants: the backward begins (all activations, the head's
-  backward), the backward ends (all gradients), the optimizer steps (plus foreach AdamW's one
-  temporary per parameter on the CPU; the fused AdamW used on GPUs has none).
+  backward), the backward ends (all gradients; compiled on one device with tied embeddings, also
+  the embedding's dense gradient and the head's weight gradient, alive while their sum is made),
+  the optimizer steps (plus foreach AdamW's one temporary per parameter on the CPU; the fused
+  AdamW used on GPUs has none).
 
 What it leaves out: the CUDA context and the caching allocator's reserve and fragmentation (the
 plan predicts allocated bytes, as ``torch.cuda.max_memory_allocated``; ``fits`` keeps a headroom),
@@ -47,14 +53,26 @@ DIMS = ("h", "A", "kv", "f", "nh", "1")
 # R: the residual stream's dtype (the parameters' dtype: fp32, or bf16 under FSDP's mixed precision),
 # L: the compute dtype (bf16 under autocast, fp32 otherwise), F: always fp32 (norm statistics, the
 # attention's logsumexp). Dims: h hidden, A heads x head_dim, kv kv_heads x head_dim, f MLP width,
-# nh heads, "1" a scalar per token. Regimes: "fp32"; "amp" (autocast, eager); "amp-compiled".
+# nh heads, "1" a scalar per token. Regimes: "fp32"; "amp" (autocast, eager); "amp-compiled";
+# "fp8-compiled" (torchao float8 Linears in the blocks, compiled; eager fp8 keeps what "amp" keeps:
+# torchao's matmul_with_hp_or_float8_args saves its bf16 input, as autocast's Linear does).
 _BLOCK: dict[tuple[str, str], dict[str, dict[str, float]]] = {
     # Llama: x; x*rstd and h1*rstd (fp32 products for the norm weights' gradients); each of wq/wk/wv
     # gets its own bf16 cast of the normed input in eager autocast, one shared normed tensor when
     # compiled; q, k (after rotary), v, the attention output; w1, w3, silu, their product (eager)
     ("llama", "fp32"): {"R": {"h": 6, "A": 2, "kv": 2, "f": 4}, "L": {}, "F": {"nh": 1, "1": 2}},
     ("llama", "amp"): {"R": {"h": 4}, "L": {"h": 5, "A": 2, "kv": 2, "f": 4}, "F": {"nh": 1, "1": 2}},
+    # (left as it was counted. The partitioner's listing -- torch 2.13, on the CPU -- of a block
+    # between two others: x and h1 (fp32), both normed inputs (one bf16 copy each, read by the
+    # backward's matmuls), q, k, v, the attention output, w1, w3 and w2's input: R 2h,
+    # L 2h + 2A + 2kv + 3f, 2h bytes per token more than this row where A = h; that difference is
+    # what the plan misses of Llama 1B's and 3B's measured peaks, -2.1 %: docs/plan.md)
     ("llama", "amp-compiled"): {"R": {"h": 1}, "L": {"h": 2, "A": 3, "kv": 2, "f": 3}, "F": {"nh": 1, "1": 2}},
+    # float8, compiled (the partitioner's listing, as above; torchao 0.17, tensorwise): x and h1
+    # (fp32), q, k, v, the attention output, w1 and w3; not the bf16 copies the bf16 backward's
+    # matmuls read (both normed inputs, w2's input): the float8 backward reads float8 casts of them,
+    # pointwise from x, h1, rstd and w1, w3, which the partitioner recomputes (it saves the scales)
+    ("llama", "fp8-compiled"): {"R": {"h": 2}, "L": {"A": 2, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 2}},
     # GPT-2 (pre-LN, fused qkv): x, h1; ln outputs, qkv, attention output, fc and gelu outputs
     ("gpt", "fp32"): {"R": {"h": 4, "A": 2, "kv": 2, "f": 2}, "L": {}, "F": {"nh": 1, "1": 4}},
     ("gpt", "amp"): {"R": {"h": 2}, "L": {"h": 2, "A": 2, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 4}},
@@ -63,12 +81,19 @@ _BLOCK: dict[tuple[str, str], dict[str, dict[str, float]]] = {
     ("bert", "fp32"): {"R": {"h": 4, "A": 2, "kv": 2, "f": 2}, "L": {}, "F": {"nh": 1, "1": 4}},
     ("bert", "amp"): {"R": {"h": 2}, "L": {"h": 2, "A": 2, "kv": 2, "f": 2}, "F": {"nh": 1, "1": 4}},
 }
+# A regime without a row of its own borrows this one's (compiling saves less than eager; float8
+# less than bf16): the plan is then an upper bound (for float8, ``planned_as`` says so)
+_BORROW = {"fp8-compiled": "amp-compiled", "amp-compiled": "amp"}
 # Matmul outputs of one block in forward order (selective checkpointing keeps the 1st, 3rd, ...)
 _MATMULS = {
     "llama": [{"A": 1}, {"kv": 1}, {"kv": 1}, {"h": 1}, {"f": 1}, {"f": 1}, {"h": 1}],
     "gpt": [{"A": 1, "kv": 2}, {"h": 1}, {"f": 1}, {"h": 1}],
     "bert": [{"A": 1, "kv": 2}, {"h": 1}, {"f": 1}, {"h": 1}],
 }
+# Of those, the ones the block's backward never reads: Llama's w2 output only enters the residual
+# sum. Eager selective checkpointing stores every output its policy saves; compiled, the
+# partitioner drops a saved output nothing in the backward reads
+_UNREAD = {"llama": {6}, "gpt": set(), "bert": set()}
 
 
 def family(arch) -> str:
@@ -78,22 +103,36 @@ def family(arch) -> str:
     return "gpt" if arch.pre_norm else "bert"
 
 
+def _table_regime(fam: str, regime: str) -> str:
+    """The regime whose row ``_BLOCK`` uses for (fam, regime)."""
+    while (fam, regime) not in _BLOCK:
+        regime = _BORROW[regime]
+    return regime
+
+
 def block_saved(arch, regime: str, checkpointing: str) -> dict[str, dict[str, float]]:
     """{class: {dim: count}} of the elements per token one block keeps (see ``_BLOCK``)."""
     fam = family(arch)
     if checkpointing == "full":  # the block's input only
         return {"R": {"h": 1}, "L": {}, "F": {}}
     if checkpointing == "selective":  # input, attention output and logsumexp, odd-numbered matmul outputs
+        compiled = regime.endswith("compiled")
         low: dict[str, float] = {"A": 1}
         for i, out in enumerate(_MATMULS[fam]):
-            if i % 2 == 0:
+            if i % 2 == 0 and not (compiled and i in _UNREAD[fam]):
                 for d, n in out.items():
                     low[d] = low.get(d, 0) + n
         return {"R": {"h": 1}, "L": low, "F": {"nh": 1}}
-    key = (fam, regime)
-    if key not in _BLOCK:  # no compiled table for this family: the eager one (compiling saves less)
-        key = (fam, regime.replace("-compiled", ""))
-    return _BLOCK[key]
+    return _BLOCK[(fam, _table_regime(fam, regime))]
+
+
+def planned_as(arch, regime: str, checkpointing: str) -> str:
+    """What the plan borrows where no count of its own exists ('' when it has one)."""
+    fam = family(arch)
+    used = _table_regime(fam, regime)
+    if checkpointing != "none" or used == regime or not regime.startswith("fp8"):
+        return ""
+    return f"fp8 activations planned as {used}'s (no float8 count for {fam}: an upper bound)"
 
 
 def _dims(arch, tp: int, sp: bool) -> dict[str, float]:
@@ -210,7 +249,15 @@ class Workload:
     def regime(self) -> str:
         if not self.amp:
             return "fp32"
-        return "amp-compiled" if self.compiled else "amp"
+        if self.precision == "fp8" and self.compiled:
+            return "fp8-compiled"
+        return "amp-compiled" if self.compiled else "amp"  # eager fp8 saves what autocast saves
+
+    @property
+    def block_casts_kept(self) -> bool:
+        """Whether the blocks' bf16 weight casts live from forward to backward: made by autocast
+        over fp32 weights, not inside a checkpointed region (recomputed there), not float8 Linears."""
+        return self.amp and self.precision != "fp8" and self.checkpointing == "none"
 
 
 def _stage_parts(arch, pp: int) -> list[dict[str, float]]:
@@ -247,9 +294,16 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
                                       layout.sequence_parallel)
     head_kept, head_extra, head_fixed = head_bytes(arch, work.regime, width, r, low)
     # with checkpointing, each block's forward runs again in the backward: what one block keeps
-    # without checkpointing
+    # without checkpointing, and (autocast over fp32 weights) that block's bf16 weight casts again
     recompute = (block_bytes_per_token(arch, work.regime, "none", r, low, layout.tp, layout.sequence_parallel)
                  if work.checkpointing != "none" else 0.0)
+    recast = 2 * block_dev if (recompute and work.amp and work.precision != "fp8" and not fsdp) else 0.0
+    # one compiled graph, tied embeddings: its backward ends with the embedding's dense fp32 gradient
+    # and the head's weight gradient (compute dtype) both alive while their sum, the tied weight's
+    # gradient, is made (the CPU allocator's timeline of inductor's backward; untied, each is a
+    # gradient of its own: nothing beyond the gradients). Not counted for eager or wrapped models
+    one_graph = work.compiled and layout.world == 1 and layout.zero == 0 and not layout.persistent_grads
+    tied_tail = (4 + low) * arch.rows * arch.hidden if one_graph and arch.tied_embeddings else 0.0
     best = None
     for s, part in enumerate(_stage_parts(arch, layout.pp)):
         last = s == layout.pp - 1
@@ -259,7 +313,7 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
         grads = 4 * p_dev / (layout.dp_shard if fsdp else 1)
         optimizer = k_opt * p_dev / (layout.dp_shard if fsdp else layout.dp_replicate if layout.zero == 1 else 1)
         activations = part["blocks"] * per_block * tokens_mb * in_flight
-        gathered = _gathered(layout, part, block_dev, bf16_params, work.amp)
+        gathered = _gathered(layout, part, block_dev, bf16_params, work.amp, work.block_casts_kept)
         head = (head_kept + head_extra) * tokens_mb + head_fixed if last else 0.0
         inputs = 16 * batch_size * arch.seq_len  # token ids and targets (int64)
         grads_t1 = grads if (layout.persistent_grads or layout.zero == 1) else 0.0
@@ -267,10 +321,11 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
         if recompute and work.compiled and work.checkpointing == "full":
             # one compiled backward graph: the first recomputation runs while the head's tensors live
             # (measured on the CPU's inductor; selective recomputes op by op, as eager)
-            t1 += (recompute - per_block) * tokens_mb
+            t1 += (recompute - per_block) * tokens_mb + recast
         elif recompute:  # the last block recomputed after the head's backward, the head's gradients made
-            t1 = max(t1, t1 - head + recompute * tokens_mb + 4 * (part["other"] if last else 0))
-        t2 = params + optimizer + grads + inputs + (gathered if layout.zero == 2 else 0.0)
+            t1 = max(t1, t1 - head + recompute * tokens_mb + recast + 4 * (part["other"] if last else 0))
+        tail = tied_tail  # one graph: one stage
+        t2 = params + optimizer + grads + inputs + tail + (gathered if layout.zero == 2 else 0.0)
         opt_temp = 4 * p_dev / (layout.dp_shard if fsdp else 1) if work.device_type != "cuda" else 0.0
         t3 = params + optimizer + grads + inputs + opt_temp
         peak, at = max((t1, "backward start"), (t2, "backward end"), (t3, "optimizer step"))
@@ -278,7 +333,8 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
                           activations if at == "backward start" else 0.0,
                           gathered if at == "backward start" or layout.zero == 2 else 0.0,
                           head if at == "backward start" else 0.0,
-                          inputs + (opt_temp if at == "optimizer step" else 0.0), peak, at,
+                          inputs + (opt_temp if at == "optimizer step" else tail if at == "backward end" else 0.0),
+                          peak, at,
                           {"stage": s, "in_flight_microbatches": in_flight, "block_bytes_per_token": per_block,
                            "params_on_device": p_dev})
         if best is None or plan.peak > best.peak:
@@ -297,15 +353,17 @@ def _in_flight(layout: Layout, stage: int) -> int:
     return layout.microbatches
 
 
-def _gathered(layout: Layout, part: dict, block_dev: float, bf16_params: bool, amp: bool) -> float:
-    """Parameter copies alive when the backward begins: FSDP's gathered units, or autocast's casts."""
+def _gathered(layout: Layout, part: dict, block_dev: float, bf16_params: bool, amp: bool,
+              block_casts: bool = True) -> float:
+    """Parameter copies alive when the backward begins: FSDP's gathered units, or autocast's casts
+    (the blocks' only where ``block_casts``: not checkpointed, not float8)."""
     if layout.zero >= 2:
         b = 2 if bf16_params else 4
         if layout.zero == 2:  # everything gathered from forward to backward
             return b * (part["blocks"] * block_dev + part["other"])
         return b * (part["other"] + min(2, part["blocks"]) * block_dev)  # the root unit and two blocks
     if amp:  # autocast's bf16 cast of every weight, kept for the backward
-        return 2 * (part["blocks"] * block_dev + part["other"])
+        return 2 * ((part["blocks"] * block_dev if block_casts else 0) + part["other"])
     return 0.0
 
 

@@ -58,7 +58,7 @@ def _describe(cfg: dict[str, Any], world: int) -> str:
 
 def plan_record(rec: dict[str, Any]) -> tuple[float, str, str]:
     """(predicted peak bytes, its instant, a note) of a stored run's case; ConfigError when it has no plan."""
-    from dlscale.memplan import Workload, layout_for_run, plan_memory
+    from dlscale.memplan import Workload, layout_for_run, plan_memory, planned_as
     from dlscale.models import get_model
 
     cfg = rec["config"]
@@ -70,8 +70,7 @@ def plan_record(rec: dict[str, Any]) -> tuple[float, str, str]:
     layout = layout_for_run(spec, cfg["strategy"], int(rec.get("world_size") or 1), int(cfg.get("nnodes", 1)),
                             cfg.get("strategy_options") or {})
     plan = plan_memory(work, layout, int(cfg["batch_size"]))
-    note = "fp8 planned as bf16 (an upper bound: float8 activations are smaller)" if cfg["precision"] == "fp8" else ""
-    return plan.peak, plan.peak_at, note
+    return plan.peak, plan.peak_at, planned_as(spec.arch, work.regime, work.checkpointing)
 
 
 def check(records: list[dict[str, Any]], store: str, tolerance: float = TOLERANCE) -> CheckReport:

@@ -11,7 +11,7 @@ import pytest
 
 from dlscale.cli import main as cli_main
 from dlscale.memplan import (GiB, Layout, Workload, block_bytes_per_token, candidate_layouts, largest_batch,
-                             layout_for_run, plan_memory)
+                             layout_for_run, plan_memory, planned_as)
 from dlscale.models import get_model
 
 
@@ -43,6 +43,63 @@ def test_block_bytes_llama_1b_by_hand():
     tp = block_bytes_per_token(arch, "amp", "none", 4, 2, tp=4)
     assert tp == 4 * 4 * h + 2 * (5 * h + (2 * A + 2 * kv + 4 * f) / 4) + 4 * (nh / 4 + 2)
     assert block_bytes_per_token(arch, "amp", "full", 4, 2, tp=4, sp=True) == 4 * h / 4
+
+
+def test_block_bytes_fp8_and_compiled_selective_by_hand():
+    arch = get_model("llama", "1b").arch
+    h, A, kv, f, nh = 2048, 2048, 512, 8192, 32
+    # float8 compiled: fp32 x and h1; bf16 q, k, v, attention output, w1, w3 outputs; fp32 logsumexp, 2 rstd
+    # (no bf16 normed inputs or w2 input: the float8 backward recomputes its casts from x, h1, w1, w3)
+    fp8 = 4 * 2 * h + 2 * (2 * A + 2 * kv + 2 * f) + 4 * (nh + 2)
+    assert block_bytes_per_token(arch, "fp8-compiled", "none", 4, 2) == fp8 == 59_528
+    # eager float8 saves the bf16 input of each Linear, as autocast does: the amp row
+    assert Workload(get_model("llama", "1b"), "fp8", "none", compiled=False).regime == "amp"
+    # compiled selective: the 7th matmul's output (w2) is saved by the policy but read by no backward
+    # op, so the partitioner drops it; eager keeps it
+    sel = 4 * h + 2 * (A + A + kv + f) + 4 * nh
+    assert block_bytes_per_token(arch, "amp-compiled", "selective", 4, 2) == sel == 33_920
+    assert block_bytes_per_token(arch, "amp", "selective", 4, 2) == sel + 2 * h
+    # gpt2's odd-numbered matmuls (qkv, fc) are both read by the backward: compiled keeps them
+    g = get_model("gpt2", "tiny").arch
+    assert (block_bytes_per_token(g, "amp-compiled", "selective", 4, 2)
+            == block_bytes_per_token(g, "amp", "selective", 4, 2))
+
+
+def test_plan_fp8_and_selective_small_config_by_hand():
+    spec = get_model("llama", "tiny")  # h 64, A 64, kv 32, f 128, 4 heads, 2 blocks, V 512 (tied), T 64
+    P, block, other = 106_816, 36_992, 512 * 64 + 64  # all; one block; embedding (tied head) + final norm
+    tokens = 16 * 64
+    params, opt, inputs = 4 * P, 8 * P, 16 * tokens
+    head = (2 * 512 + 2 * 64 + 12) * tokens + 2 * 512 * 64  # bf16 logits, normed input, 3 fp32; bf16 weight grad
+    fp8 = plan_memory(Workload(spec, "fp8", "none", compiled=True), Layout("single"), 16)
+    act = 2 * (4 * 2 * 64 + 2 * (2 * 64 + 2 * 32 + 2 * 128) + 4 * (4 + 2)) * tokens  # 1,432 bytes per token and block
+    # float8 Linears keep no bf16 weight casts: only the tied head's (2 bytes x its parameters)
+    assert fp8.weight_copies == 2 * other
+    assert (fp8.peak_at, fp8.activations) == ("backward start", act)
+    assert fp8.peak == params + opt + 2 * other + act + head + inputs == 5_554_048
+    # selective: the blocks' bf16 casts are made inside the checkpointed region: not kept; the peak is
+    # the last block's recomputation after the head's backward -- its full set (the compiled bf16 row,
+    # 1,816 bytes per token), its weights cast again, the tied weight's fp32 gradient
+    sel = plan_memory(Workload(spec, "amp-bf16", "selective", compiled=True), Layout("single"), 16)
+    kept = 2 * (4 * 64 + 2 * (2 * 64 + 32 + 128) + 4 * 4) * tokens  # 848 bytes per token and block
+    recompute = (4 * 64 + 2 * (2 * 64 + 3 * 64 + 2 * 32 + 3 * 128) + 4 * (4 + 2)) * tokens
+    assert sel.peak == params + opt + 2 * other + kept + inputs + recompute + 2 * block + 4 * other == 5_165_440
+    # at batch 1 the backward's end is the peak: all gradients, and (compiled, tied) the embedding's
+    # fp32 dense gradient and the head's bf16 weight gradient alive while their sum is made
+    end = plan_memory(Workload(spec, "fp8", "none", compiled=True), Layout("single"), 1)
+    assert end.peak_at == "backward end"
+    assert end.peak == 16 * P + 16 * 64 + (4 + 2) * 512 * 64 == 1_906_688
+    # untied (8B): the embedding's gradient is a buffer of its own, nothing beyond the gradients
+    big = get_model("llama", "8b")
+    untied = plan_memory(Workload(big, "fp8", "none", compiled=True), Layout("single"), 1)
+    assert untied.peak == 16 * big.arch.param_count() + 16 * 2048  # = the optimizer step's instant
+
+
+def test_planned_as_says_what_is_borrowed():
+    assert planned_as(get_model("llama", "1b").arch, "fp8-compiled", "none") == ""
+    note = planned_as(get_model("gpt2", "tiny").arch, "fp8-compiled", "none")
+    assert "planned as amp-compiled" in note and "upper bound" in note
+    assert planned_as(get_model("gpt2", "tiny").arch, "amp-compiled", "none") == ""
 
 
 def test_plan_single_llama_1b_by_hand():

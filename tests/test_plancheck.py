@@ -76,3 +76,11 @@ def test_plan_check_command_exit_and_bad_input(tmp_path):
     (tmp_path / "results.jsonl").write_text(json.dumps(_rec("d", model="resnet50", flavor="full")) + "\n")
     rc, _, err = _cli(["plan", "--check", store])
     assert rc == 2 and "nothing to check" in err
+
+
+def test_fp8_note_only_where_the_plan_borrows_bf16s_count():
+    rep = plancheck.check([_rec("l", precision="fp8", measured=1e9),
+                           _rec("g", precision="fp8", model="gpt2", measured=1e9)], "S")
+    notes = {r.record_id: r.note for r in rep.rows}
+    assert notes["l"] == ""  # llama's float8 blocks have a count of their own
+    assert "fp8 activations planned as amp-compiled's" in notes["g"] and "upper bound" in notes["g"]
