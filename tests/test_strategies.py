@@ -469,24 +469,31 @@ def test_qkv_permutation_keeps_heads_together():
 # ---------------------------------------------------------------- compatibility matrix
 
 
+@pytest.fixture(scope="module")
+def matrix() -> str:
+    """The generated matrix, made once for the two tests below (~6 s each time on 2 cores)."""
+    from dlscale.strategies._matrix import compat_matrix
+
+    return compat_matrix()
+
+
 @pytest.mark.slow  # builds every model under every strategy's check: several seconds, kept out of the quick tier
-def test_docs_hold_the_current_matrix():
-    from dlscale.strategies._matrix import BEGIN, END, compat_matrix
+def test_docs_hold_the_current_matrix(matrix):
+    from dlscale.strategies._matrix import BEGIN, END
 
     text = DOC.read_text()
     assert BEGIN in text and END in text
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
-    assert block.strip() == compat_matrix().strip(), \
+    assert block.strip() == matrix.strip(), \
         "docs/strategies.md is stale: run python -m dlscale.strategies._matrix --write"
 
 
 @pytest.mark.slow  # as above
-def test_matrix_covers_every_strategy_and_model():
+def test_matrix_covers_every_strategy_and_model(matrix):
     from dlscale.models import model_names
     from dlscale.strategies import strategy_names
-    from dlscale.strategies._matrix import compat_matrix
 
-    m = compat_matrix()
+    m = matrix
     header = m.splitlines()[0]
     for model in model_names():
         assert model in header
