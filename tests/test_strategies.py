@@ -12,9 +12,10 @@ wrong averaging factor (sum instead of mean); resnet50 trains with SGD, which ca
 compared with `single` on it, and so is the interleaved schedule with one micro-batch (BatchNorm
 statistics are per micro-batch, so only then is resnet50 comparable with `single`).
 
-Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~50 s);
-the file runs in ~4 min. Every `single` reference is a real `dlscale run` in the module's store:
-the parity view at the end compares each strategy's record with its workload's single record.
+Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~50 s).
+Every `single` reference is a real `dlscale run` in the module's store: the parity view at the end
+compares each strategy's record with its workload's single record. The cases the selected tests
+name (``@cases``) run two at a time, a few ahead of the tests that read them (helpers_cli.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.cli import main as cli_main
+from helpers_cli import RunsAhead, cases
 
 REL = 1e-5  # fp32 on the CPU, one thread per process: measured <= 2e-7
 WARMUP = 3
@@ -38,6 +40,24 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
 _RECORDS: dict[tuple, dict] = {}
 
 
+def case(model: str, strategy: str, nproc: int, batch: int, *opts: str, precision: str = "fp32",
+         extra: tuple[str, ...] = ()) -> tuple:
+    """The key of one case, as _run takes its arguments."""
+    return (model, strategy, nproc, batch, opts, precision, extra)
+
+
+def _args(store: Path, key: tuple) -> list[str]:
+    """`dlscale run` of the case ``key`` into ``store``."""
+    model, strategy, nproc, batch, opts, precision, extra = key
+    args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
+            "--batch-size", str(batch), "--grad-accum", str(GRAD_ACCUM.get(model, 1)), "--precision", precision,
+            "--warmup", str(WARMUP), "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store),
+            "--json", "--time-limit", "240", *extra]
+    for o in opts:
+        args += ["-o", o]
+    return args
+
+
 def _cli(args: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -47,20 +67,15 @@ def _cli(args: list[str]) -> tuple[int, str, str]:
 
 def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, precision: str = "fp32",
          extra: tuple[str, ...] = ()) -> dict:
-    """One case through `dlscale run --json` (cached per module); retried once if only torchrun's
-    exit code failed after every rank had reported (a rare gloo abort at process exit)."""
-    accum = GRAD_ACCUM.get(model, 1)
-    key = (model, strategy, nproc, batch, opts, precision, extra)
+    """One case through `dlscale run --json` (cached per module), retried once if only torchrun's
+    exit code failed after every rank had reported (a rare gloo abort at process exit). Its first
+    run may run with the next cases the selected tests name (RunsAhead)."""
+    key = case(model, strategy, nproc, batch, *opts, precision=precision, extra=extra)
     if key in _RECORDS:
         return _RECORDS[key]
-    args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
-            "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", precision, "--warmup", str(WARMUP),
-            "--steps", "1", "--repeats", "1", "--device", "cpu", "--store", str(store), "--json", "--time-limit", "240",
-            *extra]
-    for o in opts:
-        args += ["-o", o]
     for attempt in range(2):
-        rc, out, err = _cli(args)
+        done = _AHEAD.take(key) if attempt == 0 else None
+        rc, out, err = (done.returncode, done.stdout, done.stderr) if done else _cli(_args(store, key))
         rec = json.loads(out[out.index("{"):])
         if rec["status"] == "ok" or "ranks without a result: []" not in (rec.get("error") or ""):
             break
@@ -81,9 +96,18 @@ def _assert_losses(got: list, want: list, rel: float = REL) -> None:
         assert _close(g, w, rel), f"step {i}: {g} vs {w} (rel {abs(g - w) / abs(w):.2e})"
 
 
+_AHEAD: RunsAhead
+
+
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("strategies-store")
+def store(tmp_path_factory, request) -> Path:
+    """The module's store; the cases the selected tests name (@cases) run ahead into it."""
+    global _AHEAD
+    path = tmp_path_factory.mktemp("strategies-store")
+    _AHEAD = RunsAhead(lambda key: _args(path, key))
+    _AHEAD.start(request)
+    yield path
+    _AHEAD.finish(request)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -114,12 +138,17 @@ def test_all_strategies_registered():
 # ---------------------------------------------------------------- correctness (CLI, gloo, tiny)
 
 
+def _dp(strategy: str, nproc: int, opts: tuple[str, ...]):
+    return pytest.param(strategy, nproc, opts, marks=cases(case("gpt2", "single", 1, 4),
+                                                           case("gpt2", strategy, nproc, 2, *opts)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, nproc, opts", [
-    ("zero1", 2, ()),
-    ("fsdp", 2, ()),  # zero3, per-block fully_shard (zero2 per block and in one unit: the clipping test below)
-    ("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
-    ("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
+    _dp("zero1", 2, ()),
+    _dp("fsdp", 2, ()),  # zero3, per-block fully_shard (zero2 per block and in one unit: the clipping test below)
+    _dp("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
+    _dp("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
 ])
 def test_data_parallel_matches_single(store, strategy, nproc, opts):
     # per-rank batch 2 x dp 2 = global 4
@@ -130,17 +159,22 @@ def test_data_parallel_matches_single(store, strategy, nproc, opts):
     assert got is not None and _close(got, want), (got, want)
 
 
+CLIP = ("--clip-grad-norm", "0.05")
+
+
 @pytest.mark.slow
+@cases(case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, "shard=zero2", extra=CLIP),
+       case("gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false", extra=CLIP),
+       case("gpt2", "single", 1, 4))
 def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
     """The optimizer on local shards (fsdp's default) with global-norm clipping tight enough to
     clip: the same training as `single` and as torch's optimizer on the DTensors; a shard-local
     norm would clip each rank differently and drift. zero2 both times: per block, and with both
     tiny blocks in one unit (a list)."""
-    clip = ("--clip-grad-norm", "0.05")
-    ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=clip))["loss_after"]
-    shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=clip)
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=CLIP))["loss_after"]
+    shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=CLIP)
     dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false",
-                         extra=clip))
+                         extra=CLIP))
     assert shards["strategy_info"]["optimizer_on_shards"] is True
     got = _rep(shards)["loss_after"]
     assert _close(got, ref) and _close(dtensors["loss_after"], ref), (got, dtensors["loss_after"], ref)
@@ -149,6 +183,7 @@ def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
 
 
 @pytest.mark.slow
+@cases(case("gpt2", "single", 1, 4), case("gpt2", "pipeline", 2, 4, "microbatches=2"))
 def test_pipeline_matches_single(store):
     ref = _rep(_run(store, "gpt2", "single", 1, 4))
     rec = _run(store, "gpt2", "pipeline", 2, 4, "microbatches=2")  # 1f1b
@@ -158,6 +193,7 @@ def test_pipeline_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("bert-base", "single", 1, 4), case("bert-base", "pipeline", 2, 4, "microbatches=2"))
 def test_pipeline_bert_matches_single(store):
     """BERT has two label tensors (masked-LM and next-sentence): the packed labels must come back
     contiguous for the head's view(-1) (this failed on 2 H200s before the fix)."""
@@ -167,6 +203,8 @@ def test_pipeline_bert_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("gpt2", "single", 1, 4, precision="amp-fp16"),
+       case("gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
 def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
     """amp-fp16: the stages share one loss scale; the reported loss is unscaled and follows
     `single` with torch's GradScaler (fp16 rounding differs with the micro-batch split: 1e-2)."""
@@ -198,6 +236,7 @@ def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):
 
 
 @pytest.mark.slow
+@cases(case("gpt2", "single", 1, 4), case("gpt2", "tensor", 2, 4, "sequence_parallel=true"))
 def test_tensor_sequence_parallel_matches_single(store):
     ref = _rep(_run(store, "gpt2", "single", 1, 4))
     rec = _run(store, "gpt2", "tensor", 2, 4, "sequence_parallel=true")
@@ -207,6 +246,7 @@ def test_tensor_sequence_parallel_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("bert-base", "single", 1, 4), case("bert-base", "tensor", 2, 4))
 def test_tensor_bert_matches_single(store):
     ref = _rep(_run(store, "bert-base", "single", 1, 4))
     rec = _rep(_run(store, "bert-base", "tensor", 2, 4))
@@ -215,6 +255,8 @@ def test_tensor_bert_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("llama", "single", 1, 4),
+       case("llama", "fsdp", 2, 2, extra=("--activation-checkpointing", "selective")))
 def test_llama_fsdp_with_selective_checkpointing_matches_single(store):
     """Llama (GQA, rotary, SwiGLU) under FSDP2 with op-level selective activation checkpointing
     trains as `single` without it: recomputation changes memory, never the arithmetic."""
@@ -225,16 +267,19 @@ def test_llama_fsdp_with_selective_checkpointing_matches_single(store):
     assert got is not None and _close(got, want), (got, want)
 
 
+LLAMA_3D = ("dp=2", "tp=2", "pp=2", "dp_shard=fsdp", "sequence_parallel=true", "microbatches=2", "balance=blocks")
+
+
 @pytest.mark.slow
+@cases(case("llama", "hybrid", 8, 2, *LLAMA_3D, extra=(*CLIP, "--activation-checkpointing", "full")),
+       case("llama", "single", 1, 4, extra=CLIP), case("llama", "single", 1, 4))
 def test_llama_3d_dp_tp_pp_matches_single(store):
     """The 2 x 2 x 2 mesh over 8 gloo processes: FSDP2 over dp, tensor parallel with sequence
     parallelism (GQA heads split), a 1F1B pipeline of 2 stages with the tied embedding on the
     first and the last; full activation checkpointing and global-norm clipping tight enough to
     clip: the per-step losses of `single` on the same global batch (4 = dp 2 x 2)."""
-    clip = ("--clip-grad-norm", "0.05")
-    ref = _rep(_run(store, "llama", "single", 1, 4, extra=clip))
-    rec = _run(store, "llama", "hybrid", 8, 2, "dp=2", "tp=2", "pp=2", "dp_shard=fsdp", "sequence_parallel=true",
-               "microbatches=2", "balance=blocks", extra=(*clip, "--activation-checkpointing", "full"))
+    ref = _rep(_run(store, "llama", "single", 1, 4, extra=CLIP))
+    rec = _run(store, "llama", "hybrid", 8, 2, *LLAMA_3D, extra=(*CLIP, "--activation-checkpointing", "full"))
     info = rec["strategy_info"]
     assert (info["mesh"], info["dp_impl"], info["tied_params"]) == ([1, 2, 2, 2], "fsdp2 per stage", 1)
     assert rec["global_batch"] == 4
@@ -244,6 +289,7 @@ def test_llama_3d_dp_tp_pp_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("resnet50", "single", 1, 4), case("resnet50", "model", 2, 4))
 def test_model_parallel_resnet_matches_single(store):
     """SGD (scale-sensitive) and whole-batch BatchNorm: naive model parallel == single.
 
@@ -260,6 +306,7 @@ def test_model_parallel_resnet_matches_single(store):
 
 
 @pytest.mark.slow
+@cases(case("resnet50", "single", 1, 4), case("resnet50", "pipeline", 2, 4, "schedule=interleaved", "microbatches=1"))
 def test_interleaved_resnet_matches_single(store):
     """4 stages on 2 ranks (virtual 2): with one micro-batch BatchNorm sees the whole batch."""
     ref = _rep(_run(store, "resnet50", "single", 1, 4))
@@ -270,6 +317,7 @@ def test_interleaved_resnet_matches_single(store):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed (optional extra) not installed")
+@cases(case("gpt2", "zero1", 2, 2), case("gpt2", "deepspeed", 2, 2, "stage=3"))
 def test_deepspeed_zero3_matches_zero1(store):
     """The per-step losses (the global batch's mean, as every strategy reports them) as under zero1."""
     ref = _rep(_run(store, "gpt2", "zero1", 2, 2))
@@ -291,6 +339,7 @@ PARITY_RUNS = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # in the module's run the cases are cached (one new run); alone it runs them all
+@cases(*(case(m, s, n, b, *o) for m, s, n, b, o in PARITY_RUNS))
 def test_parity_view_passes_for_every_strategy(store):
     """What `dlscale parity` shows a user, over this module's runs: every strategy's warm-up losses
     and loss_after within the tolerance of single's on the same global batch."""
