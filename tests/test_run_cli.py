@@ -1,4 +1,8 @@
-"""`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models."""
+"""`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models.
+
+The cases in CASES run in this process (tests/helpers_cli.py), once per module, those the selected
+tests name (``@cases``) two at a time; the time-limit and unwritable-store cases run on their own.
+"""
 import json
 import os
 import re
@@ -12,8 +16,27 @@ import pytest
 
 import helpers_cli
 from dlscale.store import ResultStore
+from helpers_cli import RunsAhead, cases
 
 FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1"]
+_TRAIN = ["--warmup", "3", "--steps", "2", "--json"]
+# name -> `dlscale run` arguments (the store is the module's folder of that name)
+CASES = {
+    # 1 process with batch 8: the reference of the DDP runs (3 warm-up + 2 timed steps)
+    **{f"single-{m}": ["--model", m, *FAST, *_TRAIN, "--strategy", "single", "--batch-size", "8"]
+       for m in ("gpt2", "bert-base")},
+    **{f"ddp-{m}": ["--model", m, *FAST, *_TRAIN, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4"]
+       for m in ("gpt2", "bert-base")},
+    "ddp-fp16-hook": ["--model", "gpt2", *FAST, *_TRAIN, "--strategy", "ddp", "--nproc-per-node", "2",
+                      "--batch-size", "4", "-o", "comm_hook=fp16", "-o", "static_graph=false"],
+    "repeats": ["--model", "resnet50", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+                "--strategy", "single", "--batch-size", "4", "--grad-accum", "2", "--clip-grad-norm", "1.0",
+                "--warmup", "1", "--steps", "3", "--repeats", "2"],
+    "oom": ["--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2",
+            "--warmup", "2", "--steps", "2", "--inject-failure", "oom@1:1"],
+    "crash": ["--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2",
+              "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0", "--repeats", "3"],
+}
 
 
 def dlscale_process(*args, timeout=180, env=None):
@@ -102,32 +125,31 @@ def test_help_lists_every_option_with_default(capsys):
 
 
 @pytest.fixture(scope="module")
-def single_ref(tmp_path_factory):
-    """model -> the store of its 1-process run with batch 8 (3 warm-up + 2 timed steps), run once
-    per module: the reference of the DDP runs below."""
-    stores = {}
+def case(tmp_path_factory, request):
+    """name -> (the finished `dlscale run` of CASES[name], its store), run once per module."""
+    root = tmp_path_factory.mktemp("run-cli")
+    args = lambda name: ["run", *CASES[name], "--store", str(root / name)]  # noqa: E731
+    ahead, done = RunsAhead(args), {}
+    ahead.start(request)
 
-    def get(model: str):
-        if model not in stores:
-            store = tmp_path_factory.mktemp(f"single-{model}")
-            p = dlscale("run", "--model", model, *FAST, "--warmup", "3", "--steps", "2", "--json",
-                        "--strategy", "single", "--batch-size", "8", "--store", str(store))
-            assert p.returncode == 0, p.stderr[-2000:]
-            stores[model] = store
-        return stores[model]
+    def get(name: str):
+        if name not in done:
+            done[name] = (ahead.take(name) or dlscale(*args(name)), root / name)
+        return done[name]
 
-    return get
+    yield get
+    ahead.finish(request)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt2", "bert-base"])
-def test_ddp_matches_single_process_on_same_global_batch(tmp_path, single_ref, model):
+@pytest.mark.parametrize("model", [pytest.param(m, marks=cases(f"single-{m}", f"ddp-{m}"))
+                                   for m in ("gpt2", "bert-base")])
+def test_ddp_matches_single_process_on_same_global_batch(case, model):
     """2-process gloo DDP with batch 4 each trains exactly like one process with batch 8."""
-    common = ["--model", model, *FAST, "--warmup", "3", "--steps", "2", "--json"]
-    ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
-                  "--store", str(tmp_path / "b"))
+    (single, single_store), (ddp, ddp_store) = case(f"single-{model}"), case(f"ddp-{model}")
+    assert single.returncode == 0, single.stderr[-2000:]
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    rs, rd = one_record(single_ref(model)), one_record(tmp_path / "b")
+    rs, rd = one_record(single_store), one_record(ddp_store)
     # 3 warm-up + 2 timed optimizer steps, then the loss of the trained model on the same data
     ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
     assert ls is not None and ld == pytest.approx(ls, rel=1e-4)
@@ -155,13 +177,13 @@ def test_ddp_matches_single_process_on_same_global_batch(tmp_path, single_ref, m
 
 
 @pytest.mark.slow
-def test_ddp_fp16_comm_hook_trains_like_single(tmp_path, single_ref):
+@cases("single-gpt2", "ddp-fp16-hook")
+def test_ddp_fp16_comm_hook_trains_like_single(case):
     """-o comm_hook=fp16 all-reduces in fp16: same training within fp16 rounding, recorded; false parses as False."""
-    common = ["--model", "gpt2", *FAST, "--warmup", "3", "--steps", "2", "--json"]
-    ddp = dlscale("run", *common, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4",
-                  "-o", "comm_hook=fp16", "-o", "static_graph=false", "--store", str(tmp_path / "b"))
+    (single, single_store), (ddp, ddp_store) = case("single-gpt2"), case("ddp-fp16-hook")
+    assert single.returncode == 0, single.stderr[-2000:]
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    rs, rd = one_record(single_ref("gpt2")), one_record(tmp_path / "b")
+    rs, rd = one_record(single_store), one_record(ddp_store)
     info = rd["strategy_info"]
     assert info["comm_hook"] == "fp16" and info["static_graph"] is False
     ls, ld = rs["repeats"][0]["loss_after"], rd["repeats"][0]["loss_after"]
@@ -169,40 +191,37 @@ def test_ddp_fp16_comm_hook_trains_like_single(tmp_path, single_ref):
 
 
 @pytest.mark.slow
-def test_repeats_table_and_grad_accum(tmp_path):
-    p = dlscale("run", "--model", "resnet50", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
-                "--strategy", "single", "--batch-size", "4", "--grad-accum", "2", "--clip-grad-norm", "1.0",
-                "--warmup", "1", "--steps", "3", "--repeats", "2", "--store", str(tmp_path))
+@cases("repeats")
+def test_repeats_table_and_grad_accum(case):
+    p, store = case("repeats")
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout
     assert re.search(r"#   grad_accum +: 2\n", out)  # the header repeats every parameter
     assert "#   rank 0/1" in out and "repeat 2/2" in out
     assert "samples/s" in out and "p90 ms" in out and "record " in out
-    rec = one_record(tmp_path)
+    rec = one_record(store)
     assert rec["global_batch"] == 8
     assert rec["summary"]["samples_per_s"]["n"] == 2
     assert len(rec["repeats"]) == 2
 
 
 @pytest.mark.slow
-def test_injected_oom_in_one_rank_records_oom_exit_3(tmp_path):
-    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
-                "--batch-size", "2", "--warmup", "2", "--steps", "2", "--inject-failure", "oom@1:1",
-                "--store", str(tmp_path))
+@cases("oom")
+def test_injected_oom_in_one_rank_records_oom_exit_3(case):
+    p, store = case("oom")
     assert p.returncode == 3, p.stderr[-2000:]
-    rec = one_record(tmp_path)
+    rec = one_record(store)
     assert rec["status"] == "oom"
     assert rec["error"].startswith("rank 1:") and "out-of-memory" in rec["error"]
     assert rec["summary"] is None
 
 
 @pytest.mark.slow
-def test_crash_records_failed_exit_5(tmp_path):
-    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
-                "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0",
-                "--repeats", "3", "--store", str(tmp_path))
+@cases("crash")
+def test_crash_records_failed_exit_5(case):
+    p, store = case("crash")
     assert p.returncode == 5, p.stderr[-2000:]
-    rec = one_record(tmp_path)
+    rec = one_record(store)
     assert rec["status"] == "failed" and "rank 0" in rec["error"] and "injected crash" in rec["error"]
     assert len(rec["repeats"]) == 1  # a failed repeat stops the case
 
