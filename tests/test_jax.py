@@ -10,8 +10,9 @@ JAX dp and fsdp against JAX single on the same global batch. REL as in test_stra
 the CPU, the runs differ only in the order of the gradient all-reduce's and the loss mean's
 summation (measured ~1e-7 relative after 3 AdamW steps). XLA's CPU compile dominates each run
 (the step and the eval-loss program, once per process); the tests ask XLA for its cheapest
-backend optimisation (the numbers are not performance figures). Five 1- and 2-process runs;
-on a shared 2-core machine under load ~10 the slow tier took 6.3 min, most of it compiling.
+backend optimisation (the numbers are not performance figures). Five 1- and 2-process runs, the
+cases the selected tests name (``@cases``) two at a time (tests/helpers_cli.py); on a shared
+2-core machine under load ~10 the slow tier took 6.3 min (one at a time), most of it compiling.
 All JAX tests skip without the jax extra, except those that check dlscale without it.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.config import RunConfig
+from helpers_cli import RunsAhead, cases
 
 MODELS = ("resnet50", "bert-base", "gpt2", "gpt2-vpad")
 REL = 1e-5
@@ -326,21 +328,30 @@ _RECORDS: dict[tuple, dict] = {}
 
 
 @pytest.fixture(scope="module")
-def run_case(tmp_path_factory):
+def run_case(tmp_path_factory, request):
+    """run(model, strategy, nproc, batch, accum): the record of that case (run once per module; the
+    cases the selected tests name run ahead, two at a time)."""
     store = tmp_path_factory.mktemp("jax-store")
     mp = pytest.MonkeyPatch()
     # cheapest XLA CPU backend optimisation: compiles faster, same arithmetic order in every run
     mp.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
     mp.setenv("OMP_NUM_THREADS", "1")
 
+    def args(key: tuple) -> list[str]:
+        model, strategy, nproc, batch, accum = key
+        return ["run", "--framework", "jax", "--model", model, "--flavor", "tiny", "--strategy", strategy,
+                "--nproc-per-node", str(nproc), "--batch-size", str(batch), "--grad-accum", str(accum),
+                "--precision", "fp32", "--warmup", str(WARMUP), "--steps", "2", "--repeats", "1",
+                "--device", "cpu", "--store", str(store), "--json", "--time-limit", "300", "--no-monitor"]
+
+    ahead = RunsAhead(args)
+    ahead.start(request)
+
     def run(model: str, strategy: str, nproc: int, batch: int, accum: int = 1) -> dict:
         key = (model, strategy, nproc, batch, accum)
         if key not in _RECORDS:
-            rc, out, err = _cli([
-                "run", "--framework", "jax", "--model", model, "--flavor", "tiny", "--strategy", strategy,
-                "--nproc-per-node", str(nproc), "--batch-size", str(batch), "--grad-accum", str(accum),
-                "--precision", "fp32", "--warmup", str(WARMUP), "--steps", "2", "--repeats", "1",
-                "--device", "cpu", "--store", str(store), "--json", "--time-limit", "300", "--no-monitor"])
+            done = ahead.take(key)
+            rc, out, err = (done.returncode, done.stdout, done.stderr) if done else _cli(args(key))
             rec = json.loads(out[out.index("{"):])
             assert rec["status"] == "ok", (rec["error"], (rec["repeats"] or [{}])[0].get("output_tail", "")[-3000:])
             assert rc == 0
@@ -349,6 +360,7 @@ def run_case(tmp_path_factory):
 
     yield run
     mp.undo()
+    ahead.finish(request)
 
 
 def _close(a: float, b: float) -> bool:
@@ -356,7 +368,8 @@ def _close(a: float, b: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param(s, marks=cases(("gpt2", "single", 1, 4, 2), ("gpt2", s, 2, 2, 2)))
+                                      for s in ("ddp", "fsdp")])
 def test_gpt2_data_parallel_matches_single(run_case, strategy):
     ref = run_case("gpt2", "single", 1, 4, accum=2)["repeats"][0]
     rec = run_case("gpt2", strategy, 2, 2, accum=2)  # 2 x 2 ranks = the single run's 4, twice accumulated
@@ -370,6 +383,7 @@ def test_gpt2_data_parallel_matches_single(run_case, strategy):
 
 
 @pytest.mark.slow
+@cases(("gpt2", "ddp", 2, 2, 2), ("gpt2", "fsdp", 2, 2, 2))
 def test_records_carry_framework_versions_counts_and_flops(run_case):
     from dlscale.models import get_model
 
@@ -388,7 +402,8 @@ def test_records_carry_framework_versions_counts_and_flops(run_case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["bert-base", "resnet50"])
+@pytest.mark.parametrize("model", [pytest.param(m, marks=cases((m, "ddp", 2, 2, 1)))
+                                   for m in ("bert-base", "resnet50")])
 def test_other_tiny_models_train_data_parallel(run_case, model):
     rec = run_case(model, "ddp", 2, 2)
     losses = rec["repeats"][0]["warmup_losses"]
