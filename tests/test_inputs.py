@@ -434,22 +434,20 @@ FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats
         "--steps", "3", "--nproc-per-node", "2", "--strategy", "ddp", "--no-monitor", "--json"]
 
 
-def _run(*args):
-    """``dlscale run`` in this process (tests/helpers_cli.py); torchrun and its 2 workers are real."""
-    return helpers_cli.dlscale("run", *FAST, *args)
-
-
 @pytest.fixture(scope="module")
 def runs(data_dir):
-    """One 2-process run per reader (image folder + breakdown, GPT tokens, BERT tokens), one store."""
+    """One 2-process run per reader (image folder + breakdown, GPT tokens, BERT tokens), one store;
+    two at a time (tests/helpers_cli.py)."""
     store = data_dir.root / "store"
+    cases = {"resnet50": ["--model", "resnet50", "--batch-size", "4", "--data", f"imagefolder:{data_dir.imgs}",
+                          "--breakdown"],
+             "gpt2": ["--model", "gpt2", "--batch-size", "4", "--data", data_dir.gpt],
+             "bert-base": ["--model", "bert-base", "--batch-size", "4", "--data", data_dir.bert, "--data-workers", "1"]}
+    done = helpers_cli.dlscale_many([["run", *FAST, *args, "--store", str(store)] for args in cases.values()])
     out = {}
-    for name, args in (("resnet50", ["--model", "resnet50", "--batch-size", "4", "--data",
-                                     f"imagefolder:{data_dir.imgs}", "--breakdown"]),
-                       ("gpt2", ["--model", "gpt2", "--batch-size", "4", "--data", data_dir.gpt]),
-                       ("bert-base", ["--model", "bert-base", "--batch-size", "4", "--data", data_dir.bert,
-                                      "--data-workers", "1"])):
-        p = _run(*args, "--store", str(store))
+    for name, p in zip(cases, done):
+        if isinstance(p, BaseException):
+            raise p
         assert p.returncode == 0, p.stderr[-3000:]
         out[name] = json.loads(p.stdout)
     return SimpleNamespace(store=store, recs=out)
