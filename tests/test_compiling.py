@@ -138,15 +138,22 @@ def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch):
     common = ["run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
               "--batch-size", "2", "--precision", "fp32", "--warmup", "2", "--steps", "2", "--repeats", "1",
               "--no-monitor", "--store", str(tmp_path / "store"), "--json"]
-    rc, out, err = _cli(*common, "--compile", "--compile-mode", "reduce-overhead",
-                        "--inductor-option", "coordinate_descent_tuning=true")
+    # the compiled run and the eager one at the same time (tests/helpers_cli.py): the eager run's one
+    # process fits beside the compile's C++ builds
+    compiled, eager = helpers_cli.dlscale_many([
+        [*common, "--compile", "--compile-mode", "reduce-overhead",
+         "--inductor-option", "coordinate_descent_tuning=true"], common])
+    for p in (compiled, eager):
+        if isinstance(p, BaseException):
+            raise p
+    rc, out, err = compiled.returncode, compiled.stdout, compiled.stderr
     assert rc == 0, err[-2000:]
     rec = json.loads(out[out.index("{"):])
     assert rec["status"] == "ok"
     assert rec["config"]["compile_mode"] == "reduce-overhead"
     assert rec["config"]["inductor_options"] == {"coordinate_descent_tuning": True}
     assert "--compile-mode reduce-overhead --inductor-option coordinate_descent_tuning=true" in rec["command"]
-    rc, out, err = _cli(*common)
+    rc, out, err = eager.returncode, eager.stdout, eager.stderr
     assert rc == 0, err[-2000:]
     eager = json.loads(out[out.index("{"):])
     got, want = rec["repeats"][0], eager["repeats"][0]
