@@ -2,7 +2,9 @@
 and the largest-batch search (with the worker's simulated "oom-above@N" threshold).
 
 The process tests run tiny GPT-2 cases on the CPU (one process each, warm-up 1, steps 2,
-repeats 1); each torchrun start costs several seconds here, so they are few.
+repeats 1); each torchrun start costs several seconds here, so they are few. Both sweeps are mostly
+one core's work: the failing-case sweep starts (a ``python -m dlscale sweep``) when the module does,
+so it runs beside the kill-and-resume test, and its test reads what it printed and stored.
 """
 from __future__ import annotations
 
@@ -289,6 +291,38 @@ def test_run_batch_size_max_is_wired(tmp_path, monkeypatch, capsys):
 
 # ----------------------------------------------------------------------------- real sweeps
 
+FAILING_SUITE = TINY + """\
+    max_batch_start: 3
+    max_batch_cap: 4
+    cases:
+      - {model: gpt2, flavor: tiny, strategy: single, batch_size: 2, precision: fp32, inject_failure: "crash@0"}
+      - {model: gpt2, flavor: tiny, strategy: single, batch_size: max, precision: fp32,
+         inject_failure: "oom-above@3"}
+    """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def failing_sweep(request, tmp_path_factory):
+    """The sweep of test_failing_case_... as a process started with the module, when that test is
+    selected (else None): (suite, store, the process, its stdout file, its stderr file)."""
+    if not any(getattr(i, "module", None) is request.module and i.name.startswith("test_failing_case_is_recorded")
+               for i in request.session.items):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("failing-sweep")
+    suite, store = write(tmp, FAILING_SUITE), tmp / "st"
+    out, err = open(tmp / "out.txt", "w+"), open(tmp / "err.txt", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale", "sweep", str(suite), "--store", str(store)],
+                            stdout=out, stderr=err, text=True, cwd=tmp)
+    try:
+        yield suite, store, proc, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+
 RESUME_SUITE = TINY + """\
     matrix:
       models: [gpt2]
@@ -364,21 +398,13 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
 
 
 @pytest.mark.slow
-def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path, capsys):
-    suite = write(tmp_path, TINY + """\
-    max_batch_start: 3
-    max_batch_cap: 4
-    cases:
-      - {model: gpt2, flavor: tiny, strategy: single, batch_size: 2, precision: fp32, inject_failure: "crash@0"}
-      - {model: gpt2, flavor: tiny, strategy: single, batch_size: max, precision: fp32,
-         inject_failure: "oom-above@3"}
-    """)
-    store = tmp_path / "st"
-    assert cli.main(["sweep", str(suite), "--store", str(store)]) == 5  # a case failed
-    captured = capsys.readouterr()
-    assert "[1/2] FAILED" in captured.out and "injected crash" in captured.out
-    assert "[2/2] ok" in captured.out and "single x1 batch max=3 after 2 probes fp32 eager: " in captured.out
-    assert "1 case(s) failed or timed out" in captured.err
+def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(failing_sweep, capsys):
+    suite, store, proc, out_file, err_file = failing_sweep  # `dlscale sweep SUITE --store STORE`, begun early
+    assert proc.wait(timeout=300) == 5  # a case failed
+    captured = [f.seek(0) or f.read() for f in (out_file, err_file)]
+    assert "[1/2] FAILED" in captured[0] and "injected crash" in captured[0], captured
+    assert "[2/2] ok" in captured[0] and "single x1 batch max=3 after 2 probes fp32 eager: " in captured[0], captured
+    assert "1 case(s) failed or timed out" in captured[1], captured
     recs = records(store)
     assert [r["status"] for r in recs] == ["failed", "ok"]  # probes are not stored as records
     search = recs[1]["batch_search"]
