@@ -5,7 +5,8 @@ folder, so the case's temp directories and every process whose command line name
 torchrun agent, the workers, the hardware sampler) belong to that test alone. Where the fault is
 dealt to dlscale itself (its signals, its memory limit) dlscale is a ``python -m dlscale``
 process; where it is dealt to the agent or a rank, dlscale runs in this process (tests/helpers_cli.py,
-~5 s of start-up less) while a thread waits for training and deals it.
+~5 s of start-up less) while a thread waits for training and deals it. The out-of-memory case starts
+while the stopped-rank case waits (idle) for its time limit, when both tests are selected.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 from unittest import mock
 
@@ -155,6 +157,35 @@ def reaper(tmp_path):
             pass
 
 
+OOM_TEST = "test_a_cpu_allocation_failure_is_oom"
+
+
+def _start_oom(folder: Path) -> subprocess.Popen:
+    """The out-of-memory case: under a 3 GiB address-space limit, the activations of 256 Ki sequences
+    cannot be allocated."""
+    return _start(folder, "--batch-size", str(2 ** 18), "--no-monitor", mem_limit=3 << 30, steps=2)
+
+
+@pytest.fixture(scope="module")
+def oom_ahead(request, tmp_path_factory):
+    """The out-of-memory case's folder and process, started early by ``start()`` (only when its test is
+    selected, once): the stopped-rank test starts it when its own wait for the time limit begins."""
+    state = SimpleNamespace(folder=tmp_path_factory.mktemp("oom"), proc=None)
+    wanted = any(getattr(i, "module", None) is request.module and i.name == OOM_TEST for i in request.session.items)
+
+    def start() -> None:
+        if wanted and state.proc is None:
+            state.proc = _start_oom(state.folder)
+
+    state.start = start
+    yield state
+    for p in _ours(state.folder):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 # ----------------------------------------------------------------------------- no process outlives its case
 
 @pytest.mark.slow
@@ -207,10 +238,13 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path, reaper):
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper):
+def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper, oom_ahead):
+    def stop_rank_1() -> None:
+        _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP)
+        oom_ahead.start()  # the wait for the time limit is idle: the out-of-memory case (below) runs meanwhile
+
     # the time limit counts from torchrun's start; training starts ~6-10 s after it on 2 cores
-    rc, err = _run_here(tmp_path, during=lambda: _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP),
-                        time_limit=25)
+    rc, err = _run_here(tmp_path, during=stop_rank_1, time_limit=25)
     assert rc == 4, err
     assert "rank 1" in err and "stopped" in err, err
     _assert_none_left(tmp_path)
@@ -226,13 +260,12 @@ def test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_cpu_allocation_failure_is_oom(tmp_path, reaper):
-    # under a 3 GiB address-space limit, the activations of 256 Ki sequences cannot be allocated
-    dl = _start(tmp_path, "--batch-size", str(2 ** 18), "--no-monitor", mem_limit=3 << 30, steps=2)
-    rc, err = _finish(dl, timeout=60)
+def test_a_cpu_allocation_failure_is_oom(oom_ahead):
+    oom_ahead.start()  # unless the stopped-rank test has started it already
+    rc, err = _finish(oom_ahead.proc, timeout=60)
     assert rc == 3, err
     assert "memory" in err, err
-    _assert_none_left(tmp_path)
+    _assert_none_left(oom_ahead.folder)
 
 
 # ----------------------------------------------------------------------------- classify, without processes
