@@ -630,23 +630,12 @@ def _args(cmd: list, **values) -> list:
 
 
 @pytest.fixture(scope="module")
-def data_run(tmp_path_factory):
+def data_run(drivers_ahead, tmp_path_factory):
     """data.yaml, tiny: the data sets made by its before commands, GPT-2 synthetic and from the token
-    file, micro io after; then a dry run of the same call (everything done)."""
-    tmp = tmp_path_factory.mktemp("data")
-
-    def edit(d):
-        images, tokens, io = d["commands"]
-        images["dlscale"] = _args(images["dlscale"], size=16, classes=2)
-        tokens["dlscale"] = _args(tokens["dlscale"], size="20k", vocab=500)
-        io["dlscale"] = _args(io["dlscale"], seconds=0.3) + ["--flavor", "tiny", "--workers", "1", "--batch-size", 4,
-                                                             "--device", "cpu"]
-
-    path = tiny_suite("data", tmp, edit)
-    t = time.monotonic()
-    p = drive(path, tmp / "out", "--filter", "model=gpt2")
-    seconds = time.monotonic() - t
-    return tmp, p, drive(path, tmp / "out", "--filter", "model=gpt2", "--dry-run"), seconds
+    file, micro io after (an AHEAD suite); then a dry run of the same call here (everything done)."""
+    tmp, p, seconds = _ahead_run(drivers_ahead, tmp_path_factory, "data")
+    again = drive(tmp / "data.yaml", tmp / "out", "--filter", "model=gpt2", "--dry-run")
+    return tmp, p, again, seconds
 
 
 @pytest.mark.slow
@@ -718,25 +707,36 @@ def _jax_edit(d):  # no torch.compile on this CPU: torch eager carries the torch
     d["cases"][0]["profile"] = True
 
 
-# tiny suites whose driver runs start as processes with the module: (suite, its edit, the test that reads it)
-AHEAD = [("perfmodel", _perfmodel_edit, "test_perfmodel_suite_measures_the_pair_and_validates_the_model_on_it"),
-         ("jax", _jax_edit, "test_jax_suite_runs_the_jax_yardstick_and_the_kernel_table")]
+def _data_edit(d):
+    images, tokens, io = d["commands"]
+    images["dlscale"] = _args(images["dlscale"], size=16, classes=2)
+    tokens["dlscale"] = _args(tokens["dlscale"], size="20k", vocab=500)
+    io["dlscale"] = _args(io["dlscale"], seconds=0.3) + ["--flavor", "tiny", "--workers", "1", "--batch-size", 4,
+                                                         "--device", "cpu"]
+
+
+# tiny suites whose driver runs start as processes with the module:
+# (suite, its edit, the driver's further arguments, the test that reads it)
+AHEAD = [("data", _data_edit, ("--filter", "model=gpt2"),
+          "test_data_suite_makes_its_data_then_compares_real_with_synthetic"),
+         ("perfmodel", _perfmodel_edit, (), "test_perfmodel_suite_measures_the_pair_and_validates_the_model_on_it"),
+         ("jax", _jax_edit, (), "test_jax_suite_runs_the_jax_yardstick_and_the_kernel_table")]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def drivers_ahead(request, tmp_path_factory):
     """The AHEAD suites whose tests are selected, each a ``benchmarks/run.py`` process started when the
-    module starts: they run beside this process's own driver runs (smoke, data, mp), all mostly one
-    core's work. name -> (its folder, the process, the monotonic start)."""
+    module starts: they run beside this process's own driver runs (smoke, mp), all mostly one core's
+    work. name -> (its folder, the process, the monotonic start)."""
     selected = {i.name for i in request.session.items if getattr(i, "module", None) is request.module}
     started = {}
-    for name, edit, test in AHEAD:
+    for name, edit, args, test in AHEAD:
         if test in selected and (name != "jax" or HAVE_JAX):
             tmp = tmp_path_factory.mktemp(name)
             path = tiny_suite(name, tmp, edit)
             with open(tmp / "driver.out", "w") as out, open(tmp / "driver.err", "w") as err:
                 p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "run.py"), str(path), "--out",
-                                      str(tmp / "out")], stdout=out, stderr=err, text=True, cwd=ROOT)
+                                      str(tmp / "out"), *args], stdout=out, stderr=err, text=True, cwd=ROOT)
             started[name] = (tmp, p, time.monotonic())
     yield started
     for _, p, _ in started.values():
@@ -746,24 +746,25 @@ def drivers_ahead(request, tmp_path_factory):
 
 
 def _ahead_run(drivers_ahead, tmp_path_factory, name: str):
-    """(out folder, the driver's CompletedProcess, seconds) of the AHEAD suite ``name``; run here
-    (in this process) when it was not started with the module."""
+    """(its folder, the driver's CompletedProcess, seconds) of the AHEAD suite ``name`` (its results in
+    FOLDER/out); run here (in this process) when it was not started with the module."""
     if name not in drivers_ahead:
         tmp = tmp_path_factory.mktemp(name)
-        edit = next(e for n, e, _ in AHEAD if n == name)
+        edit, args = next((e, a) for n, e, a, _ in AHEAD if n == name)
         t = time.monotonic()
-        p = drive(tiny_suite(name, tmp, edit), tmp / "out")
-        return tmp / "out", p, time.monotonic() - t
+        p = drive(tiny_suite(name, tmp, edit), tmp / "out", *args)
+        return tmp, p, time.monotonic() - t
     tmp, proc, t = drivers_ahead[name]
     rc = proc.wait(timeout=600)
     p = subprocess.CompletedProcess(proc.args, rc, (tmp / "driver.out").read_text(), (tmp / "driver.err").read_text())
-    return tmp / "out", p, time.monotonic() - t
+    return tmp, p, time.monotonic() - t
 
 
 @pytest.fixture(scope="module")
 def perfmodel_run(drivers_ahead, tmp_path_factory):
     """perfmodel.yaml, tiny: GPT-2 on 1 and 2 processes, the 2-rank all-reduce before, predict --validate."""
-    return _ahead_run(drivers_ahead, tmp_path_factory, "perfmodel")
+    tmp, p, seconds = _ahead_run(drivers_ahead, tmp_path_factory, "perfmodel")
+    return tmp / "out", p, seconds
 
 
 @pytest.mark.slow
@@ -785,7 +786,8 @@ def test_perfmodel_suite_measures_the_pair_and_validates_the_model_on_it(perfmod
 @pytest.fixture(scope="module")
 def jax_run(drivers_ahead, tmp_path_factory):
     """jax.yaml, tiny, GPT-2 only: torch eager (profiled) and JAX (profiled), the JAX bare loop, kernels."""
-    return _ahead_run(drivers_ahead, tmp_path_factory, "jax")
+    tmp, p, seconds = _ahead_run(drivers_ahead, tmp_path_factory, "jax")
+    return tmp / "out", p, seconds
 
 
 @pytest.mark.slow
