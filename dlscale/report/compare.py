@@ -117,9 +117,7 @@ class Pair:
         parts = [str(cfg.get("model"))]
         if cfg.get("flavor") not in (None, "full"):
             parts[0] += f" ({cfg.get('flavor')})"
-        fw = str(cfg.get("framework") or "torch")  # JAX is XLA-compiled: named by its framework
-        how = ("compiled" if cfg.get("compile") else "eager") if fw == "torch" else fw
-        parts += [str(cfg.get("precision")), how, str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
+        parts += [str(cfg.get("precision")), sources.run_mode(cfg), str(cfg.get("strategy")), f"b{cfg.get('batch_size')}"]
         if (cfg.get("grad_accum") or 1) != 1:
             parts.append(f"accum {cfg.get('grad_accum')}")
         kinds = [sources.describe(r.record) for r in (self.a, self.b) if r is not None]

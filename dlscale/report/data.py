@@ -537,10 +537,9 @@ class Group:
         parts = [self.model]
         if f.get("flavor") not in (None, "full"):
             parts[0] += f" ({f['flavor']})"
-        fw = f.get("framework") or "torch"
-        # a JAX step is always jit-compiled by XLA: "eager" would misname it
-        how = ("compiled" if f.get("compile") else "eager") if fw == "torch" else f"{fw} (XLA)" if fw == "jax" else fw
-        parts += [str(f.get("precision")), how, self.strategy, f"batch {self.batch_size}/device"]
+        how = sources.run_mode(f)
+        parts += [str(f.get("precision")), how + (" (XLA)" if how == "jax" else ""), self.strategy,
+                  f"batch {self.batch_size}/device"]
         if self.label is not None:
             parts.append(f"label {self.label}")
         if f.get("data") not in (None, "synthetic") and "data" not in self.extras:

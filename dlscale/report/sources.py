@@ -52,12 +52,18 @@ def adjust_fields(rec: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def run_mode(cfg: dict[str, Any]) -> str:
+    """How a case's step ran: torch ``compiled`` or ``eager``; another framework by its name (a
+    JAX step is always XLA-compiled, so "eager" would misname it)."""
+    fw = str(cfg.get("framework") or "torch")
+    return ("compiled" if cfg.get("compile") else "eager") if fw == "torch" else fw
+
+
 def stack_name(fields: dict[str, Any]) -> str:
     """What a table's stack is called in the stacks section."""
     kind = fields.get("kind", "run")
     if kind == "run":
-        comp = "compiled" if fields.get("compile") else "eager"
-        return f"dlscale {fields.get('strategy')} {comp}"
+        return f"dlscale {fields.get('strategy')} {run_mode(fields)}"
     fw = fields.get("framework") or fields.get("parser") or "?"
     return f"{fw}{' compiled' if fields.get('compile') else ''}"
 
