@@ -45,3 +45,34 @@ def test_tail_of_two_steps(tmp_path, capsys):
     assert "| 2 | 12.00 | 10.50 | 1.50 | 0.50 | 0.80 |" in capsys.readouterr().out
     (tmp_path / "none.json").write_text(json.dumps({"traceEvents": []}))
     assert TAIL.main([str(tmp_path / "none.json")]) == 1
+
+
+_hspec = importlib.util.spec_from_file_location("bench_host_trace", ROOT / "benchmarks" / "host_trace.py")
+HOST = importlib.util.module_from_spec(_hspec)
+sys.modules["bench_host_trace"] = HOST
+_hspec.loader.exec_module(HOST)
+
+
+def test_host_trace_sets_host_time_beside_gpu_time(tmp_path, capsys):
+    """benchmarks/host_trace.py: a 20 ms host step with 8 ms of compute and 3 ms of collectives;
+    two FSDP pre-forward ranges (one with a nested range of the same hook, counted once)."""
+    ev = [_x("user_annotation", "ProfilerStep#1", 0, 20000),
+          _x("user_annotation", "FSDP::pre_forward (blocks.0)", 1000, 2000),
+          _x("user_annotation", "FSDP::pre_forward", 1500, 500),  # nested: not added again
+          _x("user_annotation", "FSDP::pre_forward (blocks.1)", 5000, 1000),
+          _x("cpu_op", "aten::mm", 6000, 100),  # not a counted prefix
+          _x("kernel", "sm90_gemm", 2000, 5000), _x("gpu_memset", "Memset", 7000, 3000),
+          _x("kernel", "ncclDevKernel_AllGather_RING_LL", 3000, 3000),
+          _x("kernel", "late_kernel", 21000, 4000)]  # after the step's range: not counted
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    (step,) = HOST.host_steps(HOST.load(str(path)))
+    assert step.host_ms == pytest.approx(20.0) and step.compute_ms == pytest.approx(8.0)
+    assert step.collective_ms == pytest.approx(3.0)
+    assert step.ranges == {"FSDP::pre_forward": (2, pytest.approx(3.0))}
+    assert HOST.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| ProfilerStep#1 | 20.00 | 8.00 | 3.00 | 2.50 |" in out and "| FSDP::pre_forward | 2 / 3.00 |" in out
+    (tmp_path / "empty.json").write_text(json.dumps({"traceEvents": []}))
+    assert HOST.main([str(tmp_path / "empty.json")]) == 2
