@@ -1,23 +1,31 @@
 """Where the GPU-decode path spends its time, with no model beside it (issue 23): images/s of
-torchvision's batched nvJPEG decode alone, of dlscale's crop + resize + flip alone on decoded
-images, and of the whole ``GpuDecoder`` (both, plus normalisation), on batches of one image folder.
-Each part is timed over whole batches with a device synchronisation at both ends.
+each GPU decoder's batched decode alone (torchvision's nvJPEG CUDA kernels; nvImageCodec on the
+hardware JPEG decoders, or its CUDA backend where the GPU has none), of dlscale's crop + resize +
+flip alone on decoded images, and of the whole ``GpuDecoder`` (both, plus normalisation), on
+batches of one image folder. Each part is timed over whole batches with a device synchronisation at
+both ends.
 
-    python benchmarks/gpu_decode_parts.py /tmp/dlscale-data/imgs --batches 20
+    python benchmarks/gpu_decode_parts.py /tmp/dlscale-data/imgs --batches 20 [--decoder all]
 
-On the CPU (no CUDA) the same parts run with Pillow standing in for nvJPEG, to check the script.
+``--decoder``: torchvision, nvimgcodec, or all (default: each that imports here; the lines before
+the table name each decoder and the backend nvImageCodec found). NVJPG busy: the JPEG engines'
+utilisation (NVML) while the part ran, the evidence that nvImageCodec decoded on them. On the CPU
+(no CUDA) the same parts run with Pillow standing in for the GPU decoders, to check the script.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dlscale import ConfigError  # noqa: E402
 from dlscale.inputs import dataset_info, images  # noqa: E402
 
 
@@ -26,17 +34,115 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, batches: list, device: torch.device) -> float:
-    """Images per second of ``fn`` over ``batches`` (after one untimed batch)."""
+class JpgBusy:
+    """NVML's utilisation of the GPU's JPEG engines (NVJPG, %), read every 20 ms while a part runs:
+    whether the hardware decoders did the work (NVML averages over its own sampling period, so a
+    short part reads low; 0 throughout means they did not). None where NVML cannot say."""
+
+    def __init__(self, device: torch.device):
+        self.nvml = self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)  # NVML's index: CUDA_VISIBLE_DEVICES unset
+            pynvml.nvmlDeviceGetJpgUtilization(handle)
+            self.nvml, self.handle = pynvml, handle
+        except Exception as e:  # noqa: BLE001 - an older driver or NVML: the column stays empty
+            print(f"# NVJPG utilisation not readable here: {type(e).__name__}: {e}")
+
+    @contextlib.contextmanager
+    def during(self):
+        samples: list[float] = []
+        if self.handle is None:
+            yield samples
+            return
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.wait(0.02):
+                try:
+                    samples.append(float(self.nvml.nvmlDeviceGetJpgUtilization(self.handle)[0]))
+                except Exception:  # noqa: BLE001
+                    return
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        try:
+            yield samples
+        finally:
+            stop.set()
+            t.join()
+
+
+def _timed(fn, batches: list, device: torch.device, busy: JpgBusy | None = None) -> tuple[float, float | None]:
+    """Images per second of ``fn`` over ``batches`` (after one untimed batch), and the JPEG engines'
+    mean utilisation (%) meanwhile (None: not read)."""
     fn(batches[0])
     _sync(device)
-    t0 = time.perf_counter()
-    n = 0
-    for b in batches:
-        fn(b)
-        n += len(b[1])
+    with busy.during() if busy is not None else contextlib.nullcontext([]) as samples:
+        t0 = time.perf_counter()
+        n = 0
+        for b in batches:
+            fn(b)
+            n += len(b[1])
+        _sync(device)
+        seconds = time.perf_counter() - t0
+    return n / seconds, (sum(samples) / len(samples) if samples else None)
+
+
+def _decoders(device: torch.device, which: str) -> list[tuple[str, images.DecodeFn, str]]:
+    """(label, decode, name) of each decoder asked for; ``all`` skips one that does not import
+    (printed), a named one that does not is an error."""
+    if device.type != "cuda":
+        return [("Pillow", lambda ds_: [images._pil_chw(d) for d in ds_], "Pillow (CPU stand-in)")]
+    out = []
+    for label in (("torchvision", "nvimgcodec") if which == "all" else (which,)):
+        try:
+            if label == "torchvision":
+                decode, name = images.torchvision_decoder(device)
+            else:
+                decode, name, _backend = images.nvimgcodec_decoder(device)
+        except ConfigError as e:
+            if which != "all":
+                raise
+            print(f"# {label} skipped: {e}")
+            continue
+        out.append((label, decode, name))
+    return out
+
+
+def _parts(label: str, decode, name: str, batches: list, size: int, device: torch.device,
+           busy: JpgBusy) -> list[tuple[str, tuple[float, float | None]]]:
+    """(images/s, NVJPG %) of the decode alone, the crop alone and the whole GpuDecoder with ``decode``."""
+    gpu = images.GpuDecoder(device, size, channels_last=True, decode=decode, name=name)
+    done = getattr(decode, "batch_done", lambda: None)  # nvImageCodec: release the batch's buffers
+
+    def only_decode(b):
+        flat, lengths = b[0], b[1]
+        out = decode(list(torch.split(flat, lengths)))
+        done()
+        return out
+
+    decoded = [(only_decode(b), b[1], b[3], b[4]) for b in batches]  # decoded images, lengths, boxes, flips
     _sync(device)
-    return n / (time.perf_counter() - t0)
+    if any(im is None for d in decoded for im in d[0]):
+        print(f"# {label}: {sum(im is None for d in decoded for im in d[0])} image(s) not decoded (Pillow takes "
+              f"them in GpuDecoder)")
+        decoded = [([im if im is not None else images._pil_chw(x).to(device) for im, x in
+                     zip(d[0], torch.split(b[0], b[1]))], *d[1:]) for d, b in zip(decoded, batches)]
+
+    def only_crop(d):
+        return images._crop_resize_flip(d[0], d[2], d[3], size, device)
+
+    rows = [(f"{label}: decode (batched)", _timed(only_decode, batches, device, busy)),
+            (f"{label}: crop + resize + flip (one grid_sample)", _timed(only_crop, decoded, device, busy)),
+            (f"{label}: GpuDecoder, all of it", _timed(gpu, batches, device, busy))]
+    del decoded
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=20, help="batches timed per part")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--size", type=int, default=224, help="output side (ResNet-50's)")
+    p.add_argument("--decoder", choices=("all", "torchvision", "nvimgcodec"), default="all",
+                   help="the GPU decoder(s) to time (default all: each that imports)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     listing = dataset_info.list_imagefolder(args.folder)
@@ -53,29 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     items = [ds[(0, i)] for i in range(n)]
     batches = [images.collate_bytes(items[i:i + args.batch_size]) for i in range(0, n - args.batch_size + 1,
                                                                                args.batch_size)]
-    if device.type == "cuda":
-        decode, name = images.torchvision_decoder(device)
-    else:
-        decode, name = (lambda ds_: [images._pil_chw(d) for d in ds_]), "Pillow (CPU stand-in)"
-    gpu = images.GpuDecoder(device, args.size, channels_last=True, decode=decode, name=name)
-
-    def only_decode(b):
-        flat, lengths = b[0], b[1]
-        return decode(list(torch.split(flat, lengths)))
-
-    decoded = [(only_decode(b), b[1], b[3], b[4]) for b in batches]  # decoded images, lengths, boxes, flips
-    _sync(device)
-
-    def only_crop(d):
-        return images._crop_resize_flip(d[0], d[2], d[3], args.size, device)
-
-    rows = [("decode (torchvision batched)", _timed(only_decode, batches, device)),
-            ("crop + resize + flip (one grid_sample)", _timed(only_crop, decoded, device)),
-            ("GpuDecoder: all of it", _timed(gpu, batches, device))]
-    print(f"# {name}; {len(batches)} batches of {args.batch_size}; {device}; cores {os.cpu_count()}")
-    print("| part | images/s | ms per batch |\n|---|---:|---:|")
-    for what, ips in rows:
-        print(f"| {what} | {ips:,.0f} | {args.batch_size / ips * 1e3:.2f} |")
+    try:
+        decoders = _decoders(device, args.decoder)
+    except ConfigError as e:
+        print(f"gpu_decode_parts.py: error: {e}", file=sys.stderr)
+        return 2
+    if not decoders:
+        print("gpu_decode_parts.py: error: no GPU decoder imports here", file=sys.stderr)
+        return 2
+    rows = []
+    busy = JpgBusy(device)
+    for label, decode, name in decoders:
+        print(f"# {label}: {name}")
+        rows += _parts(label, decode, name, batches, args.size, device, busy)
+    print(f"# {len(batches)} batches of {args.batch_size}; {device}; cores {os.cpu_count()}")
+    print("| part | images/s | ms per batch | NVJPG busy (%) |\n|---|---:|---:|---:|")
+    for what, (ips, jpg) in rows:
+        print(f"| {what} | {ips:,.0f} | {args.batch_size / ips * 1e3:.2f} | "
+              f"{'—' if jpg is None else f'{jpg:.0f}'} |")
     return 0
 
 

@@ -27,7 +27,7 @@ from dlscale import compiling
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
-from dlscale.inputs.spec import DECODE_DEVICES, SPEC_HELP, parse_data
+from dlscale.inputs.spec import DECODE_DEVICES, GPU_DECODERS, SPEC_HELP, parse_data
 from dlscale.precision import PRECISIONS
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -171,6 +171,12 @@ class RunConfig:
                                        "but one, GPU decode up to 4, tokens 1 or 2")
     data_decode: str = _f("cpu", choices=DECODE_DEVICES, axis="data_decodes", match=True, late="cpu",
                           help="where images from files are decoded: cpu (DataLoader workers) or gpu (nvJPEG)")
+    data_decoder: str = _f("auto", choices=GPU_DECODERS, axis="data_decoders", match=True, late="auto",
+                           help="with --data-decode gpu, what decodes the JPEGs: nvimgcodec (nvImageCodec: the "
+                                "GPU's hardware JPEG decoders, off the SMs, CUDA nvJPEG for what they cannot take; "
+                                "pip install 'dlscale[nvimgcodec]'), torchvision (io.decode_jpeg: nvJPEG's CUDA "
+                                "kernels), or auto: nvimgcodec where it imports and the GPU has hardware decoders, "
+                                "else torchvision (the record says which ran)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
@@ -246,7 +252,7 @@ class RunConfig:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
         from dlscale.inputs.spec import check_fields
 
-        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read)
+        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:

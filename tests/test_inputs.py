@@ -77,6 +77,20 @@ def test_config_fields_checked_and_case_key_kept_at_defaults():
         RunConfig(data="tokens:/x.bin", data_workers=-1)
     with pytest.raises(ConfigError, match="unknown data-decode 'tpu'"):
         RunConfig(data="tokens:/x.bin", data_decode="tpu")
+    # --data-decoder: at its default (auto) earlier keys stand; a named decoder is another case
+    imgs = "imagefolder:/d/imgs"
+    assert "data_decoder" not in workload_fields(RunConfig(data=imgs, data_decode="gpu").to_dict())
+    keys = {RunConfig(data=imgs, data_decode="gpu", data_decoder=d).case_key()
+            for d in ("auto", "torchvision", "nvimgcodec")}
+    assert len(keys) == 3
+    with pytest.raises(ConfigError, match="data-decoder nvimgcodec chooses the GPU's JPEG decoder: it needs "
+                                          "--data-decode gpu"):
+        RunConfig(data=imgs, data_decoder="nvimgcodec")
+    with pytest.raises(ConfigError, match="data-decoder needs --data"):
+        RunConfig(data_decoder="torchvision")
+    with pytest.raises(ConfigError, match="unknown data-decoder 'dali'; choose one of: auto, torchvision, "
+                                          "nvimgcodec"):
+        RunConfig(data=imgs, data_decode="gpu", data_decoder="dali")
 
 
 # ----------------------------------------------------------------------------- bad inputs, up front
@@ -353,6 +367,288 @@ def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
     assert x.shape == (2, 3, 48, 48) and meta["decode_fallbacks"] == 1 and meta["bad"] == 1
 
 
+# ----------------------------------------------------------------------------- GPU decoder choice
+# nvImageCodec needs a GPU to decode: its choice, its messages and its batch bookkeeping are checked
+# here with stand-ins (monkeypatched), its decoding on the GPU machine (benchmarks/suites/data-gpu.yaml)
+
+@pytest.fixture
+def no_nvimg_cache(monkeypatch):
+    """A fresh nvimgcodec_status() cache, and nvidia.* modules as they were afterwards."""
+    import sys
+
+    monkeypatch.setattr(images, "_NVIMG", {})
+    before = {k: v for k, v in sys.modules.items() if k == "nvidia" or k.startswith("nvidia.")}
+    yield
+    for k in [k for k in sys.modules if k == "nvidia" or k.startswith("nvidia.")]:
+        del sys.modules[k]
+    sys.modules.update(before)
+
+
+def _fake_package(root: Path, printed: str) -> None:
+    """An importable ``nvidia.nvimgcodec`` that writes ``printed`` to file descriptor 2 when imported,
+    as nvImageCodec's extension loaders do."""
+    pkg = root / "nvidia" / "nvimgcodec"
+    pkg.mkdir(parents=True)
+    (root / "nvidia" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(f"import os\nos.write(2, {printed.encode()!r})\n__version__ = '0.9.0'\n")
+
+
+NVIMG_LOAD_TEXT = (
+    "Failed to load nvjpeg library! Please install CUDA toolkit or, if using nvImageCodec's Python distribution, "
+    "the nvJPEG python wheel (e.g. python -m pip install nvidia-nvjpeg-cu13).\n"
+    "\x1b[0;31m[ERROR] \x1b[0m[nvjpeg-ext] Failed to load nvJPEG library or retrieve version.\n"
+    "Failed to load nvjpeg2k library! Please install nvJPEG2000.\n"
+    "Note: If using nvImageCodec's Python distribution, it is enough to install the nvJPEG2000 wheel\n"
+    "Failed to load nvtiff library! Please install nvTIFF.\n")
+
+
+def test_nvimgcodec_import_messages_captured_and_judged(tmp_path, monkeypatch, capfd, no_nvimg_cache):
+    """nvImageCodec's load-time lines: libnvjpeg missing makes it unusable (one ConfigError naming
+    the wheel and the install line); JPEG 2000 / TIFF libraries are not needed and not shown; any
+    other line is passed on."""
+    import sys
+
+    for k in [k for k in sys.modules if k == "nvidia" or k.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, k)
+    _fake_package(tmp_path / "a", NVIMG_LOAD_TEXT)
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    nv, why = images.nvimgcodec_status()
+    assert nv is not None and why == "nvImageCodec is installed but cannot load libnvjpeg (CUDA's nvJPEG: the " \
+                                     "nvidia-nvjpeg wheel)"
+    assert images.nvimgcodec_status() == (nv, why)  # imported once
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ConfigError) as e:
+        images.check_gpu_decoder("nvimgcodec")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("data-decoder nvimgcodec: nvImageCodec is installed but cannot load "
+                                               "libnvjpeg") and "pip install 'dlscale[nvimgcodec]'" in msg
+    # libnvjpeg found: usable; an unknown line is passed on, the other codecs' are not
+    images._NVIMG.clear()
+    for k in [k for k in sys.modules if k == "nvidia" or k.startswith("nvidia.")]:
+        del sys.modules[k]
+    _fake_package(tmp_path / "b", "Failed to load nvtiff library! Please install nvTIFF.\nsomething else\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    nv, why = images.nvimgcodec_status()
+    assert nv.__file__.startswith(str(tmp_path / "b")) and why is None
+    assert capfd.readouterr().err == "something else\n"
+    images.check_gpu_decoder("nvimgcodec")
+
+
+def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
+    """--data-decoder on a GPU (stand-ins for the libraries): auto takes nvImageCodec where its
+    hardware backend decodes, else torchvision, and the record's name says why; a named decoder is
+    used as asked; the launcher's check names what is missing, one line."""
+    cuda = torch.device("cuda", 0)
+    tv = (lambda ds: ds, "torchvision 0.26.0 io.decode_jpeg on cuda (nvJPEG)")
+    state = {"tv": True, "nv": (object(), None), "hw": True}
+    monkeypatch.setattr(images, "_torchvision", lambda: object() if state["tv"] else None)
+    monkeypatch.setattr(images, "torchvision_decoder", lambda device: tv)
+    monkeypatch.setattr(images, "nvimgcodec_status", lambda: state["nv"])
+    monkeypatch.setattr(images, "nvimgcodec_hardware", lambda nv, device: state["hw"])
+
+    def nvdec(device, hardware=None):
+        hw = state["hw"] if hardware is None else hardware
+        return "nvdecode", f"nvImageCodec 0.9.0 on cuda:0 ({'hardware' if hw else 'cuda'})", \
+            "hardware" if hw else "cuda"
+
+    monkeypatch.setattr(images, "nvimgcodec_decoder", nvdec)
+
+    def choose(choice="auto"):
+        _decode, name, kind, backend = images.gpu_decoder(cuda, choice)
+        return name, kind, backend
+
+    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (hardware); chosen by auto", "nvimgcodec", "hardware")
+    assert choose("torchvision") == (tv[1], "torchvision", "cuda")
+    state["hw"] = False  # a GPU without hardware JPEG decoders (L40S, RTX): torchvision
+    assert choose() == (tv[1] + "; auto: no hardware JPEG decoder nvImageCodec can use on this GPU",
+                        "torchvision", "cuda")
+    assert choose("nvimgcodec") == ("nvImageCodec 0.9.0 on cuda:0 (cuda)", "nvimgcodec", "cuda")
+    state["tv"] = False  # ... and no torchvision: nvImageCodec on CUDA
+    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (cuda); auto: torchvision is not installed", "nvimgcodec",
+                        "cuda")
+    state.update(tv=True, hw=True, nv=(None, "nvImageCodec (nvidia-nvimgcodec-cu13) is not installed"))
+    assert choose() == (tv[1] + "; auto: nvImageCodec (nvidia-nvimgcodec-cu13) is not installed", "torchvision",
+                        "cuda")
+    # the launcher's check, no CUDA context: nvimgcodec asked for and missing -> one line, how to install
+    with pytest.raises(ConfigError) as e:
+        images.check_gpu_decoder("nvimgcodec")
+    assert str(e.value).startswith("data-decoder nvimgcodec: nvImageCodec (nvidia-nvimgcodec-cu13) is not "
+                                   "installed; pip install 'dlscale[nvimgcodec]'") and "\n" not in str(e.value)
+    images.check_gpu_decoder("auto")  # torchvision is there
+    state["tv"] = False
+    with pytest.raises(ConfigError, match=r"data-decode gpu needs torchvision \(.*\) or nvImageCodec \(hardware "
+                                          r"JPEG decoders\): pip install torchvision matching this torch, or pip "
+                                          r"install 'dlscale\[nvimgcodec\]'$"):
+        images.check_gpu_decoder("auto")
+    # auto with torchvision there does not import nvImageCodec in the launcher
+    state["tv"] = True
+    monkeypatch.setattr(images, "nvimgcodec_status", lambda: pytest.fail("imported nvImageCodec"))
+    images.check_gpu_decoder("auto")
+
+
+def test_run_cli_missing_nvimgcodec_exits_2_before_anything(tmp_path, monkeypatch, capsys, data_dir,
+                                                            no_nvimg_cache):
+    """dlscale run --data-decode gpu --data-decoder nvimgcodec where nvImageCodec does not import:
+    one line naming it and the install, exit 2, no record (a GPU is faked visible)."""
+    from dlscale.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(images, "_import_nvimgcodec",
+                        lambda: (None, "", ModuleNotFoundError("No module named 'nvidia'", name="nvidia")))
+    code = main(["run", "--model", "resnet50", "--flavor", "tiny", "--device", "cuda", "--batch-size", "4",
+                 "--store", str(tmp_path / "s"), "--data", f"imagefolder:{data_dir.imgs}", "--data-decode", "gpu",
+                 "--data-decoder", "nvimgcodec"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "data-decoder nvimgcodec: nvImageCodec (nvidia-nvimgcodec-cu13) is not installed; pip install " \
+           "'dlscale[nvimgcodec]'" in err[0]
+    assert not (tmp_path / "s" / "results.jsonl").exists()
+
+
+images_mod = images  # _FakeNv.Decoder.decode has a keyword named images, as nvImageCodec's
+
+
+class _FakeNv:
+    """Stand-in for ``nvidia.nvimgcodec`` (the calls NvimgcodecDecode makes, with 0.9's keywords):
+    decodes with Pillow to host HWC arrays, None where Pillow cannot."""
+
+    class BackendKind:
+        CPU_ONLY, GPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY = 1, 2, 3, 4
+
+    class ColorSpec:
+        SRGB = 1
+
+    class Backend:
+        def __init__(self, backend_kind, load_hint=1.0):
+            self.backend_kind = backend_kind
+
+    class DecodeParams:
+        def __init__(self, apply_exif_orientation=True, color_spec=1, allow_any_depth=False):
+            self.apply_exif_orientation, self.color_spec = apply_exif_orientation, color_spec
+
+    class CodeStream:
+        def __init__(self, array):
+            assert isinstance(array, np.ndarray) and array.dtype == np.uint8
+            self.array = array
+
+    class Decoder:
+        made: list = []
+
+        def __init__(self, device_id=-1, max_num_cpu_threads=0, backends=None, options=""):
+            self.device_id, self.threads = device_id, max_num_cpu_threads
+            self.kinds = [b.backend_kind for b in backends]
+            self.calls: list = []
+            _FakeNv.Decoder.made.append(self)
+
+        def decode(self, srcs, *, images=None, params=None, cuda_stream=0):
+            self.calls.append((len(srcs), params, cuda_stream))
+            out = []
+            for s in srcs:
+                try:
+                    out.append(images_mod._pil_chw(torch.from_numpy(s.array)).permute(1, 2, 0).numpy().copy())
+                except images_mod._BAD_IMAGE:
+                    out.append(None)
+            return out
+
+
+class _FakeEvent:
+    events: list = []
+
+    def __init__(self):
+        self.done, self.waited = False, False
+        _FakeEvent.events.append(self)
+
+    def record(self, stream):
+        self.stream = stream
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited = True
+
+
+def test_nvimgcodec_decode_batches_on_the_stream_and_holds_buffers(monkeypatch, data_dir):
+    """NvimgcodecDecode in GpuDecoder (stand-ins for nvImageCodec and the CUDA stream): one decode
+    call a batch, on the current stream, hardware then CUDA backends, RGB without EXIF rotation; a
+    file it cannot decode goes to Pillow (counted); each batch's buffers and bytes are held until an
+    event recorded after its crop has passed, at most HOLD batches (the oldest is waited for)."""
+    stream = SimpleNamespace(cuda_stream=0xABC)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.events.clear()
+    dev = torch.device("cpu")
+    dec = images.NvimgcodecDecode(_FakeNv, dev, hardware=True)
+    nvd = _FakeNv.Decoder.made[-1]
+    assert nvd.kinds == [4, 2] and nvd.device_id == 0 and nvd.threads == images.NVIMGCODEC_CPU_THREADS
+    assert dec.params.apply_exif_orientation is False and dec.params.color_spec == _FakeNv.ColorSpec.SRGB
+    assert images.NvimgcodecDecode(_FakeNv, dev, hardware=False).decoder.kinds == [2]
+    lst = dataset_info.list_imagefolder(data_dir.imgs)
+    byt = images.ImageBytesData(lst.root, lst.files, lst.labels, 32, seed=0)
+    gpu = images.GpuDecoder(dev, 32, channels_last=True, decode=dec, name="nv")
+    ref = images.GpuDecoder(dev, 32, channels_last=True, decode=_pil_list_decode, name="pil")
+    item = images.collate_bytes([byt[(0, i)] for i in range(4)])
+    (x, _), meta = gpu(item)
+    assert torch.allclose(x, ref(item)[0][0]) and meta["decode_fallbacks"] == 0
+    assert nvd.calls == [(4, dec.params, 0xABC)]  # one call for the batch, on the current stream
+    assert len(dec._held) == 1 and not dec._pending and _FakeEvent.events[-1].stream is stream
+    # a JPEG nvImageCodec cannot read (None) goes to Pillow; here Pillow cannot either: replaced, counted
+    junk = torch.frombuffer(bytearray(b"\xff\xd8 broken jpeg"), dtype=torch.uint8)
+    flat, lengths, labels, boxes, flips, meta0 = images.collate_bytes([byt[(0, i)] for i in range(2)])
+    (x, _), meta = gpu((torch.cat([flat[:lengths[0]], junk]), [lengths[0], len(junk)], labels,
+                        [boxes[0], (0, 0, 5, 5)], flips, meta0))
+    assert x.shape == (2, 3, 32, 32) and meta["bad"] == 1 and meta["decode_fallbacks"] == 0
+    # nothing finished on the GPU: held up to HOLD batches, then the oldest is waited for
+    for _ in range(images.NvimgcodecDecode.HOLD + 2):
+        gpu(item)
+    assert len(dec._held) == images.NvimgcodecDecode.HOLD + 1
+    waited = [e.waited for e in _FakeEvent.events]  # 8 batches, HOLD + 1 held after the last
+    assert len(waited) == 8 and waited == [True] * 3 + [False] * 5
+    # finished: released at the next call without waiting
+    for e in _FakeEvent.events:
+        e.done = True
+    gpu(item)
+    assert len(dec._held) == 1
+
+
+def test_record_names_the_gpu_decoder_and_its_backend(monkeypatch, data_dir):
+    """--data-decoder reaches the decoder, and the record's data.loader names what ran: decoder (the
+    name), gpu_decoder (auto resolved) and decoder_backend."""
+    from dlscale.inputs.source import start_source
+
+    monkeypatch.setattr(images, "gpu_decoder", lambda device, choice="auto": (
+        _pil_list_decode, f"stand-in for {choice}", "nvimgcodec", "hardware"))
+    spec = parse_data(f"imagefolder:{data_dir.imgs}")
+    reader = make_reader(spec, get_model("resnet50", "tiny"), torch.device("cpu"), "gpu", 0, "nvimgcodec")
+    assert (reader.decoder, reader.gpu_decoder, reader.decoder_backend) == \
+        ("stand-in for nvimgcodec", "nvimgcodec", "hardware")
+    src = start_source(reader, spec, GlobalBatchSampler(len(reader.dataset), 4, 0, 4, 0), 0, "gpu",
+                       torch.device("cpu"), 1, {})
+    try:
+        loader = src.summary([], 1.0)["loader"]
+    finally:
+        src.close()
+    assert (loader["decode"], loader["decoder"], loader["gpu_decoder"], loader["decoder_backend"]) == \
+        ("gpu", "stand-in for nvimgcodec", "nvimgcodec", "hardware")
+
+
+def test_gpu_decode_parts_script_runs_on_the_cpu(data_dir, capsys):
+    """benchmarks/gpu_decode_parts.py (the data-gpu suite's after command) on the CPU: Pillow stands
+    in for the GPU decoders, the table has its parts and an empty NVJPG column."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_decode_parts.py"
+    spec = importlib.util.spec_from_file_location("gpu_decode_parts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([data_dir.imgs, "--batches", "1", "--batch-size", "4", "--size", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "| part | images/s | ms per batch | NVJPG busy (%) |" in out
+    assert out.count("| Pillow: ") == 3 and "| — |" in out
+
+
 def _png_bytes(Image) -> bytes:
     import io
 
@@ -400,6 +696,7 @@ def test_in_process_sources_and_their_record(data_dir):
             assert s["input_bound"] is False and s["loader"]["workers"] == 0 and s["loader_cpu_cores"] is None
             assert s["epoch_at_window_start"] == pytest.approx(2 / s["loader"]["micro_batches_per_epoch"])
             assert s["bytes_read"] > 0 and s["page_cache"]["cold_read"] is False
+            assert s["loader"]["gpu_decoder"] is None and s["loader"]["decoder_backend"] is None  # no GPU decode
         finally:
             src.close()
     # the synthetic source is the pre-made list, untouched

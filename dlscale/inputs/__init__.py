@@ -5,7 +5,7 @@ What the rest of dlscale calls:
 * ``check_case(cfg)`` (from config.validate_case): the data set exists, has the right shape and
   fits the model; ConfigError naming the file otherwise, before anything starts;
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
-  torchvision;
+  the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, or one of them for auto);
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;
 * ``merge_ranks(ranks)`` (launcher): one repeat's data record from its ranks'.
@@ -96,16 +96,15 @@ def check_case(cfg) -> None:
 
 
 def check_machine(cfg, device_type: str) -> None:
-    """Checks that need this machine: GPU decode needs a GPU and torchvision."""
+    """Checks that need this machine: GPU decode needs a GPU and its decoder (imported, no CUDA
+    context made: which backend it gets is settled in the worker, docs/data.md)."""
     if cfg.data_decode != "gpu":
         return
     if device_type != "cuda":
         raise ConfigError("data-decode gpu needs a CUDA device; use --data-decode cpu")
-    import torch
+    from dlscale.inputs.images import check_gpu_decoder
 
-    from dlscale.inputs.images import torchvision_decoder
-
-    torchvision_decoder(torch.device("cuda"))
+    check_gpu_decoder(cfg.data_decoder)
 
 
 def describe(cfg) -> dict[str, Any] | None:

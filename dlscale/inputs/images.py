@@ -12,8 +12,12 @@ needed here. Batches travel as uint8 HWC (4x less than float, through shared mem
 on a GPU they are normalised there, on the CPU in the worker.
 
 GPU path (``ImageBytesData`` + ``GpuDecoder``): workers only read the bytes and parse the header
-(size, for the crop); ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG) decodes the batch on
-the GPU, which then crops, resizes (antialiased bilinear), flips and normalises.
+(size, for the crop); the batch is decoded on the GPU, which then crops, resizes (bilinear), flips
+and normalises. ``--data-decoder`` picks the decoder (``gpu_decoder``): ``torchvision``
+(``torchvision.io.decode_jpeg(device="cuda")``: nvJPEG's CUDA kernels, on the SMs beside the
+training's) or ``nvimgcodec`` (nvImageCodec: the hardware JPEG decoders of an A100/H100/H200, NVJPG
+engines that leave the SMs to the training, with nvJPEG's CUDA decoder for what they cannot take);
+``auto`` takes nvimgcodec where it imports and the GPU has hardware decoders, else torchvision.
 
 Corrupt or truncated files are skipped and counted, not fatal: the next file of the data set takes
 the sample's place (so a batch keeps its size) and the record lists the count and the first
@@ -23,10 +27,14 @@ broken data set, not a bad file.
 """
 from __future__ import annotations
 
+import collections
 import io
 import math
 import os
+import re
 import struct
+import sys
+import tempfile
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -230,19 +238,221 @@ def collate_bytes(items: list):
             [it[3] for it in items], _meta(items, 4, 5))
 
 
-def torchvision_decoder(device: torch.device) -> tuple[Callable[[list[torch.Tensor]], list[torch.Tensor]], str]:
-    """torchvision.io.decode_jpeg on ``device`` (nvJPEG on CUDA), or a ConfigError saying how to install."""
+TORCHVISION_INSTALL = "pip install torchvision matching this torch"
+NVIMGCODEC_INSTALL = ("pip install 'dlscale[nvimgcodec]' (nvidia-nvimgcodec-cu13 with nvidia-nvjpeg; for a CUDA 12 "
+                      "torch: pip install 'nvidia-nvimgcodec-cu12[nvjpeg]')")
+NVIMGCODEC_CPU_THREADS = 4  # nvImageCodec's host threads (JPEG parsing); the cores stay with the training and readers
+DecodeFn = Callable[[list[torch.Tensor]], list[Any]]
+
+
+def _torchvision():
+    """torchvision, or None where it does not import."""
     try:
         import torchvision
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.io import decode_jpeg  # noqa: F401
     except ImportError:
+        return None
+    return torchvision
+
+
+def torchvision_decoder(device: torch.device) -> tuple[DecodeFn, str]:
+    """torchvision.io.decode_jpeg on ``device`` (nvJPEG on CUDA), or a ConfigError saying how to install."""
+    torchvision = _torchvision()
+    if torchvision is None:
         raise ConfigError("data-decode gpu needs torchvision (nvJPEG through torchvision.io.decode_jpeg): "
-                          "pip install torchvision matching this torch") from None
+                          f"{TORCHVISION_INSTALL}")
+    from torchvision.io import ImageReadMode, decode_jpeg
 
     def decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 
     return decode, f"torchvision {torchvision.__version__} io.decode_jpeg on {device.type} (nvJPEG)"
+
+
+# nvImageCodec prints, when imported, one message per codec library it cannot load; only libnvjpeg matters here
+_NVJPEG_MISSING = re.compile(r"failed to load nvjpeg library|\[nvjpeg-ext\] failed to load", re.IGNORECASE)
+_OTHER_CODECS = re.compile(r"nvjpeg2k|nvjpeg2000|nvtiff|nvcomp", re.IGNORECASE)
+_NVIMG: dict[str, Any] = {}
+
+
+def _import_nvimgcodec():
+    """``from nvidia import nvimgcodec`` with what its extension loaders print on file descriptor 2
+    captured: (module or None, the captured text, the import error or None)."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            try:
+                from nvidia import nvimgcodec
+                err = None
+            except (ImportError, OSError) as e:
+                nvimgcodec, err = None, e
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    return nvimgcodec, text, err
+
+
+def nvimgcodec_status():
+    """(nvidia.nvimgcodec or None, why it cannot decode JPEGs here or None), imported once per process.
+    Imports without a GPU; its messages about codecs dlscale does not use (JPEG 2000, TIFF) are
+    dropped, others passed on to stderr."""
+    if "module" not in _NVIMG:
+        module, text, err = _import_nvimgcodec()
+        why = None
+        if err is not None:
+            missing = isinstance(err, ModuleNotFoundError) and (err.name or "").startswith("nvidia")
+            why = ("nvImageCodec (nvidia-nvimgcodec-cu13) is not installed" if missing
+                   else f"nvImageCodec does not import: {type(err).__name__}: {str(err)[:120]}")
+            module = None
+        elif _NVJPEG_MISSING.search(text):
+            why = "nvImageCodec is installed but cannot load libnvjpeg (CUDA's nvJPEG: the nvidia-nvjpeg wheel)"
+        keep = [ln for ln in text.splitlines() if ln.strip() and not _OTHER_CODECS.search(ln)
+                and not (why and "nvjpeg" in ln.lower())]
+        if keep:
+            sys.stderr.write("\n".join(keep) + "\n")
+        _NVIMG.update(module=module, why=why)
+    return _NVIMG["module"], _NVIMG["why"]
+
+
+def check_gpu_decoder(choice: str) -> None:
+    """The launcher's check of ``--data-decoder`` (no CUDA context is made): the chosen library
+    imports, or ConfigError (one line) naming what is missing and how to install it."""
+    if choice == "torchvision":
+        torchvision_decoder(torch.device("cuda"))
+        return
+    if choice == "nvimgcodec":
+        _, why = nvimgcodec_status()
+        if why is not None:
+            raise ConfigError(f"data-decoder nvimgcodec: {why}; {NVIMGCODEC_INSTALL}")
+        return
+    if _torchvision() is None and nvimgcodec_status()[1] is not None:
+        raise ConfigError(f"data-decode gpu needs torchvision (nvJPEG through torchvision.io.decode_jpeg) or "
+                          f"nvImageCodec (hardware JPEG decoders): {TORCHVISION_INSTALL}, or "
+                          f"{NVIMGCODEC_INSTALL.split(' (')[0]}")
+
+
+def _probe_jpeg() -> bytes:
+    """A small baseline 4:2:0 JPEG (what ImageNet's files are), made with Pillow."""
+    Image = pil()
+    y, x = np.mgrid[0:192, 0:256]
+    rgb = np.stack([x, y, (x + y) // 2], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=90, subsampling=2)
+    return buf.getvalue()
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def nvimgcodec_hardware(nv, device: torch.device) -> bool:
+    """Whether this GPU's hardware JPEG decoders take a baseline JPEG through nvImageCodec (a
+    decoder allowed only the HW_GPU_ONLY backend decodes one; False where it cannot or raises)."""
+    try:
+        dec = nv.Decoder(device_id=_cuda_index(device), max_num_cpu_threads=1,
+                         backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
+        img = dec.decode([nv.CodeStream(_probe_jpeg())])[0]
+    except Exception:  # noqa: BLE001 - any failure means: no usable hardware decoder
+        return False
+    return img is not None
+
+
+def _chw(img, device: torch.device) -> torch.Tensor:
+    """A decoded nvImageCodec image (HWC uint8 on the GPU) as a CHW torch view, zero-copy: DLPack
+    (torch hands its current stream to the producer), else the CUDA array interface."""
+    try:
+        t = torch.from_dlpack(img)
+    except (TypeError, RuntimeError, BufferError, AttributeError):
+        t = torch.as_tensor(img, device=device)
+    return t.permute(2, 0, 1)
+
+
+class NvimgcodecDecode:
+    """nvImageCodec as ``GpuDecoder``'s decode: a batch of JPEG bytes in one ``Decoder.decode``
+    call on the current CUDA stream (the input thread's own, in the Prefetcher), which the decoder
+    synchronises its output with; each image a CHW view of nvImageCodec's buffer, None where it
+    could not decode (Pillow takes those). ``batch_done()`` (GpuDecoder, after the batch's crop is
+    queued) marks the stream point after which the batch's buffers and source bytes are no longer
+    read: they are held until the GPU passes it, so neither is freed under a queued copy."""
+
+    HOLD = 4  # batches held at most; the oldest is waited for past that (normally long finished)
+
+    def __init__(self, nv, device: torch.device, hardware: bool):
+        self.nv, self.device = nv, device
+        kinds = [nv.BackendKind.HW_GPU_ONLY, nv.BackendKind.GPU_ONLY] if hardware else [nv.BackendKind.GPU_ONLY]
+        self.decoder = nv.Decoder(device_id=_cuda_index(device), max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
+                                  backends=[nv.Backend(k) for k in kinds])
+        # RGB as torchvision's ImageReadMode.RGB; no EXIF rotation: the crop box comes from the header
+        # as stored (Pillow's size), the same on the CPU path
+        self.params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
+                                      allow_any_depth=False)
+        self._pending: list = []
+        self._held: collections.deque = collections.deque()
+
+    def __call__(self, datas: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        while self._held and (len(self._held) > self.HOLD or self._held[0][0].query()):
+            self._held.popleft()[0].synchronize()
+        stream = torch.cuda.current_stream(self.device)
+        srcs = [self.nv.CodeStream(d.numpy()) for d in datas]
+        imgs = self.decoder.decode(srcs, params=self.params, cuda_stream=stream.cuda_stream)
+        self._pending.append((datas, srcs, imgs))
+        return [None if im is None else _chw(im, self.device) for im in imgs]
+
+    def batch_done(self) -> None:
+        if self._pending:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._held.append((event, self._pending))
+            self._pending = []
+
+
+def nvimgcodec_decoder(device: torch.device, hardware: bool | None = None) -> tuple[NvimgcodecDecode, str, str]:
+    """nvImageCodec's decode on ``device``, its name for the record and its backend ("hardware":
+    the NVJPG engines, nvJPEG's CUDA decoder for what they cannot take; "cuda": the probe found no
+    hardware decoder, so CUDA only). ``hardware`` None: probed. ConfigError where nvImageCodec
+    cannot decode JPEGs here."""
+    nv, why = nvimgcodec_status()
+    if why is not None:
+        raise ConfigError(f"data-decoder nvimgcodec: {why}; {NVIMGCODEC_INSTALL}")
+    if hardware is None:
+        hardware = nvimgcodec_hardware(nv, device)
+    # the hardware backend is allowed either way (nvImageCodec passes over it where it cannot decode):
+    # the probe names the backend in the record, it does not choose it
+    decode = NvimgcodecDecode(nv, device, hardware=True)
+    where = f"cuda:{_cuda_index(device)}"
+    if hardware:
+        how = f"hardware JPEG decoder (NVJPG), CUDA nvJPEG where it cannot; {NVIMGCODEC_CPU_THREADS} CPU threads"
+    else:
+        how = "CUDA nvJPEG: its hardware backend decoded no probe JPEG on this GPU"
+    return decode, f"nvImageCodec {nv.__version__} on {where} ({how})", "hardware" if hardware else "cuda"
+
+
+def gpu_decoder(device: torch.device, choice: str = "auto") -> tuple[DecodeFn, str, str, str]:
+    """``--data-decoder`` resolved on this GPU: (decode, name for the record, decoder: torchvision |
+    nvimgcodec, backend: hardware | cuda). auto: nvImageCodec where it imports and its hardware
+    backend decodes (a probe image), else torchvision, else nvImageCodec on CUDA; the name says
+    why auto did not take the hardware decoders."""
+    if choice == "torchvision" or device.type != "cuda":
+        decode, name = torchvision_decoder(device)
+        return decode, name, "torchvision", device.type
+    if choice == "nvimgcodec":
+        decode, name, backend = nvimgcodec_decoder(device)
+        return decode, name, "nvimgcodec", backend
+    nv, why = nvimgcodec_status()
+    if why is None:
+        if nvimgcodec_hardware(nv, device):
+            decode, name, backend = nvimgcodec_decoder(device, hardware=True)
+            return decode, f"{name}; chosen by auto", "nvimgcodec", backend
+        why = "no hardware JPEG decoder nvImageCodec can use on this GPU"
+    if _torchvision() is None and nv is not None and "libnvjpeg" not in why:
+        decode, name, backend = nvimgcodec_decoder(device, hardware=False)
+        return decode, f"{name}; auto: torchvision is not installed", "nvimgcodec", backend
+    decode, name = torchvision_decoder(device)
+    return decode, f"{name}; auto: {why}", "torchvision", "cuda"
 
 
 def _pil_chw(data: torch.Tensor) -> torch.Tensor:
@@ -284,14 +494,17 @@ def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device)
 
 class GpuDecoder:
     """Batch decode + augment on a device. Non-JPEG files (PNG) and files the batched decoder
-    rejects are decoded by Pillow on the host and counted (``fallbacks``); files neither can read
-    are replaced by another image of the batch and counted as bad."""
+    rejects (an exception, or None in its place) are decoded by Pillow on the host and counted
+    (``fallbacks``); files neither can read are replaced by another image of the batch and counted
+    as bad. ``decode``: a list of file bytes -> a list of CHW uint8 images (or None each)."""
 
-    def __init__(self, device: torch.device, size: int, channels_last: bool,
-                 decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None, name: str | None = None):
+    def __init__(self, device: torch.device, size: int, channels_last: bool, decode: DecodeFn | None = None,
+                 name: str | None = None, decoder: str = "auto"):
         self.device, self.size, self.channels_last = device, size, channels_last
+        self.kind: str | None = None  # torchvision | nvimgcodec (None: a decode given by the caller)
+        self.backend: str | None = None  # hardware | cuda
         if decode is None:
-            decode, name = torchvision_decoder(device)
+            decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"
 
     def _decode_all(self, datas: list[torch.Tensor]) -> tuple[list[torch.Tensor | None], int]:
@@ -328,6 +541,9 @@ class GpuDecoder:
         imgs = [im if im is not None else imgs[good[i % len(good)]]  # unreadable: another image of the batch
                 for i, im in enumerate(imgs)]
         out = _crop_resize_flip(imgs, boxes, flips, self.size, self.device)
+        done = getattr(self.decode, "batch_done", None)
+        if done is not None:  # the decoded images are read by the work queued so far, no later
+            done()
         mean, std = _mean_std(self.device)
         out = out.sub_(mean).div_(std)
         if self.channels_last:

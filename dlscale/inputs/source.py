@@ -4,7 +4,9 @@
 call it inside the window). ``LoaderSource`` reads real data through ``torch.utils.data.DataLoader``
 (worker processes, pinned memory, prefetch, persistent workers) and, on a GPU, finishes every batch
 on the device one step ahead in a background thread on its own CUDA stream: the copy from pinned
-memory (non-blocking), normalisation, or the whole decode (``--data-decode gpu``). ``next()``
+memory (non-blocking), normalisation, or the whole decode (``--data-decode gpu``; nvImageCodec's
+hardware decode too: it is given that stream, and the event recorded after ``finish`` covers its
+output). ``next()``
 refills ``batches`` in place (the list the step closes over) and returns it.
 
 The worker times ``next()`` with the host clock: that is the wait for data at the loader boundary.
@@ -146,6 +148,10 @@ class LoaderInfo:
     global_batch: int
     n_samples: int
     micro_batches_per_epoch: int
+    # GPU decode: the library that decoded (torchvision | nvimgcodec; --data-decoder auto resolved)
+    # and its backend (hardware: the GPU's JPEG engines; cuda: nvJPEG's CUDA kernels on the SMs)
+    gpu_decoder: str | None = None
+    decoder_backend: str | None = None
 
 
 @dataclass
@@ -358,10 +364,14 @@ class Reader:
     finish_on: str
     paths: list[str]  # the files (page cache)
     data_kind: str
+    gpu_decoder: str | None = None  # GPU decode: torchvision | nvimgcodec
+    decoder_backend: str | None = None  # GPU decode: hardware | cuda
 
 
-def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int) -> Reader:
-    """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``."""
+def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
+                decoder: str = "auto") -> Reader:
+    """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
+    (``decoder``: --data-decoder, for GPU decode)."""
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -373,8 +383,9 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         channels_last = bool(model.channels_last) and cuda
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
-            gpu = images.GpuDecoder(device, size, channels_last)
-            return Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", paths, kind)
+            gpu = images.GpuDecoder(device, size, channels_last, decoder=decoder)
+            return Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", paths, kind, gpu.kind,
+                          gpu.backend)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
         if not cuda:
             return Reader(ds, images.collate_normalized, _cpu_finish, images.decoder_name(), "worker", paths, kind)
@@ -408,7 +419,7 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
         prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0)
     info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, reader.decoder, reader.finish_on, cuda,
                       PREFETCH_FACTOR if workers else None, workers > 0, sampler.b, sampler.g, sampler.n,
-                      sampler.per_epoch)
+                      sampler.per_epoch, reader.gpu_decoder, reader.decoder_backend)
     src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache)
     src.next()
     return src
@@ -423,7 +434,7 @@ def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank:
         return SyntheticSource(make_synthetic())
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
-    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed)
+    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder)
     sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
     page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped

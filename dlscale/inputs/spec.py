@@ -18,6 +18,9 @@ from dlscale import ConfigError
 KINDS = ("synthetic", "imagefolder", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 DECODE_DEVICES = ("cpu", "gpu")
+# which library decodes JPEGs with --data-decode gpu (dlscale/inputs/images.py, docs/data.md); auto:
+# nvimgcodec where it imports and the GPU has hardware JPEG decoders, else torchvision
+GPU_DECODERS = ("auto", "torchvision", "nvimgcodec")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # what a model's ``ModelSpec.data_kind`` may say: the batch layout a real-data reader must produce
 DATA_KINDS = ("image", "causal-lm", "mlm-nsp")
@@ -76,21 +79,27 @@ def workers_arg(text: str) -> int | None:
         raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
 
 
-def check_fields(data: str, workers: int | None, decode: str, cold_read: bool) -> DataSpec:
+def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto") -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"data-workers must be an integer >= 0 (0: load in the training process), got {workers!r}")
     if decode not in DECODE_DEVICES:
         raise ConfigError(f"unknown data-decode {decode!r}; choose one of: {', '.join(DECODE_DEVICES)}")
+    if decoder not in GPU_DECODERS:
+        raise ConfigError(f"unknown data-decoder {decoder!r}; choose one of: {', '.join(GPU_DECODERS)}")
     if spec.synthetic:
         given = [n for n, v, d in (("data-workers", workers, None), ("data-decode", decode, "cpu"),
-                                   ("data-cold-read", cold_read, False)) if v != d]
+                                   ("data-decoder", decoder, "auto"), ("data-cold-read", cold_read, False))
+                 if v != d]
         if given:
             raise ConfigError(f"{', '.join(given)} needs --data imagefolder:PATH or tokens:PATH "
                               f"(synthetic batches are made once, on the device)")
     if decode == "gpu" and spec.kind != "imagefolder":
         raise ConfigError(f"data-decode gpu decodes images; --data {data} is {spec.kind}")
+    if decoder != "auto" and decode != "gpu":
+        raise ConfigError(f"data-decoder {decoder} chooses the GPU's JPEG decoder: it needs --data-decode gpu "
+                          f"(CPU decode is Pillow's)")
     if cold_read and not hasattr(os, "posix_fadvise"):
         raise ConfigError("data-cold-read needs posix_fadvise (Linux and most Unix); this OS has none")
     return spec
