@@ -66,6 +66,7 @@ GPU_METRICS = (
 # Host metrics: the per-sample key is also the summary key stem.
 HOST_METRICS = (
     "cpu_util_pct",
+    "cpu_steal_pct",
     "host_mem_used_bytes",
     "proc_rss_bytes",
     "disk_read_bps",
@@ -352,6 +353,7 @@ class _Collector:
         self.meta["case_cores"] = self.cores
         # Prime the since-last-call counters.
         psutil.cpu_percent(percpu=True)
+        psutil.cpu_times_percent()
         self._prev_t = time.monotonic()
         self._prev_disk = self._disk()
         self._prev_net = self._net()
@@ -509,6 +511,10 @@ class _Collector:
         per_core = ps.cpu_percent(percpu=True)
         s["cpu_util_pct"] = round(sum(per_core) / len(per_core), 2) if per_core else None
         s["cpu_util_per_core"] = [round(x, 1) for x in per_core]
+        # steal: time the hypervisor ran another guest on this VM's CPUs (Linux; else absent). A
+        # neighbour's load shows here, not in any process of this machine.
+        steal = getattr(ps.cpu_times_percent(), "steal", None)
+        s["cpu_steal_pct"] = round(steal, 2) if steal is not None else None
         try:
             s["host_mem_used_bytes"] = int(ps.virtual_memory().used)
         except Exception:

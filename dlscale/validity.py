@@ -35,6 +35,7 @@ class Thresholds:
     stall_factor: float = 3.0  # a step longer than this x its repeat's median step is a stall
     max_stall_share: float = 0.02  # stalls' time beyond the median, share of the repeat's window
     max_other_cpu_pct: float = 10.0  # CPU used by processes outside the case, % of the case's cores
+    max_steal_pct: float = 5.0  # CPU time the hypervisor gave other guests, % of the host's CPU time
     max_throttle_frac: float = 0.05  # share of GPU samples with a thermal/hardware clock slowdown
     noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
 
@@ -267,7 +268,7 @@ def _check_load(rec, t: Thresholds, v: Validity) -> None:
     if not utils:
         reason = "no utilisation sampled (--no-monitor)" if _cfg(rec).get("monitor") is False \
             else "no utilisation in the record"
-        for check in ("competing_cpu",) + gpu_checks:
+        for check in ("competing_cpu", "cpu_steal") + gpu_checks:
             v.unchecked[check] = reason
         return
     other = [(_num(u.get("other_cpu_pct_mean")), _num(u.get("other_cpu_cores_mean"))) for u in utils]
@@ -281,6 +282,14 @@ def _check_load(rec, t: Thresholds, v: Validity) -> None:
             v.flags.append(Flag("competing_cpu", f"other processes used {pct:.1f} % of the case's CPU cores{extra} "
                                 f"during the window (limit {t.max_other_cpu_pct:g} %)", WARN, pct,
                                 t.max_other_cpu_pct))
+    steal = [_num(u.get("cpu_steal_pct_mean")) for u in utils]
+    steal = [x for x in steal if x is not None]
+    if not steal:
+        v.unchecked["cpu_steal"] = "no steal time sampled (not a Linux VM, or an older record)"
+    elif max(steal) > t.max_steal_pct:
+        v.flags.append(Flag("cpu_steal", f"the hypervisor gave {max(steal):.1f} % of the host's CPU time to other "
+                            f"guests during the window (limit {t.max_steal_pct:g} %): a figure bound by the host "
+                            "may be low", WARN, max(steal), t.max_steal_pct))
     if not gpu_checks:
         return
     gpu_utils = [u for u in utils if u.get("nvml") and (u.get("n_gpus") or 0) > 0]

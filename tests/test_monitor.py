@@ -210,6 +210,7 @@ def test_host_memory_and_process_tree_rss():
     own = psutil.Process().memory_info().rss
     assert out["proc_rss_bytes_max"] >= own + (60 << 20)
     assert 0 < out["host_mem_used_bytes_mean"] <= psutil.virtual_memory().total
+    assert 0.0 <= out["cpu_steal_pct_mean"] <= 100.0  # Linux: psutil reports steal (0 on bare metal)
 
 
 # ---------------------------------------------------------------------------- NVML
@@ -446,7 +447,8 @@ def test_series_file_written_as_it_goes(tmp_path):
     assert len(samples) == len(s.series()) >= on_disk_while_running
     ts = [x["t"] for x in samples]
     assert ts == sorted(ts) and abs(ts[-1] - time.time()) < 5
-    assert {"t", "dt", "cpu_util_pct", "cpu_util_per_core", "disk_write_bps", "net_recv_bps", "gpus"} <= set(samples[0])
+    assert {"t", "dt", "cpu_util_pct", "cpu_steal_pct", "cpu_util_per_core", "disk_write_bps", "net_recv_bps",
+            "gpus"} <= set(samples[0])
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def record(rid: str = "r-sound", *, devices: int = 1, samples=(100.0, 101.0, 99.
            "monitor": True, "sample_interval": 0.1, "breakdown": False, "profile": False, "inject_failure": None}
     base_util = {"nvml": device == "cuda", "n_gpus": 1 if device == "cuda" else 0, "n_samples": 20,
                  "cpu_util_pct_mean": 50.0, "other_cpu_pct_mean": 2.0, "other_cpu_cores_mean": 0.04,
-                 "case_n_cores": 2}
+                 "case_n_cores": 2, "cpu_steal_pct_mean": 0.5}
     if device == "cuda":
         base_util.update({"gpu_throttle_frac": 0.0, "gpu_throttle_reasons": [], "gpu_pids_comparable": True,
                           "gpu_foreign_procs_max": 0, "gpu_foreign_pids": []})
@@ -72,6 +72,7 @@ RECORD_CONDITIONS = [
     ("stall", validity.WARN, lambda: record("r-stall", step_ms=[100.0] * 10 + [400.0] + [100.0] * 9)),
     ("competing_cpu", validity.WARN, lambda: record("r-cpu", util={"other_cpu_pct_mean": 45.0,
                                                                     "other_cpu_cores_mean": 0.9})),
+    ("cpu_steal", validity.WARN, lambda: record("r-steal", util={"cpu_steal_pct_mean": 12.5})),
     ("throttled", validity.WARN, lambda: record("r-throttle", device="cuda", util={
         "gpu_throttle_frac": 0.4, "gpu_throttle_reasons": ["hw_thermal_slowdown"]})),
     ("competing_gpu", validity.WARN, lambda: record("r-gpu", device="cuda", util={
@@ -125,7 +126,8 @@ def test_unchecked_checks_say_why():
     rec["utilisation"] = None
     rec["config"]["monitor"] = False
     v = validity.assess(rec)
-    assert v.unchecked["competing_cpu"] == "no utilisation sampled (--no-monitor)"
+    assert v.unchecked["competing_cpu"] == v.unchecked["cpu_steal"] == "no utilisation sampled (--no-monitor)"
+    assert "older record" in validity.assess(record("no-steal", util={"cpu_steal_pct_mean": None})).unchecked["cpu_steal"]
     old = record("old", device="cuda", util={"other_cpu_pct_mean": None})
     for r in old["repeats"]:
         for k in ("gpu_throttle_frac", "gpu_pids_comparable"):
