@@ -46,6 +46,8 @@ def records(store):
      "--metric is the regex parser's"),
     (["--command", "python x.py", "--parser", "megatron", "--breakdown"], "--breakdown does not apply to --command"),
     (["--command", "python x.py", "--parser", "megatron", "--flavor", "tiny"], "--flavor does not apply"),
+    (["--command", "python x.py", "--parser", "megatron", "--data-decoder", "torchvision"],
+     "--data-decoder does not apply"),
     (["--command", "python x.py", "--parser", "megatron", "--batch-size", "max"], "--batch-size max does not apply"),
     (["--command", "python x.py", "--parser", "megatron", "--precision", "fp4"], "unknown precision 'fp4'"),
     (["--command", "python x.py", "--parser", "megatron", "--cwd", "/no/such/dir"], "is not a directory"),

@@ -866,3 +866,13 @@ def test_micro_io_generates_data_that_fits_the_models(tmp_path):
     for model in ("gpt2", "bert-base"):  # one token file inside both tiny vocabularies
         check_case(RunConfig(model=model, flavor="tiny", data=specs["tokens"], batch_size=2, device="cpu"))
     assert dataset_info.token_count(tok) == 5000
+
+
+def test_case_words_name_the_data_and_the_decoder_asked_for():
+    from dlscale import inputs
+
+    assert inputs.case_words("synthetic") == ""
+    assert inputs.case_words("tokens:/t.bin", "cpu", "auto") == "data tokens:/t.bin"
+    assert inputs.case_words("imagefolder:/d", "cpu", "nvimgcodec") == "data imagefolder:/d (cpu decode)"
+    assert inputs.case_words("imagefolder:/d", "gpu", "auto") == "data imagefolder:/d (gpu decode)"
+    assert inputs.case_words("imagefolder:/d", "gpu", "nvimgcodec") == "data imagefolder:/d (gpu decode by nvimgcodec)"

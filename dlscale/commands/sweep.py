@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import ConfigError, DlscaleError
+from dlscale import ConfigError, DlscaleError, inputs
 from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
 
@@ -97,7 +97,7 @@ def describe(cfg: RunConfig, found: str = "") -> str:
     if cfg.env:
         parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
     if cfg.data != "synthetic":
-        parts.append(f"data {cfg.data}" + (f" ({cfg.data_decode} decode)" if cfg.data.startswith("imagefolder:") else ""))
+        parts.append(inputs.case_words(cfg.data, cfg.data_decode, cfg.data_decoder))
     if cfg.label:
         parts.append(f"[{cfg.label}]")
     return " ".join(parts)

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dlscale import ConfigError, validity
+from dlscale import ConfigError, inputs, validity
 from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
 from dlscale.fmt import MISSING, md_table
 from dlscale.fmt import fmt_num as fmt
@@ -150,9 +150,7 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
         out.append(str(cfg.get("compile_mode")))
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
-    if cfg.get("data", "synthetic") != "synthetic":  # real input data (docs/data.md)
-        decode = f" ({cfg.get('data_decode', 'cpu')} decode)" if str(cfg["data"]).startswith("imagefolder:") else ""
-        out.append(f"data {cfg['data']}{decode}")
+    out.append(inputs.case_words(cfg.get("data", "synthetic"), cfg.get("data_decode"), cfg.get("data_decoder")))
     return [x for x in out if x]
 
 
