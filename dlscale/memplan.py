@@ -361,7 +361,10 @@ def _gathered(layout: Layout, part: dict, block_dev: float, bf16_params: bool, a
         b = 2 if bf16_params else 4
         if layout.zero == 2:  # everything gathered from forward to backward
             return b * (part["blocks"] * block_dev + part["other"])
-        return b * (part["other"] + min(2, part["blocks"]) * block_dev)  # the root unit and two blocks
+        # the root unit and two units in flight (the one running and the one prefetched), each of
+        # blocks_per_unit blocks
+        k = max(1, int((layout.options or {}).get("blocks_per_unit") or 1))
+        return b * (part["other"] + min(2 * k, part["blocks"]) * block_dev)
     if amp:  # autocast's bf16 cast of every weight, kept for the backward
         return 2 * ((part["blocks"] * block_dev if block_casts else 0) + part["other"])
     return 0.0

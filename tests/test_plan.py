@@ -131,6 +131,9 @@ def test_strategy_terms_by_hand():
     block = arch.block_params()
     other = P - arch.n_layers * block
     assert z3.weight_copies == 2 * (other + 2 * block)  # bf16 root unit + two gathered blocks
+    z3k = plan_memory(work, Layout("fsdp", dp_shard=8, zero=3, fsdp_params_bf16=True,
+                                   options={"blocks_per_unit": 4}), 1)
+    assert z3k.weight_copies == 2 * (other + 8 * block)  # two units of 4 blocks in flight
     z2 = plan_memory(work, Layout("fsdp", dp_shard=8, zero=2, fsdp_params_bf16=True), 1)
     assert z2.weight_copies == 2 * P  # gathered from forward to backward
     # FSDP's bf16 parameters make the residual stream bf16: the checkpointed input is 2 h per token
