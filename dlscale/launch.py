@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, fp8, frameworks, inputs, metrics, validity
+from dlscale import envinfo, fp8, frameworks, inputs, metrics, stacks, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
@@ -81,13 +81,15 @@ def killed_ranks(tail: str) -> list[tuple[int, str]]:
 
 
 def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int, tail: str,
-             started: dict[int, int] | None = None, stopped_pids: list[int] | None = None) -> tuple[str, str | None]:
+             started: dict[int, int] | None = None, stopped_pids: list[int] | None = None,
+             rank_stacks: dict[int, list] | None = None) -> tuple[str, str | None]:
     """(status, error) of one repeat from the process result and the ranks' own reports.
 
     ``started``: rank -> pid of the ranks that started (``read_started``); ``stopped_pids``:
     processes found stopped when the time limit struck. A rank that stalls is named as the cause
     (``timeout``), not the healthy peer that gave up waiting for it in a collective; a rank
-    killed by a signal is named with the signal.
+    killed by a signal is named with the signal. ``rank_stacks``: rank -> main-thread frames dumped at
+    the time limit (dlscale/stacks.py): the unfinished ranks are named with where they were.
     """
     everyone = sorted(set(range(world)) | set(started or {}))
     reported = {r["rank"] for r in ranks}
@@ -103,7 +105,8 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
         if started is not None and set(started) and set(everyone) - set(started):
             never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
             return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
-        return "timeout", f"time limit reached{held}; ranks not finished: {hung}"
+        seen = stacks.summary(rank_stacks or {}, hung)
+        return "timeout", f"time limit reached{held}; ranks not finished: {hung}" + (f". {seen}" if seen else "")
     join = _JOIN_TIMEOUT.search(tail) if not ranks else None
     if join:
         joined = f" ({join.group(1)} of {join.group(2)} nodes joined)" if join.group(1) else ""
@@ -277,7 +280,9 @@ class TorchrunSpawner:
         try:
             return spawn_torchrun(module, ["--config", str(workdir / "config.json"), "--out", str(workdir)],
                                   self._nproc(cfg), cfg.time_limit, env={**(self.env or {}), **env}, rdzv=self.rdzv,
-                                  on_line=self.on_line)
+                                  on_line=self.on_line,
+                                  on_deadline=lambda stopped: stacks.request(workdir, read_started(workdir),
+                                                                             skip=set(stopped)))
         finally:
             if hasattr(self.on_line, "close"):
                 self.on_line.close()  # a phase the workers never ended (a crash) stops ticking
@@ -320,14 +325,17 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
                 proc = spawner.start(cfg, workdir, env)
                 rank_results = read_rank_files(workdir)
                 started = read_started(workdir)
+                rank_stacks = stacks.read(workdir) if proc.timed_out else {}
                 series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
             status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
                                          proc.output_tail, started=started or None,
-                                         stopped_pids=getattr(proc, "stopped_pids", None))
+                                         stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
             entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
             if status_i == "ok" and proc.returncode != 0:
                 entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
             entry["series"] = series
+            if rank_stacks:  # timed out: where each rank was (innermost frame, and dlscale's)
+                entry["rank_stacks"] = {str(r): stacks.where(f) for r, f in sorted(rank_stacks.items())}
             rec.repeats.append(entry)
             if i == 0:
                 rec.ranks = [{k: r.get(k) for k in RANK_KEYS} for r in rank_results]

@@ -333,8 +333,11 @@ def _settle(tree: _Tree, wait: float = 2.0) -> None:
 
 def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = None,
           on_line: Callable[[str], None] | None = None, tail_lines: int = 200,
-          cwd: str | None = None) -> ProcResult:
+          cwd: str | None = None, on_deadline: Callable[[list[int]], None] | None = None) -> ProcResult:
     """Run ``cmd`` in a new session; kill the whole tree once ``time_limit`` seconds pass.
+
+    ``on_deadline(stopped_pids)`` runs when the time limit strikes, before the tree is killed
+    (the launcher asks the ranks where they are: dlscale/stacks.py); its failures are ignored.
 
     Output (stdout and stderr merged) is streamed line by line to ``on_line`` and its last
     ``tail_lines`` lines are kept for the error text of a failed case. The tree ends with this
@@ -375,6 +378,9 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
                     timed_out = True
                     tree.refresh()
                     stopped = tree.stopped()
+                    if on_deadline is not None:
+                        with contextlib.suppress(Exception):
+                            on_deadline(list(stopped))
                     kill_tree(proc, tree=tree)
                     break
                 try:
@@ -398,7 +404,8 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
 
 def spawn_torchrun(module: str, module_args: Sequence[str], nproc_per_node: int, time_limit: float,
                    env: dict[str, str] | None = None, rdzv: Rendezvous | None = None,
-                   on_line: Callable[[str], None] | None = None) -> ProcResult:
+                   on_line: Callable[[str], None] | None = None,
+                   on_deadline: Callable[[list[int]], None] | None = None) -> ProcResult:
     """Start ``python -m module`` on ``nproc_per_node`` ranks through torchrun, bounded in time."""
     return spawn(torchrun_command(module, module_args, nproc_per_node, rdzv), time_limit, env=env,
-                 on_line=on_line)
+                 on_line=on_line, on_deadline=on_deadline)

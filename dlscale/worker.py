@@ -33,7 +33,7 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, fp8, multinode, parity, precision, progress  # noqa: E402
+from dlscale import checkpointing, fp8, multinode, parity, precision, progress, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     result["marks"] = {"started": _STARTED, "imported": time.time()}
     out = Path(args.out) / f"rank{denv.rank}.json"
     write_started(Path(args.out), denv.rank)
+    stacks.arm(Path(args.out), denv.rank)  # the launcher asks where this rank is if time runs out
     code = 0
     try:
         progress.phase("rendezvous", "start", denv.rank)

@@ -238,6 +238,10 @@ def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
     assert elapsed < 60
     rec = one_record(tmp_path)
     assert rec["status"] == "timeout" and "time limit" in rec["error"]
+    where = rec["repeats"][0].get("rank_stacks") or {}
+    if "1" in where:  # rank 1 started before the limit (the usual case): it is named where it hung
+        assert where["1"].startswith("dlscale/worker.py:") and " in check" in where["1"], where
+        assert "stalled outside any collective: rank 1 at dlscale/worker.py:" in rec["error"], rec["error"]
     # nothing of the killed case may survive (its own processes: other runs on the machine may be going on)
     assert tagged(tag) == []
 

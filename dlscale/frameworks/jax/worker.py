@@ -32,7 +32,7 @@ from typing import Any
 
 _STARTED = time.time()
 
-from dlscale import procs  # noqa: E402
+from dlscale import procs, stacks  # noqa: E402
 
 if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (procs.py)
     procs.die_with_parent()
@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) / f"rank{rank}.json"
     with contextlib.suppress(OSError):  # the launcher names stalled ranks by this (launch.py)
         (Path(args.out) / f"started-rank{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
+    stacks.arm(Path(args.out), rank)  # the launcher asks where this rank is if time runs out
     code = 0
     try:
         configure_jax(device_type, rank, ids[1], ids[2], cfg.collective_timeout)
