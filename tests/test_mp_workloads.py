@@ -10,6 +10,8 @@ Slow tier (torchrun, 2 or 4 CPU processes, shared through a module-scoped store)
 the sharded runs against the same global batch trained by one process (fp32; the in-process
 `single` run above) or, for the face model whose BatchNorm sees each rank's slice, against
 `ddp` on the same ranks; the exchange volumes in the records; and the DLPerf report over them.
+The torchrun cases the selected tests name (``@cases``) run two at a time when the first is read
+(tests/helpers_cli.py): a case spends much of its time on one core (torchrun's agent starting, the exit).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from dlscale.cli import main as cli_main
 from dlscale.config import RunConfig
 from dlscale.fmt import fmt_num
 from dlscale.models import count_parameters, get_model
+from helpers_cli import RunsAhead, cases
 
 REL = 1e-5  # fp32, one thread per process: measured differences ~1e-7 (face: ~2e-6, SGD lr 0.1 on a loss ~50)
 WARMUP = 3
@@ -490,25 +493,45 @@ def test_face_resized_head_trains(world1, tmp_path_factory):
 # ---------------------------------------------------------------- multi-process parity (torchrun, gloo)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("mp-store")
-
-
 _RECORDS: dict[tuple, dict] = {}
+_AHEAD: RunsAhead
 
 
-def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, accum: int = 1) -> dict:
-    key = (model, strategy, nproc, batch, opts, accum)
-    if key in _RECORDS:
-        return _RECORDS[key]
+def _key(model: str, strategy: str, nproc: int, batch: int, *opts: str, accum: int = 1) -> tuple:
+    """The key of one case, as _run takes its arguments."""
+    return (model, strategy, nproc, batch, opts, accum)
+
+
+def _args(store: Path, key: tuple) -> list[str]:
+    """`dlscale run` of the case ``key`` into ``store``."""
+    model, strategy, nproc, batch, opts, accum = key
     args = ["run", "--model", model, "--flavor", "tiny", "--strategy", strategy, "--nproc-per-node", str(nproc),
             "--batch-size", str(batch), "--grad-accum", str(accum), "--precision", "fp32", "--warmup", str(WARMUP),
             "--steps", str(STEPS), "--repeats", "1", "--device", "cpu", "--store", str(store), "--json",
             "--time-limit", "300"]
     for o in opts:
         args += ["-o", o]
-    rc, out, err = _cli(args)
+    return args
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, request) -> Path:
+    """The module's store; the cases the selected tests name (@cases) run into it two at a time
+    (tests/helpers_cli.py), all of them when the first is read."""
+    global _AHEAD
+    path = tmp_path_factory.mktemp("mp-store")
+    _AHEAD = RunsAhead(lambda key: _args(path, key), ahead=8)
+    _AHEAD.start(request)
+    yield path
+    _AHEAD.finish(request)
+
+
+def _run(store: Path, model: str, strategy: str, nproc: int, batch: int, *opts: str, accum: int = 1) -> dict:
+    key = _key(model, strategy, nproc, batch, *opts, accum=accum)
+    if key in _RECORDS:
+        return _RECORDS[key]
+    done = _AHEAD.take(key)
+    rc, out, err = (done.returncode, done.stdout, done.stderr) if done else _cli(_args(store, key))
     rec = json.loads(out[out.index("{"):])
     assert rec["status"] == "ok" and rc == 0, (rec["error"], (rec["repeats"] or [{}])[0].get("output_tail", "")[-3000:])
     _RECORDS[key] = rec
@@ -524,6 +547,7 @@ def _one_thread():
 
 
 @pytest.mark.slow
+@cases(_key("wide-deep", "embedding-shard", 2, 16, "shard=row", accum=2))
 def test_embedding_shard_row_matches_single(world1, tmp_path_factory, store):
     """2 ranks, row-wise, 2 accumulated micro-batches: the trained model's loss on the global batch."""
     ref = _here(tmp_path_factory, model="wide-deep", strategy="single", batch_size=32, grad_accum=2)
@@ -540,6 +564,7 @@ def test_embedding_shard_row_matches_single(world1, tmp_path_factory, store):
 
 
 @pytest.mark.slow
+@cases(_key("wide-deep", "embedding-shard", 4, 8, "shard=table", "shards=2"))
 def test_embedding_shard_table_2d_matches_single(world1, tmp_path_factory, store):
     """4 ranks, table-wise over groups of 2 (2 copies, their gradients all-reduced)."""
     ref = _here(tmp_path_factory, model="wide-deep", strategy="single", batch_size=32)
@@ -557,6 +582,7 @@ def test_embedding_shard_table_2d_matches_single(world1, tmp_path_factory, store
 
 
 @pytest.mark.slow
+@cases(_key("face", "ddp", 2, 8), _key("face", "partial-fc", 2, 8))
 def test_partial_fc_matches_ddp(store):
     """Class-sharded head (50 classes: 25 + 25) against ddp on the same 2 ranks (BatchNorm per rank in both)."""
     ref = _run(store, "face", "ddp", 2, 8)
@@ -570,6 +596,7 @@ def test_partial_fc_matches_ddp(store):
 
 
 @pytest.mark.slow
+@cases(_key("gpt2", "rpc-pipeline", 2, 8, accum=2))
 def test_rpc_pipeline_matches_single(world1, tmp_path_factory, store):
     """Two stages over RPC, 4 micro-batches, 2 accumulated batches: rank 0's per-step losses."""
     ref = _here(tmp_path_factory, model="gpt2", strategy="single", batch_size=8, grad_accum=2)
