@@ -5,8 +5,9 @@ folder, so the case's temp directories and every process whose command line name
 torchrun agent, the workers, the hardware sampler) belong to that test alone. Where the fault is
 dealt to dlscale itself (its signals, its memory limit) dlscale is a ``python -m dlscale``
 process; where it is dealt to the agent or a rank, dlscale runs in this process (tests/helpers_cli.py,
-~5 s of start-up less) while a thread waits for training and deals it. The out-of-memory case starts
-while the stopped-rank case waits (idle) for its time limit, when both tests are selected.
+~5 s of start-up less) while a thread waits for training and deals it. The out-of-memory case and the
+hung-rank case (``python -m dlscale`` processes then) start while the stopped-rank case waits (idle) for
+its time limit, each when its test is selected with it.
 """
 from __future__ import annotations
 
@@ -158,6 +159,7 @@ def reaper(tmp_path):
 
 
 OOM_TEST = "test_a_cpu_allocation_failure_is_oom"
+HUNG_TEST = "test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer"
 
 
 def _start_oom(folder: Path) -> subprocess.Popen:
@@ -166,24 +168,42 @@ def _start_oom(folder: Path) -> subprocess.Popen:
     return _start(folder, "--batch-size", str(2 ** 18), "--no-monitor", mem_limit=3 << 30, steps=2)
 
 
-@pytest.fixture(scope="module")
-def oom_ahead(request, tmp_path_factory):
-    """The out-of-memory case's folder and process, started early by ``start()`` (only when its test is
-    selected, once): the stopped-rank test starts it when its own wait for the time limit begins."""
-    state = SimpleNamespace(folder=tmp_path_factory.mktemp("oom"), proc=None)
-    wanted = any(getattr(i, "module", None) is request.module and i.name == OOM_TEST for i in request.session.items)
+def _start_hung(folder: Path) -> subprocess.Popen:
+    """The hung-rank case: rank 1 stops answering at step 3; the peer's collective times out after 8 s."""
+    return _start(folder, "--inject-failure", "hang@3:1", "--collective-timeout", "8", "--no-monitor", steps=10)
 
-    def start() -> None:
-        if wanted and state.proc is None:
-            state.proc = _start_oom(state.folder)
 
-    state.start = start
+class _Ahead(SimpleNamespace):
+    """One case's folder and process, started early by ``start()`` (only when its test is selected,
+    once): the stopped-rank test starts it when its own wait for the time limit begins."""
+
+    def start(self) -> None:
+        if self.wanted and self.proc is None:
+            self.proc = self.starter(self.folder)
+
+
+def _ahead(request, tmp_path_factory, test: str, name: str, starter):
+    state = _Ahead(folder=tmp_path_factory.mktemp(name), proc=None, starter=starter,
+                   wanted=any(getattr(i, "module", None) is request.module and i.name == test
+                              for i in request.session.items))
     yield state
     for p in _ours(state.folder):
         try:
             p.kill()
         except psutil.Error:
             pass
+
+
+@pytest.fixture(scope="module")
+def oom_ahead(request, tmp_path_factory):
+    """The out-of-memory case (_Ahead)."""
+    yield from _ahead(request, tmp_path_factory, OOM_TEST, "oom", _start_oom)
+
+
+@pytest.fixture(scope="module")
+def hung_ahead(request, tmp_path_factory):
+    """The hung-rank case (_Ahead)."""
+    yield from _ahead(request, tmp_path_factory, HUNG_TEST, "hung", _start_hung)
 
 
 # ----------------------------------------------------------------------------- no process outlives its case
@@ -238,10 +258,11 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path, reaper):
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper, oom_ahead):
+def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper, oom_ahead, hung_ahead):
     def stop_rank_1() -> None:
         _wait_training(tmp_path)[1].send_signal(signal.SIGSTOP)
-        oom_ahead.start()  # the wait for the time limit is idle: the out-of-memory case (below) runs meanwhile
+        oom_ahead.start()  # the wait for the time limit is idle: the out-of-memory and hung-rank cases
+        hung_ahead.start()  # (below) run meanwhile
 
     # the time limit counts from torchrun's start; training starts ~6-10 s after it on 2 cores
     rc, err = _run_here(tmp_path, during=stop_rank_1, time_limit=25)
@@ -251,12 +272,12 @@ def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper
 
 
 @pytest.mark.slow
-def test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer(tmp_path, reaper):
-    rc, err = _run_here(tmp_path, "--inject-failure", "hang@3:1", "--collective-timeout", "8", "--no-monitor",
-                        steps=10)
+def test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer(hung_ahead):
+    hung_ahead.start()  # unless the stopped-rank test has started it already
+    rc, err = _finish(hung_ahead.proc, timeout=90)
     assert rc == 4, err
     assert "rank 1" in err and "did not reach" in err, err
-    _assert_none_left(tmp_path)
+    _assert_none_left(hung_ahead.folder)
 
 
 @pytest.mark.slow
