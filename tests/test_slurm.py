@@ -253,8 +253,11 @@ def _job_output(store: Path, name: str, job: str) -> str:
 def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
     store = tmp_path / "store"
     name = f"dlscale-test-{mode}"
-    job = _submit(capsys, "--nnodes", "1", "--nproc-per-node", "2", *CASE, "--store", str(store), "--mode", mode,
-                  "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()), "--profile")
+    # 12 timed steps (not CASE's 2): a window of a few tenths of a second holds utilisation samples
+    # (0.1 s apart); 2 tiny steps can fall between two samples, and the record then has none
+    job = _submit(capsys, "--nnodes", "1", "--nproc-per-node", "2", *CASE, "--steps", "12", "--store", str(store),
+                  "--mode", mode, "--job-name", name, "--label", f"slurm-{mode}", "--port", str(_free_port()),
+                  "--profile")
     try:
         code = _wait_job(job, 120)  # ~20 s on an idle 2-core machine
     finally:
