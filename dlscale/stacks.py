@@ -70,8 +70,9 @@ def _size(p: Path) -> int:
 def parse(text: str) -> list[tuple[str, int, str]]:
     """The main thread's frames (file, line, function), innermost first, from a faulthandler dump.
 
-    The main thread is the one not started by ``threading`` (its outermost frame is the module
-    being run, not ``threading.py``'s bootstrap); with one thread, that thread."""
+    faulthandler lists the threads newest first, so the main thread, the oldest, comes last; where
+    the last has no Python frame, the last one not started by ``threading`` (whose outermost frame
+    is not ``threading.py``'s bootstrap)."""
     threads: list[list[tuple[str, int, str]]] = []
     for line in text.splitlines():
         if _THREAD.match(line):
@@ -80,9 +81,11 @@ def parse(text: str) -> list[tuple[str, int, str]]:
         m = _FRAME.match(line)
         if m and threads:
             threads[-1].append((m["file"], int(m["line"]), m["func"]))
+    if threads and threads[-1]:
+        return threads[-1]
     threads = [t for t in threads if t]
     main = [t for t in threads if not t[-1][0].endswith("threading.py")]
-    return (main or threads or [[]])[0]
+    return (main or threads or [[]])[-1]
 
 
 def read(out_dir: Path) -> dict[int, list[tuple[str, int, str]]]:

@@ -25,7 +25,12 @@ Current thread 0x00007f2222222222 (most recent call first):
 
 
 def test_parse_takes_the_main_thread_innermost_first():
+    # the main thread is listed last (faulthandler goes newest first); here it is also "Current thread"
     frames = stacks.parse(DUMP)
+    # a thread started without threading.py (execnet's, torch's autograd thread running a Python
+    # hook) listed before the main thread is not taken for it
+    other = 'Thread 0x00007f3333333333 (most recent call first):\n  File "/x/execnet/gateway_base.py", line 9 in run\n\n'
+    assert stacks.parse(other + DUMP) == frames
     assert frames[0] == ("/venv/lib/python3.11/site-packages/torch/autograd/graph.py", 979, "_engine_run_backward")
     assert frames[-1] == ("<frozen runpy>", 88, "_run_code") and len(frames) == 5
     assert stacks.waiting(frames)
