@@ -118,8 +118,9 @@ def run_comm(ops: Sequence[str], min_bytes: int, max_bytes: int, factor: float, 
         errors: list[str] = []
 
         def watch(line: str) -> None:
-            if line.startswith("[comm-error] "):
-                errors.append(line[len("[comm-error] "):])
+            at = line.find("[comm-error] ")  # anywhere: a peer's partial line may precede it
+            if at >= 0:
+                errors.append(line[at + len("[comm-error] "):])
             if on_line:
                 on_line(line)
 

@@ -259,7 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_collectives(ops, sizes, args.dtype, dev, args.warmup, args.iters, on_row=after_row)
     except Exception as e:
         # one line the parent puts first in the record's error; torchrun prints the traceback
-        print(f"[comm-error] rank {rank}: {common.error_reason(e, 500)}", flush=True)
+        # one write (under PIPE_BUF): the line cannot interleave with a peer's output in torchrun's pipe
+        sys.stdout.write(f"[comm-error] rank {rank}: {common.error_reason(e, 500)}\n")
+        sys.stdout.flush()
         raise
     if rank == 0:
         write(True)
