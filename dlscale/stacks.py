@@ -131,8 +131,8 @@ def summary(stacks: dict[int, list[tuple[str, int, str]]], ranks: list[int]) -> 
     known = [r for r in ranks if r in stacks]
     if not known:
         return None
-    stalled = [r for r in known if not waiting(stacks[r])]
     waits = [r for r in known if waiting(stacks[r])]
+    stalled = [r for r in known if r not in waits]
     parts = []
     if stalled:
         parts.append("stalled outside any collective: " + "; ".join(f"rank {r} at {where(stacks[r])}" for r in stalled))

@@ -285,7 +285,7 @@ def _check_load(rec, t: Thresholds, v: Validity) -> None:
     steal = [_num(u.get("cpu_steal_pct_mean")) for u in utils]
     steal = [x for x in steal if x is not None]
     if not steal:
-        v.unchecked["cpu_steal"] = "no steal time sampled (not a Linux VM, or an older record)"
+        v.unchecked["cpu_steal"] = "no steal time sampled (not Linux, or an older record)"
     elif max(steal) > t.max_steal_pct:
         v.flags.append(Flag("cpu_steal", f"the hypervisor gave {max(steal):.1f} % of the host's CPU time to other "
                             f"guests during the window (limit {t.max_steal_pct:g} %): a figure bound by the host "
