@@ -435,11 +435,12 @@ def test_nvimgcodec_import_messages_captured_and_judged(tmp_path, monkeypatch, c
 
 
 def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
-    """--data-decoder on a GPU (stand-ins for the libraries): auto takes nvImageCodec where its
-    hardware backend decodes, else torchvision, and the record's name says why; a named decoder is
-    used as asked; the launcher's check names what is missing, one line."""
+    """--data-decoder on a GPU (stand-ins for the libraries): auto takes torchvision where it imports
+    (its nvJPEG picks the hardware decoders itself), else nvImageCodec, and the record's name says
+    why; a named decoder is used as asked; the launcher's check names what is missing, one line."""
     cuda = torch.device("cuda", 0)
-    tv = (lambda ds: ds, "torchvision 0.26.0 io.decode_jpeg on cuda (nvJPEG)")
+    tv = (lambda ds: ds, "torchvision 0.26.0 io.decode_jpeg on cuda (nvJPEG: hardware JPEG decoder where the GPU "
+                         "has one, else CUDA)")
     state = {"tv": True, "nv": (object(), None), "hw": True}
     monkeypatch.setattr(images, "_torchvision", lambda: object() if state["tv"] else None)
     monkeypatch.setattr(images, "torchvision_decoder", lambda device: tv)
@@ -457,18 +458,23 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
         _decode, name, kind, backend = images.gpu_decoder(cuda, choice)
         return name, kind, backend
 
-    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (hardware); chosen by auto", "nvimgcodec", "hardware")
-    assert choose("torchvision") == (tv[1], "torchvision", "cuda")
-    state["hw"] = False  # a GPU without hardware JPEG decoders (L40S, RTX): torchvision
-    assert choose() == (tv[1] + "; auto: no hardware JPEG decoder nvImageCodec can use on this GPU",
-                        "torchvision", "cuda")
+    assert choose() == (tv[1] + "; chosen by auto", "torchvision", "hardware-or-cuda")
+    assert choose("torchvision") == (tv[1], "torchvision", "hardware-or-cuda")
+    assert choose("nvimgcodec") == ("nvImageCodec 0.9.0 on cuda:0 (hardware)", "nvimgcodec", "hardware")
+    state["hw"] = False  # a GPU without hardware JPEG decoders (L40S, RTX): nvImageCodec on CUDA when named
     assert choose("nvimgcodec") == ("nvImageCodec 0.9.0 on cuda:0 (cuda)", "nvimgcodec", "cuda")
-    state["tv"] = False  # ... and no torchvision: nvImageCodec on CUDA
+    state["tv"] = False  # no torchvision: auto takes nvImageCodec, hardware or not
     assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (cuda); auto: torchvision is not installed", "nvimgcodec",
                         "cuda")
-    state.update(tv=True, hw=True, nv=(None, "nvImageCodec (nvidia-nvimgcodec-cu13) is not installed"))
-    assert choose() == (tv[1] + "; auto: nvImageCodec (nvidia-nvimgcodec-cu13) is not installed", "torchvision",
-                        "cuda")
+    state["hw"] = True
+    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (hardware); auto: torchvision is not installed",
+                        "nvimgcodec", "hardware")
+    state.update(tv=True, nv=(None, "nvImageCodec (nvidia-nvimgcodec-cu13) is not installed"))
+    assert choose() == (tv[1] + "; chosen by auto", "torchvision", "hardware-or-cuda")
+    state["tv"] = False  # neither: refused (the launcher's check says so before any process starts)
+    with pytest.raises(ConfigError, match="torchvision is not installed and nvImageCodec"):
+        choose()
+    state["tv"] = True
     # the launcher's check, no CUDA context: nvimgcodec asked for and missing -> one line, how to install
     with pytest.raises(ConfigError) as e:
         images.check_gpu_decoder("nvimgcodec")

@@ -14,10 +14,12 @@ on a GPU they are normalised there, on the CPU in the worker.
 GPU path (``ImageBytesData`` + ``GpuDecoder``): workers only read the bytes and parse the header
 (size, for the crop); the batch is decoded on the GPU, which then crops, resizes (bilinear), flips
 and normalises. ``--data-decoder`` picks the decoder (``gpu_decoder``): ``torchvision``
-(``torchvision.io.decode_jpeg(device="cuda")``: nvJPEG's CUDA kernels, on the SMs beside the
-training's) or ``nvimgcodec`` (nvImageCodec: the hardware JPEG decoders of an A100/H100/H200, NVJPG
-engines that leave the SMs to the training, with nvJPEG's CUDA decoder for what they cannot take);
-``auto`` takes nvimgcodec where it imports and the GPU has hardware decoders, else torchvision.
+(``torchvision.io.decode_jpeg(device="cuda")``: its batched decode asks nvJPEG for the hardware
+backend, the JPEG engines (NVJPG) of an A100/H100/H200, and falls back to nvJPEG's CUDA kernels where
+the GPU has none) or ``nvimgcodec`` (nvImageCodec: the same hardware engines through its
+``HW_GPU_ONLY`` backend, nvJPEG's CUDA decoder for what they cannot take); ``auto`` takes torchvision
+where it imports (it decoded faster and trained faster beside the model than nvImageCodec on an H100:
+docs/data.md), else nvImageCodec.
 
 Corrupt or truncated files are skipped and counted, not fatal: the next file of the data set takes
 the sample's place (so a batch keeps its size) and the record lists the count and the first
@@ -266,7 +268,8 @@ def torchvision_decoder(device: torch.device) -> tuple[DecodeFn, str]:
     def decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 
-    return decode, f"torchvision {torchvision.__version__} io.decode_jpeg on {device.type} (nvJPEG)"
+    how = "nvJPEG: hardware JPEG decoder where the GPU has one, else CUDA" if device.type == "cuda" else "nvJPEG"
+    return decode, f"torchvision {torchvision.__version__} io.decode_jpeg on {device.type} ({how})"
 
 
 # nvImageCodec prints, when imported, one message per codec library it cannot load; only libnvjpeg matters here
@@ -433,26 +436,29 @@ def nvimgcodec_decoder(device: torch.device, hardware: bool | None = None) -> tu
 
 def gpu_decoder(device: torch.device, choice: str = "auto") -> tuple[DecodeFn, str, str, str]:
     """``--data-decoder`` resolved on this GPU: (decode, name for the record, decoder: torchvision |
-    nvimgcodec, backend: hardware | cuda). auto: nvImageCodec where it imports and its hardware
-    backend decodes (a probe image), else torchvision, else nvImageCodec on CUDA; the name says
-    why auto did not take the hardware decoders."""
+    nvimgcodec, backend: hardware | cuda | hardware-or-cuda). auto: torchvision where it imports (its
+    nvJPEG takes the hardware decoders where the GPU has them: ``hardware-or-cuda``, nvJPEG does not
+    say which), else nvImageCodec (hardware where its probe decodes); the name says why."""
     if choice == "torchvision" or device.type != "cuda":
         decode, name = torchvision_decoder(device)
-        return decode, name, "torchvision", device.type
+        return decode, name, "torchvision", _TV_BACKEND if device.type == "cuda" else device.type
     if choice == "nvimgcodec":
         decode, name, backend = nvimgcodec_decoder(device)
         return decode, name, "nvimgcodec", backend
+    if _torchvision() is not None:
+        decode, name = torchvision_decoder(device)
+        return decode, f"{name}; chosen by auto", "torchvision", _TV_BACKEND
     nv, why = nvimgcodec_status()
-    if why is None:
-        if nvimgcodec_hardware(nv, device):
-            decode, name, backend = nvimgcodec_decoder(device, hardware=True)
-            return decode, f"{name}; chosen by auto", "nvimgcodec", backend
-        why = "no hardware JPEG decoder nvImageCodec can use on this GPU"
-    if _torchvision() is None and nv is not None and "libnvjpeg" not in why:
-        decode, name, backend = nvimgcodec_decoder(device, hardware=False)
-        return decode, f"{name}; auto: torchvision is not installed", "nvimgcodec", backend
-    decode, name = torchvision_decoder(device)
-    return decode, f"{name}; auto: {why}", "torchvision", "cuda"
+    if nv is None or (why is not None and "libnvjpeg" in why):
+        # the launcher's check_gpu_decoder refuses this case before any process starts
+        raise ConfigError(f"data-decode gpu: torchvision is not installed and {why}")
+    decode, name, backend = nvimgcodec_decoder(device)
+    return decode, f"{name}; auto: torchvision is not installed", "nvimgcodec", backend
+
+
+# torchvision's batched decode creates nvJPEG's hardware backend first and the default one where the
+# GPU has no JPEG engines (ARCH_MISMATCH); it does not report which it got
+_TV_BACKEND = "hardware-or-cuda"
 
 
 def _pil_chw(data: torch.Tensor) -> torch.Tensor:
@@ -502,7 +508,7 @@ class GpuDecoder:
                  name: str | None = None, decoder: str = "auto"):
         self.device, self.size, self.channels_last = device, size, channels_last
         self.kind: str | None = None  # torchvision | nvimgcodec (None: a decode given by the caller)
-        self.backend: str | None = None  # hardware | cuda
+        self.backend: str | None = None  # hardware | cuda | hardware-or-cuda
         if decode is None:
             decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"

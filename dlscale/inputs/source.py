@@ -149,7 +149,8 @@ class LoaderInfo:
     n_samples: int
     micro_batches_per_epoch: int
     # GPU decode: the library that decoded (torchvision | nvimgcodec; --data-decoder auto resolved)
-    # and its backend (hardware: the GPU's JPEG engines; cuda: nvJPEG's CUDA kernels on the SMs)
+    # and its backend (hardware: the GPU's JPEG engines; cuda: nvJPEG's CUDA kernels on the SMs;
+    # hardware-or-cuda: torchvision's nvJPEG, which takes the engines where there are some)
     gpu_decoder: str | None = None
     decoder_backend: str | None = None
 
@@ -365,7 +366,7 @@ class Reader:
     paths: list[str]  # the files (page cache)
     data_kind: str
     gpu_decoder: str | None = None  # GPU decode: torchvision | nvimgcodec
-    decoder_backend: str | None = None  # GPU decode: hardware | cuda
+    decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda
 
 
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
