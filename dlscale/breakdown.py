@@ -80,7 +80,8 @@ def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool,
                     loss = module(*b)
                 t.mark(2 + 2 * i)
                 scaled = loss / accum if accum > 1 else loss
-                (scaler.scale(scaled) if scaler else scaled).backward()
+                with par.backward_context():
+                    (scaler.scale(scaled) if scaler else scaled).backward()
             t.mark(3 + 2 * i)
         optimizer_step(opt, scaler, params, cfg.clip_grad_norm)
         t.mark(2 + 2 * accum)

@@ -127,6 +127,7 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
     clip = cfg.clip_grad_norm
     params = [p for g in opt.param_groups for p in g["params"]]
     no_sync = par.no_sync
+    backward_context = par.backward_context
     mark_step = step_marker(cfg)
 
     def step():
@@ -139,7 +140,8 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
                 with autocast():
                     loss = module(*batches[i])
                 scaled = loss / accum if accum > 1 else loss
-                (scaler.scale(scaled) if scaler else scaled).backward()
+                with backward_context():
+                    (scaler.scale(scaled) if scaler else scaled).backward()
         optimizer_step(opt, scaler, params, clip)
         return loss
 

@@ -82,6 +82,11 @@ def one_record(store_dir):
     (["--strategy", "ddp", "-o", "comm_hook=int8"], "comm_hook must be one of none, bf16, fp16"),
     (["--strategy", "ddp", "-o", "bucket_cap_mb=0"], "bucket_cap_mb must be > 0"),
     (["--strategy", "ddp", "-o", "static_graph=maybe"], "static_graph must be true or false"),
+    (["--strategy", "ddp", "-o", "compiled_autograd=true"], "compiled_autograd needs --compile"),
+    (["--strategy", "ddp", "-o", "compiled_autograd=true", "-o", "comm_hook=fp16", "--compile"],
+     "takes no comm_hook; got comm_hook=fp16 (allowed with it: none)"),
+    (["--strategy", "ddp", "-o", "compiled_autograd=true", "--compile", "--compile-mode", "reduce-overhead"],
+     "CUDA graphs cannot hold; compile-mode reduce-overhead captures"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_stored(tmp_path, capsys, argv, fragment):
     from dlscale.cli import main

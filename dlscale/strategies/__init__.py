@@ -52,6 +52,8 @@ class Parallelized:
     dp_group: Any = None  # process group of the data-parallel replicas (None: the whole world)
     # context manager that suppresses gradient synchronisation (grad accumulation, no_sync runs)
     no_sync: Callable[[], Any] = contextlib.nullcontext
+    # context manager around every backward call (ddp compiled_autograd: the backward traced and compiled)
+    backward_context: Callable[[], Any] = contextlib.nullcontext
     # optional custom step(batch) -> loss tensor (pipeline schedules); None = standard step
     step: Callable[[tuple], torch.Tensor] | None = None
     # does this rank compute the loss value the worker reports? (pipeline: last stage only)

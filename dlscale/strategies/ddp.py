@@ -6,8 +6,17 @@ Options (``strategy_options``): ``bucket_cap_mb`` (default 25, DDP's own), ``gra
 ``static_graph`` (default False), ``comm_hook`` (default ``none``: fp32 gradients are all-reduced
 as they are; ``bf16``/``fp16``: torch's compression hooks, which all-reduce each bucket in half
 precision and cast back, halving the bytes on the wire at the cost of rounding the averaged
-gradients; the record says which ran).
+gradients; the record says which ran), ``compiled_autograd`` (default False; with ``--compile`` only:
+torch's compiled autograd traces the whole backward, DDP's all-reduces included, into one compiled
+graph, with DDP's Python reducer (dynamo's ``optimize_ddp="python_reducer"``) in place of the C++
+reducer's per-gradient hooks and of DDPOptimizer's graph cuts at bucket boundaries; inductor buckets
+the all-reduces by ``bucket_cap_mb`` and places them).
 """
+import contextlib
+import functools
+
+import torch
+
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
@@ -15,7 +24,7 @@ from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
 
 OPTIONS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
-           "static_graph": False, "comm_hook": "none"}
+           "static_graph": False, "comm_hook": "none", "compiled_autograd": False}
 COMM_HOOKS = ("none", "bf16", "fp16")
 
 
@@ -23,6 +32,19 @@ def options(cfg) -> dict:
     opts = parse_options("ddp", cfg, OPTIONS, {"comm_hook": COMM_HOOKS})
     if opts["bucket_cap_mb"] <= 0:
         raise ConfigError(f"strategy ddp option bucket_cap_mb must be > 0, got {opts['bucket_cap_mb']}")
+    if opts["compiled_autograd"]:
+        from dlscale.compiling import uses_cudagraphs
+
+        if not cfg.compile:
+            raise ConfigError("strategy ddp option compiled_autograd needs --compile (it compiles the backward "
+                              "that torch.compile's forward graph leaves to eager autograd)")
+        if opts["comm_hook"] != "none":
+            raise ConfigError("strategy ddp option compiled_autograd runs DDP's Python reducer, which takes no "
+                              f"comm_hook; got comm_hook={opts['comm_hook']} (allowed with it: none)")
+        if uses_cudagraphs(cfg):
+            raise ConfigError(f"strategy ddp option compiled_autograd puts the all-reduces inside the compiled "
+                              f"graph, which CUDA graphs cannot hold; compile-mode {cfg.compile_mode} captures "
+                              "them: use compile-mode default or max-autotune-no-cudagraphs")
     return opts
 
 
@@ -45,6 +67,11 @@ def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor
     extra = {} if opts["broadcast_buffers"] else {"broadcast_buffers": False}
+    backward_context = contextlib.nullcontext
+    if opts["compiled_autograd"]:
+        # read by DDP's constructor (python reducer or C++ reducer) and by dynamo when it compiles
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+        backward_context = _compiled_autograd(cfg)
     ddp = DDP(model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,
               bucket_cap_mb=opts["bucket_cap_mb"], gradient_as_bucket_view=opts["gradient_as_bucket_view"],
               static_graph=opts["static_graph"], **extra)
@@ -54,5 +81,16 @@ def parallelize(model, spec, cfg, dist):
         hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
         ddp.register_comm_hook(state=None, hook=hook[opts["comm_hook"]])
     return Parallelized(module=ddp, optimizer=make_optimizer(ddp.parameters(), spec, cfg, dist.device),
-                        dp_size=dist.world_size, no_sync=ddp.no_sync,
+                        dp_size=dist.world_size, no_sync=ddp.no_sync, backward_context=backward_context,
                         dp_rank=dist.rank, info={**opts})
+
+
+def _compiled_autograd(cfg):
+    """A context manager for the backward: compiled autograd with torch.compile (the case's inductor
+    options), one compiler for every step (its graphs are cached after the first)."""
+    from torch._dynamo import compiled_autograd
+
+    from dlscale.compiling import inductor_options
+
+    compiler = torch.compile(options=inductor_options(cfg) or None)
+    return functools.partial(compiled_autograd._enable, compiler)
