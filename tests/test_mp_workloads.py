@@ -258,23 +258,43 @@ def test_exchange_volume_by_hand(monkeypatch):
     assert got[0][2] == {"ids": 8 * 5, "vectors": 4 * 11, "gradients": 4 * 8, "counts": 8 * 2}
 
 
-def test_one_rank_sends_the_batch_as_it_is():
-    """One rank (either mode): the shard is the whole table, the ids go out in the batch's order
-    (table by table) plus the fields' offsets, and nothing is permuted."""
+def test_one_rank_keeps_the_batch_as_it_is(monkeypatch):
+    """One rank (either mode): the shard is the whole table, every id is the rank's own (looked up
+    here, in the batch's order plus the fields' offsets, nothing permuted), and the three
+    all-to-alls are called with nothing to send (equal splits of empty buffers). Outputs and
+    gradients are the plain modules'."""
     from dlscale.models.wide_deep import FusedTables
     from dlscale.strategies.embedding_shard import Exchange, ShardedTables
 
     tables = [FusedTables((5, 7, 3), 2, seed=1, table_base=0), FusedTables((4, 2), 1, seed=1, table_base=3)]
     for t in tables:
         t.reset_parameters()
+    ids = [torch.tensor([[4, 6, 2], [0, 3, 1]]), torch.tensor([[3, 1], [2, 0]])]
+    ref = [t(x) for t, x in zip(tables, ids)]
+    sum((o * o).sum() for o in ref).backward()
+    sent = []
+    monkeypatch.setattr(dist, "all_to_all_single",
+                        lambda out, inp, out_splits=None, in_splits=None, group=None:
+                        sent.append((out.numel(), inp.numel(), out_splits, in_splits)))
     for mode in ("table", "row"):
         sts = [ShardedTables(t, mode, [0] * len(t.rows) if mode == "table" else None, 0, 1, torch.device("cpu"))
                for t in tables]
         assert all(torch.equal(st.weight, t.weight) for st, t in zip(sts, tables))
-        plan = Exchange(sts, None, 1, 0, 1.0)._fixed_plan(2, torch.device("cpu"))
-        assert plan.order is None and plan.perms == [None, None]
-        assert plan.off.tolist() == [0, 5, 12, 0, 5, 12] + [0, 4, 0, 4]
-        assert plan.out_ids == plan.in_ids == [2 * 3 + 2 * 2] and plan.out_vec == [2 * 3 * 2 + 2 * 2 * 1]
+        ex = Exchange(sts, None, 1, 0, 1.0)
+        plan = ex._fixed_plan(2, torch.device("cpu"))
+        assert plan.order is None and plan.perms == [None, None] and plan.others == 0
+        assert plan.self_n == [2 * 3, 2 * 2] and plan.self_el == [2 * 3 * 2, 2 * 2 * 1]
+        assert plan.out_ids_n == plan.in_ids_n == plan.out_vec_n == plan.in_vec_n == 0
+        assert plan.out_ids is plan.in_ids is plan.out_vec is plan.in_vec is None
+        sent.clear()
+        outs = ex(*ids)
+        sum((o * o).sum() for o in outs).backward()
+        assert sent == [(0, 0, None, None)] * 3
+        for o, want in zip(outs, ref):
+            assert torch.equal(o, want.detach())
+        for st, t in zip(sts, tables):
+            assert torch.equal(st.weight.grad, t.weight.grad)
+        assert ex.volume() == {"ids": 0, "vectors": 0, "gradients": 0, "counts": 0}
 
 
 def test_degree_one_collectives_per_step(world1, monkeypatch):

@@ -14,28 +14,35 @@ their collectives. One forward (TorchRec's sequence of input dist, lookup, outpu
    on one rank (fields dealt out largest first to the least-filled rank, over both widths:
    greedy by bytes); ``shard=row`` - rank r holds rows [r x ceil(rows/K), (r+1) x ceil(rows/K))
    of every field (the last shares may be short);
-2. the ids are grouped by owner, table by table inside each owner's block, and exchanged in one
-   ``all_to_all_single``. Table-wise: batch-major inside each (owner, table) block (a fixed
-   permutation made once per batch size, no sort), the counts known in advance. Row-wise: a
-   stable sort by owner, and the counts of every (owner, table) exchanged first (one small
-   all-to-all and one host read of the split sizes: the path's only host sync). At one rank, in
-   either mode, the ids go out as they are plus the fields' offsets: no owner map, sort,
-   permutation or count exchange;
+2. the ids are grouped by owner, table by table inside each owner's block, the other ranks'
+   blocks in rank order and this rank's own last, and the others' blocks are exchanged in one
+   ``all_to_all_single`` (this rank's own ids never go through a collective: its split is 0).
+   Table-wise: batch-major inside each (owner, table) block (a fixed permutation made once per
+   batch size, no sort), the counts known in advance. Row-wise: a stable sort by owner, and the
+   counts of every (owner, table) exchanged first (one small all-to-all and one host read of the
+   split sizes: the path's only host sync). At one rank, in either mode, every id is the rank's
+   own: each table's ids plus its fields' offsets, as the unsharded module computes them; no
+   owner map, sort, permutation or count exchange, and the all-to-alls carry nothing;
 3. the owner looks every (source, table) piece up in its shards straight into one vector buffer,
-   which goes back in one all-to-all; each table's vectors are put back in the batch's order by
-   one gather (none at one rank: the outputs are views of the received buffer), (B, fields, dim).
-   Backward: the gradients of every table go back to the owners in one all-to-all (scaled by
-   1/world: each rank's loss is the mean over its own slice, so the sum over ranks would be world
-   x the gradient of the global mean that DDP gives the MLP), where the lookups' backward
-   (``embedding_dense_backward``, as ``F.embedding``'s) sums them into each shard's gradient.
+   which goes back in one all-to-all, and its own ids into their own tensors; each table's
+   vectors are put back in the batch's order by one gather (none at one rank: the outputs are
+   the own lookups, ``torch.embedding`` as the unsharded module's), (B, fields, dim). Backward:
+   the gradients of every table go back to the owners in one all-to-all (scaled by 1/world: each
+   rank's loss is the mean over its own slice, so the sum over ranks would be world x the
+   gradient of the global mean that DDP gives the MLP), where the lookups' backward
+   (``embedding_dense_backward``, as ``F.embedding``'s) sums them, with the own ones, into each
+   shard's gradient.
 
 Collectives per micro-batch (forward and backward), whatever the number of tables: 3
 all-to-alls (ids, vectors, gradients), plus 1 (the counts) row-wise at more than one rank (before
 the merge: 3 per table module, 6 for wide-deep, 8 row-wise). Per optimizer step, with ``shards``
 < world, one all-reduce per table module across the copies; DDP's buckets for the MLP at more
-than one rank. At one rank a step is the plain lookups' kernels plus the 3 all-to-alls (copies
-over one rank) and one copy of the gradients into the send buffer. A model without ``embed``
-gets one exchange per table module (3 all-to-alls each).
+than one rank (the shards' layout buffers are kept out of DDP: no buffer broadcast per step).
+At one rank a step runs the plain lookups' ops (offsets added, ``embedding``,
+``embedding_dense_backward``) plus the 3 all-to-alls, called over the one rank with empty buffers
+and the equal split (nothing else: no buffer, copy, split or view;
+benchmarks/embshard_host_cpu.py counts them). A model without ``embed`` gets one exchange per
+table module (3 all-to-alls each).
 
 Options:
 
@@ -193,28 +200,51 @@ class ShardedTables(nn.Module):
 
 
 class _Plan:
-    """One exchange's sizes: ``out_n[j * T + t]`` ids of table t go to rank j (its vectors come back),
-    ``in_n[j * T + t]`` come from rank j; the splits of the id, vector and gradient buffers (rank by
-    rank, table by table inside a rank's block), the outputs' shapes, and per table None or the
-    (gather, its inverse or None) that puts the vectors back in the batch's order."""
+    """One exchange's sizes, in block order: the ranks of the group with this rank last (the others
+    in rank order, then itself; its own share never goes through a collective). ``out_n[i * T + t]``
+    ids of table t go to block i's rank (its vectors come back), ``in_n[i * T + t]`` come from it (for
+    the last block, this rank, both are its own ids of table t). The all-to-alls carry the other
+    blocks alone: their splits are per rank in rank order, 0 for this rank (None, the equal split,
+    when every rank's is the same, as at one rank: nothing to send). ``shapes``: the outputs';
+    ``perms``: per table None or (gather from the blocks' pieces concatenated to the batch's order,
+    its inverse or None)."""
 
-    __slots__ = ("out_n", "in_n", "out_el", "in_el", "out_ids", "in_ids", "out_vec", "in_vec", "in_total",
-                 "out_el_total", "in_el_total", "shapes", "perms", "off", "order")
+    __slots__ = ("out_n", "in_n", "out_el", "in_el", "others", "out_ids", "in_ids", "out_vec", "in_vec",
+                 "out_ids_n", "in_ids_n", "out_vec_n", "in_vec_n", "self_n", "self_el", "shapes", "perms",
+                 "off", "order", "empties")
 
-    def __init__(self, out_n: list[int], in_n: list[int], dims: list[int], k: int, shapes: list[tuple], perms: list):
+    def __init__(self, out_n: list[int], in_n: list[int], dims: list[int], k: int, me: int, shapes: list[tuple],
+                 perms: list):
         t = len(dims)
+        o = (k - 1) * t  # entries of the other ranks' blocks
+        ranks = [j for j in range(k) if j != me]
 
-        def per_rank(xs):
-            return [sum(xs[j * t:(j + 1) * t]) for j in range(k)]
+        def splits(xs):
+            per = [0] * k
+            for i, j in enumerate(ranks):
+                per[j] = sum(xs[i * t:(i + 1) * t])
+            return None if len(set(per)) == 1 else per
 
-        self.out_n, self.in_n = out_n, in_n
+        self.out_n, self.in_n, self.others = out_n, in_n, o
         self.out_el = [n * dims[i % t] for i, n in enumerate(out_n)]
         self.in_el = [n * dims[i % t] for i, n in enumerate(in_n)]
-        self.out_ids, self.in_ids = per_rank(out_n), per_rank(in_n)
-        self.out_vec, self.in_vec = per_rank(self.out_el), per_rank(self.in_el)
-        self.in_total, self.out_el_total, self.in_el_total = sum(self.in_ids), sum(self.out_vec), sum(self.in_vec)
+        self.out_ids, self.in_ids = splits(out_n), splits(in_n)
+        self.out_vec, self.in_vec = splits(self.out_el), splits(self.in_el)
+        self.out_ids_n, self.in_ids_n = sum(out_n[:o]), sum(in_n[:o])
+        self.out_vec_n, self.in_vec_n = sum(self.out_el[:o]), sum(self.in_el[:o])
+        self.self_n, self.self_el = out_n[o:], self.out_el[o:]
         self.shapes, self.perms = shapes, perms
         self.off = self.order = None
+        self.empties: dict = {}
+
+    def new(self, like: torch.Tensor, n: int, slot: int = 0) -> torch.Tensor:
+        """A buffer of n elements like ``like``; for n = 0 one kept by the plan (nothing to allocate per step)."""
+        if n:
+            return like.new_empty(n)
+        key = (like.dtype, like.device, slot)
+        if key not in self.empties:
+            self.empties[key] = like.new_empty(0)
+        return self.empties[key]
 
 
 class Exchange:
@@ -223,42 +253,52 @@ class Exchange:
     The ids of every table are flattened and concatenated (table by table, batch-major), mapped to
     their owners' rows and sent in one all-to-all (rank by rank, table by table inside each rank's
     block); the owner looks each piece up straight into one vector buffer, which goes back in one
-    all-to-all; the gradients go the same way in one all-to-all in the backward. Row-wise at more
-    than one rank, one count all-to-all and one host read of the counts come first. Sizes, offsets
-    and permutations that depend only on the batch size (table-wise; any mode at one rank) are made
-    once per batch size."""
+    all-to-all; the gradients go the same way in one all-to-all in the backward. This rank's own
+    ids (the last block of the send buffer) stay here: looked up, and their gradients summed,
+    without a collective. Row-wise at more than one rank, one count all-to-all and one host read
+    of the counts come first. Sizes, offsets and permutations that depend only on the batch size
+    (table-wise; any mode at one rank) are made once per batch size. At one rank every id is its
+    own: each table's ids plus its fields' offsets are looked up as the unsharded module does, and
+    the three all-to-alls are called with nothing to send."""
 
     def __init__(self, tables: list[ShardedTables], group, k: int, me: int, grad_scale: float):
         self.tables, self.group, self.k, self.me, self.grad_scale = list(tables), group, k, me, grad_scale
         self.mode = self.tables[0].mode
         self.dims = [st.dim for st in self.tables]
+        self.blocks = [j for j in range(k) if j != me] + [me]  # block order: the others, then this rank
         self._plans: dict[int, _Plan] = {}
         self._flat: dict[int, tuple] = {}
         self.last: _Plan | None = None  # the last forward's plan: the volume record reads it
 
     def __call__(self, *ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b = ids[0].shape[0]
-        flat = torch.cat([x.reshape(-1) for x in ids]) if len(ids) > 1 else ids[0].reshape(-1)
-        if self.k == 1 or self.mode == "table":
-            plan = self._plans.get(b) or self._fixed_plan(b, flat.device)
-            send = flat + plan.off
-            if plan.order is not None:
-                send = send.index_select(0, plan.order)
+        mine = None
+        if self.k == 1:  # every id is this rank's: the rows in its stack, table by table
+            plan = self._plans.get(b) or self._fixed_plan(b, ids[0].device)
+            send = None
+            mine = [x + st.off_t for x, st in zip(ids, self.tables)]
         else:
-            plan, send = self._row_plan(b, flat)
+            flat = torch.cat([x.reshape(-1) for x in ids]) if len(ids) > 1 else ids[0].reshape(-1)
+            if self.mode == "table":
+                plan = self._plans.get(b) or self._fixed_plan(b, flat.device)
+                send = flat + plan.off
+                if plan.order is not None:
+                    send = send.index_select(0, plan.order)
+            else:
+                plan, send = self._row_plan(b, flat)
         self.last = plan
-        return _Exchange.apply(self, plan, send, *[st.weight for st in self.tables])
+        return _Exchange.apply(self, plan, send, mine, *[st.weight for st in self.tables])
 
     def _fixed_plan(self, b: int, device: torch.device) -> _Plan:
         """Table-wise (or any mode at one rank): rank j gets B x its fields of each table, batch-major."""
         k, me, n_t = self.k, self.me, len(self.tables)
         nf = [len(st.rows) for st in self.tables]
-        out_n = [b * st.owners.count(j) for j in range(k) for st in self.tables]
-        in_n = [b * st.owners.count(me) for _ in range(k) for st in self.tables]
-        perms, by_rank, base = [], [], 0
+        out_n = [b * st.owners.count(j) for j in self.blocks for st in self.tables]
+        in_n = [b * st.owners.count(me) for _ in self.blocks for st in self.tables]
+        perms, by_block, base = [], [], 0
         for st, n in zip(self.tables, nf):
             slots = torch.arange(b * n, device=device).view(b, n)
-            mine = [slots[:, [f for f in range(n) if st.owners[f] == j]].reshape(-1) for j in range(k)]
+            mine = [slots[:, [f for f in range(n) if st.owners[f] == j]].reshape(-1) for j in self.blocks]
             order = torch.cat(mine)
             if torch.equal(order, slots.view(-1)):
                 perms.append(None)
@@ -266,94 +306,107 @@ class Exchange:
                 inverse = torch.empty_like(order)
                 inverse[order] = torch.arange(order.numel(), device=device)
                 perms.append((inverse, order))
-            by_rank.append([m + base for m in mine])
+            by_block.append([m + base for m in mine])
             base += b * n
-        plan = _Plan(out_n, in_n, self.dims, k, [(b, n, d) for n, d in zip(nf, self.dims)], perms)
+        plan = _Plan(out_n, in_n, self.dims, k, me, [(b, n, d) for n, d in zip(nf, self.dims)], perms)
         plan.off = torch.cat([st.off_t.repeat(b) for st in self.tables])  # each slot's offset in its owner's stack
-        order = torch.cat([by_rank[t][j] for j in range(k) for t in range(n_t)])
+        order = torch.cat([by_block[t][i] for i in range(k) for t in range(n_t)])
         plan.order = None if torch.equal(order, torch.arange(base, device=device)) else order
         self._plans[b] = plan
         return plan
 
     def _row_plan(self, b: int, flat: torch.Tensor) -> tuple[_Plan, torch.Tensor]:
-        """Row-wise at K > 1 ranks: owners from the ids, a stable sort by owner, the counts exchanged."""
+        """Row-wise at K > 1 ranks: owners from the ids, a stable sort by block, the counts exchanged."""
         k, n_t = self.k, len(self.tables)
-        if b not in self._flat:  # each slot's block size, offset and table; 0..N-1
+        if b not in self._flat:  # each slot's block size, offset and table; 0..N-1; each rank's block
             dev = flat.device
+            block_of = [0] * k
+            for i, j in enumerate(self.blocks):
+                block_of[j] = i
             self._flat[b] = (torch.cat([st.block_t.repeat(b) for st in self.tables]),
                              torch.cat([st.off_t.repeat(b) for st in self.tables]),
                              torch.cat([torch.full((b * len(st.rows),), t, dtype=torch.long, device=dev)
                                         for t, st in enumerate(self.tables)]),
-                             torch.arange(flat.numel(), device=dev), torch.ones_like(flat))
-        block, off, table, arange, ones = self._flat[b]
+                             torch.arange(flat.numel(), device=dev), torch.ones_like(flat),
+                             torch.tensor(block_of, dtype=torch.long, device=dev))
+        block, off, table, arange, ones, block_of = self._flat[b]
         owner = torch.div(flat, block, rounding_mode="floor")
         row = torch.remainder(flat, block).add_(off)
-        key = torch.add(table, owner, alpha=n_t)  # (owner, table) of each slot
+        slot_block = block_of.index_select(0, owner)
+        key = torch.add(table, slot_block, alpha=n_t)  # (block, table) of each slot
         # not bincount: on CUDA it reads the largest key on the host first (a sync)
-        counts = torch.zeros(k * n_t, dtype=torch.long, device=flat.device).index_add_(0, key, ones)
+        per_block = torch.zeros(k * n_t, dtype=torch.long, device=flat.device).index_add_(0, key, ones)
+        counts = per_block.view(k, n_t).index_select(0, block_of).view(-1)  # rank order, as the ranks exchange them
         got = torch.empty_like(counts)
         dist.all_to_all_single(got, counts, group=self.group)
-        # slots are table by table, so a stable sort by owner leaves each owner's block table by table
-        order = torch.argsort(owner, stable=True)
+        # slots are table by table, so a stable sort by block leaves each block table by table
+        order = torch.argsort(slot_block, stable=True)
         send = row.index_select(0, order)
         inverse = torch.empty_like(order).index_put_((order,), arange)
-        # a slot's place among its own table's vectors as they come back: its place in the send
-        # buffer less the other tables' ids sent before it
-        ahead = counts.cumsum(0) - counts
-        per_table = counts.view(k, n_t)
+        # a slot's place among its own table's vectors as they come back (the blocks' pieces in block
+        # order): its place in the send buffer less the other tables' ids sent before it
+        ahead = per_block.cumsum(0) - per_block
+        per_table = per_block.view(k, n_t)
         ahead = ahead - (per_table.cumsum(0) - per_table).view(-1)
         pos = inverse - ahead.index_select(0, key)
         sizes = torch.stack([counts, got]).tolist()  # the one host sync of the row-wise exchange
+        out_n = [sizes[0][j * n_t + t] for j in self.blocks for t in range(n_t)]
+        in_n = [sizes[1][j * n_t + t] for j in self.blocks for t in range(n_t)]
         nf = [len(st.rows) for st in self.tables]
         perms = [(p, None) for p in pos.split_with_sizes([b * n for n in nf])]
-        return _Plan(sizes[0], sizes[1], self.dims, k, [(b, n, d) for n, d in zip(nf, self.dims)], perms), send
+        shapes = [(b, n, d) for n, d in zip(nf, self.dims)]
+        return _Plan(out_n, in_n, self.dims, k, self.me, shapes, perms), send
 
     def volume(self) -> dict[str, int]:
         """Bytes this rank sent to the other ranks of its group in the last forward and its backward."""
         p, n_t = self.last, len(self.tables)
-        others = [i for i in range(self.k * n_t) if i // n_t != self.me]
         size = self.tables[0].weight.element_size()
-        return {"ids": 8 * sum(p.out_n[i] for i in others), "vectors": size * sum(p.in_el[i] for i in others),
-                "gradients": size * sum(p.out_el[i] for i in others),
+        return {"ids": 8 * p.out_ids_n, "vectors": size * p.in_vec_n, "gradients": size * p.out_vec_n,
                 "counts": 8 * n_t * (self.k - 1) if self.mode == "row" and self.k > 1 else 0}
 
 
 class _Exchange(torch.autograd.Function):
-    """Ids out, lookups, vectors back (forward); gradients back to the owners, the lookups' backward."""
+    """Ids out, lookups, vectors back (forward); gradients back to the owners, the lookups' backward.
+
+    ``send``: the ids in block order (the others' blocks, then this rank's own), or None with
+    ``mine`` (this rank's own ids per table) when there is no other rank."""
 
     @staticmethod
-    def forward(ctx, ex: Exchange, plan: _Plan, send: torch.Tensor, *weights: torch.Tensor):
-        n_t, dims = len(weights), ex.dims
-        recv = send.new_empty(plan.in_total)
+    def forward(ctx, ex: Exchange, plan: _Plan, send, mine, *weights: torch.Tensor):
+        n_t, dims, o = len(weights), ex.dims, plan.others
+        if mine is None:
+            send, *mine = send.split_with_sizes([plan.out_ids_n, *plan.self_n])
+        else:
+            send = plan.new(mine[0], 0, 1)
+        recv = plan.new(send, plan.in_ids_n)
         dist.all_to_all_single(recv, send, plan.in_ids, plan.out_ids, group=ex.group)
-        ids = recv.split_with_sizes(plan.in_n)  # piece j * T + t: table t's ids from rank j
-        vec = weights[0].new_empty(plan.in_el_total)
-        for i, (x, v) in enumerate(zip(ids, vec.split_with_sizes(plan.in_el))):
-            torch.index_select(weights[i % n_t], 0, x, out=v.view(plan.in_n[i], dims[i % n_t]))
-        back = vec.new_empty(plan.out_el_total)
+        ids = recv.split_with_sizes(plan.in_n[:o]) if o else ()  # piece i * T + t: table t's ids from block i
+        vec = plan.new(weights[0], plan.in_vec_n)
+        if o:
+            for i, (x, v) in enumerate(zip(ids, vec.split_with_sizes(plan.in_el[:o]))):
+                torch.index_select(weights[i % n_t], 0, x, out=v.view(plan.in_n[i], dims[i % n_t]))
+        own = [torch.embedding(w, x) for w, x in zip(weights, mine)]  # this rank's own lookups, (*ids' shape, dim)
+        back = plan.new(vec, plan.out_vec_n, 1)
         dist.all_to_all_single(back, vec, plan.out_vec, plan.in_vec, group=ex.group)
-        pieces = back.split_with_sizes(plan.out_el)
-        outs = []
-        for t, (shape, perm) in enumerate(zip(plan.shapes, plan.perms)):
-            x = pieces[t] if ex.k == 1 else torch.cat(pieces[t::n_t])
-            if perm is not None:
-                x = x.view(-1, dims[t]).index_select(0, perm[0])
-            outs.append(x.view(shape))
-        ctx.ex, ctx.plan, ctx.ids, ctx.rows = ex, plan, ids, [w.shape[0] for w in weights]
+        outs = own  # one rank: the own lookups are the outputs, in the batch's order
+        if o:
+            pieces, outs = back.split_with_sizes(plan.out_el[:o]), []
+            for t, (shape, perm) in enumerate(zip(plan.shapes, plan.perms)):
+                x = torch.cat([*pieces[t:o:n_t], own[t].view(-1)]).view(-1, dims[t])
+                if perm is not None:
+                    x = x.index_select(0, perm[0])
+                outs.append(x.view(shape))
+        ctx.ex, ctx.plan, ctx.ids, ctx.mine, ctx.rows = ex, plan, ids, mine, [w.shape[0] for w in weights]
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         ex, plan = ctx.ex, ctx.plan
-        n_t, dims, k, scale = len(grads), ex.dims, ex.k, ex.grad_scale
-        send = grads[0].new_empty(plan.out_el_total)
-        if k == 1:  # each table's gradients straight into its piece (scaled on the way)
-            for g, piece in zip(grads, send.split_with_sizes(plan.out_el)):
-                if scale != 1.0:
-                    torch.mul(g, scale, out=piece.view(g.shape))
-                else:
-                    piece.view(g.shape).copy_(g)
-        else:  # into the send layout, then interleaved rank by rank
+        n_t, dims, k, scale, o = len(grads), ex.dims, ex.k, ex.grad_scale, plan.others
+        if not o:  # every gradient is this rank's own (scaled when there are copies to sum with)
+            own = grads if scale == 1.0 else [g * scale for g in grads]
+            send = plan.new(grads[0], 0)
+        else:  # into the send layout, block by block (this rank's own last), scaled once
             parts = []
             for t, (g, perm) in enumerate(zip(grads, plan.perms)):
                 rows = g.reshape(-1, dims[t])
@@ -361,21 +414,26 @@ class _Exchange(torch.autograd.Function):
                     rows = (rows.index_select(0, perm[1]) if perm[1] is not None
                             else torch.empty_like(rows).index_copy_(0, perm[0], rows))
                 parts.append(rows.reshape(-1).split_with_sizes(plan.out_el[t::n_t]))
-            torch.cat([parts[t][j] for j in range(k) for t in range(n_t)], out=send)
+            buf = grads[0].new_empty(plan.out_vec_n + sum(plan.self_el))
+            torch.cat([parts[t][i] for i in range(k) for t in range(n_t)], out=buf)
             if scale != 1.0:
-                send.mul_(scale)
-        recv = send.new_empty(plan.in_el_total)
+                buf.mul_(scale)
+            send, *own = buf.split_with_sizes([plan.out_vec_n, *plan.self_el])
+        recv = plan.new(send, plan.in_vec_n, 1)
         dist.all_to_all_single(recv, send, plan.in_vec, plan.out_vec, group=ex.group)
-        pieces = recv.split_with_sizes(plan.in_el)
+        pieces = recv.split_with_sizes(plan.in_el[:o]) if o else ()
         out = [None] * n_t
         for t in range(n_t):
-            if not ctx.needs_input_grad[3 + t]:
+            if not ctx.needs_input_grad[4 + t]:
                 continue
-            g = pieces[t] if k == 1 else torch.cat(pieces[t::n_t])
-            ix = ctx.ids[t] if k == 1 else torch.cat(ctx.ids[t::n_t])
-            # the op F.embedding's backward runs: the same sums as the unsharded lookup at one rank
-            out[t] = torch.ops.aten.embedding_dense_backward(g.view(ix.numel(), dims[t]), ix, ctx.rows[t], -1, False)
-        return (None, None, None, *out)
+            g, ix = own[t], ctx.mine[t]
+            if o:
+                g, ix = torch.cat([*pieces[t:o:n_t], g]), torch.cat([*ctx.ids[t:o:n_t], ix])
+            # the op F.embedding's backward runs (it takes the gradient in any shape of ix.numel() rows):
+            # the same sums as the unsharded lookup at one rank
+            out[t] = torch.ops.aten.embedding_dense_backward(g.view(-1, dims[t]) if o else g, ix, ctx.rows[t], -1,
+                                                             False)
+        return (None, None, None, None, *out)
 
 
 def once_after_forward(module: nn.Module, fn) -> None:
@@ -438,7 +496,10 @@ def parallelize(model, spec, cfg, denv):
         for st in sharded.values():
             st.weight.register_post_accumulate_grad_hook(allreduce)
 
-    module = data_parallel(model, [f"{n}.weight" for n in sharded], denv)
+    # the shards and their layout buffers (the same constants on every rank: DDP would broadcast
+    # them every forward, a collective per step for nothing)
+    module = data_parallel(model, [f"{n}.{name}" for n, st in sharded.items()
+                                   for name, _ in [*st.named_parameters(), *st.named_buffers()]], denv)
 
     @contextlib.contextmanager
     def no_sync():
