@@ -408,6 +408,8 @@ def test_nvimgcodec_import_messages_captured_and_judged(tmp_path, monkeypatch, c
     other line is passed on."""
     import sys
 
+    # the launcher's check judged here in this process (its child interpreter: the slow test below)
+    monkeypatch.setattr(images, "_launcher_nvimgcodec_why", lambda: images.nvimgcodec_status()[1])
     for k in [k for k in sys.modules if k == "nvidia" or k.startswith("nvidia.")]:
         monkeypatch.delitem(sys.modules, k)
     _fake_package(tmp_path / "a", NVIMG_LOAD_TEXT)
@@ -434,6 +436,31 @@ def test_nvimgcodec_import_messages_captured_and_judged(tmp_path, monkeypatch, c
     images.check_gpu_decoder("nvimgcodec")
 
 
+@pytest.mark.slow
+def test_launcher_checks_nvimgcodec_in_a_child_interpreter(tmp_path, monkeypatch, capfd, no_nvimg_cache):
+    """The launcher's check of --data-decoder nvimgcodec imports nvImageCodec in a child interpreter
+    (on a GPU machine the import makes a CUDA context, which a sweep's parent would hold through
+    every later case): nothing imported here, the verdict and the messages as the import gives them."""
+    import sys
+
+    for k in [k for k in sys.modules if k == "nvidia" or k.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, k)
+    _fake_package(tmp_path / "b", "Failed to load nvtiff library! Please install nvTIFF.\nsomething else\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    images.check_gpu_decoder("nvimgcodec")
+    assert "nvidia.nvimgcodec" not in sys.modules and "module" not in images._NVIMG
+    assert capfd.readouterr().err == "something else\n"
+    images.check_gpu_decoder("nvimgcodec")  # judged once per process
+    assert capfd.readouterr().err == ""
+    images._NVIMG.clear()
+    _fake_package(tmp_path / "a", NVIMG_LOAD_TEXT)
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    with pytest.raises(ConfigError, match=r"^data-decoder nvimgcodec: nvImageCodec is installed but cannot load "
+                                          r"libnvjpeg .*pip install 'dlscale\[nvimgcodec\]'"):
+        images.check_gpu_decoder("nvimgcodec")
+    assert "nvidia.nvimgcodec" not in sys.modules and capfd.readouterr().err == ""
+
+
 def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
     """--data-decoder on a GPU (stand-ins for the libraries): auto takes torchvision where it imports
     (its nvJPEG picks the hardware decoders itself), else nvImageCodec, and the record's name says
@@ -445,6 +472,7 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
     monkeypatch.setattr(images, "_torchvision", lambda: object() if state["tv"] else None)
     monkeypatch.setattr(images, "torchvision_decoder", lambda device: tv)
     monkeypatch.setattr(images, "nvimgcodec_status", lambda: state["nv"])
+    monkeypatch.setattr(images, "_launcher_nvimgcodec_why", lambda: state["nv"][1])
     monkeypatch.setattr(images, "nvimgcodec_hardware", lambda nv, device: state["hw"])
 
     def nvdec(device, hardware=None):
@@ -489,6 +517,7 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
     # auto with torchvision there does not import nvImageCodec in the launcher
     state["tv"] = True
     monkeypatch.setattr(images, "nvimgcodec_status", lambda: pytest.fail("imported nvImageCodec"))
+    monkeypatch.setattr(images, "_launcher_nvimgcodec_why", lambda: pytest.fail("checked nvImageCodec"))
     images.check_gpu_decoder("auto")
 
 
@@ -502,6 +531,7 @@ def test_run_cli_missing_nvimgcodec_exits_2_before_anything(tmp_path, monkeypatc
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(images, "_import_nvimgcodec",
                         lambda: (None, "", ModuleNotFoundError("No module named 'nvidia'", name="nvidia")))
+    monkeypatch.setattr(images, "_launcher_nvimgcodec_why", lambda: images.nvimgcodec_status()[1])
     code = main(["run", "--model", "resnet50", "--flavor", "tiny", "--device", "cuda", "--batch-size", "4",
                  "--store", str(tmp_path / "s"), "--data", f"imagefolder:{data_dir.imgs}", "--data-decode", "gpu",
                  "--data-decoder", "nvimgcodec"])

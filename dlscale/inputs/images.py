@@ -35,6 +35,7 @@ import math
 import os
 import re
 import struct
+import subprocess
 import sys
 import tempfile
 from typing import Any, Callable, Sequence
@@ -321,18 +322,42 @@ def nvimgcodec_status():
     return _NVIMG["module"], _NVIMG["why"]
 
 
+def _launcher_nvimgcodec_why() -> str | None:
+    """``nvimgcodec_status()``'s verdict, judged in a child interpreter: on a GPU machine importing
+    nvImageCodec makes a CUDA context, and the launcher (a sweep's parent, alive through every later
+    case) must hold none (it would sit on the GPU beside each case: memory, ``competing_gpu``). Its
+    messages are passed on to stderr; cached per process."""
+    if "launcher_why" not in _NVIMG:
+        code = ("import sys; from dlscale.inputs.images import nvimgcodec_status; why = nvimgcodec_status()[1]; "
+                "sys.stdout.write('ok' if why is None else 'why:' + why)")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        except subprocess.TimeoutExpired:
+            why = "importing nvImageCodec took over 120 s"
+        else:
+            if out.stderr:
+                sys.stderr.write(out.stderr)
+            text = out.stdout.strip()
+            why = None if text == "ok" else text[4:] if text.startswith("why:") else \
+                f"its import check failed (exit {out.returncode})"
+        _NVIMG["launcher_why"] = why
+    return _NVIMG["launcher_why"]
+
+
 def check_gpu_decoder(choice: str) -> None:
-    """The launcher's check of ``--data-decoder`` (no CUDA context is made): the chosen library
-    imports, or ConfigError (one line) naming what is missing and how to install it."""
+    """The launcher's check of ``--data-decoder`` (no CUDA context is made: nvImageCodec is imported
+    in a child interpreter): the chosen library imports, or ConfigError (one line) naming what is
+    missing and how to install it."""
     if choice == "torchvision":
         torchvision_decoder(torch.device("cuda"))
         return
     if choice == "nvimgcodec":
-        _, why = nvimgcodec_status()
+        why = _launcher_nvimgcodec_why()
         if why is not None:
             raise ConfigError(f"data-decoder nvimgcodec: {why}; {NVIMGCODEC_INSTALL}")
         return
-    if _torchvision() is None and nvimgcodec_status()[1] is not None:
+    if _torchvision() is None and _launcher_nvimgcodec_why() is not None:
         raise ConfigError(f"data-decode gpu needs torchvision (nvJPEG through torchvision.io.decode_jpeg) or "
                           f"nvImageCodec (hardware JPEG decoders): {TORCHVISION_INSTALL}, or "
                           f"{NVIMGCODEC_INSTALL.split(' (')[0]}")
