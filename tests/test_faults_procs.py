@@ -7,7 +7,8 @@ dealt to dlscale itself (its signals, its memory limit) dlscale is a ``python -m
 process; where it is dealt to the agent or a rank, dlscale runs in this process (tests/helpers_cli.py,
 ~5 s of start-up less) while a thread waits for training and deals it. The out-of-memory case and the
 hung-rank case (``python -m dlscale`` processes then) start while the stopped-rank case waits (idle) for
-its time limit, each when its test is selected with it.
+its time limit, each when its test is selected with it. The cases whose dlscale process is signalled
+(SIGKILL, SIGTERM, SIGHUP) run at once, each in its own folder, when the first of their tests asks.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -208,6 +210,69 @@ def hung_ahead(request, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- no process outlives its case
 
+SIGNAL_TESTS = {"test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up",
+                "test_sigterm_and_sighup_interrupt_like_ctrl_c"}
+
+
+def _deal(folder: Path, sig: signal.Signals) -> SimpleNamespace:
+    """``python -m dlscale`` in ``folder``, ``sig`` dealt to it once both ranks train; then what
+    followed: its exit code and stderr (none for SIGKILL), and the AssertionError of the processes
+    still alive after the usual wait (10 s after a SIGKILL, 15 s after dlscale ended), or None."""
+    case = SimpleNamespace(folder=folder, rc=None, err="", left=None)
+    dl = _start(folder)
+    try:
+        _wait_training(folder)
+        if sig == signal.SIGKILL:
+            dl.kill()
+            dl.wait()
+        else:
+            dl.send_signal(sig)
+            case.rc, case.err = _finish(dl)
+        try:
+            _assert_none_left(folder, timeout=10 if sig == signal.SIGKILL else 15)
+        except AssertionError as e:
+            case.left = e
+    finally:
+        if dl.poll() is None:
+            dl.kill()
+            dl.wait()
+    return case
+
+
+@pytest.fixture(scope="module")
+def signalled(request, tmp_path_factory):
+    """sig -> the case that signal was dealt to (``_deal``). The cases of the selected signal tests
+    run at once, each in its own folder, when the first of those tests asks: each one's start and
+    wait for training is mostly one core's work. A case that failed raises in its test."""
+    wanted = []
+    for item in request.session.items:
+        if getattr(item, "module", None) is request.module and item.originalname in SIGNAL_TESTS:
+            sig = item.callspec.params["sig"] if hasattr(item, "callspec") else signal.SIGKILL
+            if sig not in wanted:
+                wanted.append(sig)
+    folders = {sig: tmp_path_factory.mktemp(f"sig{int(sig)}") for sig in wanted}
+    done: dict = {}
+
+    def get(sig: signal.Signals) -> SimpleNamespace:
+        if not done:
+            with ThreadPoolExecutor(max_workers=len(folders)) as pool:
+                futures = {s: pool.submit(_deal, f, s) for s, f in folders.items()}
+            for s, f in futures.items():
+                done[s] = f.exception() or f.result()
+        if isinstance(done[sig], BaseException):
+            raise done[sig]
+        return done[sig]
+
+    yield get
+    for folder in folders.values():
+        for p in _ours(folder):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+
 @pytest.mark.slow
 def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
     def kill_agent() -> None:
@@ -220,31 +285,27 @@ def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
 
 
 @pytest.mark.slow
-def test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up(tmp_path, reaper):
-    dl = _start(tmp_path)
-    _wait_training(tmp_path)
-    dl.kill()
-    dl.wait()
-    _assert_none_left(tmp_path, timeout=10)
-    assert list((tmp_path / "tmp").glob("dlscale-case-*"))  # left by the kill ...
-    procs.clean_stale_tempdirs(str(tmp_path / "tmp"))
-    assert not list((tmp_path / "tmp").glob("dlscale-*"))  # ... removed by the next start
+def test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up(signalled):
+    case = signalled(signal.SIGKILL)
+    if case.left is not None:  # processes still there 10 s after the kill
+        raise case.left
+    assert list((case.folder / "tmp").glob("dlscale-case-*"))  # left by the kill ...
+    procs.clean_stale_tempdirs(str(case.folder / "tmp"))
+    assert not list((case.folder / "tmp").glob("dlscale-*"))  # ... removed by the next start
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_and_sighup_interrupt_like_ctrl_c(tmp_path, reaper, sig):
-    dl = _start(tmp_path)
-    _wait_training(tmp_path)
-    dl.send_signal(sig)
-    rc, err = _finish(dl)
-    assert rc == 130, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "interrupted" in lines[0] and "no record" in lines[0], err
-    _assert_none_left(tmp_path)
-    assert not list((tmp_path / "tmp").glob("dlscale-*"))
-    assert not (tmp_path / "store" / "results.jsonl").exists() or not (
-        tmp_path / "store" / "results.jsonl").read_text().strip()
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_interrupt_like_ctrl_c(signalled, sig):
+    case = signalled(sig)
+    assert case.rc == 130, case.err
+    lines = [ln for ln in case.err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "no record" in lines[0], case.err
+    if case.left is not None:  # processes still there 15 s after dlscale ended
+        raise case.left
+    assert not list((case.folder / "tmp").glob("dlscale-*"))
+    assert not (case.folder / "store" / "results.jsonl").exists() or not (
+        case.folder / "store" / "results.jsonl").read_text().strip()
 
 
 # ----------------------------------------------------------------------------- failures say what happened
