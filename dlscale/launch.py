@@ -209,6 +209,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_first": (r0.get("warmup_losses") or [None])[0],
             "loss_last": r0.get("loss_last"),
             "loss_after": r0.get("loss_after"),
+            "loss_after_steps": r0.get("loss_after_steps"),  # training steps before loss_after (parity)
             "warmup_losses": r0.get("warmup_losses"),
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
         })

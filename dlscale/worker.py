@@ -384,8 +384,13 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
 
 
 def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch) -> None:
-    """Extra measurements, all after the window and after the memory peak was read."""
+    """Extra measurements, all after the window and after the memory peak was read. The loss of the
+    trained model first: the breakdown and the profile train further steps, which would otherwise
+    make ``loss_after`` depend on them (and a parity check of a case with --breakdown against one
+    without fail)."""
     device = denv.device
+    result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
+    result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 
@@ -400,7 +405,6 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
         progress.phase("profile", "start", denv.rank)
         result["profile"] = profile_steps(step, device, trace)
         progress.phase("profile", "end", denv.rank)
-    result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
     result["strategy_info"] = par.record_info()  # again: a strategy may fill in what it saw while training
     if device.type == "cuda":
         result["model_state_mem_bytes"] = _model_state_memory(step, device)
@@ -440,9 +444,13 @@ def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device,
         return parity.global_loss(par.eval_loss(batch), par, denv)
     if par.step is not None:
         return None
+    training = module.training
     module.eval()  # dropout off, so the check is deterministic
-    with torch.no_grad(), _autocast(cfg, device)():
-        loss = module(*batch)
+    try:
+        with torch.no_grad(), _autocast(cfg, device)():
+            loss = module(*batch)
+    finally:
+        module.train(training)  # the steps after it (breakdown, profile, model state) train as the window did
     return parity.global_loss(loss, par, denv)
 
 

@@ -138,3 +138,25 @@ def test_markdown_headings_escape_the_label(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\n# injected" not in out and "<b>" not in out
     assert r"label x \# injected \<b\>\*y\*\</b\>" in out
+
+
+def test_loss_after_compared_only_after_as_many_training_steps(tmp_path, capsys):
+    """loss_after is the trained model's loss: compared only where the case had taken as many
+    training steps as the reference (recorded as loss_after_steps; an older record is trusted only
+    without --breakdown/--profile, which trained further steps before it). The warm-up losses are
+    compared either way."""
+    longer = rec("l", "ddp", 2, 4, after=AFTER * 0.9)
+    longer["repeats"][0]["loss_after_steps"] = 3 + 5 + 4
+    old_bd = rec("b", "zero1", 2, 4, after=AFTER * 0.9)
+    old_bd["config"]["breakdown"] = True
+    same = rec("f", "fsdp", 2, 4, after=AFTER * 0.9)
+    same["repeats"][0]["loss_after_steps"] = 3 + 5  # as the reference (warm-up 3, steps 5): compared
+    store = write(tmp_path, [rec("s", "single", 1, 8), longer, old_bd, same])
+    rc, doc = run_json(capsys, store)
+    by = {c["strategy"]: c for c in doc["groups"][0]["cases"]}
+    assert by["ddp"]["verdict"] == "pass" and by["ddp"]["loss_after"] is None
+    assert by["ddp"]["note"] == "loss after not compared: 12 training steps against the reference's 8"
+    assert by["zero1"]["verdict"] == "pass" and by["zero1"]["note"].startswith(
+        "loss after not compared: an older record whose --breakdown or --profile")
+    assert by["fsdp"]["verdict"] == "FAIL" and by["fsdp"]["max_rel_diff"] == pytest.approx(0.1, rel=1e-3)
+    assert rc == 1 and "loss after not compared" in by["ddp"]["note"]

@@ -65,6 +65,20 @@ def trajectory(rec: dict[str, Any]) -> tuple[list[float | None], float | None, f
     return warm, after, spread
 
 
+def after_steps(rec: dict[str, Any]) -> int | None:
+    """Training steps the model had taken when ``loss_after`` was read: recorded (``loss_after_steps``),
+    else warm-up + window for an older record without --breakdown or --profile; None where unknown
+    (an older record whose breakdown or profile trained further steps before it)."""
+    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"]
+    if reps and isinstance(reps[0].get("loss_after_steps"), int):
+        return reps[0]["loss_after_steps"]
+    cfg = rec_config(rec)
+    if cfg.get("breakdown") or cfg.get("profile"):
+        return None
+    w, n = cfg.get("warmup"), cfg.get("steps")
+    return w + n if isinstance(w, int) and isinstance(n, int) else None
+
+
 def splits_batch(rec: dict[str, Any]) -> bool:
     """Does the case see the batch in pieces (per data-parallel rank, or per pipeline micro-batch)?"""
     cfg = rec_config(rec)
@@ -170,6 +184,21 @@ def _judge(e: Entry, ref: Entry | None, tol: float) -> None:
     if not any(x is not None for x in e.warmup) and e.after is None:
         e.verdict, e.note = NO_LOSS, "the record holds no loss"
         return
+    skipped = ""
+    if e.after is not None and ref.after is not None:
+        mine, theirs = after_steps(rec), after_steps(ref.rec)
+        if mine is None or theirs is None or mine != theirs:
+            # the trained models differ by the steps taken: only the warm-up losses are comparable
+            why = (f"{mine} training steps against the reference's {theirs}" if mine is not None and theirs is not None
+                   else "an older record whose --breakdown or --profile trained further steps before it")
+            e.after, skipped = None, f"loss after not compared: {why}"
+    _judge_points(e, ref, tol)
+    if skipped:
+        e.note = f"{e.note}; {skipped}" if e.note else skipped
+
+
+def _judge_points(e: Entry, ref: Entry, tol: float) -> None:
+    rec = e.rec
     scopes = {r.get("loss_scope") for r in rec.get("repeats") or [] if isinstance(r, dict)}
     if parity.LOSS_SCOPE not in scopes and splits_batch(rec):
         e.verdict = NOT_COMPARABLE

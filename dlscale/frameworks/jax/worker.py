@@ -255,6 +255,10 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     result.update(_peak_memory(device_type))
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
+    # the trained model's loss before the profile trains further steps (as the torch worker)
+    mb0 = tuple(b[0] for b in batches)
+    result["loss_after"] = _value(s.eval_loss(state.params, state.stats, mb0))
+    result["loss_after_steps"] = cfg.warmup + cfg.steps
     if cfg.breakdown:
         result["breakdown"] = None
         result["breakdown_note"] = "the step-time breakdown measures torch phases; not available under JAX"
@@ -263,8 +267,6 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
 
         trace = out_dir / "trace.json" if rank == 0 else None
         state, result["profile"] = profile_steps(step, state, batches, trace)
-    mb0 = tuple(b[0] for b in batches)
-    result["loss_after"] = _value(s.eval_loss(state.params, state.stats, mb0))
 
 
 def _injection(cfg: RunConfig, rank: int):
