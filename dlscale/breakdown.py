@@ -138,8 +138,11 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
 
 
 def profile_steps(step: Callable[[], Any], device: torch.device, path: str | None, active: int = 3,
-                  top: int = 15) -> dict[str, Any]:
+                  top: int = 15, fetch: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Record a torch.profiler trace (Chrome/Perfetto JSON) of ``active`` training steps.
+
+    With real data (``fetch``: the loader's next batch) each step takes its batch first, as in the
+    window, so the trace shows the input pipeline's threads and kernels (GPU decode) beside the step's.
 
     Every rank profiles (their collectives must match); only a rank given a ``path`` exports.
     ``top_ops`` in the result lists the ``top`` events with the most self time on the device
@@ -155,6 +158,8 @@ def profile_steps(step: Callable[[], Any], device: torch.device, path: str | Non
     with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
                  on_trace_ready=ready, record_shapes=False) as prof:
         for _ in range(active + 1):
+            if fetch is not None:
+                fetch()
             step()
             prof.step()
     if device.type == "cuda":

@@ -403,7 +403,7 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
 
         trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
         progress.phase("profile", "start", denv.rank)
-        result["profile"] = profile_steps(step, device, trace)
+        result["profile"] = profile_steps(step, device, trace, fetch=fetch)
         progress.phase("profile", "end", denv.rank)
     result["strategy_info"] = par.record_info()  # again: a strategy may fill in what it saw while training
     if device.type == "cuda":

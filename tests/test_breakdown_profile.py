@@ -99,3 +99,25 @@ def test_model_state_memory_is_read_as_the_optimizer_step_begins(monkeypatch):
     assert phases == ["backward", "read"]
     step()  # the hook was removed: no further read
     assert phases == ["backward", "read", "backward"]
+
+
+def test_profiled_steps_take_their_batch_first_with_real_data(tmp_path):
+    """With real data each profiled step fetches its batch first, as in the window, so the trace holds
+    the loader's work (GPU decode) beside the step's; without a loader only the steps run."""
+    import torch
+
+    from dlscale.breakdown import profile_steps
+
+    calls = []
+    x = torch.ones(8, 8)
+
+    def step():
+        calls.append("step")
+        return (x @ x).sum()
+
+    out = profile_steps(step, torch.device("cpu"), str(tmp_path / "trace.json"), active=2,
+                        fetch=lambda: calls.append("fetch"))
+    assert calls == ["fetch", "step"] * 3 and out["steps"] == 2 and (tmp_path / "trace.json").exists()
+    calls.clear()
+    profile_steps(step, torch.device("cpu"), None, active=2)
+    assert calls == ["step"] * 3
