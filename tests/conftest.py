@@ -8,10 +8,12 @@ not count: they are part of reading the environment, not of running a benchmark.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,97 @@ def _process_starting_tests_are_slow(request, monkeypatch):
     yield
     if started:
         pytest.fail(f"this test starts a process ({started[0]}) but is not marked slow", pytrace=False)
+
+
+# ---------------------------------------------------------------- `single` references trained in this process
+
+_HERE_LOCK = threading.Lock()
+
+
+def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
+    """One `single` repeat as dlscale/worker.py's ``main`` runs it, but in this process on a
+    one-rank gloo group (no torchrun, no interpreter to start): the same ``train``, the same
+    ``rank0.json`` for the launcher to merge, phase lines to the spawner's ``on_line``; no
+    hardware sampler and no stack dump at the time limit (nothing here can stop a hung step)."""
+    import dataclasses
+    import datetime as dt
+    import json
+    import socket
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from dlscale import progress, worker
+    from dlscale.procs import ProcResult
+    from dlscale.strategies import DistEnv
+
+    t0, m0 = time.time(), time.monotonic()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or threads))  # as the worker's OMP_NUM_THREADS
+    result = {"rank": 0, "local_rank": 0, "world_size": 1, "host": socket.gethostname(), "device": "cpu",
+              "pid": os.getpid(), "status": "failed", "error": None, "backend": "gloo",
+              "threads": torch.get_num_threads(), "marks": {"started": t0, "imported": t0}}
+    worker.write_started(workdir, 0)
+    lines: list[str] = []
+
+    def phase(name, event, rank=0, **info):
+        if rank == 0:
+            lines.append(progress.MARK + json.dumps({"phase": name, "event": event, "t": time.time(), **info}))
+            if on_line is not None:
+                on_line(lines[-1])
+
+    code = 0
+    try:
+        with pytest.MonkeyPatch.context() as mp, torch.random.fork_rng(devices=[]):
+            mp.setattr(progress, "phase", phase)
+            dist.init_process_group("gloo", init_method=(workdir / "pg-store").as_uri(), rank=0, world_size=1,
+                                    timeout=dt.timedelta(seconds=cfg.collective_timeout))
+            result["marks"]["process_group"] = time.time()
+            # no hardware sampler: it would sample this process's parent (a worker's is torchrun's agent)
+            worker.train(dataclasses.replace(cfg, monitor=False), DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo"),
+                         result, workdir)
+    except Exception as e:  # noqa: BLE001 - recorded as the worker records it
+        code = worker.EXIT_OOM if worker.is_oom(e) else 1
+        result.update(status="oom" if code == worker.EXIT_OOM else "failed", error=worker._one_line(e))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+        result["marks"]["finished"] = time.time()
+        (workdir / "rank0.json").write_text(json.dumps(result, default=str))
+        if hasattr(on_line, "close"):
+            on_line.close()
+    return ProcResult(code, False, time.monotonic() - m0, "\n".join(lines[-20:]),
+                      ["(in the test process)", "dlscale.worker"], t0)
+
+
+@pytest.fixture(scope="module")
+def single_in_process():
+    """``with single_in_process(when):`` `dlscale run` (in this process) trains each `single` CPU
+    case that ``when(cfg)`` accepts here, on a one-rank gloo group, instead of starting torchrun
+    and a worker (~16 CPU-s of imports on 2 cores for a tiny reference run); every other case
+    starts torchrun as before. The record is made, checked and stored by the same code."""
+    from dlscale import launch
+
+    @contextlib.contextmanager
+    def patch(when=lambda cfg: True):
+        import torch.distributed as dist
+
+        real = launch.TorchrunSpawner
+
+        class Here(real):
+            def start(self, cfg, workdir, env):
+                if cfg.strategy == "single" and cfg.device == "cpu" and when(cfg):
+                    with _HERE_LOCK:  # one default process group per process: one such run at a time
+                        if not dist.is_initialized():
+                            return _train_here(cfg, workdir, env, self.on_line)
+                return super().start(cfg, workdir, env)
+
+        launch.TorchrunSpawner = Here
+        try:
+            yield
+        finally:
+            launch.TorchrunSpawner = real
+
+    return patch

@@ -1,13 +1,11 @@
 """`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models.
 
 The cases in CASES run in this process (tests/helpers_cli.py), once per module, those the selected
-tests name (``@cases``) two at a time; the time-limit and unwritable-store cases run on their own.
+tests name (``@cases``) two at a time; the time-limit and unwritable-store cases run on their own
+(the unwritable store in this process too: it must fail before any process starts).
 """
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 
@@ -37,12 +35,6 @@ CASES = {
     "crash": ["--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2",
               "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0", "--repeats", "3"],
 }
-
-
-def dlscale_process(*args, timeout=180, env=None):
-    """``python -m dlscale ARGS``: a fresh interpreter, for what only a process shows."""
-    return subprocess.run([sys.executable, "-m", "dlscale", *args], capture_output=True, text=True,
-                          timeout=timeout, env=None if env is None else {**os.environ, **env})
 
 
 def dlscale(*args, env=None):
@@ -109,7 +101,7 @@ def test_unwritable_store_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     t = time.monotonic()
-    p = dlscale_process("run", "--model", "gpt2", *FAST, "--store", str(blocker / "st"), timeout=60)
+    p = dlscale("run", "--model", "gpt2", *FAST, "--store", str(blocker / "st"))  # in this process: no torch import
     assert p.returncode == 2 and "not writable" in p.stderr
     assert "rank 0" not in p.stdout  # no worker was started
     assert time.monotonic() - t < 30
@@ -130,8 +122,10 @@ def test_help_lists_every_option_with_default(capsys):
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory, request):
-    """name -> (the finished `dlscale run` of CASES[name], its store), run once per module."""
+def case(tmp_path_factory, request, single_in_process):
+    """name -> (the finished `dlscale run` of CASES[name], its store), run once per module. The two
+    `single` references of the DDP runs train in this process (conftest.py ``single_in_process``:
+    the same `dlscale run`, record and store, no torchrun); "repeats" and every DDP case start theirs."""
     root = tmp_path_factory.mktemp("run-cli")
     args = lambda name: ["run", *CASES[name], "--store", str(root / name)]  # noqa: E731
     ahead, done = RunsAhead(args), {}
@@ -142,7 +136,8 @@ def case(tmp_path_factory, request):
             done[name] = (ahead.take(name) or dlscale(*args(name)), root / name)
         return done[name]
 
-    yield get
+    with single_in_process(lambda cfg: cfg.model in ("gpt2", "bert-base")):
+        yield get
     ahead.finish(request)
 
 

@@ -13,8 +13,9 @@ compared with `single` on it, and so is the interleaved schedule with one micro-
 statistics are per micro-batch, so only then is resnet50 comparable with `single`).
 
 Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-process 3-D case ~50 s).
-Every `single` reference is a real `dlscale run` in the module's store: the parity view at the end
-compares each strategy's record with its workload's single record. The cases the selected tests
+Every `single` reference is a real `dlscale run` in the module's store (its one rank trained in
+the test process with one thread, conftest.py ``single_in_process``, not under torchrun): the
+parity view at the end compares each strategy's record with its workload's single record. The cases the selected tests
 name (``@cases``) run two at a time, a few ahead of the tests that read them (helpers_cli.py).
 """
 from __future__ import annotations
@@ -100,13 +101,16 @@ _AHEAD: RunsAhead
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, request) -> Path:
-    """The module's store; the cases the selected tests name (@cases) run ahead into it."""
+def store(tmp_path_factory, request, single_in_process) -> Path:
+    """The module's store; the cases the selected tests name (@cases) run ahead into it. The
+    `single` references train in this process (conftest.py: the same `dlscale run`, record and
+    store, no torchrun); every other strategy starts its real gloo processes."""
     global _AHEAD
     path = tmp_path_factory.mktemp("strategies-store")
     _AHEAD = RunsAhead(lambda key: _args(path, key))
     _AHEAD.start(request)
-    yield path
+    with single_in_process():
+        yield path
     _AHEAD.finish(request)
 
 
