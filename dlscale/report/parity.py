@@ -49,9 +49,13 @@ def _losses(rep: dict[str, Any]) -> list[float | None]:
     return [parity.finite(x) for x in rep.get("warmup_losses") or []]
 
 
+def _ok_repeats(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"]
+
+
 def trajectory(rec: dict[str, Any]) -> tuple[list[float | None], float | None, float | None]:
     """(warm-up losses, loss_after, largest relative spread between repeats) of the first ok repeat."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"]
+    reps = _ok_repeats(rec)
     if not reps:
         return [], None, None
     first = reps[0]
@@ -69,7 +73,7 @@ def after_steps(rec: dict[str, Any]) -> int | None:
     """Training steps the model had taken when ``loss_after`` was read: recorded (``loss_after_steps``),
     else warm-up + window for an older record without --breakdown or --profile; None where unknown
     (an older record whose breakdown or profile trained further steps before it)."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"]
+    reps = _ok_repeats(rec)
     if reps and isinstance(reps[0].get("loss_after_steps"), int):
         return reps[0]["loss_after_steps"]
     cfg = rec_config(rec)
