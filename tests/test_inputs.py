@@ -338,6 +338,30 @@ def test_batched_crop_resize_flip_is_exact_bilinear():
     assert (out[0] - whole).abs().max() < 0.01
 
 
+def test_batched_crop_matches_grid_sample_image_by_image():
+    """The one gather over the concatenated images = grid_sample (bilinear, align_corners=False,
+    border) of each image alone, for boxes smaller than the output (upscaled), touching the image's
+    right and bottom edges, flipped, and images of different sizes and aspect ratios."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    shapes = [(120, 90), (70, 130), (31, 17), (8, 8)]
+    imgs = [(torch.rand(3, h, w, generator=g) * 255).to(torch.uint8) for h, w in shapes]
+    boxes = [(10, 20, 60, 80), (100, 50, 30, 20), (0, 0, 17, 31), (3, 5, 5, 3)]
+    flips = [False, True, True, False]
+    size = 24
+    out = images._crop_resize_flip(imgs, boxes, flips, size, torch.device("cpu"))
+    assert out.shape == (4, 3, size, size) and out.dtype == torch.float32
+    for im, (left, top, w, h), flip, got in zip(imgs, boxes, flips, out):
+        hh, ww = im.shape[-2:]
+        theta = torch.tensor([[[(-1.0 if flip else 1.0) * w / ww, 0.0, (2 * left + w) / ww - 1],
+                               [0.0, h / hh, (2 * top + h) / hh - 1]]], dtype=torch.float64)
+        grid = F.affine_grid(theta, [1, 3, size, size], align_corners=False)
+        ref = F.grid_sample(im.unsqueeze(0).double(), grid, mode="bilinear", padding_mode="border",
+                            align_corners=False)[0]
+        assert (got.double() - ref).abs().max() < 1e-3
+
+
 def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
     """The GPU path's crop/resize/flip/normalise (driven here by a Pillow decoder on the CPU) gives
     the CPU path's batch up to interpolation rounding; PNG and broken files are handled and counted."""

@@ -496,31 +496,46 @@ def _pil_chw(data: torch.Tensor) -> torch.Tensor:
 
 
 def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device) -> torch.Tensor:
-    """Every image's crop box resized to ``size`` x ``size`` and flipped where asked, in one
-    ``grid_sample`` over the batch padded to its largest image (bilinear, no antialiasing: the
-    GPU path's work per batch is a few kernels, not a few per image, so the decode thread in the
-    training process holds the interpreter for little)."""
-    import torch.nn.functional as F
-
-    h_max, w_max = max(im.shape[-2] for im in imgs), max(im.shape[-1] for im in imgs)
-    batch = torch.zeros((len(imgs), 3, h_max, w_max), dtype=torch.uint8, device=device)
-    hw = np.array([im.shape[-2:] for im in imgs], dtype=np.float64)  # (n, 2): h, w
-    box = np.array(boxes, dtype=np.float64).reshape(len(imgs), 4)  # left, top, w, h
-    for i, im in enumerate(imgs):
-        batch[i, :, :im.shape[-2], :im.shape[-1]].copy_(im, non_blocking=True)
+    """Every image's crop box resized to ``size`` x ``size`` (bilinear, no antialiasing: the
+    coordinates ``grid_sample`` with ``align_corners=False`` and border padding takes on each image)
+    and flipped where asked, as one gather over the batch's images concatenated: a few kernels per
+    batch and no Python loop over images issuing device work. The decode thread shares the
+    interpreter with the training loop, which launches its kernels between GIL hand-overs; a
+    per-image loop here held the GIL long enough to stall those launches by the interpreter's
+    switch interval (docs/data.md), and a padded batch cost the model memory bandwidth."""
+    n, s = len(imgs), size
+    hw = np.array([im.shape[-2:] for im in imgs], dtype=np.int64)  # (n, 2): h, w
+    box = np.array(boxes, dtype=np.float64).reshape(n, 4)  # left, top, w, h
     # header and pixels disagree (a damaged file): the whole image
     off = (box[:, 0] + box[:, 2] > hw[:, 1]) | (box[:, 1] + box[:, 3] > hw[:, 0])
     box[off] = np.stack([np.zeros(off.sum()), np.zeros(off.sum()), hw[off, 1], hw[off, 0]], axis=1)
-    left, top, w, h = box.T
-    # output [-1, 1] -> the box's pixel span in the padded image's [-1, 1] coordinates, built on the
-    # host in one array (no per-image tensor writes: the decode thread holds the interpreter less)
-    theta = np.zeros((len(imgs), 2, 3), dtype=np.float32)
-    theta[:, 0, 0] = np.where(np.asarray(flips, dtype=bool), -1.0, 1.0) * w / w_max
-    theta[:, 0, 2] = (2 * left + w) / w_max - 1
-    theta[:, 1, 1] = h / h_max
-    theta[:, 1, 2] = (2 * top + h) / h_max - 1
-    grid = F.affine_grid(torch.from_numpy(theta).to(device), [len(imgs), 3, size, size], align_corners=False)
-    return F.grid_sample(batch.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    plane = hw[:, 0] * hw[:, 1]
+    base = np.concatenate([[0], np.cumsum(3 * plane)[:-1]])
+    # per image: left, top, w/s, h/s, width-1, height-1, base, plane, flip (float64 on the host, one copy)
+    par = np.stack([box[:, 0], box[:, 1], box[:, 2] / s, box[:, 3] / s, hw[:, 1] - 1, hw[:, 0] - 1,
+                    base, plane, np.asarray(flips, dtype=bool)], axis=1)
+    par = torch.from_numpy(par).to(device, non_blocking=False)
+    flat = torch.cat([im.reshape(-1) for im in imgs])
+    pix = torch.arange(s, device=device, dtype=torch.float64) + 0.5
+    # source pixel of each output column / row (align_corners=False), clamped to the image (border)
+    sx = par[:, :1] + pix * par[:, 2:3] - 0.5
+    sx = torch.where(par[:, 8:9] > 0, sx.flip(1), sx).clamp_(min=0).minimum(par[:, 4:5])
+    sy = (par[:, 1:2] + pix * par[:, 3:4] - 0.5).clamp_(min=0).minimum(par[:, 5:6])
+    x0, y0 = sx.floor(), sy.floor()
+    wx, wy = (sx - x0).float(), (sy - y0).float()
+    dx = (x0 < par[:, 4:5]).long()  # 0 on the last column: its right neighbour has weight 0
+    dy = (y0 < par[:, 5:6]).long()
+    width = par[:, 4:5].long() + 1
+    chan = torch.arange(3, device=device).view(1, 3, 1, 1) * par[:, 7].long().view(n, 1, 1, 1)
+    row = (par[:, 6:7].long() + y0.long() * width).view(n, 1, s, 1) + chan  # (n, 3, s, 1)
+    col = x0.long().view(n, 1, 1, s)
+    i00 = row + col  # (n, 3, s, s)
+    down = (dy * width).view(n, 1, s, 1)
+    right = dx.view(n, 1, 1, s)
+    top = torch.take(flat, i00).float().lerp_(torch.take(flat, i00 + right).float(), wx.view(n, 1, 1, s))
+    bot = torch.take(flat, i00 + down).float().lerp_(torch.take(flat, i00 + down + right).float(),
+                                                      wx.view(n, 1, 1, s))
+    return top.lerp_(bot, wy.view(n, 1, s, 1))
 
 
 class GpuDecoder:
@@ -538,9 +553,17 @@ class GpuDecoder:
             decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"
 
-    def _decode_all(self, datas: list[torch.Tensor]) -> tuple[list[torch.Tensor | None], int]:
+    def _decode_all(self, datas: list[torch.Tensor], flat: torch.Tensor,
+                    lengths: list[int]) -> tuple[list[torch.Tensor | None], int]:
         out: list[torch.Tensor | None] = [None] * len(datas)
-        jpeg = [i for i, d in enumerate(datas) if bytes(d[:2].tolist()) == JPEG_MAGIC]
+        # which files start with the JPEG marker, read from the batch's one host buffer at once
+        # (not a slice and a host read per file: this thread shares the interpreter with the step)
+        raw, lens = flat.numpy(), np.asarray(lengths, dtype=np.int64)
+        starts = np.cumsum(lens) - lens
+        whole = lens >= 2
+        magic = np.zeros(len(lens), dtype=bool)
+        magic[whole] = (raw[starts[whole]] == JPEG_MAGIC[0]) & (raw[starts[whole] + 1] == JPEG_MAGIC[1])
+        jpeg = np.flatnonzero(magic).tolist()
         if jpeg:
             try:
                 for i, img in zip(jpeg, self.decode([datas[i] for i in jpeg])):
@@ -564,7 +587,7 @@ class GpuDecoder:
     def __call__(self, item):
         flat, lengths, labels, boxes, flips, meta = item
         datas = list(torch.split(flat, lengths))
-        imgs, fallbacks = self._decode_all(datas)
+        imgs, fallbacks = self._decode_all(datas, flat, lengths)
         good = [i for i, im in enumerate(imgs) if im is not None]
         if not good:
             raise RuntimeError(f"no image of a batch of {len(datas)} could be decoded")

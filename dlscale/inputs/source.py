@@ -21,6 +21,7 @@ import contextlib
 import os
 import queue
 import statistics
+import sys
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -34,6 +35,11 @@ from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, pars
 
 PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
+# The interpreter's switch interval while the input thread runs (CPython's default is 5 ms). The
+# training thread gives the GIL up around every kernel launch; when it wants it back while the
+# input thread runs Python, it waits up to this long (a profiled compiled ResNet-50 step showed a
+# 5 ms hole in its launches: docs/data.md). 0.5 ms bounds that wait at ~1 % of such a step.
+GIL_SWITCH_S = 5e-4
 
 
 class SyntheticSource:
@@ -73,6 +79,8 @@ class Prefetcher:
         self.q: queue.Queue = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         self.native_id: int | None = None
+        self.switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(min(self.switch_s, GIL_SWITCH_S))
         self.thread = threading.Thread(target=self._run, name="dlscale-input", daemon=True)
         self.thread.start()
 
@@ -124,6 +132,7 @@ class Prefetcher:
             while True:
                 self.q.get_nowait()
         self.thread.join(timeout=10)
+        sys.setswitchinterval(self.switch_s)
 
 
 def _cpu_finish(item):
