@@ -22,7 +22,8 @@ their collectives. One forward (TorchRec's sequence of input dist, lookup, outpu
    counts of every (owner, table) exchanged first (one small all-to-all and one host read of the
    split sizes: the path's only host sync). At one rank, in either mode, every id is the rank's
    own: each table's ids plus its fields' offsets, as the unsharded module computes them; no
-   owner map, sort, permutation or count exchange, and the all-to-alls carry nothing;
+   owner map, sort, permutation or count exchange, and no collective (a group of one has
+   nothing to move);
 3. the owner looks every (source, table) piece up in its shards straight into one vector buffer,
    which goes back in one all-to-all, and its own ids into their own tensors; each table's
    vectors are put back in the batch's order by one gather (none at one rank: the outputs are
@@ -34,14 +35,14 @@ their collectives. One forward (TorchRec's sequence of input dist, lookup, outpu
    shard's gradient.
 
 Collectives per micro-batch (forward and backward), whatever the number of tables: 3
-all-to-alls (ids, vectors, gradients), plus 1 (the counts) row-wise at more than one rank (before
+all-to-alls (ids, vectors, gradients) among the K ranks of a copy (none at K = 1), plus 1 (the
+counts) row-wise at more than one rank (before
 the merge: 3 per table module, 6 for wide-deep, 8 row-wise). Per optimizer step, with ``shards``
 < world, one all-reduce per table module across the copies; DDP's buckets for the MLP at more
 than one rank (the shards' layout buffers are kept out of DDP: no buffer broadcast per step).
 At one rank a step runs the plain lookups' ops (offsets added, ``embedding``,
-``embedding_dense_backward``) plus the 3 all-to-alls, called over the one rank with empty buffers
-and the equal split (nothing else: no buffer, copy, split or view;
-benchmarks/embshard_host_cpu.py counts them). A model without ``embed`` gets one exchange per
+``embedding_dense_backward``) and nothing else: no collective, buffer, copy, split or view
+(benchmarks/embshard_host_cpu.py counts them). A model without ``embed`` gets one exchange per
 table module (3 all-to-alls each).
 
 Options:
@@ -259,7 +260,7 @@ class Exchange:
     of the counts come first. Sizes, offsets and permutations that depend only on the batch size
     (table-wise; any mode at one rank) are made once per batch size. At one rank every id is its
     own: each table's ids plus its fields' offsets are looked up as the unsharded module does, and
-    the three all-to-alls are called with nothing to send."""
+    no collective runs (``_all_to_all``)."""
 
     def __init__(self, tables: list[ShardedTables], group, k: int, me: int, grad_scale: float):
         self.tables, self.group, self.k, self.me, self.grad_scale = list(tables), group, k, me, grad_scale
@@ -365,6 +366,15 @@ class Exchange:
                 "counts": 8 * n_t * (self.k - 1) if self.mode == "row" and self.k > 1 else 0}
 
 
+def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, ex: Exchange) -> None:
+    """``all_to_all_single`` among the exchange's K ranks; nothing at K = 1: this rank's own pieces
+    never go through the collective, so a group of one has nothing to move (Megatron-LM's
+    model-parallel mappings skip their collectives at world size 1 the same way). Over one rank an
+    NCCL all-to-all still costs ~30-40 us of host time per call (docs/benchmarks.md)."""
+    if ex.k > 1:
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=ex.group)
+
+
 class _Exchange(torch.autograd.Function):
     """Ids out, lookups, vectors back (forward); gradients back to the owners, the lookups' backward.
 
@@ -379,7 +389,7 @@ class _Exchange(torch.autograd.Function):
         else:
             send = plan.new(mine[0], 0, 1)
         recv = plan.new(send, plan.in_ids_n)
-        dist.all_to_all_single(recv, send, plan.in_ids, plan.out_ids, group=ex.group)
+        _all_to_all(recv, send, plan.in_ids, plan.out_ids, ex)
         ids = recv.split_with_sizes(plan.in_n[:o]) if o else ()  # piece i * T + t: table t's ids from block i
         vec = plan.new(weights[0], plan.in_vec_n)
         if o:
@@ -387,7 +397,7 @@ class _Exchange(torch.autograd.Function):
                 torch.index_select(weights[i % n_t], 0, x, out=v.view(plan.in_n[i], dims[i % n_t]))
         own = [torch.embedding(w, x) for w, x in zip(weights, mine)]  # this rank's own lookups, (*ids' shape, dim)
         back = plan.new(vec, plan.out_vec_n, 1)
-        dist.all_to_all_single(back, vec, plan.out_vec, plan.in_vec, group=ex.group)
+        _all_to_all(back, vec, plan.out_vec, plan.in_vec, ex)
         outs = own  # one rank: the own lookups are the outputs, in the batch's order
         if o:
             pieces, outs = back.split_with_sizes(plan.out_el[:o]), []
@@ -420,7 +430,7 @@ class _Exchange(torch.autograd.Function):
                 buf.mul_(scale)
             send, *own = buf.split_with_sizes([plan.out_vec_n, *plan.self_el])
         recv = plan.new(send, plan.in_vec_n, 1)
-        dist.all_to_all_single(recv, send, plan.in_vec, plan.out_vec, group=ex.group)
+        _all_to_all(recv, send, plan.in_vec, plan.out_vec, ex)
         pieces = recv.split_with_sizes(plan.in_el[:o]) if o else ()
         out = [None] * n_t
         for t in range(n_t):
