@@ -83,19 +83,8 @@ def main() -> None:
         spec = spec.resize(**knobs)
     base = {"rank": 0, "local_rank": 0, "dp_size": 1, "device": str(device), "pid": os.getpid(),
             "device_name": torch.cuda.get_device_name(0) if cuda else None, "threads": torch.get_num_threads()}
-    torch.manual_seed(args.seed)
     try:
-        with torch.device(device):
-            model = spec.build()
-        if spec.channels_last and cuda:
-            model = model.to(memory_format=torch.channels_last)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if spec.optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
-                                  fused=cuda or None, foreach=None if cuda else True)
-        else:
-            opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95),
-                                    fused=cuda or None, foreach=None if cuda else True)
+        model, opt = build(spec, device, args.seed)
         if cuda:  # as dlscale's worker: the peak from here on (training), not the construction's
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -117,10 +106,27 @@ def main() -> None:
                       "device": base["device_name"] or "cpu"}), flush=True)
 
 
-def _train(model, opt, batch, device: torch.device, args: argparse.Namespace) -> tuple[list[float], float, float]:
-    """W warm-up steps, then the window: (step times in ms, window seconds, last loss)."""
+def build(spec, device: torch.device, seed: int):
+    """The model on ``device`` (weights from ``seed``) and its optimizer, as a user writes them."""
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if args.precision == "amp-bf16" else None
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = spec.build()
+    if spec.channels_last and cuda:
+        model = model.to(memory_format=torch.channels_last)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
+                              fused=cuda or None, foreach=None if cuda else True)
+    else:
+        opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95),
+                                fused=cuda or None, foreach=None if cuda else True)
+    return model, opt
+
+
+def make_step(model, opt, batch, device: torch.device, precision: str):
+    """The plain training step: forward under autocast, backward, optimizer step; returns the loss."""
+    dtype = torch.bfloat16 if precision == "amp-bf16" else None
 
     def step():
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -130,6 +136,13 @@ def _train(model, opt, batch, device: torch.device, args: argparse.Namespace) ->
         opt.zero_grad(set_to_none=True)
         return loss
 
+    return step
+
+
+def _train(model, opt, batch, device: torch.device, args: argparse.Namespace) -> tuple[list[float], float, float]:
+    """W warm-up steps, then the window: (step times in ms, window seconds, last loss)."""
+    cuda = device.type == "cuda"
+    step = make_step(model, opt, batch, device, args.precision)
     for _ in range(args.warmup):
         loss = step()
     if cuda:

@@ -669,10 +669,17 @@ def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
 
 @pytest.fixture(scope="module")
 def mp_run(tmp_path_factory):
-    """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp)."""
+    """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp),
+    and one of its interleaved commands (row), tiny too."""
     tmp = tmp_path_factory.mktemp("mp")
+
+    def one_interleaved(d):
+        d["commands"] = [c for c in d["commands"] if c["name"] == "interleaved-row"]
+        d["commands"][0]["script"] += ["--flavor", "tiny", "--batch-size", "64", "--device", "cpu", "--warmup", "2",
+                                       "--steps", "3", "--rounds", "2"]
+
     t = time.monotonic()
-    p = drive(tiny_suite("mp", tmp), tmp / "out", "--filter", "model=wide-deep")
+    p = drive(tiny_suite("mp", tmp, one_interleaved), tmp / "out", "--filter", "model=wide-deep")
     return tmp / "out", p, time.monotonic() - t
 
 
@@ -692,6 +699,12 @@ def test_mp_suite_measures_the_sharded_paths_against_the_plain_loop(mp_run):
         assert got[r["id"]]["ratio"] == pytest.approx(r["summary"]["samples_per_s"]["median"]
                                                       / bare["summary"]["samples_per_s"]["median"])
     assert "| [vs-bare.md](vs-bare.md) |" in (out / "index.md").read_text()
+    # the interleaved A/B: both sides built from one seed and batch compute the same first loss
+    assert json.loads((out / "commands.json").read_text())["interleaved-row"]["status"] == "ok"
+    line = next(ln for ln in (out / "commands.log").read_text().splitlines() if ln.startswith('{"bench": "mp_interleaved"'))
+    ab = json.loads(line)
+    assert ab["options"] == {"shard": "row"} and len(ab["rounds"]) == 2 and ab["ratio_median"] > 0
+    assert ab["first_loss"]["dlscale"] == pytest.approx(ab["first_loss"]["plain"], rel=1e-6)
     print(f"mp suite, tiny: {seconds:.1f} s")
 
 
