@@ -181,6 +181,18 @@ def test_resnet_flops():
     assert spec.flops_per_sample == 3 * fwd
     tiny = get_model("resnet50", "tiny")
     assert tiny.flops_per_sample == 3 * _resnet_forward_flops((1, 1, 1, 1), 8, 10, 32)
+    # and as torch counts them, on the meta device (the spec's count is analytic)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dlscale.models.resnet50 import ResNet
+
+    with torch.device("meta"):
+        model = ResNet((1, 1, 1, 1), 8, 10).eval()
+        x, y = torch.empty(1, 3, 32, 32), torch.zeros(1, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x, y)
+    assert 3 * counter.get_total_flops() == tiny.flops_per_sample
 
 
 # ---------------------------------------------------------------- batches and training

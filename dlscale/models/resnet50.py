@@ -20,7 +20,6 @@ running statistics.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +62,33 @@ class ResNetArch:
                     total += cin * 4 * width + 8 * width  # downsample conv + BN
                 cin = 4 * width
         return total + cin * self.classes + self.classes
+
+    def forward_flops(self) -> int:
+        """Forward FLOPs of one image, 2 per multiply-add of the convolutions and the classifier
+        (what ``torch.utils.flop_counter`` counts; tests compare the two). Analytic: counting on
+        meta tensors runs Python meta kernels that import torch._dynamo, seconds in every launcher."""
+
+        def out(h: int, k: int, stride: int, pad: int) -> int:
+            return (h + 2 * pad - k) // stride + 1
+
+        def conv(cin: int, cout: int, k: int, h_out: int) -> int:
+            return 2 * cin * cout * k * k * h_out * h_out
+
+        w = self.base_width
+        h = out(self.image_size, 7, 2, 3)
+        total = conv(3, w, 7, h)
+        h = out(h, 3, 2, 1)  # max pool
+        cin = w
+        for i, n in enumerate(self.stages):
+            width = w * 2**i
+            for j in range(n):
+                stride = 2 if (i > 0 and j == 0) else 1
+                h_out = out(h, 3, stride, 1)
+                total += conv(cin, width, 1, h) + conv(width, width, 3, h_out) + conv(width, 4 * width, 1, h_out)
+                if stride != 1 or cin != 4 * width:
+                    total += conv(cin, 4 * width, 1, h_out)  # downsample
+                cin, h = 4 * width, h_out
+        return total + 2 * cin * self.classes
 
 
 class Bottleneck(nn.Module):
@@ -142,22 +168,6 @@ class ResNet(nn.Module):
         return self.head(h, labels)
 
 
-@functools.lru_cache(maxsize=None)
-def forward_flops(flavor: str) -> int:
-    """Forward FLOPs of one image (2 per multiply-add), counted on the meta device."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    layers, width, classes, size = _CONFIGS[flavor]
-    with torch.device("meta"):
-        model = ResNet(layers, width, classes).eval()  # eval: BN accepts batch 1 at 1x1
-        x = torch.empty(1, 3, size, size)
-        y = torch.zeros(1, dtype=torch.long)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(x, y)
-    return int(counter.get_total_flops())
-
-
 @register_model("resnet50")
 def make_spec(flavor: str) -> ModelSpec:
     layers, width, classes, size = _CONFIGS[flavor]
@@ -178,7 +188,7 @@ def make_spec(flavor: str) -> ModelSpec:
         flavor=flavor,
         build=build,
         make_batch=make_batch,
-        flops_per_sample=3.0 * forward_flops(flavor),
+        flops_per_sample=3.0 * arch.forward_flops(),
         unit="img",
         seq_len=None,
         optimizer="sgd",
