@@ -2,6 +2,7 @@
 bad inputs; and 2-process gloo runs reading a generated image folder and token files."""
 import json
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -707,6 +708,27 @@ def test_gpu_decode_parts_script_runs_on_the_cpu(data_dir, capsys):
     out = capsys.readouterr().out
     assert "| part | images/s | ms per batch | NVJPG busy (%) |" in out
     assert out.count("| Pillow: ") == 3 and "| — |" in out
+
+
+@pytest.mark.slow
+def test_decode_beside_script_runs_every_variant_on_the_cpu(data_dir, capsys):
+    """benchmarks/decode_beside.py on the CPU (tiny ResNet-50, Pillow for the GPU decoder): every
+    variant trains, the table has a row each, synthetic is its own reference."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_beside.py"
+    spec = importlib.util.spec_from_file_location("decode_beside", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    switch = sys.getswitchinterval()
+    out = mod.main([data_dir.imgs, "--batch-size", "4", "--batches", "2", "--warmup", "1", "--steps", "2",
+                    "--rounds", "1"])
+    assert sys.getswitchinterval() == switch  # every variant's thread closed, the interval restored
+    assert set(out["median_images_per_s"]) == set(mod.VARIANTS) and all(v > 0 for v in out["median_images_per_s"].values())
+    text = capsys.readouterr().out
+    assert "| synthetic | " in text and "| 1.000 |" in text and text.count("\n| ") >= len(mod.VARIANTS)
+    with pytest.raises(SystemExit):
+        mod.parse_args([data_dir.imgs, "--variants", "dlscale,nonsense"])
 
 
 def _png_bytes(Image) -> bytes:
