@@ -160,3 +160,33 @@ def test_loss_after_compared_only_after_as_many_training_steps(tmp_path, capsys)
         "loss after not compared: an older record whose --breakdown or --profile")
     assert by["fsdp"]["verdict"] == "FAIL" and by["fsdp"]["max_rel_diff"] == pytest.approx(0.1, rel=1e-3)
     assert rc == 1 and "loss after not compared" in by["ddp"]["note"]
+
+
+def test_reduced_precision_compares_its_first_steps_only(tmp_path, capsys):
+    """bf16/fp16: the first REDUCED_PRECISION_STEPS warm-up losses are compared, and loss_after only
+    where the model had trained no more steps than that (rounding differences grow with every step;
+    a model that memorised its synthetic batch ends near 0, where relative differences mean nothing).
+    fp32 compares every step."""
+    n = parity.REDUCED_PRECISION_STEPS
+    warm = [1.0 - 0.01 * i for i in range(n)] + [1e-30] * 10
+    apart = warm[:n] + [1e-3] * 10  # past the first n: near 0 and far apart, relatively
+    long_bf16 = rec("l", "ddp", 2, 4, warm=apart, after=1e-20, precision="amp-bf16")
+    long_bf16["repeats"][0]["loss_after_steps"] = len(warm) + 5
+    ref = rec("s", "single", 1, 8, warm=warm, after=4e-44, precision="amp-bf16")
+    ref["repeats"][0]["loss_after_steps"] = len(warm) + 5
+    early = rec("e", "fsdp", 2, 4, warm=[w * (1 + 0.05) if i == 3 else w for i, w in enumerate(warm[:n])] + warm[n:],
+                after=4e-44, precision="amp-bf16")
+    early["repeats"][0]["loss_after_steps"] = len(warm) + 5
+    rc, doc = run_json(capsys, write(tmp_path, [ref, long_bf16, early]))
+    by = {c["strategy"]: c for c in doc["groups"][0]["cases"]}
+    assert by["ddp"]["verdict"] == "pass" and by["ddp"]["max_rel_diff"] == 0.0
+    assert by["ddp"]["note"] == (f"warm-up losses compared over the first {n} steps (amp-bf16); loss after not "
+                                 f"compared: {len(warm) + 5} training steps in amp-bf16, past the {n} compared")
+    assert by["fsdp"]["verdict"] == "FAIL" and by["fsdp"]["max_rel_diff"] == pytest.approx(0.05)  # step 4 counts
+    assert rc == 1
+    # the same trajectories in fp32: every step is compared
+    fp32 = [dict(r, config=dict(r["config"], precision="fp32")) for r in (ref, long_bf16)]
+    (tmp_path / "fp32").mkdir()
+    rc, doc = run_json(capsys, write(tmp_path / "fp32", fp32))
+    (case,) = doc["groups"][0]["cases"]
+    assert case["verdict"] == "FAIL" and case["max_rel_diff"] > 1e20 and rc == 1

@@ -188,20 +188,29 @@ def _judge(e: Entry, ref: Entry | None, tol: float) -> None:
     if not any(x is not None for x in e.warmup) and e.after is None:
         e.verdict, e.note = NO_LOSS, "the record holds no loss"
         return
-    skipped = ""
+    notes = []
+    precision = str(rec_config(rec).get("precision"))
+    cap = parity.compared_steps(precision)  # reduced precision: the first steps only (they drift apart)
+    if cap is not None and len(e.warmup) > cap:
+        notes.append(f"warm-up losses compared over the first {cap} steps ({precision})")
     if e.after is not None and ref.after is not None:
         mine, theirs = after_steps(rec), after_steps(ref.rec)
-        if mine is None or theirs is None or mine != theirs:
+        why = None
+        if cap is not None and mine is not None and mine > cap:
+            why = f"{mine} training steps in {precision}, past the {cap} compared"
+        elif mine is None or theirs is None or mine != theirs:
             # the trained models differ by the steps taken: only the warm-up losses are comparable
             why = (f"{mine} training steps against the reference's {theirs}" if mine is not None and theirs is not None
                    else "an older record whose --breakdown or --profile trained further steps before it")
-            e.after, skipped = None, f"loss after not compared: {why}"
-    _judge_points(e, ref, tol)
-    if skipped:
-        e.note = f"{e.note}; {skipped}" if e.note else skipped
+        if why:
+            e.after = None
+            notes.append(f"loss after not compared: {why}")
+    _judge_points(e, ref, tol, cap)
+    if notes:
+        e.note = "; ".join([e.note, *notes] if e.note else notes)
 
 
-def _judge_points(e: Entry, ref: Entry, tol: float) -> None:
+def _judge_points(e: Entry, ref: Entry, tol: float, cap: int | None = None) -> None:
     rec = e.rec
     scopes = {r.get("loss_scope") for r in rec.get("repeats") or [] if isinstance(r, dict)}
     if parity.LOSS_SCOPE not in scopes and splits_batch(rec):
@@ -209,7 +218,7 @@ def _judge_points(e: Entry, ref: Entry, tol: float) -> None:
         e.note = "older record: warm-up losses are rank 0's share of the batch"
         pairs = [(e.after, ref.after)]  # loss_after was global already
     else:
-        pairs = list(zip(e.warmup, ref.warmup)) + [(e.after, ref.after)]
+        pairs = list(zip(e.warmup[:cap], ref.warmup[:cap])) + [(e.after, ref.after)]
     diffs = [parity.rel_diff(a, b) for a, b in pairs if a is not None and b is not None]
     e.max_rel_diff = max(diffs) if diffs else None
     if e.verdict == NOT_COMPARABLE:
