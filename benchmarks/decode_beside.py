@@ -75,11 +75,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def host_batches(folder: str, n: int, batch_size: int, size: int) -> list[tuple]:
     """``n`` batches of file bytes as dlscale's loader workers hand them over (pinned on CUDA)."""
     listing = dataset_info.list_imagefolder(folder)
@@ -111,14 +106,9 @@ class Finish:
             return self.gpu(item)
         flat, lengths, labels, boxes, flips, meta = item
         if self.kind == "decode-only":
-            self.gpu._decode_all(list(torch.split(flat, lengths)), flat, lengths)
+            self.gpu._decode_all(flat, lengths)
             return (labels.to(self.gpu.device, non_blocking=True),), meta
-        imgs = self.decoded[flat.data_ptr()]
-        out = images._crop_resize_flip(imgs, boxes, flips, self.gpu.size, self.gpu.device)
-        mean, std = images._mean_std(self.gpu.device)
-        out = out.sub_(mean).div_(std)
-        if self.gpu.channels_last:
-            out = out.contiguous(memory_format=torch.channels_last)
+        out = self.gpu.augment(self.decoded[flat.data_ptr()], boxes, flips)
         return (out, labels.to(self.gpu.device, non_blocking=True)), meta
 
 
@@ -149,12 +139,12 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
 
         for _ in range(warmup):
             one()
-        _sync(device)
+        gpu_decode_parts._sync(device)
         waited = 0.0
         t0 = time.perf_counter()
         for _ in range(steps):
             one()
-        _sync(device)
+        gpu_decode_parts._sync(device)
         seconds = time.perf_counter() - t0
     finally:
         if pf is not None:
@@ -178,7 +168,7 @@ def main(argv=None) -> dict:
     gpu = images.GpuDecoder(device, size, channels_last=cuda, decode=decode, name=name)
     decoded = None
     if "crop-only" in args.variants:  # each host batch decoded once, before any window
-        decoded = {h[0].data_ptr(): gpu._decode_all(list(torch.split(h[0], h[1])), h[0], h[1])[0] for h in hosts}
+        decoded = {h[0].data_ptr(): gpu._decode_all(h[0], h[1])[0] for h in hosts}
         decoded = {k: [im if im is not None else v[0] for im in v] for k, v in decoded.items()}
 
     model, opt = bare_mp.build(spec, device, seed=0)

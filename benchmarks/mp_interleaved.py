@@ -38,9 +38,9 @@ import bare_mp
 from dlscale.benchsuite import mp_knobs
 from dlscale.config import RunConfig
 from dlscale.models import get_model
-from dlscale.strategies import DistEnv, get_strategy, resolve_spec
+from dlscale.strategies import DistEnv, resolve_spec
 from dlscale.strategies._sharding import resized
-from dlscale.worker import build_step, make_batches
+from dlscale.worker import build_parallel, build_step, make_batches
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,12 +111,7 @@ def main(argv=None) -> dict:
                         strategy_options=dict(args.option))
         spec = resolve_spec(cfg)
         # dlscale's side, as its worker builds it
-        torch.manual_seed(cfg.seed)
-        with torch.device(device):
-            model = spec.build()
-        if spec.channels_last and cuda:
-            model = model.to(memory_format=torch.channels_last)
-        par = get_strategy(cfg.strategy).fn(model, spec, cfg, DistEnv(0, 1, 0, 1, device, backend))
+        par, _params = build_parallel(spec, cfg, DistEnv(0, 1, 0, 1, device, backend))
         batches = make_batches(spec, cfg, par, par.dp_rank, device)
         ours = build_step(par, cfg, device, batches)
         # the plain side: the same model (resized by the options that size it, as benchmarks/run.py

@@ -185,6 +185,22 @@ def _peak_memory(device: torch.device) -> dict[str, int | None]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
+def build_parallel(spec, cfg: RunConfig, denv: DistEnv) -> tuple[Parallelized, int]:
+    """The case's model built (the same weights on every rank), prepared (FP8, activation
+    checkpointing) and parallelised by its strategy: (the strategy's result, the model's parameters)."""
+    device = denv.device
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    with torch.device(device):
+        model = spec.build()
+    if spec.channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    params = count_parameters(model)
+    prepared = {**fp8.convert(model, spec, cfg, device), **checkpointing.apply(model, spec, cfg.activation_checkpointing)}
+    par = get_strategy(cfg.strategy).fn(model, spec, cfg, denv)
+    par.info.update(prepared)
+    return par, params
+
+
 def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path | None = None) -> None:
     """Everything between process-group start and the rank's result (filled into ``result``)."""
     device = denv.device
@@ -201,21 +217,11 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         result["device_name"] = "cpu"
 
     progress.phase("build", "start", denv.rank)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    with torch.device(device):
-        model = spec.build()
-    if spec.channels_last and device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    result["params"] = count_parameters(model)
-
-    prepared = {**fp8.convert(model, spec, cfg, device), **checkpointing.apply(model, spec, cfg.activation_checkpointing)}
-    par = get_strategy(cfg.strategy).fn(model, spec, cfg, denv)
-    par.info.update(prepared)
+    par, result["params"] = build_parallel(spec, cfg, denv)
     if device.type == "cuda":
         # The full model was built on every device before sharding (FSDP, ZeRO-3, pipeline):
         # report the training peak, not the construction peak (which is kept separately).
         result["init_peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        del model
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -454,6 +460,27 @@ def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device,
     return parity.global_loss(loss, par, denv)
 
 
+def new_result(denv: DistEnv, started: float) -> dict[str, Any]:
+    """A rank's result before training: who it is, "failed" until it says otherwise, and the
+    wall-clock marks of its phases (epoch seconds; the launcher turns them into durations)."""
+    return {
+        "rank": denv.rank, "local_rank": denv.local_rank, "world_size": denv.world_size,
+        "host": socket.gethostname(), "device": str(denv.device), "pid": os.getpid(),
+        "status": "failed", "error": None, "backend": denv.backend,
+        "threads": torch.get_num_threads(),  # intra-op threads as torch uses them (OMP_NUM_THREADS)
+        "marks": {"started": started, "imported": time.time()},
+    }
+
+
+def record_failure(result: dict[str, Any], e: BaseException) -> int:
+    """The rank's status and one-line error for ``e`` in ``result``; its exit code (EXIT_OOM or 1)."""
+    if is_oom(e):
+        result["status"], result["error"] = "oom", _one_line(e)
+        return EXIT_OOM
+    result["status"], result["error"] = "failed", _one_line(e)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="dlscale training worker (started by torchrun)")
     ap.add_argument("--config", required=True, help="path of the RunConfig JSON")
@@ -462,14 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
     device_type = resolve_device(cfg.device)
     denv = dist_env_from_environ(device_type)
-    result: dict[str, Any] = {
-        "rank": denv.rank, "local_rank": denv.local_rank, "world_size": denv.world_size,
-        "host": socket.gethostname(), "device": str(denv.device), "pid": os.getpid(),
-        "status": "failed", "error": None, "backend": denv.backend,
-        "threads": torch.get_num_threads(),  # intra-op threads as torch uses them (OMP_NUM_THREADS)
-    }
-    # wall-clock marks of the process's phases (epoch seconds); the launcher turns them into durations
-    result["marks"] = {"started": _STARTED, "imported": time.time()}
+    result = new_result(denv, _STARTED)
     out = Path(args.out) / f"rank{denv.rank}.json"
     write_started(Path(args.out), denv.rank)
     stacks.arm(Path(args.out), denv.rank)  # the launcher asks where this rank is if time runs out
@@ -485,10 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.phase("rendezvous", "end", denv.rank)
         train(cfg, denv, result, Path(args.out))
     except Exception as e:
-        if is_oom(e):
-            result["status"], result["error"], code = "oom", _one_line(e), EXIT_OOM
-        else:
-            result["status"], result["error"], code = "failed", _one_line(e), 1
+        code = record_failure(result, e)
         result["traceback"] = traceback.format_exc(limit=20)
     finally:
         if code:

@@ -80,7 +80,6 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
     import dataclasses
     import datetime as dt
     import json
-    import socket
     import time
 
     import torch
@@ -93,9 +92,8 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
     t0, m0 = time.time(), time.monotonic()
     threads = torch.get_num_threads()
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or threads))  # as the worker's OMP_NUM_THREADS
-    result = {"rank": 0, "local_rank": 0, "world_size": 1, "host": socket.gethostname(), "device": "cpu",
-              "pid": os.getpid(), "status": "failed", "error": None, "backend": "gloo",
-              "threads": torch.get_num_threads(), "marks": {"started": t0, "imported": t0}}
+    denv = DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    result = worker.new_result(denv, t0)
     worker.write_started(workdir, 0)
     lines: list[str] = []
 
@@ -113,11 +111,9 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
                                     timeout=dt.timedelta(seconds=cfg.collective_timeout))
             result["marks"]["process_group"] = time.time()
             # no hardware sampler: it would sample this process's parent (a worker's is torchrun's agent)
-            worker.train(dataclasses.replace(cfg, monitor=False), DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo"),
-                         result, workdir)
+            worker.train(dataclasses.replace(cfg, monitor=False), denv, result, workdir)
     except Exception as e:  # noqa: BLE001 - recorded as the worker records it
-        code = worker.EXIT_OOM if worker.is_oom(e) else 1
-        result.update(status="oom" if code == worker.EXIT_OOM else "failed", error=worker._one_line(e))
+        code = worker.record_failure(result, e)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -272,7 +272,6 @@ def signalled(request, tmp_path_factory):
                 pass
 
 
-
 @pytest.mark.slow
 def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
     def kill_agent() -> None:

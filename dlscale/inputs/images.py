@@ -553,8 +553,9 @@ class GpuDecoder:
             decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"
 
-    def _decode_all(self, datas: list[torch.Tensor], flat: torch.Tensor,
-                    lengths: list[int]) -> tuple[list[torch.Tensor | None], int]:
+    def _decode_all(self, flat: torch.Tensor, lengths: list[int]) -> tuple[list[torch.Tensor | None], int]:
+        """The batch's files (``flat`` split by ``lengths``) decoded: (images or None each, Pillow fallbacks)."""
+        datas = list(torch.split(flat, lengths))
         out: list[torch.Tensor | None] = [None] * len(datas)
         # which files start with the JPEG marker, read from the batch's one host buffer at once
         # (not a slice and a host read per file: this thread shares the interpreter with the step)
@@ -584,16 +585,8 @@ class GpuDecoder:
                     pass
         return out, fallbacks
 
-    def __call__(self, item):
-        flat, lengths, labels, boxes, flips, meta = item
-        datas = list(torch.split(flat, lengths))
-        imgs, fallbacks = self._decode_all(datas, flat, lengths)
-        good = [i for i, im in enumerate(imgs) if im is not None]
-        if not good:
-            raise RuntimeError(f"no image of a batch of {len(datas)} could be decoded")
-        bad = sum(im is None for im in imgs)
-        imgs = [im if im is not None else imgs[good[i % len(good)]]  # unreadable: another image of the batch
-                for i, im in enumerate(imgs)]
+    def augment(self, imgs: list[torch.Tensor], boxes, flips) -> torch.Tensor:
+        """Decoded images -> the training batch: crop, resize, flip, normalise (channels_last where set)."""
         out = _crop_resize_flip(imgs, boxes, flips, self.size, self.device)
         done = getattr(self.decode, "batch_done", None)
         if done is not None:  # the decoded images are read by the work queued so far, no later
@@ -602,5 +595,17 @@ class GpuDecoder:
         out = out.sub_(mean).div_(std)
         if self.channels_last:
             out = out.contiguous(memory_format=torch.channels_last)
+        return out
+
+    def __call__(self, item):
+        flat, lengths, labels, boxes, flips, meta = item
+        imgs, fallbacks = self._decode_all(flat, lengths)
+        good = [i for i, im in enumerate(imgs) if im is not None]
+        if not good:
+            raise RuntimeError(f"no image of a batch of {len(imgs)} could be decoded")
+        bad = sum(im is None for im in imgs)
+        imgs = [im if im is not None else imgs[good[i % len(good)]]  # unreadable: another image of the batch
+                for i, im in enumerate(imgs)]
+        out = self.augment(imgs, boxes, flips)
         meta = dict(meta, decode_fallbacks=fallbacks, bad=meta["bad"] + bad)
         return (out, labels.to(self.device, non_blocking=True)), meta

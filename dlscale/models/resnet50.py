@@ -48,20 +48,32 @@ class ResNetArch:
     def n_blocks(self) -> int:
         return sum(self.stages)
 
+    @property
+    def features(self) -> int:
+        """Channels out of the last stage, into the classifier."""
+        return 4 * self.base_width * 2 ** (len(self.stages) - 1)
+
+    def bottlenecks(self):
+        """(input channels, width, stride, downsample?) of every bottleneck block in order (v1.5:
+        the stride on the 3x3; a 1x1 downsample where the stride or the channel count changes)."""
+        cin = self.base_width
+        for i, n in enumerate(self.stages):
+            width = self.base_width * 2**i
+            for j in range(n):
+                stride = 2 if (i > 0 and j == 0) else 1
+                yield cin, width, stride, stride != 1 or cin != 4 * width
+                cin = 4 * width
+
     def param_count(self) -> int:
         """Convolutions (no bias), BatchNorm scale and shift, the classifier; tests compare it with
         the module."""
         w = self.base_width
         total = 3 * w * 49 + 2 * w  # stem conv + BN
-        cin = w
-        for i, n in enumerate(self.stages):
-            width = w * 2**i
-            for j in range(n):
-                total += cin * width + 2 * width + width * width * 9 + 2 * width + width * 4 * width + 8 * width
-                if j == 0 and (i > 0 or cin != 4 * width):  # stride 2, or more channels
-                    total += cin * 4 * width + 8 * width  # downsample conv + BN
-                cin = 4 * width
-        return total + cin * self.classes + self.classes
+        for cin, width, _stride, down in self.bottlenecks():
+            total += cin * width + 2 * width + width * width * 9 + 2 * width + width * 4 * width + 8 * width
+            if down:
+                total += cin * 4 * width + 8 * width  # downsample conv + BN
+        return total + self.features * self.classes + self.classes
 
     def forward_flops(self) -> int:
         """Forward FLOPs of one image, 2 per multiply-add of the convolutions and the classifier
@@ -78,17 +90,13 @@ class ResNetArch:
         h = out(self.image_size, 7, 2, 3)
         total = conv(3, w, 7, h)
         h = out(h, 3, 2, 1)  # max pool
-        cin = w
-        for i, n in enumerate(self.stages):
-            width = w * 2**i
-            for j in range(n):
-                stride = 2 if (i > 0 and j == 0) else 1
-                h_out = out(h, 3, stride, 1)
-                total += conv(cin, width, 1, h) + conv(width, width, 3, h_out) + conv(width, 4 * width, 1, h_out)
-                if stride != 1 or cin != 4 * width:
-                    total += conv(cin, 4 * width, 1, h_out)  # downsample
-                cin, h = 4 * width, h_out
-        return total + 2 * cin * self.classes
+        for cin, width, stride, down in self.bottlenecks():
+            h_out = out(h, 3, stride, 1)
+            total += conv(cin, width, 1, h) + conv(width, width, 3, h_out) + conv(width, 4 * width, 1, h_out)
+            if down:
+                total += conv(cin, 4 * width, 1, h_out)
+            h = h_out
+        return total + 2 * self.features * self.classes
 
 
 class Bottleneck(nn.Module):
