@@ -13,8 +13,8 @@ falls on both. Per round the ratio dlscale / plain of samples/s; the median rati
   ``worker.make_batches`` and its step from ``worker.build_step``: the worker's timed step.
 * plain side: benchmarks/bare_mp.py's model, optimizer and step (the same model, no strategy).
 
-Both are built from the same seed and batch: their first losses (printed) agree where the
-strategy computes what the plain model does.
+Both are built from the same seed and batch: their first losses (printed; the first step with
+dropout off, the second with it on) agree where the strategy computes what the plain model does.
 
     python benchmarks/mp_interleaved.py --model wide-deep --strategy embedding-shard --option shard=row
 
@@ -123,7 +123,14 @@ def main(argv=None) -> dict:
         batch = tuple(t.to(device) for t in batch)
         plain = bare_mp.make_step(plain_model, plain_opt, batch, device, args.precision)
 
+        # the first step with dropout off (the same forward numerics, whatever each side's random
+        # stream), the second with it on: where the sides part, and whether dropout's masks do it
+        for m in (par.module, plain_model):
+            m.eval()
         first = {"dlscale": float(ours().detach().float()), "plain": float(plain().detach().float())}
+        for m in (par.module, plain_model):
+            m.train()
+        second = {"dlscale": float(ours().detach().float()), "plain": float(plain().detach().float())}
         for _ in range(args.warmup):
             ours()
             plain()
@@ -143,12 +150,13 @@ def main(argv=None) -> dict:
     out = {"bench": "mp_interleaved", "model": args.model, "flavor": args.flavor, "strategy": args.strategy,
            "options": dict(args.option), "precision": args.precision, "batch_size": args.batch_size,
            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "warmup": args.warmup,
-           "steps": args.steps, "first_loss": first,
+           "steps": args.steps, "first_loss_no_dropout": first, "second_loss": second,
            "plain_samples_per_s": statistics.median(x["plain_samples_per_s"] for x in rounds),
            "dlscale_samples_per_s": statistics.median(x["dlscale_samples_per_s"] for x in rounds),
            "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi], "rounds": rounds}
     print(f"dlscale / plain: median {out['ratio_median']:.4f} over {len(ratios)} rounds "
-          f"(95 % CI {lo:.4f}-{hi:.4f}); first losses {first['dlscale']:.6g} / {first['plain']:.6g}")
+          f"(95 % CI {lo:.4f}-{hi:.4f}); losses dlscale / plain: first (no dropout) {first['dlscale']:.8g} / "
+          f"{first['plain']:.8g}, second {second['dlscale']:.8g} / {second['plain']:.8g}")
     print(json.dumps(out), flush=True)
     return out
 

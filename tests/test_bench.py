@@ -704,7 +704,8 @@ def test_mp_suite_measures_the_sharded_paths_against_the_plain_loop(mp_run):
     line = next(ln for ln in (out / "commands.log").read_text().splitlines() if ln.startswith('{"bench": "mp_interleaved"'))
     ab = json.loads(line)
     assert ab["options"] == {"shard": "row"} and len(ab["rounds"]) == 2 and ab["ratio_median"] > 0
-    assert ab["first_loss"]["dlscale"] == pytest.approx(ab["first_loss"]["plain"], rel=1e-6)
+    for key in ("first_loss_no_dropout", "second_loss"):
+        assert ab[key]["dlscale"] == pytest.approx(ab[key]["plain"], rel=1e-6)
     print(f"mp suite, tiny: {seconds:.1f} s")
 
 
