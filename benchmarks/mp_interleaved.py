@@ -1,25 +1,28 @@
-"""dlscale's training step of a one-device case against the plain loop of the same model, interleaved in one process.
+"""dlscale's training step of one-device cases against the plain loop of the same model, interleaved in one process.
 
 A host-bound step (wide-deep at one GPU: ~4.4 ms, bound by its kernel launches) moves by 5-10 %
 from one process to the next on the same machine (docs/benchmarks.md, sixth session): more than
 the 2 % a sharded path at degree 1 must stay within of the plain loop, so separate processes
-cannot show it. Here both sides live in one process and take turns: R rounds, each a window of N
-steps of each side (the order alternating between rounds), so a slow or fast phase of the host
-falls on both. Per round the ratio dlscale / plain of samples/s; the median ratio with a bootstrap
-95 % interval over the rounds.
+cannot show it. Here every side lives in one process and they take turns: R rounds, each a window
+of N steps of each side (the order rotating between rounds, so each side takes each place as often),
+so a slow or fast phase of the host falls on all of them. Per round and case the ratio case / plain
+of samples/s; per case the median ratio with a bootstrap 95 % interval over the rounds.
 
-* dlscale side: the case's model built as dlscale's worker builds it, parallelised by its
-  strategy on a process group of one rank (NCCL on CUDA, gloo on the CPU), its batches from
-  ``worker.make_batches`` and its step from ``worker.build_step``: the worker's timed step.
-* plain side: benchmarks/bare_mp.py's model, optimizer and step (the same model, no strategy).
+* a case (``--case STRATEGY[:KEY=VALUE,...]``, repeatable): the model built as dlscale's worker
+  builds it, parallelised by its strategy on a process group of one rank (NCCL on CUDA, gloo on the
+  CPU), its batches from ``worker.make_batches`` and its step from ``worker.build_step``: the
+  worker's timed step.
+* plain: benchmarks/bare_mp.py's model, optimizer and step (the same model, no strategy).
 
-Both are built from the same seed and batch: their first losses (printed; the first step with
-dropout off, the second with it on) agree where the strategy computes what the plain model does.
+All are built from the same seed and batch: their losses (printed; the first step with dropout off,
+the second with it on) agree where a strategy computes what the plain model does.
 
-    python benchmarks/mp_interleaved.py --model wide-deep --strategy embedding-shard --option shard=row
+    python benchmarks/mp_interleaved.py --model wide-deep \
+        --case single --case embedding-shard:shard=table --case embedding-shard:shard=row
 
-Prints the rounds, then one JSON line: {"bench": "mp_interleaved", "ratio_median", "ratio_ci95",
-"plain_samples_per_s", "dlscale_samples_per_s", "rounds": [...], ...}.
+Prints the rounds, then one JSON line: {"bench": "mp_interleaved", "plain_samples_per_s",
+"cases": {CASE: {"ratio_median", "ratio_ci95", "samples_per_s", "first_loss_no_dropout",
+"second_loss"}}, "plain_loss": {...}, "rounds": [...], ...}.
 """
 from __future__ import annotations
 
@@ -43,27 +46,44 @@ from dlscale.strategies._sharding import resized
 from dlscale.worker import build_parallel, build_step, make_batches
 
 
+DEFAULT_CASES = ("single", "embedding-shard:shard=table", "embedding-shard:shard=row")
+
+
+def _case(text: str) -> tuple[str, dict]:
+    """``STRATEGY[:KEY=VALUE,...]`` -> (strategy, options)."""
+    strategy, _, rest = text.partition(":")
+    if not strategy:
+        raise argparse.ArgumentTypeError(f"expected STRATEGY[:KEY=VALUE,...], got {text!r}")
+    return strategy, dict(bare_mp._knob(kv) for kv in rest.split(",") if kv)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="wide-deep")
     ap.add_argument("--flavor", default="full")
-    ap.add_argument("--strategy", default="embedding-shard", help="dlscale's strategy for its side")
-    ap.add_argument("--option", action="append", type=bare_mp._knob, default=[], metavar="KEY=VALUE",
-                    help="a strategy option (repeatable), e.g. shard=row")
+    ap.add_argument("--case", action="append", type=_case, default=None, metavar="STRATEGY[:KEY=VALUE,...]",
+                    help="a dlscale case beside the plain loop (repeatable), e.g. embedding-shard:shard=row; "
+                         f"default: {', '.join(DEFAULT_CASES)}")
     ap.add_argument("--batch-size", type=int, default=16384)
     ap.add_argument("--precision", default="amp-bf16", choices=("amp-bf16", "fp32"))
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="auto: CUDA when a GPU is visible")
     ap.add_argument("--warmup", type=int, default=300, help="warm-up steps of each side before the rounds")
-    ap.add_argument("--steps", type=int, default=200, help="steps per window")
-    ap.add_argument("--rounds", type=int, default=10, help="windows of each side")
+    ap.add_argument("--steps", type=int, default=100, help="steps per window")
+    ap.add_argument("--rounds", type=int, default=30, help="windows of each side")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.case is None:
+        args.case = [_case(c) for c in DEFAULT_CASES]
     for name in ("warmup", "steps", "rounds", "batch_size"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             ap.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
     return args
+
+
+def case_name(strategy: str, options: dict) -> str:
+    return strategy + "".join(f" {k}={v}" for k, v in sorted(options.items()))
 
 
 def _free_port() -> int:
@@ -106,57 +126,67 @@ def main(argv=None) -> dict:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     dist.init_process_group(backend, rank=0, world_size=1)
     try:
-        cfg = RunConfig(model=args.model, flavor=args.flavor, strategy=args.strategy, device=device.type,
-                        precision=args.precision, batch_size=args.batch_size, seed=args.seed,
-                        strategy_options=dict(args.option))
-        spec = resolve_spec(cfg)
-        # dlscale's side, as its worker builds it
-        par, _params = build_parallel(spec, cfg, DistEnv(0, 1, 0, 1, device, backend))
-        batches = make_batches(spec, cfg, par, par.dp_rank, device)
-        ours = build_step(par, cfg, device, batches)
+        sides, modules, knobs = {}, [], set()
+        for strategy, options in args.case:  # each case as dlscale's worker builds it
+            cfg = RunConfig(model=args.model, flavor=args.flavor, strategy=strategy, device=device.type,
+                            precision=args.precision, batch_size=args.batch_size, seed=args.seed,
+                            strategy_options=dict(options))
+            spec = resolve_spec(cfg)
+            par, _params = build_parallel(spec, cfg, DistEnv(0, 1, 0, 1, device, backend))
+            sides[case_name(strategy, options)] = build_step(par, cfg, device,
+                                                             make_batches(spec, cfg, par, par.dp_rank, device))
+            modules.append(par.module)
+            knobs.add(tuple(sorted(mp_knobs(cfg).items())))
+        if len(knobs) > 1:
+            raise SystemExit(f"mp_interleaved: the cases size the model differently ({sorted(knobs)}); "
+                             "one plain loop cannot match them all")
         # the plain side: the same model (resized by the options that size it, as benchmarks/run.py
         # passes them to bare_mp.py), seed and batch
-        plain_spec = resized(get_model(args.model, args.flavor), mp_knobs(cfg))
+        plain_spec = resized(get_model(args.model, args.flavor), dict(knobs.pop()))
         plain_model, plain_opt = bare_mp.build(plain_spec, device, args.seed)
         batch = plain_spec.make_batch(args.batch_size, torch.device("cpu"),
-                                torch.Generator().manual_seed(args.seed + 12345))
+                                      torch.Generator().manual_seed(args.seed + 12345))
         batch = tuple(t.to(device) for t in batch)
-        plain = bare_mp.make_step(plain_model, plain_opt, batch, device, args.precision)
+        sides["plain"] = bare_mp.make_step(plain_model, plain_opt, batch, device, args.precision)
+        modules.append(plain_model)
 
         # the first step with dropout off (the same forward numerics, whatever each side's random
         # stream), the second with it on: where the sides part, and whether dropout's masks do it
-        for m in (par.module, plain_model):
-            m.eval()
-        first = {"dlscale": float(ours().detach().float()), "plain": float(plain().detach().float())}
-        for m in (par.module, plain_model):
-            m.train()
-        second = {"dlscale": float(ours().detach().float()), "plain": float(plain().detach().float())}
+        losses = {name: {} for name in sides}
+        for key, train in (("first_loss_no_dropout", False), ("second_loss", True)):
+            for m in modules:
+                m.train(train)
+            for name, step in sides.items():
+                losses[name][key] = float(step().detach().float())
         for _ in range(args.warmup):
-            ours()
-            plain()
-        sides = {"dlscale": ours, "plain": plain}
-        rounds = []
+            for step in sides.values():
+                step()
+        names, rounds = list(sides), []
         for r in range(args.rounds):
-            order = ("plain", "dlscale") if r % 2 == 0 else ("dlscale", "plain")
+            order = names[r % len(names):] + names[:r % len(names)]
             rate = {name: args.steps * args.batch_size / _window(sides[name], args.steps, cuda) for name in order}
-            rounds.append({"round": r, "first": order[0], **{f"{k}_samples_per_s": v for k, v in rate.items()},
-                           "ratio": rate["dlscale"] / rate["plain"]})
-            print(f"round {r:2d}: plain {rate['plain']:>14,.1f}  dlscale {rate['dlscale']:>14,.1f} samples/s  "
-                  f"ratio {rate['dlscale'] / rate['plain']:.4f}  ({order[0]} first)", flush=True)
+            rounds.append({"round": r, "order": order, "samples_per_s": rate,
+                           "ratio": {n: rate[n] / rate["plain"] for n in names if n != "plain"}})
+            print(f"round {r:2d}: plain {rate['plain']:>14,.1f} samples/s; "
+                  + ", ".join(f"{n} {v:.4f}" for n, v in rounds[-1]["ratio"].items()), flush=True)
     finally:
         dist.destroy_process_group()
-    ratios = [x["ratio"] for x in rounds]
-    lo, hi = bootstrap_ci(ratios)
-    out = {"bench": "mp_interleaved", "model": args.model, "flavor": args.flavor, "strategy": args.strategy,
-           "options": dict(args.option), "precision": args.precision, "batch_size": args.batch_size,
-           "device": torch.cuda.get_device_name(0) if cuda else "cpu", "warmup": args.warmup,
-           "steps": args.steps, "first_loss_no_dropout": first, "second_loss": second,
-           "plain_samples_per_s": statistics.median(x["plain_samples_per_s"] for x in rounds),
-           "dlscale_samples_per_s": statistics.median(x["dlscale_samples_per_s"] for x in rounds),
-           "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi], "rounds": rounds}
-    print(f"dlscale / plain: median {out['ratio_median']:.4f} over {len(ratios)} rounds "
-          f"(95 % CI {lo:.4f}-{hi:.4f}); losses dlscale / plain: first (no dropout) {first['dlscale']:.8g} / "
-          f"{first['plain']:.8g}, second {second['dlscale']:.8g} / {second['plain']:.8g}")
+    cases = {}
+    for name in names[:-1]:
+        ratios = [x["ratio"][name] for x in rounds]
+        lo, hi = bootstrap_ci(ratios)
+        cases[name] = {"ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi],
+                       "samples_per_s": statistics.median(x["samples_per_s"][name] for x in rounds), **losses[name]}
+        print(f"{name} / plain: median {cases[name]['ratio_median']:.4f} over {len(ratios)} rounds "
+              f"(95 % CI {lo:.4f}-{hi:.4f}); losses: first (no dropout) {losses[name]['first_loss_no_dropout']:.8g}, "
+              f"second {losses[name]['second_loss']:.8g}")
+    print(f"plain: losses: first (no dropout) {losses['plain']['first_loss_no_dropout']:.8g}, "
+          f"second {losses['plain']['second_loss']:.8g}")
+    out = {"bench": "mp_interleaved", "model": args.model, "flavor": args.flavor, "precision": args.precision,
+           "batch_size": args.batch_size, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+           "warmup": args.warmup, "steps": args.steps,
+           "plain_samples_per_s": statistics.median(x["samples_per_s"]["plain"] for x in rounds),
+           "plain_loss": losses["plain"], "cases": cases, "rounds": rounds}
     print(json.dumps(out), flush=True)
     return out
 

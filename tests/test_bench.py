@@ -670,11 +670,11 @@ def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
 @pytest.fixture(scope="module")
 def mp_run(tmp_path_factory):
     """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp),
-    and one of its interleaved commands (row), tiny too."""
+    and its interleaved command (the three cases beside the plain loop in one process), tiny too."""
     tmp = tmp_path_factory.mktemp("mp")
 
     def one_interleaved(d):
-        d["commands"] = [c for c in d["commands"] if c["name"] == "interleaved-row"]
+        d["commands"] = [c for c in d["commands"] if c["name"] == "interleaved"]
         d["commands"][0]["script"] += ["--flavor", "tiny", "--batch-size", "64", "--device", "cpu", "--warmup", "2",
                                        "--steps", "3", "--rounds", "2"]
 
@@ -699,13 +699,15 @@ def test_mp_suite_measures_the_sharded_paths_against_the_plain_loop(mp_run):
         assert got[r["id"]]["ratio"] == pytest.approx(r["summary"]["samples_per_s"]["median"]
                                                       / bare["summary"]["samples_per_s"]["median"])
     assert "| [vs-bare.md](vs-bare.md) |" in (out / "index.md").read_text()
-    # the interleaved A/B: both sides built from one seed and batch compute the same first loss
-    assert json.loads((out / "commands.json").read_text())["interleaved-row"]["status"] == "ok"
+    # the interleaved A/B: every side built from one seed and batch computes the same losses
+    assert json.loads((out / "commands.json").read_text())["interleaved"]["status"] == "ok"
     line = next(ln for ln in (out / "commands.log").read_text().splitlines() if ln.startswith('{"bench": "mp_interleaved"'))
     ab = json.loads(line)
-    assert ab["options"] == {"shard": "row"} and len(ab["rounds"]) == 2 and ab["ratio_median"] > 0
-    for key in ("first_loss_no_dropout", "second_loss"):
-        assert ab[key]["dlscale"] == pytest.approx(ab[key]["plain"], rel=1e-6)
+    assert set(ab["cases"]) == {"single", "embedding-shard shard=table", "embedding-shard shard=row"}
+    assert len(ab["rounds"]) == 2 and all(c["ratio_median"] > 0 for c in ab["cases"].values())
+    for case in ab["cases"].values():
+        for key in ("first_loss_no_dropout", "second_loss"):
+            assert case[key] == pytest.approx(ab["plain_loss"][key], rel=1e-6)
     print(f"mp suite, tiny: {seconds:.1f} s")
 
 
