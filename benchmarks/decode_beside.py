@@ -9,6 +9,8 @@ split:
 
 * ``synthetic``: no input thread, one device batch (the reference);
 * ``dlscale``: the input thread as dlscale runs it (decode, crop, normalise; the batch trained on);
+* ``torch-crop``: the same with the crop and normalisation as torch ops (``images._crop_resize_flip``)
+  instead of the Triton kernel (``crop_kernel``; the same where Triton is missing);
 * ``high-priority``: the same, the input thread's stream at the device's highest priority (the
   crop and normalisation; the decoder's own streams are its library's);
 * ``decode-only``: the thread decodes each batch and drops it; the model trains on the synthetic
@@ -47,7 +49,7 @@ from dlscale.inputs import dataset_info, images  # noqa: E402
 from dlscale.inputs.source import Prefetcher  # noqa: E402
 from dlscale.models import get_model  # noqa: E402
 
-VARIANTS = ("synthetic", "dlscale", "high-priority", "decode-only", "crop-only", "switch-5ms")
+VARIANTS = ("synthetic", "dlscale", "torch-crop", "high-priority", "decode-only", "crop-only", "switch-5ms")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -118,7 +120,9 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
     pf = None
     switch = sys.getswitchinterval()
     if kind != "synthetic":
-        finish = Finish("dlscale" if kind in ("dlscale", "high-priority", "switch-5ms") else kind, gpu, decoded)
+        finish = Finish("dlscale" if kind in ("dlscale", "torch-crop", "high-priority", "switch-5ms") else kind, gpu,
+                        decoded)
+        gpu.crop_kernel = kind != "torch-crop"
         pf = Prefetcher(itertools.cycle(hosts), finish, device)
         if kind == "high-priority" and device.type == "cuda":
             lo, hi = torch.cuda.Stream.priority_range()
@@ -150,6 +154,7 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
         if pf is not None:
             pf.close()  # restores the switch interval dlscale found
         sys.setswitchinterval(switch)
+        gpu.crop_kernel = True
     return {"images_per_s": steps * synthetic[0].shape[0] / seconds, "data_wait_share": waited / seconds}
 
 

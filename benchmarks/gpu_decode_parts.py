@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dlscale import ConfigError  # noqa: E402
-from dlscale.inputs import dataset_info, images  # noqa: E402
+from dlscale.inputs import crop_kernel, dataset_info, images  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -135,11 +135,16 @@ def _parts(label: str, decode, name: str, batches: list, size: int, device: torc
         decoded = [([im if im is not None else images._pil_chw(x).to(device) for im, x in
                      zip(d[0], torch.split(b[0], b[1]))], *d[1:]) for d, b in zip(decoded, batches)]
 
-    def only_crop(d):
-        return images._crop_resize_flip(d[0], d[2], d[3], size, device)
+    def only_crop(d):  # as GpuDecoder runs it (Triton's kernel where it runs)
+        return images.crop_batch(d[0], d[2], d[3], size, device, channels_last=device.type == "cuda")
 
+    def torch_crop(d):
+        return images.crop_batch(d[0], d[2], d[3], size, device, channels_last=device.type == "cuda", kernel=False)
+
+    kernel = "one Triton kernel" if crop_kernel.usable(device) else "torch ops"
     rows = [(f"{label}: decode (batched)", _timed(only_decode, batches, device, busy)),
-            (f"{label}: crop + resize + flip (one grid_sample)", _timed(only_crop, decoded, device, busy)),
+            (f"{label}: crop + resize + flip + normalise ({kernel})", _timed(only_crop, decoded, device, busy)),
+            (f"{label}: crop + resize + flip + normalise (torch ops)", _timed(torch_crop, decoded, device, busy)),
             (f"{label}: GpuDecoder, all of it", _timed(gpu, batches, device, busy))]
     del decoded
     return rows

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from dlscale import ConfigError
+from dlscale.inputs import crop_kernel
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet channel statistics, the torchvision reference values
 STD = (0.229, 0.224, 0.225)
@@ -175,6 +176,9 @@ def _meta(items: list, nbytes_at: int, bad_at: int) -> dict[str, Any]:
 
 
 _STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+# the same float32 values as _mean_std's, on the host (a kernel takes them as arguments)
+_MEAN255 = tuple((torch.tensor(MEAN) * 255.0).tolist())
+_STD255 = tuple((torch.tensor(STD) * 255.0).tolist())
 
 
 def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -495,6 +499,36 @@ def _pil_chw(data: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
 
+def _crop_params(imgs: list[torch.Tensor], boxes, flips, size: int) -> np.ndarray:
+    """Per image (n, 9) float64: left, top, w/size, h/size, width-1, height-1, its first byte in the
+    images concatenated, its channel plane, flip. A box outside its image (header and pixels
+    disagree: a damaged file) becomes the whole image."""
+    n, s = len(imgs), size
+    hw = np.array([im.shape[-2:] for im in imgs], dtype=np.int64)  # (n, 2): h, w
+    box = np.array(boxes, dtype=np.float64).reshape(n, 4)  # left, top, w, h
+    off = (box[:, 0] + box[:, 2] > hw[:, 1]) | (box[:, 1] + box[:, 3] > hw[:, 0])
+    box[off] = np.stack([np.zeros(off.sum()), np.zeros(off.sum()), hw[off, 1], hw[off, 0]], axis=1)
+    plane = hw[:, 0] * hw[:, 1]
+    base = np.concatenate([[0], np.cumsum(3 * plane)[:-1]])
+    return np.stack([box[:, 0], box[:, 1], box[:, 2] / s, box[:, 3] / s, hw[:, 1] - 1, hw[:, 0] - 1,
+                     base, plane, np.asarray(flips, dtype=bool)], axis=1)
+
+
+def crop_batch(imgs: list[torch.Tensor], boxes, flips, size: int, device, channels_last: bool,
+               kernel: bool = True) -> torch.Tensor:
+    """Decoded CHW uint8 images -> the training batch: each crop box resized to ``size`` x ``size``
+    (bilinear, ``_crop_resize_flip``'s coordinates), flipped where asked, normalised, channels_last
+    where asked. One Triton kernel where it runs (``crop_kernel``: CUDA) unless ``kernel`` is False,
+    else the torch version."""
+    if not (kernel and crop_kernel.usable(torch.device(device))):
+        mean, std = _mean_std(device)
+        out = _crop_resize_flip(imgs, boxes, flips, size, device).sub_(mean).div_(std)
+        return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+    par = torch.from_numpy(_crop_params(imgs, boxes, flips, size)).to(device, non_blocking=False)
+    flat = torch.cat([im.reshape(-1) for im in imgs])
+    return crop_kernel.crop_normalize(flat, par, size, _MEAN255, _STD255, channels_last)
+
+
 def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device) -> torch.Tensor:
     """Every image's crop box resized to ``size`` x ``size`` (bilinear, no antialiasing: the
     coordinates ``grid_sample`` with ``align_corners=False`` and border padding takes on each image)
@@ -502,19 +536,10 @@ def _crop_resize_flip(imgs: list[torch.Tensor], boxes, flips, size: int, device)
     batch and no Python loop over images issuing device work. The decode thread shares the
     interpreter with the training loop, which launches its kernels between GIL hand-overs; a
     per-image loop here held the GIL long enough to stall those launches by the interpreter's
-    switch interval (docs/data.md), and a padded batch cost the model memory bandwidth."""
+    switch interval (docs/data.md), and a padded batch cost the model memory bandwidth. The torch
+    version of ``crop_kernel``'s kernel (CPU, or where Triton is missing)."""
     n, s = len(imgs), size
-    hw = np.array([im.shape[-2:] for im in imgs], dtype=np.int64)  # (n, 2): h, w
-    box = np.array(boxes, dtype=np.float64).reshape(n, 4)  # left, top, w, h
-    # header and pixels disagree (a damaged file): the whole image
-    off = (box[:, 0] + box[:, 2] > hw[:, 1]) | (box[:, 1] + box[:, 3] > hw[:, 0])
-    box[off] = np.stack([np.zeros(off.sum()), np.zeros(off.sum()), hw[off, 1], hw[off, 0]], axis=1)
-    plane = hw[:, 0] * hw[:, 1]
-    base = np.concatenate([[0], np.cumsum(3 * plane)[:-1]])
-    # per image: left, top, w/s, h/s, width-1, height-1, base, plane, flip (float64 on the host, one copy)
-    par = np.stack([box[:, 0], box[:, 1], box[:, 2] / s, box[:, 3] / s, hw[:, 1] - 1, hw[:, 0] - 1,
-                    base, plane, np.asarray(flips, dtype=bool)], axis=1)
-    par = torch.from_numpy(par).to(device, non_blocking=False)
+    par = torch.from_numpy(_crop_params(imgs, boxes, flips, size)).to(device, non_blocking=False)
     flat = torch.cat([im.reshape(-1) for im in imgs])
     pix = torch.arange(s, device=device, dtype=torch.float64) + 0.5
     # source pixel of each output column / row (align_corners=False), clamped to the image (border)
@@ -552,6 +577,7 @@ class GpuDecoder:
         if decode is None:
             decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"
+        self.crop_kernel = True  # crop_batch's Triton kernel where it runs (False: the torch version)
 
     def _decode_all(self, flat: torch.Tensor, lengths: list[int]) -> tuple[list[torch.Tensor | None], int]:
         """The batch's files (``flat`` split by ``lengths``) decoded: (images or None each, Pillow fallbacks)."""
@@ -587,14 +613,10 @@ class GpuDecoder:
 
     def augment(self, imgs: list[torch.Tensor], boxes, flips) -> torch.Tensor:
         """Decoded images -> the training batch: crop, resize, flip, normalise (channels_last where set)."""
-        out = _crop_resize_flip(imgs, boxes, flips, self.size, self.device)
+        out = crop_batch(imgs, boxes, flips, self.size, self.device, self.channels_last, self.crop_kernel)
         done = getattr(self.decode, "batch_done", None)
         if done is not None:  # the decoded images are read by the work queued so far, no later
             done()
-        mean, std = _mean_std(self.device)
-        out = out.sub_(mean).div_(std)
-        if self.channels_last:
-            out = out.contiguous(memory_format=torch.channels_last)
         return out
 
     def __call__(self, item):
