@@ -142,6 +142,9 @@ def _parts(label: str, decode, name: str, batches: list, size: int, device: torc
         return images.crop_batch(d[0], d[2], d[3], size, device, channels_last=device.type == "cuda", kernel=False)
 
     kernel = "one Triton kernel" if crop_kernel.usable(device) else "torch ops"
+    if crop_kernel.usable(device):  # the kernel computes the torch version's batch
+        err = (only_crop(decoded[0]) - torch_crop(decoded[0])).abs().max().item()
+        print(f"# {label}: crop kernel against the torch ops, largest difference {err:.3g}", flush=True)
     rows = [(f"{label}: decode (batched)", _timed(only_decode, batches, device, busy)),
             (f"{label}: crop + resize + flip + normalise ({kernel})", _timed(only_crop, decoded, device, busy)),
             (f"{label}: crop + resize + flip + normalise (torch ops)", _timed(torch_crop, decoded, device, busy)),
