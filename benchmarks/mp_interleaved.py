@@ -157,6 +157,7 @@ def main(argv=None) -> dict:
             for m in modules:
                 m.train(train)
             for name, step in sides.items():
+                torch.manual_seed(args.seed + 1)  # each side's dropout draws the same masks
                 losses[name][key] = float(step().detach().float())
         for _ in range(args.warmup):
             for step in sides.values():
