@@ -4,7 +4,9 @@ and the largest-batch search (with the worker's simulated "oom-above@N" threshol
 The process tests run tiny GPT-2 cases on the CPU (one process each, warm-up 1, steps 2,
 repeats 1); each torchrun start costs several seconds here, so they are few. Both sweeps are mostly
 one core's work: the failing-case sweep starts (a ``python -m dlscale sweep``) when the module does,
-so it runs beside the kill-and-resume test, and its test reads what it printed and stored.
+so it runs beside the kill-and-resume test, and its test reads what it printed and stored. The
+sweeps that test resumes in this process train their `single` cases here (conftest.py
+``single_in_process``): the resume and --force bookkeeping is what they check, not torchrun.
 """
 from __future__ import annotations
 
@@ -344,7 +346,7 @@ def _wait(pred, timeout: float, what: str):
 
 
 @pytest.mark.slow
-def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, capsys):
+def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, capsys, single_in_process):
     suite = write(tmp_path, RESUME_SUITE)
     store = tmp_path / "st"
     log = open(tmp_path / "sweep.log", "w")
@@ -371,8 +373,10 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
     assert len(first) == 1 and first[0]["status"] == "ok" and first[0]["config"]["batch_size"] == 2
     assert first[0]["sweep"]["suite"] == "s"
 
-    # run again: carries on with case 2, the one interrupted; case 1 is not measured again
-    assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
+    # run again: carries on with case 2, the one interrupted; case 1 is not measured again. The sweeps
+    # in this process train their `single` cases here (conftest.py): the same record, no torchrun start
+    with single_in_process():
+        assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
     out = capsys.readouterr().out
     assert "1 to run, 1 already ok" in out and "[1/1] ok" in out
     recs = records(store)
@@ -390,7 +394,8 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
     # a third run has nothing to do; --force measures again (a new record, nothing rewritten)
     assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
     assert "0 to run, 2 already ok" in capsys.readouterr().out
-    assert cli.main(["sweep", str(suite), "--store", str(store), "--force", "--filter", "batch_size=4"]) == 0
+    with single_in_process():
+        assert cli.main(["sweep", str(suite), "--store", str(store), "--force", "--filter", "batch_size=4"]) == 0
     recs2 = records(store)
     assert len(recs2) == 3 and [r["id"] for r in recs2[:2]] == [r["id"] for r in recs]
     per_key = {k: sum(1 for r in recs2 if r["case_key"] == k) for k in keys}
