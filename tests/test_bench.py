@@ -524,11 +524,14 @@ def test_report_by_label_one_table_with_the_varying_fields(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the driver, end to end
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One driver run of the CPU smoke suite (a tiny GPT-2 through dlscale and the bare loop)."""
+def smoke(tmp_path_factory, single_in_process):
+    """One driver run of the CPU smoke suite (a tiny GPT-2 through dlscale and the bare loop). Its
+    `single` case trains in this process (conftest.py ``single_in_process``: the same record, no
+    torchrun start); the driver's bookkeeping and tables are what the tests below check."""
     out = tmp_path_factory.mktemp("bench") / "smoke"
     t = time.monotonic()
-    p = driver("smoke-cpu", "--out", out)
+    with single_in_process():
+        p = driver("smoke-cpu", "--out", out)
     return out, p, time.monotonic() - t
 
 
@@ -668,9 +671,10 @@ def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
 
 
 @pytest.fixture(scope="module")
-def mp_run(tmp_path_factory):
+def mp_run(tmp_path_factory, single_in_process):
     """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp),
-    and its interleaved command (the three cases beside the plain loop in one process), tiny too."""
+    and its interleaved command (the three cases beside the plain loop in one process), tiny too.
+    The `single` case trains in this process (conftest.py ``single_in_process``)."""
     tmp = tmp_path_factory.mktemp("mp")
 
     def one_interleaved(d):
@@ -679,7 +683,8 @@ def mp_run(tmp_path_factory):
                                        "--steps", "3", "--rounds", "2"]
 
     t = time.monotonic()
-    p = drive(tiny_suite("mp", tmp, one_interleaved), tmp / "out", "--filter", "model=wide-deep")
+    with single_in_process():
+        p = drive(tiny_suite("mp", tmp, one_interleaved), tmp / "out", "--filter", "model=wide-deep")
     return tmp / "out", p, time.monotonic() - t
 
 
