@@ -126,7 +126,7 @@ def test_cli_bad_compile_options_exit_2_and_store_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch):
+def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch, single_in_process):
     """A real compiled run: the mode and the option reach torch.compile (an unknown option would
     fail there), the record keeps them, and the losses match the eager run's.
 
@@ -138,11 +138,12 @@ def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch):
     common = ["run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
               "--batch-size", "2", "--precision", "fp32", "--warmup", "2", "--steps", "2", "--repeats", "1",
               "--no-monitor", "--store", str(tmp_path / "store"), "--json"]
-    # the compiled run and the eager one at the same time (tests/helpers_cli.py): the eager run's one
-    # process fits beside the compile's C++ builds
-    compiled, eager = helpers_cli.dlscale_many([
-        [*common, "--compile", "--compile-mode", "reduce-overhead",
-         "--inductor-option", "coordinate_descent_tuning=true"], common])
+    # the compiled run and the eager one at the same time (tests/helpers_cli.py): the eager reference
+    # trains in this process (conftest.py single_in_process, no torchrun start) beside the compile's C++ builds
+    with single_in_process(lambda cfg: not cfg.compile):
+        compiled, eager = helpers_cli.dlscale_many([
+            [*common, "--compile", "--compile-mode", "reduce-overhead",
+             "--inductor-option", "coordinate_descent_tuning=true"], common])
     for p in (compiled, eager):
         if isinstance(p, BaseException):
             raise p
