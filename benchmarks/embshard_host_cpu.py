@@ -32,25 +32,25 @@ degree 2 two gloo processes. "ops": every aten op; "compute": those neither view
 collectives; "reads": host reads of device values in forward and backward (row-wise at degree 2:
 the one ``tolist`` of the split sizes, which the all-to-all needs on the host):
 
-    case (degree)              collectives   ops before/after   compute before/after   reads
-    plain loop (bare_mp)            0            239                 138                  0
-    single                          0            239                 138                  0
-    embedding-shard table (1)   3 -> 0     264 -> 242 -> 239     140 -> 138              0
-    embedding-shard row (1)     3 -> 0     264 -> 242 -> 239     140 -> 138              0
-    embedding-shard table (2)   6 -> 5           334 -> 326          175 -> 172           0
-    embedding-shard row (2)     7 -> 6           365 -> 353          192 -> 189           1
+    case (degree)              collectives   ops before/after          compute before/after   reads
+    plain loop (bare_mp)            0            239                        138                  0
+    single                          0            239                        138                  0
+    embedding-shard table (1)   3 -> 0     264 -> 242 -> 239            140 -> 138              0
+    embedding-shard row (1)     3 -> 0     264 -> 242 -> 239            140 -> 138              0
+    embedding-shard table (2)   6 -> 5     334 -> 326 -> 331     175 -> 172 -> 174              0
+    embedding-shard row (2)     7 -> 6     365 -> 353 -> 356     192 -> 189 -> 191              1
 
-At degree 1 the sharded step is now the plain loop's ops: this rank's own ids never go through a
-collective (at any degree), each table's ids plus its fields' offsets are looked up by
-``torch.embedding`` as the unsharded module does, the backward hands each table's gradient
-straight to ``embedding_dense_backward``, and the three all-to-alls, which over a group of one
-would move nothing, are skipped (before: the ids concatenated, buffers allocated, split and viewed,
-the 3 all-to-alls copying everything to the rank itself, the gradients copied into a send buffer;
-then the 3 all-to-alls called with empty buffers). At degree 2 one collective less per step: DDP
-broadcast the shards' layout buffers (constants, the same on every rank) every forward; they are
-now ignored by DDP. On one H100 one all-to-all over one rank costs about 30-40 us of host time
-(the equal split ~8 us less than explicit splits), whatever the bytes: ~2.4 % of wide-deep's
-4.4 ms step for the three.
+At degree 1 the sharded step is the plain loop's ops: this rank's own ids never go through a
+collective (at any degree), each table's ids plus its fields' offsets go through ``F.embedding``
+as the unsharded module's do, and nothing else runs: no collective (over a group of one it would
+move nothing) and, since the exchange became native autograd ops around one all-to-all function,
+no autograd function either (its Python forward and backward cost ~60 us of host time per step on
+this CPU at a tiny batch: the "tables us" column, +62 us before, ~0 after). At degree 2 the
+native ops cost 3-5 ops more per step (concatenations and splits the autograd function did in
+place) and one collective less than at first: DDP broadcast the shards' layout buffers
+(constants, the same on every rank) every forward; they are now ignored by DDP. On one H100 one
+all-to-all over one rank costs about 30-40 us of host time (the equal split ~8 us less than
+explicit splits), whatever the bytes: ~2.4 % of wide-deep's 4.4 ms step for the three.
 """
 from __future__ import annotations
 

@@ -297,6 +297,26 @@ def test_one_rank_keeps_the_batch_as_it_is(monkeypatch):
         assert ex.volume() == {"ids": 0, "vectors": 0, "gradients": 0, "counts": 0}
 
 
+def test_one_rank_of_copies_scales_the_gradients():
+    """shards=1 at more than one rank (a whole copy of the tables on each): the lookups are the
+    plain modules', their gradients scaled by 1/world before the copies' all-reduce sums them."""
+    from dlscale.models.wide_deep import FusedTables
+    from dlscale.strategies.embedding_shard import Exchange, ShardedTables
+
+    table = FusedTables((5, 7), 2, seed=1, table_base=0)
+    table.reset_parameters()
+    ids = torch.tensor([[4, 6], [0, 3], [2, 2]])
+    (table(ids) ** 2).sum().backward()
+    st = ShardedTables(table, "row", None, 0, 1, torch.device("cpu"))
+    ex = Exchange([st], None, 1, 0, 0.25)
+    (out,) = ex(ids)
+    (out ** 2).sum().backward()
+    assert torch.equal(out, table(ids).detach())
+    torch.testing.assert_close(st.weight.grad, 0.25 * table.weight.grad, rtol=0, atol=0)
+    with torch.no_grad():  # no gradient, no hook (the evaluation pass)
+        assert torch.equal(ex(ids)[0], out.detach())
+
+
 def test_degree_one_collectives_per_step(world1, monkeypatch):
     """At one rank a training step (forward, backward, optimizer step) of embedding-shard makes no
     collective: this rank's own ids never go through one, so the group of one has nothing to move

@@ -24,15 +24,15 @@ their collectives. One forward (TorchRec's sequence of input dist, lookup, outpu
    own: each table's ids plus its fields' offsets, as the unsharded module computes them; no
    owner map, sort, permutation or count exchange, and no collective (a group of one has
    nothing to move);
-3. the owner looks every (source, table) piece up in its shards straight into one vector buffer,
-   which goes back in one all-to-all, and its own ids into their own tensors; each table's
-   vectors are put back in the batch's order by one gather (none at one rank: the outputs are
-   the own lookups, ``torch.embedding`` as the unsharded module's), (B, fields, dim). Backward:
-   the gradients of every table go back to the owners in one all-to-all (scaled by 1/world: each
-   rank's loss is the mean over its own slice, so the sum over ranks would be world x the
-   gradient of the global mean that DDP gives the MLP), where the lookups' backward
-   (``embedding_dense_backward``, as ``F.embedding``'s) sums them, with the own ones, into each
-   shard's gradient.
+3. the owner looks each table's ids up in one ``F.embedding`` (every other rank's piece and its
+   own together); the other ranks' vectors go back in one all-to-all and its own stay; each
+   table's vectors are put back in the batch's order by one gather (none at one rank: the outputs
+   are the lookups themselves, as the unsharded module's), (B, fields, dim). Everything but the
+   all-to-alls is a native autograd op. Backward: the gradients of the vectors that went back
+   return to the owners in one all-to-all, and ``F.embedding``'s backward sums them, with the own
+   ones, into each shard's gradient, scaled by 1/world (each rank's loss is the mean over its own
+   slice, so the sum over ranks would be world x the gradient of the global mean that DDP gives
+   the MLP).
 
 Collectives per micro-batch (forward and backward), whatever the number of tables: 3
 all-to-alls (ids, vectors, gradients) among the K ranks of a copy (none at K = 1), plus 1 (the
@@ -40,8 +40,8 @@ counts) row-wise at more than one rank (before
 the merge: 3 per table module, 6 for wide-deep, 8 row-wise). Per optimizer step, with ``shards``
 < world, one all-reduce per table module across the copies; DDP's buckets for the MLP at more
 than one rank (the shards' layout buffers are kept out of DDP: no buffer broadcast per step).
-At one rank a step runs the plain lookups' ops (offsets added, ``embedding``,
-``embedding_dense_backward``) and nothing else: no collective, buffer, copy, split or view
+At one rank a step runs the plain lookups' ops (offsets added, ``F.embedding`` and its native
+backward) and nothing else: no collective, autograd function, buffer, copy, split or view
 (benchmarks/embshard_host_cpu.py counts them). A model without ``embed`` gets one exchange per
 table module (3 all-to-alls each).
 
@@ -74,6 +74,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from dlscale import ConfigError
@@ -212,7 +213,7 @@ class _Plan:
 
     __slots__ = ("out_n", "in_n", "out_el", "in_el", "others", "out_ids", "in_ids", "out_vec", "in_vec",
                  "out_ids_n", "in_ids_n", "out_vec_n", "in_vec_n", "self_n", "self_el", "shapes", "perms",
-                 "off", "order", "empties")
+                 "off", "order")
 
     def __init__(self, out_n: list[int], in_n: list[int], dims: list[int], k: int, me: int, shapes: list[tuple],
                  perms: list):
@@ -236,16 +237,6 @@ class _Plan:
         self.self_n, self.self_el = out_n[o:], self.out_el[o:]
         self.shapes, self.perms = shapes, perms
         self.off = self.order = None
-        self.empties: dict = {}
-
-    def new(self, like: torch.Tensor, n: int, slot: int = 0) -> torch.Tensor:
-        """A buffer of n elements like ``like``; for n = 0 one kept by the plan (nothing to allocate per step)."""
-        if n:
-            return like.new_empty(n)
-        key = (like.dtype, like.device, slot)
-        if key not in self.empties:
-            self.empties[key] = like.new_empty(0)
-        return self.empties[key]
 
 
 class Exchange:
@@ -253,14 +244,16 @@ class Exchange:
 
     The ids of every table are flattened and concatenated (table by table, batch-major), mapped to
     their owners' rows and sent in one all-to-all (rank by rank, table by table inside each rank's
-    block); the owner looks each piece up straight into one vector buffer, which goes back in one
-    all-to-all; the gradients go the same way in one all-to-all in the backward. This rank's own
-    ids (the last block of the send buffer) stay here: looked up, and their gradients summed,
-    without a collective. Row-wise at more than one rank, one count all-to-all and one host read
-    of the counts come first. Sizes, offsets and permutations that depend only on the batch size
-    (table-wise; any mode at one rank) are made once per batch size. At one rank every id is its
-    own: each table's ids plus its fields' offsets are looked up as the unsharded module does, and
-    no collective runs (``_all_to_all``)."""
+    block). The owner looks each table's ids up in one ``F.embedding`` (the other ranks' pieces and
+    its own together), and the other ranks' vectors go back in one all-to-all (``_VectorsBack``:
+    its backward sends their gradients to the owners in one all-to-all). This rank's own ids (the
+    last block of the send buffer) stay here. Everything but the all-to-alls is a native autograd
+    op, so the lookups' backward is ``F.embedding``'s. Row-wise at more than one rank, one count
+    all-to-all and one host read of the counts come first. Sizes, offsets and permutations that
+    depend only on the batch size (table-wise; any mode at one rank) are made once per batch size.
+    At one rank every id is its own: each table's ids plus its fields' offsets go through
+    ``F.embedding`` as the unsharded module's do, with no collective (a group of one has nothing to
+    move: Megatron-LM's model-parallel mappings skip theirs at world size 1 the same way)."""
 
     def __init__(self, tables: list[ShardedTables], group, k: int, me: int, grad_scale: float):
         self.tables, self.group, self.k, self.me, self.grad_scale = list(tables), group, k, me, grad_scale
@@ -271,24 +264,49 @@ class Exchange:
         self._flat: dict[int, tuple] = {}
         self.last: _Plan | None = None  # the last forward's plan: the volume record reads it
 
+    def _scaled(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad * self.grad_scale
+
     def __call__(self, *ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b = ids[0].shape[0]
-        mine = None
         if self.k == 1:  # every id is this rank's: the rows in its stack, table by table
-            plan = self._plans.get(b) or self._fixed_plan(b, ids[0].device)
-            send = None
-            mine = [x + st.off_t for x, st in zip(ids, self.tables)]
+            self.last = self._plans.get(b) or self._fixed_plan(b, ids[0].device)
+            outs = tuple(F.embedding(x + st.off_t, st.weight) for x, st in zip(ids, self.tables))
+            if self.grad_scale != 1.0 and outs[0].requires_grad:  # copies elsewhere: their gradients are summed
+                for o in outs:
+                    o.register_hook(self._scaled)
+            return outs
+        flat = torch.cat([x.reshape(-1) for x in ids]) if len(ids) > 1 else ids[0].reshape(-1)
+        if self.mode == "table":
+            plan = self._plans.get(b) or self._fixed_plan(b, flat.device)
+            send = flat + plan.off
+            if plan.order is not None:
+                send = send.index_select(0, plan.order)
         else:
-            flat = torch.cat([x.reshape(-1) for x in ids]) if len(ids) > 1 else ids[0].reshape(-1)
-            if self.mode == "table":
-                plan = self._plans.get(b) or self._fixed_plan(b, flat.device)
-                send = flat + plan.off
-                if plan.order is not None:
-                    send = send.index_select(0, plan.order)
-            else:
-                plan, send = self._row_plan(b, flat)
+            plan, send = self._row_plan(b, flat)
         self.last = plan
-        return _Exchange.apply(self, plan, send, mine, *[st.weight for st in self.tables])
+        n_t, dims, o = len(self.tables), self.dims, plan.others
+        send, *mine = send.split_with_sizes([plan.out_ids_n, *plan.self_n])
+        recv = send.new_empty(plan.in_ids_n)
+        _all_to_all(recv, send, plan.in_ids, plan.out_ids, self)
+        asked = recv.split_with_sizes(plan.in_n[:o])  # piece i * T + t: table t's ids from block i
+        # each table's lookups in one F.embedding: the other blocks' pieces, then this rank's own
+        served, own = [None] * o, []
+        for t, st in enumerate(self.tables):
+            vec = F.embedding(torch.cat([*asked[t:o:n_t], mine[t]]), st.weight)
+            if self.grad_scale != 1.0 and vec.requires_grad:
+                vec.register_hook(self._scaled)
+            *others, mine_vec = vec.split_with_sizes([*plan.in_n[t:o:n_t], plan.self_n[t]])
+            served[t:o:n_t] = [v.reshape(-1) for v in others]
+            own.append(mine_vec)
+        back = _VectorsBack.apply(torch.cat(served), self, plan)
+        pieces, outs = back.split_with_sizes(plan.out_el[:o]), []
+        for t, (shape, perm) in enumerate(zip(plan.shapes, plan.perms)):
+            x = torch.cat([*pieces[t:o:n_t], own[t].reshape(-1)]).view(-1, dims[t])
+            if perm is not None:
+                x = x.index_select(0, perm[0])
+            outs.append(x.view(shape))
+        return tuple(outs)
 
     def _fixed_plan(self, b: int, device: torch.device) -> _Plan:
         """Table-wise (or any mode at one rank): rank j gets B x its fields of each table, batch-major."""
@@ -367,83 +385,27 @@ class Exchange:
 
 
 def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, ex: Exchange) -> None:
-    """``all_to_all_single`` among the exchange's K ranks; nothing at K = 1: this rank's own pieces
-    never go through the collective, so a group of one has nothing to move (Megatron-LM's
-    model-parallel mappings skip their collectives at world size 1 the same way). Over one rank an
-    NCCL all-to-all still costs ~30-40 us of host time per call (docs/benchmarks.md)."""
-    if ex.k > 1:
-        dist.all_to_all_single(out, inp, out_splits, in_splits, group=ex.group)
+    """``all_to_all_single`` among the exchange's K ranks (K > 1: at one rank nothing is exchanged)."""
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=ex.group)
 
 
-class _Exchange(torch.autograd.Function):
-    """Ids out, lookups, vectors back (forward); gradients back to the owners, the lookups' backward.
-
-    ``send``: the ids in block order (the others' blocks, then this rank's own), or None with
-    ``mine`` (this rank's own ids per table) when there is no other rank."""
+class _VectorsBack(torch.autograd.Function):
+    """The vectors this rank looked up for the other ranks, back to them, and theirs for this rank
+    (forward: one all-to-all); the gradients of what came back to the owners (backward: one)."""
 
     @staticmethod
-    def forward(ctx, ex: Exchange, plan: _Plan, send, mine, *weights: torch.Tensor):
-        n_t, dims, o = len(weights), ex.dims, plan.others
-        if mine is None:
-            send, *mine = send.split_with_sizes([plan.out_ids_n, *plan.self_n])
-        else:
-            send = plan.new(mine[0], 0, 1)
-        recv = plan.new(send, plan.in_ids_n)
-        _all_to_all(recv, send, plan.in_ids, plan.out_ids, ex)
-        ids = recv.split_with_sizes(plan.in_n[:o]) if o else ()  # piece i * T + t: table t's ids from block i
-        vec = plan.new(weights[0], plan.in_vec_n)
-        if o:
-            for i, (x, v) in enumerate(zip(ids, vec.split_with_sizes(plan.in_el[:o]))):
-                torch.index_select(weights[i % n_t], 0, x, out=v.view(plan.in_n[i], dims[i % n_t]))
-        own = [torch.embedding(w, x) for w, x in zip(weights, mine)]  # this rank's own lookups, (*ids' shape, dim)
-        back = plan.new(vec, plan.out_vec_n, 1)
-        _all_to_all(back, vec, plan.out_vec, plan.in_vec, ex)
-        outs = own  # one rank: the own lookups are the outputs, in the batch's order
-        if o:
-            pieces, outs = back.split_with_sizes(plan.out_el[:o]), []
-            for t, (shape, perm) in enumerate(zip(plan.shapes, plan.perms)):
-                x = torch.cat([*pieces[t:o:n_t], own[t].view(-1)]).view(-1, dims[t])
-                if perm is not None:
-                    x = x.index_select(0, perm[0])
-                outs.append(x.view(shape))
-        ctx.ex, ctx.plan, ctx.ids, ctx.mine, ctx.rows = ex, plan, ids, mine, [w.shape[0] for w in weights]
-        return tuple(outs)
+    def forward(ctx, served: torch.Tensor, ex: Exchange, plan: _Plan) -> torch.Tensor:
+        back = served.new_empty(plan.out_vec_n)
+        _all_to_all(back, served, plan.out_vec, plan.in_vec, ex)
+        ctx.ex, ctx.plan = ex, plan
+        return back
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx, grad: torch.Tensor):
         ex, plan = ctx.ex, ctx.plan
-        n_t, dims, k, scale, o = len(grads), ex.dims, ex.k, ex.grad_scale, plan.others
-        if not o:  # every gradient is this rank's own (scaled when there are copies to sum with)
-            own = grads if scale == 1.0 else [g * scale for g in grads]
-            send = plan.new(grads[0], 0)
-        else:  # into the send layout, block by block (this rank's own last), scaled once
-            parts = []
-            for t, (g, perm) in enumerate(zip(grads, plan.perms)):
-                rows = g.reshape(-1, dims[t])
-                if perm is not None:
-                    rows = (rows.index_select(0, perm[1]) if perm[1] is not None
-                            else torch.empty_like(rows).index_copy_(0, perm[0], rows))
-                parts.append(rows.reshape(-1).split_with_sizes(plan.out_el[t::n_t]))
-            buf = grads[0].new_empty(plan.out_vec_n + sum(plan.self_el))
-            torch.cat([parts[t][i] for i in range(k) for t in range(n_t)], out=buf)
-            if scale != 1.0:
-                buf.mul_(scale)
-            send, *own = buf.split_with_sizes([plan.out_vec_n, *plan.self_el])
-        recv = plan.new(send, plan.in_vec_n, 1)
-        _all_to_all(recv, send, plan.in_vec, plan.out_vec, ex)
-        pieces = recv.split_with_sizes(plan.in_el[:o]) if o else ()
-        out = [None] * n_t
-        for t in range(n_t):
-            if not ctx.needs_input_grad[4 + t]:
-                continue
-            g, ix = own[t], ctx.mine[t]
-            if o:
-                g, ix = torch.cat([*pieces[t:o:n_t], g]), torch.cat([*ctx.ids[t:o:n_t], ix])
-            # the op F.embedding's backward runs (it takes the gradient in any shape of ix.numel() rows):
-            # the same sums as the unsharded lookup at one rank
-            out[t] = torch.ops.aten.embedding_dense_backward(g.view(-1, dims[t]) if o else g, ix, ctx.rows[t], -1,
-                                                             False)
-        return (None, None, None, None, *out)
+        recv = grad.new_empty(plan.in_vec_n)
+        _all_to_all(recv, grad.contiguous(), plan.in_vec, plan.out_vec, ex)
+        return recv, None, None
 
 
 def once_after_forward(module: nn.Module, fn) -> None:
