@@ -9,7 +9,11 @@ split:
 
 * ``synthetic``: no input thread, one device batch (the reference);
 * ``dlscale``: the input thread as dlscale runs it (decode, crop, normalise; the batch trained on);
-* ``torch-crop``: the same with the crop and normalisation as torch ops (``images._crop_resize_flip``)
+* ``loader``: dlscale's whole input path as its worker opens it (``source.start_source``:
+  DataLoader workers reading the files, the pin-memory thread, the input thread's decode and crop
+  by the same ``GpuDecoder``): what ``dlscale`` leaves out (it cycles host batches read before
+  the window);
+* ``torch-crop``: the same as ``dlscale`` with the crop and normalisation as torch ops (``images._crop_resize_flip``)
   instead of the Triton kernel (``crop_kernel``; the same where Triton is missing);
 * ``high-priority``: the same, the input thread's stream at the device's highest priority (the
   crop and normalisation; the decoder's own streams are its library's);
@@ -46,10 +50,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import bare_mp  # noqa: E402
 import gpu_decode_parts  # noqa: E402
 from dlscale.inputs import dataset_info, images  # noqa: E402
-from dlscale.inputs.source import Prefetcher  # noqa: E402
+from dlscale.inputs.sampler import GlobalBatchSampler  # noqa: E402
+from dlscale.inputs.source import Prefetcher, Reader, resolve_workers, start_source  # noqa: E402
+from dlscale.inputs.spec import parse_data  # noqa: E402
 from dlscale.models import get_model  # noqa: E402
 
-VARIANTS = ("synthetic", "dlscale", "torch-crop", "high-priority", "decode-only", "crop-only", "switch-5ms")
+VARIANTS = ("synthetic", "dlscale", "loader", "torch-crop", "high-priority", "decode-only", "crop-only", "switch-5ms")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,11 +121,18 @@ class Finish:
 
 
 def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuDecoder, decoded, device,
-                warmup: int, steps: int) -> dict:
-    """img/s and data-wait share of one window of ``kind``."""
-    pf = None
+                warmup: int, steps: int, folder: str = "") -> dict:
+    """img/s and data-wait share of one window of ``kind`` (``loader``: the files of ``folder``)."""
+    pf = src = None
     switch = sys.getswitchinterval()
-    if kind != "synthetic":
+    if kind == "loader":  # dlscale's source over the files, finished by the same GpuDecoder (one rank, seed 0)
+        listing = dataset_info.list_imagefolder(folder)
+        ds = images.ImageBytesData(listing.root, listing.files, listing.labels, gpu.size, seed=0)
+        reader = Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", [], "image", gpu.kind, gpu.backend)
+        b = synthetic[0].shape[0]
+        src = start_source(reader, parse_data(f"imagefolder:{folder}"), GlobalBatchSampler(len(ds), b, 0, b, 0),
+                           resolve_workers(None, "image", "gpu", 1), "gpu", device, 1, {})
+    elif kind != "synthetic":
         finish = Finish("dlscale" if kind in ("dlscale", "torch-crop", "high-priority", "switch-5ms") else kind, gpu,
                         decoded)
         gpu.crop_kernel = kind != "torch-crop"
@@ -133,6 +146,12 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
     try:
         def one() -> None:
             nonlocal waited
+            if src is not None:
+                t = time.perf_counter()
+                (out,) = src.next()
+                waited += time.perf_counter() - t
+                step(*out)
+                return
             if pf is None:
                 step(*synthetic)
                 return
@@ -151,6 +170,8 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
         gpu_decode_parts._sync(device)
         seconds = time.perf_counter() - t0
     finally:
+        if src is not None:
+            src.close()
         if pf is not None:
             pf.close()  # restores the switch interval dlscale found
         sys.setswitchinterval(switch)
@@ -193,7 +214,8 @@ def main(argv=None) -> dict:
     for r in range(args.rounds):
         order = args.variants if r % 2 == 0 else list(reversed(args.variants))
         for kind in order:
-            res = run_variant(kind, step, synthetic, hosts, gpu, decoded, device, args.warmup, args.steps)
+            res = run_variant(kind, step, synthetic, hosts, gpu, decoded, device, args.warmup, args.steps,
+                              args.folder)
             results[kind].append(res)
             print(f"round {r} {kind:>13}: {res['images_per_s']:>10,.1f} img/s, data wait "
                   f"{100 * res['data_wait_share']:.1f} %", flush=True)
