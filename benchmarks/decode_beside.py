@@ -128,7 +128,9 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
     if kind == "loader":  # dlscale's source over the files, finished by the same GpuDecoder (one rank, seed 0)
         listing = dataset_info.list_imagefolder(folder)
         ds = images.ImageBytesData(listing.root, listing.files, listing.labels, gpu.size, seed=0)
-        reader = Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", [], "image", gpu.kind, gpu.backend)
+        name = f"{gpu.name}; crop: {gpu.crop_path}"
+        reader = Reader(ds, images.collate_bytes, gpu, name, "device thread", [], "image",
+                        gpu.kind, gpu.backend)
         b = synthetic[0].shape[0]
         src = start_source(reader, parse_data(f"imagefolder:{folder}"), GlobalBatchSampler(len(ds), b, 0, b, 0),
                            resolve_workers(None, "image", "gpu", 1), "gpu", device, 1, {})

@@ -717,7 +717,7 @@ def test_record_names_the_gpu_decoder_and_its_backend(monkeypatch, data_dir):
     spec = parse_data(f"imagefolder:{data_dir.imgs}")
     reader = make_reader(spec, get_model("resnet50", "tiny"), torch.device("cpu"), "gpu", 0, "nvimgcodec")
     assert (reader.decoder, reader.gpu_decoder, reader.decoder_backend) == \
-        ("stand-in for nvimgcodec", "nvimgcodec", "hardware")
+        ("stand-in for nvimgcodec; crop: torch ops", "nvimgcodec", "hardware")
     src = start_source(reader, spec, GlobalBatchSampler(len(reader.dataset), 4, 0, 4, 0), 0, "gpu",
                        torch.device("cpu"), 1, {})
     try:
@@ -725,7 +725,7 @@ def test_record_names_the_gpu_decoder_and_its_backend(monkeypatch, data_dir):
     finally:
         src.close()
     assert (loader["decode"], loader["decoder"], loader["gpu_decoder"], loader["decoder_backend"]) == \
-        ("gpu", "stand-in for nvimgcodec", "nvimgcodec", "hardware")
+        ("gpu", "stand-in for nvimgcodec; crop: torch ops", "nvimgcodec", "hardware")
 
 
 def test_gpu_decode_parts_script_runs_on_the_cpu(data_dir, capsys):

@@ -611,6 +611,11 @@ class GpuDecoder:
                     pass
         return out, fallbacks
 
+    @property
+    def crop_path(self) -> str:
+        """How the crop, resize, flip and normalisation run (named in the record)."""
+        return "one Triton kernel" if self.crop_kernel and crop_kernel.usable(self.device) else "torch ops"
+
     def augment(self, imgs: list[torch.Tensor], boxes, flips) -> torch.Tensor:
         """Decoded images -> the training batch: crop, resize, flip, normalise (channels_last where set)."""
         out = crop_batch(imgs, boxes, flips, self.size, self.device, self.channels_last, self.crop_kernel)

@@ -394,8 +394,8 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
             gpu = images.GpuDecoder(device, size, channels_last, decoder=decoder)
-            return Reader(ds, images.collate_bytes, gpu, gpu.name, "device thread", paths, kind, gpu.kind,
-                          gpu.backend)
+            return Reader(ds, images.collate_bytes, gpu, f"{gpu.name}; crop: {gpu.crop_path}", "device thread", paths,
+                          kind, gpu.kind, gpu.backend)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
         if not cuda:
             return Reader(ds, images.collate_normalized, _cpu_finish, images.decoder_name(), "worker", paths, kind)
