@@ -132,7 +132,7 @@ class OverheadLaw:
 DEFAULT_LAW = OverheadLaw(
     node={"ln_gpus": 0.02933},
     net={"ln_nodes": 0.06885},
-    band={"from-1-gpu": [0.2165, 0.0536], "from-node": [0.2017, 0.0808]},
+    band={"from-1-gpu": [0.2165, 0.0713], "from-node": [0.2017, 0.1103]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
            "pair stores (docs/bench-data)",
 )
