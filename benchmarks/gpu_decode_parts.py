@@ -29,6 +29,14 @@ from dlscale import ConfigError  # noqa: E402
 from dlscale.inputs import crop_kernel, dataset_info, images  # noqa: E402
 
 
+# normalised pixels (unit ~1/58 per grey level): float32 rounding differs by ~1e-7, a wrong tap by > 1e-2
+KERNEL_TOLERANCE = 1e-4
+
+
+class KernelMismatch(RuntimeError):
+    """The Triton crop kernel did not compute the torch version's batch."""
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -145,6 +153,9 @@ def _parts(label: str, decode, name: str, batches: list, size: int, device: torc
     if crop_kernel.usable(device):  # the kernel computes the torch version's batch
         err = (only_crop(decoded[0]) - torch_crop(decoded[0])).abs().max().item()
         print(f"# {label}: crop kernel against the torch ops, largest difference {err:.3g}", flush=True)
+        if not err <= KERNEL_TOLERANCE:
+            raise KernelMismatch(f"{label}: the crop kernel differs from the torch ops by {err:.3g} "
+                                 f"(allowed {KERNEL_TOLERANCE:g})")
     rows = [(f"{label}: decode (batched)", _timed(only_decode, batches, device, busy)),
             (f"{label}: crop + resize + flip + normalise ({kernel})", _timed(only_crop, decoded, device, busy)),
             (f"{label}: crop + resize + flip + normalise (torch ops)", _timed(torch_crop, decoded, device, busy)),
@@ -181,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     busy = JpgBusy(device)
     for label, decode, name in decoders:
         print(f"# {label}: {name}")
-        rows += _parts(label, decode, name, batches, args.size, device, busy)
+        try:
+            rows += _parts(label, decode, name, batches, args.size, device, busy)
+        except KernelMismatch as e:
+            print(f"gpu_decode_parts.py: error: {e}", file=sys.stderr)
+            return 1
     print(f"# {len(batches)} batches of {args.batch_size}; {device}; cores {os.cpu_count()}")
     print("| part | images/s | ms per batch | NVJPG busy (%) |\n|---|---:|---:|---:|")
     for what, (ips, jpg) in rows:
