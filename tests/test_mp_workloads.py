@@ -260,9 +260,8 @@ def test_exchange_volume_by_hand(monkeypatch):
 
 def test_one_rank_keeps_the_batch_as_it_is(monkeypatch):
     """One rank (either mode): the shard is the whole table, every id is the rank's own (looked up
-    here, in the batch's order plus the fields' offsets, nothing permuted), and the three
-    all-to-alls are called with nothing to send (equal splits of empty buffers). Outputs and
-    gradients are the plain modules'."""
+    here, in the batch's order plus the fields' offsets, nothing permuted), and no collective is
+    called (a group of one has nothing to move). Outputs and gradients are the plain modules'."""
     from dlscale.models.wide_deep import FusedTables
     from dlscale.strategies.embedding_shard import Exchange, ShardedTables
 

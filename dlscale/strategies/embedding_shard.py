@@ -208,8 +208,8 @@ class _Plan:
     the last block, this rank, both are its own ids of table t). The all-to-alls carry the other
     blocks alone: their splits are per rank in rank order, 0 for this rank (None, the equal split,
     when every rank's is the same, as at one rank: nothing to send). ``shapes``: the outputs';
-    ``perms``: per table None or (gather from the blocks' pieces concatenated to the batch's order,
-    its inverse or None)."""
+    ``perms``: per table None or the gather from the blocks' pieces concatenated to the batch's
+    order (its backward, ``index_select``'s, scatters the gradients back)."""
 
     __slots__ = ("out_n", "in_n", "out_el", "in_el", "others", "out_ids", "in_ids", "out_vec", "in_vec",
                  "out_ids_n", "in_ids_n", "out_vec_n", "in_vec_n", "self_n", "self_el", "shapes", "perms",
@@ -304,7 +304,7 @@ class Exchange:
         for t, (shape, perm) in enumerate(zip(plan.shapes, plan.perms)):
             x = torch.cat([*pieces[t:o:n_t], own[t].reshape(-1)]).view(-1, dims[t])
             if perm is not None:
-                x = x.index_select(0, perm[0])
+                x = x.index_select(0, perm)
             outs.append(x.view(shape))
         return tuple(outs)
 
@@ -324,7 +324,7 @@ class Exchange:
             else:
                 inverse = torch.empty_like(order)
                 inverse[order] = torch.arange(order.numel(), device=device)
-                perms.append((inverse, order))
+                perms.append(inverse)
             by_block.append([m + base for m in mine])
             base += b * n
         plan = _Plan(out_n, in_n, self.dims, k, me, [(b, n, d) for n, d in zip(nf, self.dims)], perms)
@@ -372,7 +372,7 @@ class Exchange:
         out_n = [sizes[0][j * n_t + t] for j in self.blocks for t in range(n_t)]
         in_n = [sizes[1][j * n_t + t] for j in self.blocks for t in range(n_t)]
         nf = [len(st.rows) for st in self.tables]
-        perms = [(p, None) for p in pos.split_with_sizes([b * n for n in nf])]
+        perms = list(pos.split_with_sizes([b * n for n in nf]))
         shapes = [(b, n, d) for n, d in zip(nf, self.dims)]
         return _Plan(out_n, in_n, self.dims, k, self.me, shapes, perms), send
 
