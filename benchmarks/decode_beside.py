@@ -51,7 +51,7 @@ import bare_mp  # noqa: E402
 import gpu_decode_parts  # noqa: E402
 from dlscale.inputs import dataset_info, images  # noqa: E402
 from dlscale.inputs.sampler import GlobalBatchSampler  # noqa: E402
-from dlscale.inputs.source import Prefetcher, Reader, resolve_workers, start_source  # noqa: E402
+from dlscale.inputs.source import Prefetcher, gpu_reader, resolve_workers, start_source  # noqa: E402
 from dlscale.inputs.spec import parse_data  # noqa: E402
 from dlscale.models import get_model  # noqa: E402
 
@@ -128,12 +128,10 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
     if kind == "loader":  # dlscale's source over the files, finished by the same GpuDecoder (one rank, seed 0)
         listing = dataset_info.list_imagefolder(folder)
         ds = images.ImageBytesData(listing.root, listing.files, listing.labels, gpu.size, seed=0)
-        name = f"{gpu.name}; crop: {gpu.crop_path}"
-        reader = Reader(ds, images.collate_bytes, gpu, name, "device thread", [], "image",
-                        gpu.kind, gpu.backend)
         b = synthetic[0].shape[0]
-        src = start_source(reader, parse_data(f"imagefolder:{folder}"), GlobalBatchSampler(len(ds), b, 0, b, 0),
-                           resolve_workers(None, "image", "gpu", 1), "gpu", device, 1, {})
+        src = start_source(gpu_reader(ds, gpu, [], "image"), parse_data(f"imagefolder:{folder}"),
+                           GlobalBatchSampler(len(ds), b, 0, b, 0), resolve_workers(None, "image", "gpu", 1), "gpu",
+                           device, 1, {})
     elif kind != "synthetic":
         finish = Finish("dlscale" if kind in ("dlscale", "torch-crop", "high-priority", "switch-5ms") else kind, gpu,
                         decoded)
@@ -144,21 +142,17 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
             pf.stream = torch.cuda.Stream(device, priority=min(lo, hi))  # read by the thread per batch
         if kind == "switch-5ms":
             sys.setswitchinterval(0.005)
+    # the next batch from the variant's input (None: the synthetic batch, nothing to wait for)
+    fetch = (lambda: src.next()[0]) if src is not None else (lambda: pf.get()[0]) if pf is not None else None
     waited = 0.0
     try:
         def one() -> None:
             nonlocal waited
-            if src is not None:
-                t = time.perf_counter()
-                (out,) = src.next()
-                waited += time.perf_counter() - t
-                step(*out)
-                return
-            if pf is None:
+            if fetch is None:
                 step(*synthetic)
                 return
             t = time.perf_counter()
-            out, _meta = pf.get()
+            out = fetch()
             waited += time.perf_counter() - t
             step(*(synthetic if kind == "decode-only" else out))
 

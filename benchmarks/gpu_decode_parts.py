@@ -149,8 +149,9 @@ def _parts(label: str, decode, name: str, batches: list, size: int, device: torc
     def torch_crop(d):
         return images.crop_batch(d[0], d[2], d[3], size, device, channels_last=device.type == "cuda", kernel=False)
 
-    kernel = "one Triton kernel" if crop_kernel.usable(device) else "torch ops"
-    if crop_kernel.usable(device):  # the kernel computes the torch version's batch
+    runs = crop_kernel.usable(device)
+    kernel = "one Triton kernel" if runs else "torch ops"
+    if runs:  # the kernel computes the torch version's batch
         err = (only_crop(decoded[0]) - torch_crop(decoded[0])).abs().max().item()
         print(f"# {label}: crop kernel against the torch ops, largest difference {err:.3g}", flush=True)
         if not err <= KERNEL_TOLERANCE:

@@ -378,6 +378,13 @@ class Reader:
     decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda
 
 
+def gpu_reader(ds, gpu, paths: list[str], kind: str) -> Reader:
+    """The Reader of GPU decode: file bytes batched by the workers, decoded and cropped by ``gpu``
+    (an ``images.GpuDecoder``) on the input thread; the record names the decoder and the crop's path."""
+    return Reader(ds, images.collate_bytes, gpu, f"{gpu.name}; crop: {gpu.crop_path}", "device thread", paths, kind,
+                  gpu.kind, gpu.backend)
+
+
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
                 decoder: str = "auto") -> Reader:
     """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
@@ -393,9 +400,7 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         channels_last = bool(model.channels_last) and cuda
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
-            gpu = images.GpuDecoder(device, size, channels_last, decoder=decoder)
-            return Reader(ds, images.collate_bytes, gpu, f"{gpu.name}; crop: {gpu.crop_path}", "device thread", paths,
-                          kind, gpu.kind, gpu.backend)
+            return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
         if not cuda:
             return Reader(ds, images.collate_normalized, _cpu_finish, images.decoder_name(), "worker", paths, kind)
