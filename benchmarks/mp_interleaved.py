@@ -33,7 +33,6 @@ import socket
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -41,6 +40,7 @@ import bare_mp
 from dlscale.benchsuite import mp_knobs
 from dlscale.config import RunConfig
 from dlscale.models import get_model
+from dlscale.report.stats import bootstrap_median_ci
 from dlscale.strategies import DistEnv, resolve_spec
 from dlscale.strategies._sharding import resized
 from dlscale.worker import build_parallel, build_step, make_batches
@@ -102,14 +102,6 @@ def _window(step, steps: int, cuda: bool) -> float:
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - t0
-
-
-def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the median of ``values``."""
-    rng = np.random.default_rng(seed)
-    arr = np.asarray(values, dtype=float)
-    meds = np.median(rng.choice(arr, size=(n, arr.size), replace=True), axis=1)
-    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
 
 
 def main(argv=None) -> dict:
@@ -175,7 +167,7 @@ def main(argv=None) -> dict:
     cases = {}
     for name in names[:-1]:
         ratios = [x["ratio"][name] for x in rounds]
-        lo, hi = bootstrap_ci(ratios)
+        lo, hi = bootstrap_median_ci(ratios)
         cases[name] = {"ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi],
                        "samples_per_s": statistics.median(x["samples_per_s"][name] for x in rounds), **losses[name]}
         print(f"{name} / plain: median {cases[name]['ratio_median']:.4f} over {len(ratios)} rounds "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlscale.cli import main
-from dlscale.report.stats import _midranks, bootstrap_ratio_ci, mann_whitney, min_two_sided_p
+from dlscale.report.stats import _midranks, bootstrap_median_ci, bootstrap_ratio_ci, mann_whitney, min_two_sided_p
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("report_fixtures", FIXTURES / "report_fixtures.py")
@@ -134,6 +134,16 @@ def test_bootstrap_is_deterministic_and_brackets_the_ratio():
     assert bootstrap_ratio_ci(a, b, seed=0) == bootstrap_ratio_ci(a, b, seed=0)
     lo, hi = bootstrap_ratio_ci(a, b, resamples=2000, confidence=0.95, seed=0)
     assert 0.75 < lo < 0.8 < hi < 0.85
+
+
+def test_bootstrap_of_a_median_brackets_it_and_collapses_on_equal_values():
+    ratios = [0.95, 0.97, 0.99, 1.0, 1.01, 0.96, 0.98, 0.97, 1.02, 0.94]  # median 0.975
+    assert bootstrap_median_ci(ratios, seed=0) == bootstrap_median_ci(ratios, seed=0)
+    lo, hi = bootstrap_median_ci(ratios, resamples=2000, confidence=0.95, seed=0)
+    assert 0.94 <= lo < 0.975 < hi <= 1.02
+    assert bootstrap_median_ci([0.98] * 5) == (0.98, 0.98)
+    with pytest.raises(ValueError):
+        bootstrap_median_ci([])
 
 
 def test_mann_whitney_exact_matches_brute_force_with_ties():

@@ -1,4 +1,4 @@
-"""Noise tests for compare: bootstrap CI of a ratio of medians, and an exact Mann-Whitney U test.
+"""Noise tests for compare: bootstrap CIs of a median and of a ratio of medians, and an exact Mann-Whitney U test.
 
 numpy only (no scipy). Both are deterministic: the bootstrap takes a fixed seed.
 """
@@ -12,6 +12,22 @@ import numpy as np
 EXACT_MAX_N = 60  # total sample size up to which the Mann-Whitney p-value is exact
 
 
+def _percentile_ci(stats: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(stats, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+def bootstrap_median_ci(values: Sequence[float], resamples: int = 2000, confidence: float = 0.95,
+                        seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(values) (e.g. per-round ratios of paired windows)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("bootstrap needs samples")
+    rng = np.random.default_rng(seed)
+    return _percentile_ci(np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1), confidence)
+
+
 def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], resamples: int = 2000,
                        confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of median(b) / median(a), resampling each side independently."""
@@ -22,10 +38,7 @@ def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], resamples: int = 
     rng = np.random.default_rng(seed)
     ma = np.median(xa[rng.integers(0, xa.size, size=(resamples, xa.size))], axis=1)
     mb = np.median(xb[rng.integers(0, xb.size, size=(resamples, xb.size))], axis=1)
-    ratios = mb / ma
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
-    return float(lo), float(hi)
+    return _percentile_ci(mb / ma, confidence)
 
 
 def _midranks(x: np.ndarray) -> np.ndarray:
