@@ -31,12 +31,14 @@ import json
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 import bare_mp
+from dlscale import ConfigError
 from dlscale.benchsuite import mp_knobs
 from dlscale.config import RunConfig
 from dlscale.models import get_model
@@ -114,24 +116,31 @@ def main(argv=None) -> dict:
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     backend = "nccl" if cuda else "gloo"
+    cfgs, specs = [], []
+    try:  # every case checked before anything is built
+        for strategy, options in args.case:
+            cfgs.append(RunConfig(model=args.model, flavor=args.flavor, strategy=strategy, device=device.type,
+                                  precision=args.precision, batch_size=args.batch_size, seed=args.seed,
+                                  strategy_options=dict(options)))
+            specs.append(resolve_spec(cfgs[-1]))
+        knobs = {tuple(sorted(mp_knobs(cfg).items())) for cfg in cfgs}
+    except ConfigError as e:
+        print(f"mp_interleaved.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if len(knobs) > 1:
+        print(f"mp_interleaved.py: error: the cases size the model differently ({sorted(knobs)}); "
+              "one plain loop cannot match them all", file=sys.stderr)
+        raise SystemExit(2)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     dist.init_process_group(backend, rank=0, world_size=1)
     try:
-        sides, modules, knobs = {}, [], set()
-        for strategy, options in args.case:  # each case as dlscale's worker builds it
-            cfg = RunConfig(model=args.model, flavor=args.flavor, strategy=strategy, device=device.type,
-                            precision=args.precision, batch_size=args.batch_size, seed=args.seed,
-                            strategy_options=dict(options))
-            spec = resolve_spec(cfg)
+        sides, modules = {}, []
+        for (strategy, options), cfg, spec in zip(args.case, cfgs, specs):  # each as dlscale's worker builds it
             par, _params = build_parallel(spec, cfg, DistEnv(0, 1, 0, 1, device, backend))
             sides[case_name(strategy, options)] = build_step(par, cfg, device,
                                                              make_batches(spec, cfg, par, par.dp_rank, device))
             modules.append(par.module)
-            knobs.add(tuple(sorted(mp_knobs(cfg).items())))
-        if len(knobs) > 1:
-            raise SystemExit(f"mp_interleaved: the cases size the model differently ({sorted(knobs)}); "
-                             "one plain loop cannot match them all")
         # the plain side: the same model (resized by the options that size it, as benchmarks/run.py
         # passes them to bare_mp.py), seed and batch
         plain_spec = resized(get_model(args.model, args.flavor), dict(knobs.pop()))

@@ -827,3 +827,20 @@ def test_jax_suite_runs_the_jax_yardstick_and_the_kernel_table(jax_run):
     assert [r["record_id"] for r in kernels["records"]] == [runs["torch"]["id"], runs["jax"]["id"]]
     assert "No device kernels in these traces" in (out / "kernels.md").read_text()  # a CPU trace has none
     print(f"jax suite, tiny: {seconds:.1f} s")
+
+
+@pytest.mark.parametrize("cases, expect", [
+    (["embedding-shard:shard=diagonal"], "option shard must be one of row, table, got 'diagonal'"),
+    (["nonsense"], "unknown strategy 'nonsense'"),
+    (["single", "embedding-shard:dim=4"], "the cases size the model differently"),
+])
+def test_mp_interleaved_refuses_bad_cases_before_building(monkeypatch, capsys, cases, expect):
+    """benchmarks/mp_interleaved.py: a bad case is one line and exit 2, before any model or process group."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    mod = _load("bench_mp_interleaved", ROOT / "benchmarks" / "mp_interleaved.py")
+    monkeypatch.setattr(mod.dist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
+    argv = ["--flavor", "tiny", "--device", "cpu"] + [x for c in cases for x in ("--case", c)]
+    with pytest.raises(SystemExit) as e:
+        mod.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and expect in err[0], err
