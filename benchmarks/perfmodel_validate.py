@@ -44,6 +44,9 @@ from dlscale.report.data import load_records  # noqa: E402
 TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
 OWN = sorted(p for p in (ROOT / "docs/bench-data").glob("*h200x2*.jsonl")
              if "bare" not in p.name and "micro" not in p.name) + [ROOT / "docs/bench-data/dlperf-h200x2/results.jsonl"]
+# the later sessions' stores (one directory per suite run): those on H200s, since COMM is an H200
+# pair's; a store without a 1-GPU and a 2-GPU record of one workload adds no pair
+OWN += sorted(p for p in (ROOT / "docs/bench-data").glob("s*-gpu/*/store/results.jsonl") if "H200" in p.read_text()[:20000])
 COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"
 
 
