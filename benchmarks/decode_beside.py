@@ -22,7 +22,10 @@ split:
 * ``crop-only``: the thread crops, resizes and normalises batches decoded beforehand (no JPEG
   decode in the window);
 * ``switch-5ms``: ``dlscale`` with CPython's default switch interval (dlscale lowers it to 0.5 ms
-  while its input thread runs).
+  while its input thread runs);
+* ``split-F`` (e.g. ``split-0.3``): ``loader`` with ``--data-cpu-share F``: the DataLoader workers
+  (as many as dlscale's auto gives a split) decode and crop that share of each batch on the host,
+  the GPU the rest.
 
 Each variant: ``--warmup`` steps, then ``--steps`` timed between two synchronisations; the list of
 variants runs ``--rounds`` times (the median is reported), the order reversed every other round.
@@ -74,13 +77,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in args.variants if v not in VARIANTS]
+    bad = [v for v in args.variants if v not in VARIANTS and split_share(v) is None]
     if bad or not args.variants:
-        p.error(f"--variants: unknown {', '.join(bad) or '(none given)'}; allowed: {', '.join(VARIANTS)}")
+        p.error(f"--variants: unknown {', '.join(bad) or '(none given)'}; allowed: {', '.join(VARIANTS)}, "
+                f"split-F (F a share from 0 to 1)")
     for name in ("batch_size", "batches", "steps", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
+
+
+def split_share(variant: str) -> float | None:
+    """F of a ``split-F`` variant (0 <= F <= 1), else None."""
+    head, _, tail = variant.partition("-")
+    if head != "split":
+        return None
+    try:
+        share = float(tail)
+    except ValueError:
+        return None
+    return share if 0.0 <= share <= 1.0 else None
 
 
 def host_batches(folder: str, n: int, batch_size: int, size: int) -> list[tuple]:
@@ -125,13 +141,15 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
     """img/s and data-wait share of one window of ``kind`` (``loader``: the files of ``folder``)."""
     pf = src = None
     switch = sys.getswitchinterval()
-    if kind == "loader":  # dlscale's source over the files, finished by the same GpuDecoder (one rank, seed 0)
-        listing = dataset_info.list_imagefolder(folder)
+    share = split_share(kind)
+    if kind == "loader" or share is not None:  # dlscale's source over the files, finished by the same GpuDecoder
+        listing = dataset_info.list_imagefolder(folder)  # (one rank, seed 0)
         ds = images.ImageBytesData(listing.root, listing.files, listing.labels, gpu.size, seed=0)
         b = synthetic[0].shape[0]
-        src = start_source(gpu_reader(ds, gpu, [], "image"), parse_data(f"imagefolder:{folder}"),
-                           GlobalBatchSampler(len(ds), b, 0, b, 0), resolve_workers(None, "image", "gpu", 1), "gpu",
-                           device, 1, {})
+        share = share or 0.0
+        src = start_source(gpu_reader(ds, gpu, [], "image", round(share * b), b), parse_data(f"imagefolder:{folder}"),
+                           GlobalBatchSampler(len(ds), b, 0, b, 0), resolve_workers(None, "image", "gpu", 1, share),
+                           "gpu", device, 1, {})
     elif kind != "synthetic":
         finish = Finish("dlscale" if kind in ("dlscale", "torch-crop", "high-priority", "switch-5ms") else kind, gpu,
                         decoded)

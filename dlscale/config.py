@@ -173,10 +173,15 @@ class RunConfig:
                           help="where images from files are decoded: cpu (DataLoader workers) or gpu (nvJPEG)")
     data_decoder: str = _f("auto", choices=GPU_DECODERS, axis="data_decoders", match=True, late="auto",
                            help="with --data-decode gpu, what decodes the JPEGs: nvimgcodec (nvImageCodec: the "
-                                "GPU's hardware JPEG decoders, off the SMs, CUDA nvJPEG for what they cannot take; "
-                                "pip install 'dlscale[nvimgcodec]'), torchvision (io.decode_jpeg: nvJPEG's CUDA "
-                                "kernels), or auto: nvimgcodec where it imports and the GPU has hardware decoders, "
-                                "else torchvision (the record says which ran)")
+                                "GPU's hardware JPEG decoders, CUDA nvJPEG for what they cannot take; "
+                                "pip install 'dlscale[nvimgcodec]'), torchvision (io.decode_jpeg: nvJPEG, its "
+                                "hardware backend where the GPU has one), or auto: torchvision where it imports, "
+                                "else nvimgcodec (the record says which ran)")
+    data_cpu_share: float = _f(0.0, type=float, minimum=0, maximum=1, axis="data_cpu_shares", match=True, late=0.0,
+                               help="with --data-decode gpu: the share of each batch's images the DataLoader "
+                                    "workers decode and crop on the host (Pillow), the rest decoded on the GPU; "
+                                    "takes work off a GPU decoder that holds one batch at a time (0: all on the "
+                                    "GPU; docs/data.md)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
@@ -252,7 +257,8 @@ class RunConfig:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
         from dlscale.inputs.spec import check_fields
 
-        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder)
+        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
+                     self.data_cpu_share)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:

@@ -21,6 +21,13 @@ the GPU has none) or ``nvimgcodec`` (nvImageCodec: the same hardware engines thr
 where it imports (it decoded faster and trained faster beside the model than nvImageCodec on an H100:
 docs/data.md), else nvImageCodec.
 
+Split decode (``--data-cpu-share F`` with GPU decode, ``collate_split``): the workers decode and crop
+the first round(F x batch) images of each batch themselves (the CPU path's Pillow operations, on the
+crop box the header gave) and pass the rest as bytes; the GPU decodes those and the two parts meet in
+one batch. torchvision's batched decoder is one per process behind a lock, one batch at a time, so
+what host cores take off it shortens the time to the next batch (NVIDIA DALI's ``hw_decoder_load``
+splits the same way between its decoders).
+
 Corrupt or truncated files are skipped and counted, not fatal: the next file of the data set takes
 the sample's place (so a batch keeps its size) and the record lists the count and the first
 names. A long benchmark should not die on one bad file of a 1.28M-file set, and the count keeps
@@ -111,18 +118,28 @@ def augment_params(width: int, height: int, rng: np.random.Generator) -> tuple[t
 _BAD_IMAGE = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
-def decode_augment(data: bytes, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Decode an image file's bytes, random-resized-crop to size x size, maybe flip: HWC uint8."""
+def _pil_rgb(data: bytes):
     Image = pil()
     img = Image.open(io.BytesIO(data))
     img.load()
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    (left, top, w, h), flip = augment_params(img.width, img.height, rng)
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _crop_resize_pil(img, box: tuple[int, int, int, int], flip: bool, size: int) -> np.ndarray:
+    """``box`` of a PIL image resized to size x size (bilinear, antialiased), maybe flipped: HWC uint8."""
+    Image = pil()
+    left, top, w, h = box
     img = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
     if flip:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.array(img)  # a writable copy (torch.from_numpy of a read-only array warns)
+
+
+def decode_augment(data: bytes, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Decode an image file's bytes, random-resized-crop to size x size, maybe flip: HWC uint8."""
+    img = _pil_rgb(data)
+    box, flip = augment_params(img.width, img.height, rng)
+    return _crop_resize_pil(img, box, flip, size)
 
 
 class _Folder(torch.utils.data.Dataset):
@@ -243,6 +260,29 @@ def collate_bytes(items: list):
     return (torch.cat([it[0] for it in items]), [len(it[0]) for it in items],
             torch.tensor([it[1] for it in items], dtype=torch.int64), [it[2] for it in items],
             [it[3] for it in items], _meta(items, 4, 5))
+
+
+def collate_split(items: list, cpu_images: int, size: int):
+    """Part of a GPU-decode batch decoded by the worker: its first ``cpu_images`` files decoded and
+    cropped here (Pillow, the CPU path's operations on the crop box the header gave), the rest
+    batched as ``collate_bytes`` does for the GPU. Returns ``(cpu HWC uint8 (k,H,W,3), flat,
+    lengths, labels, boxes, flips, meta)`` with the labels in that order (the CPU-decoded images
+    first). A file Pillow cannot decode goes to the GPU part, whose decoder handles and counts it."""
+    cpu, rest = [], []
+    for it in items:
+        if len(cpu) < cpu_images:
+            try:
+                cpu.append((_crop_resize_pil(_pil_rgb(it[0].numpy().tobytes()), it[2], it[3], size), it[1]))
+                continue
+            except _BAD_IMAGE:
+                pass
+        rest.append(it)
+    imgs = (torch.utils.data.default_collate([torch.from_numpy(c[0]) for c in cpu]) if cpu
+            else torch.empty((0, size, size, 3), dtype=torch.uint8))
+    flat = torch.cat([it[0] for it in rest]) if rest else torch.empty(0, dtype=torch.uint8)
+    labels = torch.tensor([c[1] for c in cpu] + [it[1] for it in rest], dtype=torch.int64)
+    return (imgs, flat, [len(it[0]) for it in rest], labels, [it[2] for it in rest], [it[3] for it in rest],
+            _meta(items, 4, 5))
 
 
 TORCHVISION_INSTALL = "pip install torchvision matching this torch"
@@ -624,8 +664,8 @@ class GpuDecoder:
             done()
         return out
 
-    def __call__(self, item):
-        flat, lengths, labels, boxes, flips, meta = item
+    def _decode_augment(self, flat, lengths, boxes, flips) -> tuple[torch.Tensor, int, int]:
+        """The files decoded and augmented: (batch, Pillow fallbacks, unreadable files replaced)."""
         imgs, fallbacks = self._decode_all(flat, lengths)
         good = [i for i, im in enumerate(imgs) if im is not None]
         if not good:
@@ -633,6 +673,28 @@ class GpuDecoder:
         bad = sum(im is None for im in imgs)
         imgs = [im if im is not None else imgs[good[i % len(good)]]  # unreadable: another image of the batch
                 for i, im in enumerate(imgs)]
-        out = self.augment(imgs, boxes, flips)
+        return self.augment(imgs, boxes, flips), fallbacks, bad
+
+    def __call__(self, item):
+        """A batch from ``collate_bytes``, or from ``collate_split`` (its CPU-decoded images first)."""
+        cpu = None
+        if len(item) == 7:
+            cpu, *item = item
+        flat, lengths, labels, boxes, flips, meta = item
+        fallbacks = bad = 0
+        out = gpu = None
+        if lengths:
+            gpu, fallbacks, bad = self._decode_augment(flat, lengths, boxes, flips)
+            out = gpu
+        if cpu is not None and len(cpu):
+            # the worker's images: uint8 over PCIe, normalised here (as CPU decode's finish_on_device)
+            x = _normalize_(cpu.to(self.device, non_blocking=True).permute(0, 3, 1, 2))
+            if gpu is None:
+                out = x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+            else:  # one batch in the model's memory format: the two parts copied into their rows
+                out = torch.empty((len(x) + len(gpu), *gpu.shape[1:]), device=self.device, dtype=gpu.dtype,
+                                  memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+                out[:len(x)].copy_(x)
+                out[len(x):].copy_(gpu)
         meta = dict(meta, decode_fallbacks=fallbacks, bad=meta["bad"] + bad)
         return (out, labels.to(self.device, non_blocking=True)), meta

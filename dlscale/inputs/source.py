@@ -18,6 +18,7 @@ that much shorter with free data, past the run-to-run noise of a few per cent).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import statistics
@@ -325,16 +326,17 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_workers(requested: int | None, kind: str, decode: str, local_world: int) -> int:
+def resolve_workers(requested: int | None, kind: str, decode: str, local_world: int, cpu_share: float = 0.0) -> int:
     """DataLoader workers of one rank. Auto: CPU decode takes every core of the rank's share of the
-    host but one (left to the training process); GPU decode only reads files (up to 4); token
-    batches are cheap (1, or 2 with 4+ cores per rank)."""
+    host but one (left to the training process); GPU decode only reads files (up to 4) unless part
+    of it is decoded on the host (--data-cpu-share: as CPU decode); token batches are cheap (1, or 2
+    with 4+ cores per rank)."""
     if requested is not None:
         return requested
     per_rank = max(1, _cpus() // max(1, local_world))
     if kind == "tokens":
         return 2 if per_rank >= 4 else 1
-    if decode == "gpu":
+    if decode == "gpu" and not cpu_share:
         return max(1, min(4, per_rank - 1))
     return max(1, per_rank - 1)
 
@@ -378,17 +380,24 @@ class Reader:
     decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda
 
 
-def gpu_reader(ds, gpu, paths: list[str], kind: str) -> Reader:
+def gpu_reader(ds, gpu, paths: list[str], kind: str, cpu_images: int = 0, batch: int = 0) -> Reader:
     """The Reader of GPU decode: file bytes batched by the workers, decoded and cropped by ``gpu``
-    (an ``images.GpuDecoder``) on the input thread; the record names the decoder and the crop's path."""
-    return Reader(ds, images.collate_bytes, gpu, f"{gpu.name}; crop: {gpu.crop_path}", "device thread", paths, kind,
-                  gpu.kind, gpu.backend)
+    (an ``images.GpuDecoder``) on the input thread, but for ``cpu_images`` of each batch of ``batch``
+    that the workers decode themselves (``images.collate_split``); the record names the decoder,
+    the crop's path and the split."""
+    name = f"{gpu.name}; crop: {gpu.crop_path}"
+    collate: Callable = images.collate_bytes
+    if cpu_images:
+        collate = functools.partial(images.collate_split, cpu_images=cpu_images, size=gpu.size)
+        name += f"; {cpu_images} of {batch} images a batch decoded on the host by {images.decoder_name()}"
+    return Reader(ds, collate, gpu, name, "device thread", paths, kind, gpu.kind, gpu.backend)
 
 
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
-                decoder: str = "auto") -> Reader:
+                decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0) -> Reader:
     """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
-    (``decoder``: --data-decoder, for GPU decode)."""
+    (``decoder``: --data-decoder, for GPU decode; ``cpu_share`` of each loader batch of ``batch``
+    samples decoded on the host instead)."""
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -400,7 +409,8 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         channels_last = bool(model.channels_last) and cuda
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
-            return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind)
+            return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
+                              round(cpu_share * batch), batch)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
         if not cuda:
             return Reader(ds, images.collate_normalized, _cpu_finish, images.decoder_name(), "worker", paths, kind)
@@ -449,9 +459,9 @@ def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank:
         return SyntheticSource(make_synthetic())
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
-    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder)
+    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b)
     sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
     page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped
-    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, local_world)
+    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, local_world, cfg.data_cpu_share)
     return start_source(reader, spec, sampler, workers, cfg.data_decode, device, cfg.grad_accum, page)

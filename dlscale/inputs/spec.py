@@ -19,7 +19,7 @@ KINDS = ("synthetic", "imagefolder", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 DECODE_DEVICES = ("cpu", "gpu")
 # which library decodes JPEGs with --data-decode gpu (dlscale/inputs/images.py, docs/data.md); auto:
-# nvimgcodec where it imports and the GPU has hardware JPEG decoders, else torchvision
+# torchvision where it imports, else nvimgcodec
 GPU_DECODERS = ("auto", "torchvision", "nvimgcodec")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # what a model's ``ModelSpec.data_kind`` may say: the batch layout a real-data reader must produce
@@ -79,9 +79,14 @@ def workers_arg(text: str) -> int | None:
         raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
 
 
-def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto") -> DataSpec:
+def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
+                 cpu_share: float = 0.0) -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
+    if cpu_share and decode != "gpu":
+        raise ConfigError(f"data-cpu-share {cpu_share:g} splits GPU decode between the host and the GPU: it needs "
+                          f"--data imagefolder:PATH --data-decode gpu (with --data-decode cpu every image is "
+                          f"decoded on the host already)")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"data-workers must be an integer >= 0 (0: load in the training process), got {workers!r}")
     if decode not in DECODE_DEVICES:
