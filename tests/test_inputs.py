@@ -380,6 +380,8 @@ for cl in (False, True):
     assert got.is_contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
     err = (got - ref).abs().max().item()
     assert err < 1e-4, err
+dec = images.GpuDecoder(torch.device("cpu"), 24, True, decode=lambda datas: datas, name="x")
+assert dec.crop_kernel and dec.crop_path == "one Triton kernel", dec.crop_path  # its own check passed
 print("kernel ok", err)
 """
 

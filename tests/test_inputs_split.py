@@ -142,3 +142,26 @@ def test_split_batches_through_worker_processes_and_the_input_thread(imgs):
         finally:
             src.close()
     assert labels[0] == labels[3]  # the same samples each step (the host part first within a batch)
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong"])
+def test_a_crop_kernel_that_fails_here_falls_back_to_torch_ops(monkeypatch, failure):
+    """Where the Triton kernel could run but does not build, or computes something else, the decoder
+    uses the torch version and its record says why (checked once, when the decoder is made)."""
+    from dlscale.inputs import crop_kernel
+
+    def broken(flat, par, size, mean, std, channels_last):
+        if failure == "raises":
+            raise RuntimeError("PTX compile failed")
+        return torch.zeros((par.shape[0], 3, size, size))
+
+    monkeypatch.setattr(crop_kernel, "usable", lambda device: True)
+    monkeypatch.setattr(crop_kernel, "crop_normalize", broken)
+    dec = _decoder()
+    assert dec.crop_kernel is False
+    note = "failed here: RuntimeError: PTX compile failed" if failure == "raises" else "disagreed with the torch version"
+    assert dec.crop_path.startswith("torch ops (the Triton kernel ") and note in dec.crop_path
+    img = [torch.randint(0, 256, (3, 20, 20), dtype=torch.uint8)]
+    out = dec.augment(img, [(0, 0, 20, 20)], [False])  # the torch version: not the broken kernel's zeros
+    assert out.shape == (1, 3, 40, 40) and out.abs().sum() > 0
+

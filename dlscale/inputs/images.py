@@ -618,6 +618,9 @@ class GpuDecoder:
             decode, name, self.kind, self.backend = gpu_decoder(device, decoder)
         self.decode, self.name = decode, name or "custom"
         self.crop_kernel = True  # crop_batch's Triton kernel where it runs (False: the torch version)
+        self.crop_note = ""  # why the kernel is not used where it could run
+        if crop_kernel.usable(device):
+            self._check_kernel()
 
     def _decode_all(self, flat: torch.Tensor, lengths: list[int]) -> tuple[list[torch.Tensor | None], int]:
         """The batch's files (``flat`` split by ``lengths``) decoded: (images or None each, Pillow fallbacks)."""
@@ -654,7 +657,28 @@ class GpuDecoder:
     @property
     def crop_path(self) -> str:
         """How the crop, resize, flip and normalisation run (named in the record)."""
-        return "one Triton kernel" if self.crop_kernel and crop_kernel.usable(self.device) else "torch ops"
+        if self.crop_kernel and crop_kernel.usable(self.device):
+            return "one Triton kernel"
+        return f"torch ops ({self.crop_note})" if self.crop_note else "torch ops"
+
+    def _check_kernel(self) -> None:
+        """Compile and run the kernel once on two small images (before the run's first batch) against
+        the torch version; if it fails to build or run, or disagrees, the torch version runs instead
+        and ``crop_path`` says why: a GPU or Triton the kernel was not built for costs speed, not the run."""
+        gen = torch.Generator().manual_seed(0)
+        imgs = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen).to(self.device)
+                for h, w in ((13, 17), (9, 8))]
+        boxes, flips = [(2, 1, 11, 9), (0, 0, 8, 9)], [False, True]
+        try:
+            got = crop_batch(imgs, boxes, flips, 6, self.device, self.channels_last, kernel=True)
+            want = crop_batch(imgs, boxes, flips, 6, self.device, self.channels_last, kernel=False)
+            diff = float((got - want).abs().max())
+        except Exception as e:  # noqa: BLE001 - any failure to build or launch: the torch version runs
+            self.crop_kernel, self.crop_note = False, f"the Triton kernel failed here: {type(e).__name__}: {str(e)[:120]}"
+            return
+        if not diff <= 1e-3:
+            self.crop_kernel = False
+            self.crop_note = f"the Triton kernel disagreed with the torch version here by {diff:.3g}"
 
     def augment(self, imgs: list[torch.Tensor], boxes, flips) -> torch.Tensor:
         """Decoded images -> the training batch: crop, resize, flip, normalise (channels_last where set)."""
