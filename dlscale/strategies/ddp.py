@@ -10,7 +10,13 @@ gradients; the record says which ran), ``compiled_autograd`` (default False; wit
 torch's compiled autograd traces the whole backward, DDP's all-reduces included, into one compiled
 graph, with DDP's Python reducer (dynamo's ``optimize_ddp="python_reducer"``) in place of the C++
 reducer's per-gradient hooks and of DDPOptimizer's graph cuts at bucket boundaries; inductor buckets
-the all-reduces by ``bucket_cap_mb`` and places them).
+the all-reduces by ``bucket_cap_mb`` and places them), ``optimizer_in_backward`` (default False: the
+model's optimizer steps each bucket's parameters as soon as that bucket's all-reduce is queued,
+inside the backward (DDP's ``_register_fused_optim``: torch's functional optimizer, one fused kernel
+per parameter on CUDA), so nothing is left between the backward's last kernel and the next forward
+but the last bucket's update; the step's ``optimizer.step()`` does nothing. Not with gradient
+accumulation, gradient clipping, amp-fp16's loss scaling, a comm_hook or compiled_autograd. torch
+marks the functional optimizers' TorchScript path deprecated; they still run as documented.)
 """
 import contextlib
 import functools
@@ -24,7 +30,7 @@ from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
 
 OPTIONS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
-           "static_graph": False, "comm_hook": "none", "compiled_autograd": False}
+           "static_graph": False, "comm_hook": "none", "compiled_autograd": False, "optimizer_in_backward": False}
 COMM_HOOKS = ("none", "bf16", "fp16")
 
 
@@ -45,6 +51,18 @@ def options(cfg) -> dict:
             raise ConfigError(f"strategy ddp option compiled_autograd puts the all-reduces inside the compiled "
                               f"graph, which CUDA graphs cannot hold; compile-mode {cfg.compile_mode} captures "
                               "them: use compile-mode default or max-autotune-no-cudagraphs")
+    if opts["optimizer_in_backward"]:
+        # each bucket's update runs once its all-reduce is queued: nothing may need the whole
+        # gradient first (a global norm, an inf check) or several backwards' sum (torch refuses no_sync)
+        bad = [what for what, on in (("comm_hook " + opts["comm_hook"], opts["comm_hook"] != "none"),
+                                     ("compiled_autograd", opts["compiled_autograd"]),
+                                     (f"grad-accum {cfg.grad_accum}", cfg.grad_accum > 1),
+                                     ("clip-grad-norm", cfg.clip_grad_norm is not None),
+                                     ("precision amp-fp16 (loss scaling)", cfg.precision == "amp-fp16")) if on]
+        if bad:
+            raise ConfigError(f"strategy ddp option optimizer_in_backward steps each bucket inside the backward; "
+                              f"it does not go with {', '.join(bad)} (each needs the whole gradient, or several "
+                              f"backwards, before the step)")
     return opts
 
 
@@ -80,9 +98,37 @@ def parallelize(model, spec, cfg, dist):
 
         hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
         ddp.register_comm_hook(state=None, hook=hook[opts["comm_hook"]])
-    return Parallelized(module=ddp, optimizer=make_optimizer(ddp.parameters(), spec, cfg, dist.device),
-                        dp_size=dist.world_size, no_sync=ddp.no_sync, backward_context=backward_context,
-                        dp_rank=dist.rank, info={**opts})
+    opt = make_optimizer(ddp.parameters(), spec, cfg, dist.device)
+    if opts["optimizer_in_backward"]:
+        opt = _in_backward(ddp, opt)
+    return Parallelized(module=ddp, optimizer=opt, dp_size=dist.world_size, no_sync=ddp.no_sync,
+                        backward_context=backward_context, dp_rank=dist.rank, info={**opts})
+
+
+class _StepInBackward:
+    """What the training step calls ``optimizer``: its ``step()`` is empty (DDP's registered
+    functional optimizer has updated every bucket during the backward); ``zero_grad`` and
+    ``param_groups`` are the model's optimizer's, which never steps."""
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.inner, self.param_groups, self.state = opt, opt.param_groups, opt.state
+
+    def step(self, closure=None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+def _in_backward(ddp, opt: torch.optim.Optimizer) -> _StepInBackward:
+    """Register ``opt``'s class and settings with DDP as the optimizer it runs after each bucket's
+    all-reduce (torch's functional twin of the class: the same update, parameter by parameter)."""
+    group = opt.param_groups[0]
+    keep = {"AdamW": ("lr", "betas", "eps", "weight_decay", "foreach", "fused"),
+            "SGD": ("lr", "momentum", "weight_decay", "foreach", "fused")}[type(opt).__name__]
+    ddp._register_fused_optim(type(opt), **{k: group[k] for k in keep if group.get(k) is not None},
+                              optim_params=[p for g in opt.param_groups for p in g["params"]])
+    return _StepInBackward(opt)
 
 
 def _compiled_autograd(cfg):
