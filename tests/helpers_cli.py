@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 from unittest import mock
@@ -29,18 +30,22 @@ import pytest
 
 
 def dlscale(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """(returncode, stdout, stderr) of ``dlscale ARGS``, run in this process."""
+    """(returncode, stdout, stderr) of ``dlscale ARGS``, run in this process; the call's wall-clock
+    seconds as ``seconds``."""
     from dlscale.cli import main
 
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
+    t0 = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             mock.patch.object(sys, "argv", ["dlscale", *argv]), mock.patch.dict(os.environ, env or {}):
         try:
             rc = main(argv)
         except SystemExit as e:  # argparse's own errors
             rc = e.code if isinstance(e.code, int) else 1
-    return subprocess.CompletedProcess(["dlscale", *argv], rc, out.getvalue(), err.getvalue())
+    done = subprocess.CompletedProcess(["dlscale", *argv], rc, out.getvalue(), err.getvalue())
+    done.seconds = time.monotonic() - t0
+    return done
 
 
 class _ByThread(io.TextIOBase):
@@ -89,9 +94,10 @@ class _ArgvByThread(list):
 def dlscale_many(calls: Sequence[Sequence[str]], workers: int = 2) -> list[subprocess.CompletedProcess | BaseException]:
     """``dlscale ARGS`` for each ARGS in ``calls``, ``workers`` at a time, in threads of this process.
 
-    Returns, in the order of ``calls``, each call's (returncode, stdout, stderr) or the exception it
-    raised. Each call sees its own ``sys.argv`` and output streams; the environment is this
-    process's for all of them (it cannot differ per thread): set what the calls share before."""
+    Returns, in the order of ``calls``, each call's (returncode, stdout, stderr), with the call's
+    wall-clock seconds as ``seconds``, or the exception it raised. Each call sees its own
+    ``sys.argv`` and output streams; the environment is this process's for all of them (it cannot
+    differ per thread): set what the calls share before."""
     from dlscale.cli import main
 
     out, err, argvs = _ByThread(sys.stdout), _ByThread(sys.stderr), _ArgvByThread(sys.argv)
@@ -101,12 +107,14 @@ def dlscale_many(calls: Sequence[Sequence[str]], workers: int = 2) -> list[subpr
         argv = [str(a) for a in calls[i]]
         me, o, e = threading.get_ident(), io.StringIO(), io.StringIO()
         out.buffers[me], err.buffers[me], argvs.by_thread[me] = o, e, ["dlscale", *argv]
+        t0 = time.monotonic()
         try:
             try:
                 rc = main(argv)
             except SystemExit as ex:  # argparse's own errors
                 rc = ex.code if isinstance(ex.code, int) else 1
             results[i] = subprocess.CompletedProcess(["dlscale", *argv], rc, o.getvalue(), e.getvalue())
+            results[i].seconds = time.monotonic() - t0
         except BaseException as ex:  # noqa: BLE001 - handed to the test that needs this call
             results[i] = ex
         finally:
@@ -151,12 +159,14 @@ class RunsAhead:
 
     ``start(request)`` (from a module-scoped fixture) makes the cases the selected tests name with
     ``@cases`` pending, in test order. ``take(key)`` gives the result of ``key``'s run: when it has
-    not run yet it runs now, with the next pending cases (``ahead`` in all), through
-    ``dlscale_many``; None when it ran alone (the caller runs it as before). ``finish(request)``
+    not run yet it runs now, with the next pending cases (``ahead`` in all; None: all of them), through
+    ``dlscale_many``; None when it ran alone (the caller runs it as before). ``cost(key)``, when
+    given, orders each such batch, the costliest first: the pool then ends on short cases and both
+    workers stay busy to the end (a long case started last would run alone). ``finish(request)``
     fails when a named case was never taken (a test's ``@cases`` and its reads disagree)."""
 
-    def __init__(self, args_of, ahead: int = 4, workers: int = 2):
-        self.args_of, self.ahead, self.workers = args_of, ahead, workers
+    def __init__(self, args_of, ahead: int | None = 4, workers: int = 2, cost=None):
+        self.args_of, self.ahead, self.workers, self.cost = args_of, ahead, workers, cost
         self.pending: list = []
         self.done: dict = {}
 
@@ -165,10 +175,13 @@ class RunsAhead:
 
     def take(self, key) -> subprocess.CompletedProcess | None:
         if key not in self.done:
-            keys = [key] + [k for k in self.pending if k != key][:self.ahead - 1]
+            others = [k for k in self.pending if k != key]
+            keys = [key] + (others if self.ahead is None else others[:self.ahead - 1])
             self.pending = [k for k in self.pending if k not in keys]
             if len(keys) == 1:
                 return None
+            if self.cost is not None:
+                keys.sort(key=self.cost, reverse=True)  # stable: equal costs keep the tests' order
             self.done.update(zip(keys, dlscale_many([self.args_of(k) for k in keys], self.workers)))
         got = self.done.pop(key)
         if isinstance(got, BaseException):
