@@ -1,10 +1,12 @@
 """`dlscale run` end to end on the CPU: real torchrun, real gloo process groups, tiny models.
 
 The cases in CASES run in this process (tests/helpers_cli.py), once per module, those the selected
-tests name (``@cases``) two at a time; the time-limit and unwritable-store cases run on their own
-(the unwritable store in this process too: it must fail before any process starts).
+tests name (``@cases``) two at a time, all of them when the first is read (the hung rank's case,
+which waits out its time limit, first); the unwritable-store case runs on its own (in this process
+too: it must fail before any process starts).
 """
 import json
+import os
 import re
 import time
 import uuid
@@ -34,7 +36,12 @@ CASES = {
             "--warmup", "2", "--steps", "2", "--inject-failure", "oom@1:1"],
     "crash": ["--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2",
               "--warmup", "1", "--steps", "2", "--inject-failure", "crash@2:0", "--repeats", "3"],
+    # rank 1 hangs at step 1, ~6-9 s after torchrun starts; a slower start is killed by the same limit
+    "hung": ["--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2",
+             "--warmup", "1", "--steps", "2", "--inject-failure", "hang@1:1", "--time-limit", "12"],
 }
+# the costliest first in the run-ahead batch: the hung case waits out its time limit
+COST = {"hung": 3, "repeats": 0, "single-gpt2": 0, "single-bert-base": 0}
 
 
 def dlscale(*args, env=None):
@@ -123,21 +130,27 @@ def test_help_lists_every_option_with_default(capsys):
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory, request, single_in_process):
-    """name -> (the finished `dlscale run` of CASES[name], its store), run once per module. The two
-    `single` references of the DDP runs train in this process (conftest.py ``single_in_process``:
-    the same `dlscale run`, record and store, no torchrun); "repeats" and every DDP case start theirs."""
+    """name -> (the finished `dlscale run` of CASES[name], its store), run once per module, all the
+    selected tests' cases at once when the first is read. The `single` cases (the references of
+    the DDP runs, "repeats") train in this process (conftest.py ``single_in_process``: the same
+    `dlscale run`, record and store, no torchrun); every DDP case starts its torchrun and workers.
+    Every process they start carries one DLSCALE_TEST_TAG (the environment is the calls' shared one):
+    the hung case's test looks for leftovers by it once the batch is over."""
     root = tmp_path_factory.mktemp("run-cli")
     args = lambda name: ["run", *CASES[name], "--store", str(root / name)]  # noqa: E731
-    ahead, done = RunsAhead(args), {}
+    ahead, done = RunsAhead(args, ahead=None, cost=lambda name: COST.get(name, 2)), {}
     ahead.start(request)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DLSCALE_TEST_TAG", uuid.uuid4().hex)
 
     def get(name: str):
         if name not in done:
             done[name] = (ahead.take(name) or dlscale(*args(name)), root / name)
         return done[name]
 
-    with single_in_process(lambda cfg: cfg.model in ("gpt2", "bert-base")):
+    with single_in_process():
         yield get
+    mp.undo()
     ahead.finish(request)
 
 
@@ -227,16 +240,12 @@ def test_crash_records_failed_exit_5(case):
 
 
 @pytest.mark.slow
-def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
-    # rank 1 hangs at step 1, ~6-9 s after torchrun starts; a slower start is killed by the same limit
-    t, tag = time.monotonic(), uuid.uuid4().hex
-    p = dlscale("run", "--model", "gpt2", *FAST, "--strategy", "ddp", "--nproc-per-node", "2",
-                "--batch-size", "2", "--warmup", "1", "--steps", "2", "--inject-failure", "hang@1:1",
-                "--time-limit", "12", "--store", str(tmp_path), env={"DLSCALE_TEST_TAG": tag})
-    elapsed = time.monotonic() - t
+@cases("hung")
+def test_hung_rank_is_killed_at_time_limit_exit_4(case):
+    p, store = case("hung")  # run with the module's other cases (the wait for the limit is idle)
     assert p.returncode == 4, p.stderr[-2000:]
-    assert elapsed < 60
-    rec = one_record(tmp_path)
+    assert p.seconds < 60  # the `dlscale run` call's own time, limit and clean-up included
+    rec = one_record(store)
     assert rec["status"] == "timeout" and "time limit" in rec["error"]
     # every rank that started says where it was when the limit struck (on a loaded machine that can
     # still be start-up); rank 1, once at its hang, is named as stalled outside any collective
@@ -245,8 +254,8 @@ def test_hung_rank_is_killed_at_time_limit_exit_4(tmp_path):
         assert f"rank {r} at {w}" in rec["error"], (where, rec["error"])
     if where.get("1", "").startswith("dlscale/worker.py:") and " in check" in where["1"]:
         assert "stalled outside any collective: rank 1 at dlscale/worker.py:" in rec["error"], rec["error"]
-    # nothing of the killed case may survive (its own processes: other runs on the machine may be going on)
-    assert tagged(tag) == []
+    # nothing of the killed case may survive (the module's runs: other runs on the machine may be going on)
+    assert tagged(os.environ["DLSCALE_TEST_TAG"]) == []
 
 
 @pytest.mark.slow
