@@ -2,11 +2,11 @@
 and the largest-batch search (with the worker's simulated "oom-above@N" threshold).
 
 The process tests run tiny GPT-2 cases on the CPU (one process each, warm-up 1, steps 2,
-repeats 1); each torchrun start costs several seconds here, so they are few. Both sweeps are mostly
-one core's work: the failing-case sweep starts (a ``python -m dlscale sweep``) when the module does,
-so it runs beside the kill-and-resume test, and its test reads what it printed and stored. The
-sweeps that test resumes in this process train their `single` cases here (conftest.py
-``single_in_process``): the resume and --force bookkeeping is what they check, not torchrun.
+repeats 1); each torchrun start costs several seconds here, so they are few: the sweep that is
+killed mid-case (a ``python -m dlscale sweep``) starts torchrun for its cases. The sweeps that test
+resumes in this process, and the failing-case sweep with its largest-batch search, train their
+`single` cases here (conftest.py ``single_in_process``): the resume, --force, failure and search
+bookkeeping is what they check, not torchrun.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import helpers_cli
 from dlscale import ConfigError, cli
 from dlscale.batchsearch import search_max_batch
 from dlscale.caseargs import batch_size_arg
@@ -303,28 +304,6 @@ FAILING_SUITE = TINY + """\
     """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def failing_sweep(request, tmp_path_factory):
-    """The sweep of test_failing_case_... as a process started with the module, when that test is
-    selected (else None): (suite, store, the process, its stdout file, its stderr file)."""
-    if not any(getattr(i, "module", None) is request.module and i.name.startswith("test_failing_case_is_recorded")
-               for i in request.session.items):
-        yield None
-        return
-    tmp = tmp_path_factory.mktemp("failing-sweep")
-    suite, store = write(tmp, FAILING_SUITE), tmp / "st"
-    out, err = open(tmp / "out.txt", "w+"), open(tmp / "err.txt", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dlscale", "sweep", str(suite), "--store", str(store)],
-                            stdout=out, stderr=err, text=True, cwd=tmp)
-    try:
-        yield suite, store, proc, out, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        out.close()
-        err.close()
-
 RESUME_SUITE = TINY + """\
     matrix:
       models: [gpt2]
@@ -403,10 +382,15 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
 
 
 @pytest.mark.slow
-def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(failing_sweep, capsys):
-    suite, store, proc, out_file, err_file = failing_sweep  # `dlscale sweep SUITE --store STORE`, begun early
-    assert proc.wait(timeout=300) == 5  # a case failed
-    captured = [f.seek(0) or f.read() for f in (out_file, err_file)]
+def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path, capsys, single_in_process):
+    suite, store = write(tmp_path, FAILING_SUITE), tmp_path / "st"
+    # `dlscale sweep SUITE --store STORE` in this process, its `single` cases (the crash, the batch
+    # probes) trained here too (conftest.py): the sweep's bookkeeping of a failure and of the search
+    # is what this checks; the torchrun of a `single` sweep case: the kill-and-resume test above
+    with single_in_process():
+        p = helpers_cli.dlscale("sweep", str(suite), "--store", str(store))
+    assert p.returncode == 5  # a case failed
+    captured = [p.stdout, p.stderr]
     assert "[1/2] FAILED" in captured[0] and "injected crash" in captured[0], captured
     assert "[2/2] ok" in captured[0] and "single x1 batch max=3 after 2 probes fp32 eager: " in captured[0], captured
     assert "1 case(s) failed or timed out" in captured[1], captured
