@@ -142,41 +142,44 @@ def test_all_strategies_registered():
 # ---------------------------------------------------------------- correctness (CLI, gloo, tiny)
 
 
-def _dp(strategy: str, nproc: int, opts: tuple[str, ...]):
-    return pytest.param(strategy, nproc, opts, marks=cases(case("gpt2", "single", 1, 4),
-                                                           case("gpt2", strategy, nproc, 2, *opts)))
+CLIP = ("--clip-grad-norm", "0.05")
+
+
+def _dp(strategy: str, nproc: int, opts: tuple[str, ...], extra: tuple[str, ...] = ()):
+    return pytest.param(strategy, nproc, opts, extra, marks=cases(case("gpt2", "single", 1, 4, extra=extra),
+                                                                  case("gpt2", strategy, nproc, 2, *opts, extra=extra)))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, nproc, opts", [
+@pytest.mark.parametrize("strategy, nproc, opts, extra", [
     _dp("zero1", 2, ()),
-    _dp("fsdp", 2, ()),  # zero3, per-block fully_shard (zero2 per block and in one unit: the clipping test below)
+    # zero3 (the default), per-block fully_shard: the clipping test's run below (clipping is the
+    # optimizer step's, the same on every strategy; its own `single` reference); zero2 per block
+    # (hsdp) and in one unit of both blocks: the other runs here and below
+    _dp("fsdp", 2, (), CLIP),
     _dp("hsdp", 2, ("replicate=2", "shard=zero2")),  # 2-D mesh (2, 1), zero2 path
     _dp("hybrid", 4, ("dp=2", "tp=2", "dp_shard=fsdp")),  # FSDP over dp x TP within
 ])
-def test_data_parallel_matches_single(store, strategy, nproc, opts):
+def test_data_parallel_matches_single(store, strategy, nproc, opts, extra):
     # per-rank batch 2 x dp 2 = global 4
-    ref = _rep(_run(store, "gpt2", "single", 1, 4))
-    rec = _run(store, "gpt2", strategy, nproc, 2, *opts)  # hybrid: 2 per replica, its tp ranks share them
+    ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=extra))
+    rec = _run(store, "gpt2", strategy, nproc, 2, *opts, extra=extra)  # hybrid: 2 per replica, its tp ranks share them
     assert rec["global_batch"] == 4 * GRAD_ACCUM["gpt2"]
     got, want = _rep(rec)["loss_after"], ref["loss_after"]
     assert got is not None and _close(got, want), (got, want)
 
 
-CLIP = ("--clip-grad-norm", "0.05")
-
-
 @pytest.mark.slow
-@cases(case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, "shard=zero2", extra=CLIP),
+@cases(case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, extra=CLIP),
        case("gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false", extra=CLIP),
        case("gpt2", "single", 1, 4))
 def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
     """The optimizer on local shards (fsdp's default) with global-norm clipping tight enough to
     clip: the same training as `single` and as torch's optimizer on the DTensors; a shard-local
-    norm would clip each rank differently and drift. zero2 both times: per block, and with both
-    tiny blocks in one unit (a list)."""
+    norm would clip each rank differently and drift. zero3 per block (fsdp's defaults), and zero2
+    with both tiny blocks in one unit (a list)."""
     ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=CLIP))["loss_after"]
-    shards = _run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", extra=CLIP)
+    shards = _run(store, "gpt2", "fsdp", 2, 2, extra=CLIP)
     dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false",
                          extra=CLIP))
     assert shards["strategy_info"]["optimizer_on_shards"] is True
@@ -330,32 +333,35 @@ def test_deepspeed_zero3_matches_zero1(store):
     _assert_losses(_rep(rec)["warmup_losses"], ref["warmup_losses"])
 
 
-# every strategy the tests above run on the CPU (their runs are shared through the cache), and ddp
+# every strategy the tests above run on the CPU (their runs are shared through the cache); ddp
+# against single: tests/test_run_cli.py (gpt2 and bert-base), the parity view is the same for every strategy
 PARITY_RUNS = [
-    ("gpt2", "single", 1, 4, ()), ("gpt2", "ddp", 2, 2, ()), ("gpt2", "zero1", 2, 2, ()), ("gpt2", "fsdp", 2, 2, ()),
-    ("gpt2", "hsdp", 2, 2, ("replicate=2", "shard=zero2")), ("gpt2", "hybrid", 4, 2, ("dp=2", "tp=2", "dp_shard=fsdp")),
-    ("gpt2", "pipeline", 2, 4, ("microbatches=2",)), ("gpt2", "tensor", 2, 4, ("sequence_parallel=true",)),
-    ("bert-base", "single", 1, 4, ()), ("bert-base", "tensor", 2, 4, ()),
-    ("resnet50", "single", 1, 4, ()), ("resnet50", "model", 2, 4, ()),
-    ("resnet50", "pipeline", 2, 4, ("schedule=interleaved", "microbatches=1")),
+    case("gpt2", "single", 1, 4), case("gpt2", "zero1", 2, 2),
+    case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, extra=CLIP),
+    case("gpt2", "hsdp", 2, 2, "replicate=2", "shard=zero2"), case("gpt2", "hybrid", 4, 2, "dp=2", "tp=2", "dp_shard=fsdp"),
+    case("gpt2", "pipeline", 2, 4, "microbatches=2"), case("gpt2", "tensor", 2, 4, "sequence_parallel=true"),
+    case("bert-base", "single", 1, 4), case("bert-base", "tensor", 2, 4),
+    case("resnet50", "single", 1, 4), case("resnet50", "model", 2, 4),
+    case("resnet50", "pipeline", 2, 4, "schedule=interleaved", "microbatches=1"),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # in the module's run the cases are cached (one new run); alone it runs them all
-@cases(*(case(m, s, n, b, *o) for m, s, n, b, o in PARITY_RUNS))
+@cases(*PARITY_RUNS)
 def test_parity_view_passes_for_every_strategy(store):
     """What `dlscale parity` shows a user, over this module's runs: every strategy's warm-up losses
-    and loss_after within the tolerance of single's on the same global batch."""
-    for model, strategy, nproc, batch, opts in PARITY_RUNS:
-        _run(store, model, strategy, nproc, batch, *opts)
+    and loss_after within the tolerance of single's on the same global batch (the clipped fsdp
+    run: the clipped single's)."""
+    for model, strategy, nproc, batch, opts, precision, extra in PARITY_RUNS:
+        _run(store, model, strategy, nproc, batch, *opts, precision=precision, extra=extra)
     rc, out, err = _cli(["parity", str(store), "--format", "json"])
     doc = json.loads(out)
     cases = [(g["model"], g["precision"], c) for g in doc["groups"] for c in g["cases"]]
     bad = [(m, p, c["strategy"], c["verdict"], c["max_rel_diff"], c["note"]) for m, p, c in cases
            if c["verdict"] != "pass"]
     assert rc == 0 and not bad, (bad, err)
-    assert {c["strategy"] for _, _, c in cases} >= {s for _, s, *_ in PARITY_RUNS} - {"single"}
+    assert {c["strategy"] for _, _, c in cases} >= {key[1] for key in PARITY_RUNS} - {"single"}
     assert all(c["loss_after"] is not None and len(c["warmup_losses"]) == WARMUP for _, _, c in cases)
 
 
