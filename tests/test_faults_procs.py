@@ -8,7 +8,7 @@ process; where it is dealt to the agent or a rank, dlscale runs in this process 
 ~5 s of start-up less) while a thread waits for training and deals it. The out-of-memory case and the
 hung-rank case (``python -m dlscale`` processes then) start while the stopped-rank case waits (idle) for
 its time limit, each when its test is selected with it. The cases whose dlscale process is signalled
-(SIGKILL, SIGTERM, SIGHUP) run at once, each in its own folder, when the first of their tests asks.
+(SIGKILL, SIGTERM) run at once, each in its own folder, when the first of their tests asks.
 """
 from __future__ import annotations
 
@@ -210,8 +210,8 @@ def hung_ahead(request, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- no process outlives its case
 
-SIGNAL_TESTS = {"test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up",
-                "test_sigterm_and_sighup_interrupt_like_ctrl_c"}
+SIGNAL_TESTS = {"test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up": signal.SIGKILL,
+                "test_sigterm_interrupts_like_ctrl_c": signal.SIGTERM}
 
 
 def _deal(folder: Path, sig: signal.Signals) -> SimpleNamespace:
@@ -247,7 +247,7 @@ def signalled(request, tmp_path_factory):
     wanted = []
     for item in request.session.items:
         if getattr(item, "module", None) is request.module and item.originalname in SIGNAL_TESTS:
-            sig = item.callspec.params["sig"] if hasattr(item, "callspec") else signal.SIGKILL
+            sig = SIGNAL_TESTS[item.originalname]
             if sig not in wanted:
                 wanted.append(sig)
     folders = {sig: tmp_path_factory.mktemp(f"sig{int(sig)}") for sig in wanted}
@@ -294,9 +294,11 @@ def test_sigkill_of_dlscale_ends_its_workers_and_the_next_start_cleans_up(signal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_and_sighup_interrupt_like_ctrl_c(signalled, sig):
-    case = signalled(sig)
+def test_sigterm_interrupts_like_ctrl_c(signalled):
+    """SIGTERM dealt to a training `python -m dlscale`: exit 130, one line, its processes and temp
+    folders gone, nothing stored. SIGHUP takes the same path (procs.interrupts installs one handler
+    for both): the test below deals each of them to a command in this process."""
+    case = signalled(signal.SIGTERM)
     assert case.rc == 130, case.err
     lines = [ln for ln in case.err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0] and "no record" in lines[0], case.err
@@ -305,6 +307,23 @@ def test_sigterm_and_sighup_interrupt_like_ctrl_c(signalled, sig):
     assert not list((case.folder / "tmp").glob("dlscale-*"))
     assert not (case.folder / "store" / "results.jsonl").exists() or not (
         case.folder / "store" / "results.jsonl").read_text().strip()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_end_a_command_as_ctrl_c_does(monkeypatch, capsys, sig):
+    """Either signal, arriving while a command runs, ends it as Ctrl-C does: exit 130 and one line
+    naming the signal; the handler before the command is back after it."""
+    from dlscale import cli
+    from dlscale.commands import run as run_cmd
+
+    before = signal.signal(sig, lambda *a: None)  # without dlscale's handler the signal is dropped here
+    try:
+        monkeypatch.setattr(run_cmd, "cmd_env", lambda args: signal.raise_signal(sig) or 0)
+        assert cli.main(["env"]) == procs.EXIT_INTERRUPTED
+        assert signal.getsignal(sig) is not procs._raise_interrupt  # the command's handler is gone again
+    finally:
+        signal.signal(sig, before)
+    assert capsys.readouterr().err.strip() == f"dlscale: interrupted by {sig.name}"
 
 
 # ----------------------------------------------------------------------------- failures say what happened
