@@ -67,13 +67,13 @@ def _process_starting_tests_are_slow(request, monkeypatch):
         pytest.fail(f"this test starts a process ({started[0]}) but is not marked slow", pytrace=False)
 
 
-# ---------------------------------------------------------------- `single` references trained in this process
+# ---------------------------------------------------------------- one-process runs (`single` references) trained in this process
 
 _HERE_LOCK = threading.Lock()
 
 
 def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
-    """One `single` repeat as dlscale/worker.py's ``main`` runs it, but in this process on a
+    """One repeat of a one-process case as dlscale/worker.py's ``main`` runs it, but in this process on a
     one-rank gloo group (no torchrun, no interpreter to start): the same ``train``, the same
     ``rank0.json`` for the launcher to merge, phase lines to the spawner's ``on_line``; no
     hardware sampler and no stack dump at the time limit (nothing here can stop a hung step)."""
@@ -126,32 +126,36 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
                       ["(in the test process)", "dlscale.worker"], t0)
 
 
-@pytest.fixture(scope="module")
-def single_in_process():
-    """``with single_in_process(when):`` `dlscale run` (in this process) trains each `single` CPU
-    case that ``when(cfg)`` accepts here, on a one-rank gloo group, instead of starting torchrun
-    and a worker (~16 CPU-s of imports on 2 cores for a tiny reference run); every other case
-    starts torchrun as before. The record is made, checked and stored by the same code."""
+@contextlib.contextmanager
+def one_process_here(when=lambda cfg: True):
+    """Inside, `dlscale run` (in this process) trains each one-process torch CPU case (`single`, or
+    another strategy at one rank) that ``when(cfg)`` accepts here, on a one-rank gloo group,
+    instead of starting torchrun and a worker (~16 CPU-s of imports on 2 cores for a tiny
+    reference run); every other case starts torchrun as before. The record is made, checked and
+    stored by the same code. (tests/tools/driver_here.py applies it to a benchmark driver process.)"""
+    import torch.distributed as dist
+
     from dlscale import launch
 
-    @contextlib.contextmanager
-    def patch(when=lambda cfg: True):
-        import torch.distributed as dist
+    real = launch.TorchrunSpawner
 
-        real = launch.TorchrunSpawner
+    class Here(real):
+        def start(self, cfg, workdir, env):
+            if cfg.world_size == 1 and cfg.framework == "torch" and cfg.device == "cpu" and when(cfg):
+                with _HERE_LOCK:  # one default process group per process: one such run at a time
+                    if not dist.is_initialized():
+                        return _train_here(cfg, workdir, env, self.on_line)
+            return super().start(cfg, workdir, env)
 
-        class Here(real):
-            def start(self, cfg, workdir, env):
-                if cfg.strategy == "single" and cfg.device == "cpu" and when(cfg):
-                    with _HERE_LOCK:  # one default process group per process: one such run at a time
-                        if not dist.is_initialized():
-                            return _train_here(cfg, workdir, env, self.on_line)
-                return super().start(cfg, workdir, env)
+    launch.TorchrunSpawner = Here
+    try:
+        yield
+    finally:
+        launch.TorchrunSpawner = real
 
-        launch.TorchrunSpawner = Here
-        try:
-            yield
-        finally:
-            launch.TorchrunSpawner = real
 
-    return patch
+@pytest.fixture(scope="module")
+def single_in_process():
+    """``with single_in_process(when):`` ``one_process_here(when)``: the one-process CPU cases that
+    ``when(cfg)`` accepts train in this process."""
+    return one_process_here

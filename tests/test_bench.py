@@ -674,7 +674,8 @@ def test_data_suite_makes_its_data_then_compares_real_with_synthetic(data_run):
 def mp_run(tmp_path_factory, single_in_process):
     """mp.yaml, tiny, wide-deep only: single and embedding-shard table/row, the plain loop (loop mp),
     and its interleaved command (the three cases beside the plain loop in one process), tiny too.
-    The `single` case trains in this process (conftest.py ``single_in_process``)."""
+    The three cases (one process each: embedding-shard at degree 1) train in this process
+    (conftest.py ``single_in_process``); the plain loop and the command are processes."""
     tmp = tmp_path_factory.mktemp("mp")
 
     def one_interleaved(d):
@@ -748,7 +749,8 @@ AHEAD = [("data", _data_edit, ("--filter", "model=gpt2"),
 def drivers_ahead(request, tmp_path_factory):
     """The AHEAD suites whose tests are selected, each a ``benchmarks/run.py`` process started when the
     module starts: they run beside this process's own driver runs (smoke, mp), all mostly one core's
-    work. name -> (its folder, the process, the monotonic start)."""
+    work; their one-process torch cases train in the driver's process (tests/tools/driver_here.py,
+    as ``single_in_process`` does here). name -> (its folder, the process, the monotonic start)."""
     selected = {i.name for i in request.session.items if getattr(i, "module", None) is request.module}
     started = {}
     for name, edit, args, test in AHEAD:
@@ -756,8 +758,8 @@ def drivers_ahead(request, tmp_path_factory):
             tmp = tmp_path_factory.mktemp(name)
             path = tiny_suite(name, tmp, edit)
             with open(tmp / "driver.out", "w") as out, open(tmp / "driver.err", "w") as err:
-                p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "run.py"), str(path), "--out",
-                                      str(tmp / "out"), *args], stdout=out, stderr=err, text=True, cwd=ROOT)
+                p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tools" / "driver_here.py"), str(path),
+                                      "--out", str(tmp / "out"), *args], stdout=out, stderr=err, text=True, cwd=ROOT)
             started[name] = (tmp, p, time.monotonic())
     yield started
     for _, p, _ in started.values():
