@@ -134,19 +134,22 @@ def test_time_limit_kills_the_whole_tree(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def torchrun_store(tmp_path_factory):
+def torchrun_store(tmp_path_factory, single_in_process):
     """One plain torchrun script (2 gloo processes) under --command beside a native tiny run; the two
-    at the same time (tests/helpers_cli.py), into one store."""
+    at the same time (tests/helpers_cli.py), into one store. The native run is a `single` case,
+    trained in this process (conftest.py ``single_in_process``): the report's row beside the
+    external one is what it is for."""
     store = tmp_path_factory.mktemp("ext") / "store"
     cmd = (f"{PY} -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 "
            f"{shlex.quote(str(TOOLS / 'ddp_regex_train.py'))} --steps 12 --batch-size 4")
-    done = dlscale_many([
-        ["run", "--command", cmd, "--parser", "regex", "--metric", r"samples/sec: (?P<value>[0-9.]+)",
-         "--unit", "seq", "--model", "gpt2", "--batch-size", "4", "--nproc-per-node", "2", "--precision",
-         "fp32", "--warmup", "4", "--steps", "6", "--repeats", "1", "--device", "cpu", "--stack",
-         "plain torchrun", "--sample-interval", "0.2", "--store", str(store)],
-        ["run", "--model", "gpt2", "--flavor", "tiny", "--batch-size", "4", "--precision", "fp32", "--device",
-         "cpu", "--repeats", "1", "--warmup", "2", "--steps", "3", "--nproc-per-node", "1", "--store", str(store)]])
+    with single_in_process():
+        done = dlscale_many([
+            ["run", "--command", cmd, "--parser", "regex", "--metric", r"samples/sec: (?P<value>[0-9.]+)",
+             "--unit", "seq", "--model", "gpt2", "--batch-size", "4", "--nproc-per-node", "2", "--precision",
+             "fp32", "--warmup", "4", "--steps", "6", "--repeats", "1", "--device", "cpu", "--stack",
+             "plain torchrun", "--sample-interval", "0.2", "--store", str(store)],
+            ["run", "--model", "gpt2", "--flavor", "tiny", "--batch-size", "4", "--precision", "fp32", "--device",
+             "cpu", "--repeats", "1", "--warmup", "2", "--steps", "3", "--nproc-per-node", "1", "--store", str(store)]])
     for p in done:
         if isinstance(p, BaseException):
             raise p
