@@ -11,7 +11,7 @@ the CPU, the runs differ only in the order of the gradient all-reduce's and the 
 summation (measured ~1e-7 relative after 3 AdamW steps). XLA's CPU compile dominates each run
 (the step and the eval-loss program, once per process); the tests ask XLA for its cheapest
 backend optimisation (the numbers are not performance figures). Five 1- and 2-process runs, the
-cases the selected tests name (``@cases``) two at a time (tests/helpers_cli.py); on a shared
+cases the selected tests name (``@cases``) two at a time, all when the first is read (tests/helpers_cli.py); on a shared
 2-core machine under load ~10 the slow tier took 6.3 min (one at a time), most of it compiling.
 All JAX tests skip without the jax extra, except those that check dlscale without it.
 """
@@ -344,7 +344,7 @@ def run_case(tmp_path_factory, request):
                 "--precision", "fp32", "--warmup", str(WARMUP), "--steps", "2", "--repeats", "1",
                 "--device", "cpu", "--store", str(store), "--json", "--time-limit", "300", "--no-monitor"]
 
-    ahead = RunsAhead(args)
+    ahead = RunsAhead(args, ahead=None)  # all five in one pool: the fifth does not run alone after a batch of four
     ahead.start(request)
 
     def run(model: str, strategy: str, nproc: int, batch: int, accum: int = 1) -> dict:
