@@ -32,7 +32,10 @@ from dlscale.fmt import fmt_num
 from dlscale.models import count_parameters, get_model
 from helpers_cli import RunsAhead, cases
 
-REL = 1e-5  # fp32, one thread per process: measured differences ~1e-7 (face: ~2e-6, SGD lr 0.1 on a loss ~50)
+REL = 1e-5  # fp32, one thread per process: measured differences ~1e-7
+# face against ddp (SGD lr 0.1 on a loss ~50; the class-sharded normaliser sums in another order):
+# 2e-6 with torch's AVX2 CPU kernels, 1.7e-5 with its AVX-512 ones (ATEN_CPU_CAPABILITY)
+FACE_REL = 1e-4
 WARMUP = 3
 STEPS = 1  # loss_after follows WARMUP + STEPS (+ nothing else on the CPU) optimizer steps in every run
 
@@ -627,7 +630,9 @@ def test_partial_fc_matches_ddp(store):
     """Class-sharded head (50 classes: 25 + 25) against ddp on the same 2 ranks (BatchNorm per rank in both)."""
     ref = _run(store, "face", "ddp", 2, 8)
     rec = _run(store, "face", "partial-fc", 2, 8)
-    assert _close(rec["repeats"][0]["loss_after"], ref["repeats"][0]["loss_after"])
+    after, first = rec["repeats"][0]["loss_after"], ref["repeats"][0]["loss_first"]
+    assert _close(after, ref["repeats"][0]["loss_after"], FACE_REL)
+    assert abs(after - first) > 10 * FACE_REL * abs(first)  # training moved the loss well past the tolerance
     info = rec["strategy_info"]
     assert info["class_ranges"] == [[0, 25], [25, 50]]
     ex = info["exchange_bytes_per_step"]
