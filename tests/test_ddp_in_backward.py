@@ -1,5 +1,5 @@
-"""ddp's optimizer_in_backward: each bucket's parameters stepped inside the backward (DDP's
-registered functional optimizer) train as the model's optimizer stepping after it does.
+"""ddp's optimizer_in_backward: each bucket's parameters stepped inside the backward (a comm hook:
+all-reduce, then torch's functional optimizer) train as the model's optimizer stepping after it does.
 
 On a one-rank gloo group in this process (DDP's bucket hooks and futures run as with more ranks;
 the 2-process runs of the other ddp options are in test_strategies.py)."""
@@ -75,3 +75,27 @@ def test_optimizer_in_backward_refuses_what_needs_the_whole_gradient(extra, word
 
     with pytest.raises(ConfigError, match=f"optimizer_in_backward.*{words}"):
         get_strategy("ddp").validate(RunConfig(**fields))
+
+
+@pytest.mark.parametrize("fused", [False, True])  # torch's CPU kernels take fused=True as CUDA does
+@pytest.mark.parametrize("kind", ["AdamW", "SGD"])
+def test_bucket_update_steps_as_the_optimizer(kind, fused):
+    from dlscale.strategies.ddp import _BucketUpdate
+
+    torch.manual_seed(0)
+    ref = [torch.randn(5, 3), torch.randn(7)]
+    mine = [p.clone() for p in ref]
+    hyper = {"lr": 0.1, "weight_decay": 0.01, "fused": fused, "foreach": None if fused else True}
+    make = {"AdamW": lambda ps: torch.optim.AdamW(ps, betas=(0.9, 0.95), **hyper),
+            "SGD": lambda ps: torch.optim.SGD(ps, momentum=0.9, **hyper)}[kind]
+    ref_opt = make([torch.nn.Parameter(p) for p in ref])
+    update = _BucketUpdate(make([torch.nn.Parameter(p.clone()) for p in mine]))
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in ref]
+        for p, g in zip(ref_opt.param_groups[0]["params"], grads):
+            p.grad = g.clone()
+        ref_opt.step()
+        update.step(mine, grads)
+    for a, b in zip(ref_opt.param_groups[0]["params"], mine):
+        torch.testing.assert_close(b, a.detach(), rtol=1e-6, atol=1e-7)
+    assert len(update.state) == 2 and update.opt.state == {}

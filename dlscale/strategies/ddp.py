@@ -12,11 +12,14 @@ graph, with DDP's Python reducer (dynamo's ``optimize_ddp="python_reducer"``) in
 reducer's per-gradient hooks and of DDPOptimizer's graph cuts at bucket boundaries; inductor buckets
 the all-reduces by ``bucket_cap_mb`` and places them), ``optimizer_in_backward`` (default False: the
 model's optimizer steps each bucket's parameters as soon as that bucket's all-reduce is queued,
-inside the backward (DDP's ``_register_fused_optim``: torch's functional optimizer, one fused kernel
-per parameter on CUDA), so nothing is left between the backward's last kernel and the next forward
-but the last bucket's update; the step's ``optimizer.step()`` does nothing. Not with gradient
-accumulation, gradient clipping, amp-fp16's loss scaling, a comm_hook or compiled_autograd. torch
-marks the functional optimizers' TorchScript path deprecated; they still run as documented.)
+inside the backward (a comm hook: DDP's default all-reduce of the bucket, then torch's functional
+AdamW/SGD over the bucket's parameters, one fused call per bucket on CUDA as the model's optimizer
+would make), so nothing is left between the backward's last kernel and the next forward but the last
+bucket's update; the step's ``optimizer.step()`` does nothing. The update waits for its bucket's
+all-reduce on the compute stream (a CUDA future's callback runs on streams synchronised with it), so
+the backward's later kernels queue behind each all-reduce: slower where the all-reduces overlapped
+the backward before (GPT-2, 2 H200s: 0.965 of default, docs/benchmarks.md). Not with gradient
+accumulation, gradient clipping, amp-fp16's loss scaling, a comm_hook or compiled_autograd.)
 """
 import contextlib
 import functools
@@ -121,14 +124,62 @@ class _StepInBackward:
 
 
 def _in_backward(ddp, opt: torch.optim.Optimizer) -> _StepInBackward:
-    """Register ``opt``'s class and settings with DDP as the optimizer it runs after each bucket's
-    all-reduce (torch's functional twin of the class: the same update, parameter by parameter)."""
-    group = opt.param_groups[0]
-    keep = {"AdamW": ("lr", "betas", "eps", "weight_decay", "foreach", "fused"),
-            "SGD": ("lr", "momentum", "weight_decay", "foreach", "fused")}[type(opt).__name__]
-    ddp._register_fused_optim(type(opt), **{k: group[k] for k in keep if group.get(k) is not None},
-                              optim_params=[p for g in opt.param_groups for p in g["params"]])
+    """Register a comm hook that all-reduces each bucket as DDP would and then applies ``opt``'s
+    update to that bucket's parameters; the step's optimizer becomes a no-op."""
+    ddp.register_comm_hook(state=None, hook=_BucketUpdate(opt).hook)
     return _StepInBackward(opt)
+
+
+class _BucketUpdate:
+    """DDP comm hook: the bucket's all-reduce (DDP's default: sum, divided by the group size), then
+    ``opt``'s update of the bucket's parameters by torch's functional optimizer: one fused (or
+    foreach) call per bucket with the hyper-parameters read from ``opt``'s group at each call. The
+    state (moments, momentum, steps) lives here, laid out as ``opt`` would hold it; ``opt`` never
+    steps. torch's own ``DDP._register_fused_optim`` updates parameter by parameter and keeps its step
+    counts on the host, which its fused AdamW refuses."""
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt, self.kind, self.state = opt, type(opt).__name__, {}
+        if self.kind not in ("AdamW", "SGD") or len(opt.param_groups) != 1:
+            raise ConfigError(f"strategy ddp option optimizer_in_backward supports one AdamW or SGD parameter "
+                              f"group, got {self.kind} with {len(opt.param_groups)}")
+
+    def hook(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        fut = default_hooks.allreduce_hook(None, bucket)
+
+        def update(fut):
+            self.step(bucket.parameters(), bucket.gradients())
+            return fut.value()
+
+        return fut.then(update)
+
+    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        from torch.optim.adamw import adamw
+        from torch.optim.sgd import sgd
+
+        g = self.opt.param_groups[0]
+        fused, foreach = bool(g.get("fused")), g.get("foreach")
+        with torch.no_grad():
+            if self.kind == "SGD":
+                bufs = [self.state.get(p) for p in params]
+                sgd(params, grads, bufs, foreach=foreach, fused=fused or None,
+                                    weight_decay=g["weight_decay"], momentum=g["momentum"], lr=g["lr"],
+                                    dampening=g["dampening"], nesterov=g["nesterov"], maximize=g["maximize"])
+                self.state.update(zip(params, bufs))  # the first call fills the momentum buffers in
+                return
+            for p in params:
+                if p not in self.state:
+                    # as torch.optim.AdamW: the step count on the device when fused, else on the host
+                    step = torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu")
+                    self.state[p] = (torch.zeros_like(p, memory_format=torch.preserve_format),
+                                     torch.zeros_like(p, memory_format=torch.preserve_format), step)
+            m, v, steps = (list(x) for x in zip(*(self.state[p] for p in params)))
+            beta1, beta2 = g["betas"]
+            adamw(params, grads, m, v, [], steps, foreach=foreach, fused=fused or None,
+                                    amsgrad=False, beta1=beta1, beta2=beta2, lr=g["lr"],
+                                    weight_decay=g["weight_decay"], eps=g["eps"], maximize=g["maximize"])
 
 
 def _compiled_autograd(cfg):
