@@ -13,6 +13,7 @@ from dlscale import ConfigError
 from dlscale.cli import main
 from dlscale.config import RunConfig, workload_fields
 from dlscale.inputs import case_words, dataset_info, images, make
+from dlscale.inputs import source
 from dlscale.inputs.source import gpu_reader, resolve_workers
 
 
@@ -78,13 +79,15 @@ def test_all_on_the_host_needs_no_device_decode(imgs):
     assert x.shape == (4, 3, 40, 40) and x.is_contiguous(memory_format=torch.channels_last) and calls == []
 
 
-def test_reader_names_the_split_and_workers_follow_it(imgs):
+def test_reader_names_the_split_and_workers_follow_it(imgs, monkeypatch):
     dec = _decoder()
     r = gpu_reader(None, dec, [], "image", cpu_images=77, batch=256)
     assert r.decoder.startswith("pil; crop: torch ops; 77 of 256 images a batch decoded on the host by Pillow")
     assert r.collate.keywords == {"cpu_images": 77, "size": 40}
     assert gpu_reader(None, dec, [], "image").collate is images.collate_bytes
-    assert resolve_workers(None, "imagefolder", "gpu", 1, 0.3) == resolve_workers(None, "imagefolder", "cpu", 1)
+    monkeypatch.setattr(source, "_cpus", lambda: 16)
+    assert resolve_workers(None, "imagefolder", "gpu", 1, 0.3) == 8  # half the cores: the rest for the GPU path
+    assert resolve_workers(None, "imagefolder", "gpu", 2, 0.3) == 4 and resolve_workers(None, "imagefolder", "cpu", 1) == 15
     assert resolve_workers(None, "imagefolder", "gpu", 1, 0.0) <= 4
 
 
