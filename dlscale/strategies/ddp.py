@@ -15,11 +15,11 @@ model's optimizer steps each bucket's parameters as soon as that bucket's all-re
 inside the backward (a comm hook: DDP's default all-reduce of the bucket, then torch's functional
 AdamW/SGD over the bucket's parameters, one fused call per bucket on CUDA as the model's optimizer
 would make), so nothing is left between the backward's last kernel and the next forward but the last
-bucket's update; the step's ``optimizer.step()`` does nothing. The update waits for its bucket's
-all-reduce on the compute stream (a CUDA future's callback runs on streams synchronised with it), so
-the backward's later kernels queue behind each all-reduce: slower where the all-reduces overlapped
-the backward before (GPT-2, 2 H200s: 0.965 of default, docs/benchmarks.md). Not with gradient
-accumulation, gradient clipping, amp-fp16's loss scaling, a comm_hook or compiled_autograd.)
+bucket's update; the step's ``optimizer.step()`` does nothing. The update runs on the streams
+torch gives a CUDA future's callback (from its pool, made to wait for the bucket's all-reduce),
+beside the backward's kernels. Measured slower, not faster (GPT-2, 2 H200s: 0.965 of default,
+docs/benchmarks.md; not profiled). Not with gradient accumulation, gradient clipping, amp-fp16's
+loss scaling, a comm_hook or compiled_autograd.)
 """
 import contextlib
 import functools
