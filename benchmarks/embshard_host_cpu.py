@@ -82,9 +82,9 @@ def _medium():
     import dlscale.models as models
     from dlscale.models import wide_deep as wd
 
-    models._load_all()
-    if "medium" not in models._FLAVORS["wide-deep"]:
-        models._FLAVORS["wide-deep"] += ("medium",)
+    factory, flavors = models._MODELS.get("wide-deep")
+    if "medium" not in flavors:
+        models._MODELS.replace("wide-deep", (factory, flavors + ("medium",)))
     wd._CONFIGS.setdefault("medium", wd.WideDeepConfig(deep_rows=(1000,) * 26, wide_rows=(1000,) * 2, dense=13,
                                                          dim=16, hidden=256, layers=3, dropout=0.0))
 

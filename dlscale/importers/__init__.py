@@ -14,13 +14,12 @@ and the file) and are never confused with measured ones (kind ``imported``).
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from dlscale import ConfigError
+from dlscale.registry import Registry
 
 
 class ImportFailure(ConfigError):
@@ -70,43 +69,27 @@ class Importer:
         return ImportFailure(self.name, path, message)
 
 
-_REGISTRY: dict[str, Callable[[], Importer]] = {}
-_LOADED = False
+# cli and records are the package's own modules, not importers
+_IMPORTERS: Registry[Callable[[], Importer]] = Registry("import format", __name__, skip=("cli", "records"))
 
 
 def register_importer(name: str):
     """Class decorator: register an Importer subclass under ``name``."""
 
     def deco(cls):
-        if name in _REGISTRY:
-            raise RuntimeError(f"importer {name!r} registered twice")
+        _IMPORTERS.add(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def _load_all() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_") and mod.name not in ("cli", "records"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _LOADED = True
-
-
 def importer_names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    return _IMPORTERS.names()
 
 
 def get_importer(name: str) -> Importer:
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown import format {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+    return _IMPORTERS.get(name)()
 
 
 def import_path(path: str | Path, fmt: str, opts: ImportOptions) -> list[dict[str, Any]]:

@@ -15,8 +15,6 @@ torch.compile see the loss computation too (the way small fast trainers are writ
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +22,7 @@ import torch
 from torch import nn
 
 from dlscale import ConfigError
+from dlscale.registry import Registry
 from dlscale.models._arch import BlockLayout, TransformerArch, transformer_flops_per_sample  # noqa: F401
 
 # the flavours a model has unless it registers its own
@@ -63,9 +62,8 @@ class ModelSpec:
     resize: Callable[..., "ModelSpec"] | None = None
 
 
-_REGISTRY: dict[str, Callable[[str], ModelSpec]] = {}
-_FLAVORS: dict[str, tuple[str, ...]] = {}
-_LOADED = False
+# name -> (factory(flavor) -> ModelSpec, the flavours it accepts)
+_MODELS: Registry[tuple[Callable[[str], ModelSpec], tuple[str, ...]]] = Registry("model", __name__)
 
 
 def register_model(name: str, flavors: tuple[str, ...] = FLAVORS):
@@ -73,43 +71,25 @@ def register_model(name: str, flavors: tuple[str, ...] = FLAVORS):
     values the factory accepts (the first is the model's default size)."""
 
     def deco(factory: Callable[[str], ModelSpec]):
-        if name in _REGISTRY:
-            raise RuntimeError(f"model {name!r} registered twice")
-        _REGISTRY[name] = factory
-        _FLAVORS[name] = tuple(flavors)
+        _MODELS.add(name, (factory, tuple(flavors)))
         return factory
 
     return deco
 
 
-def _load_all() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _LOADED = True
-
-
 def model_names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    return _MODELS.names()
 
 
 def model_flavors(name: str) -> tuple[str, ...]:
     """The flavours of a registered model (its default first)."""
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-    return _FLAVORS[name]
+    return _MODELS.get(name)[1]
 
 
 def all_flavors() -> tuple[str, ...]:
     """Every flavour some model has (full and tiny first): the CLI's and suites' choices; whether a
     model has the flavour is checked by ``get_model``."""
-    _load_all()
-    rest = sorted({f for fl in _FLAVORS.values() for f in fl} - set(FLAVORS))
+    rest = sorted({f for _, fl in _MODELS.entries().values() for f in fl} - set(FLAVORS))
     return FLAVORS + tuple(rest)
 
 
@@ -122,7 +102,7 @@ def get_model(name: str, flavor: str = "full") -> ModelSpec:
     flavors = model_flavors(name)
     if flavor not in flavors:
         raise ConfigError(f"unknown flavor {flavor!r} for model {name}; choose one of: {', '.join(flavors)}")
-    return _REGISTRY[name](flavor)
+    return _MODELS.get(name)[0](flavor)
 
 
 def count_parameters(module: nn.Module) -> int:

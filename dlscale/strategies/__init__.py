@@ -17,8 +17,6 @@ launcher records such a case ``unsupported`` without starting processes.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +24,7 @@ import torch
 from torch import nn
 
 from dlscale import ConfigError
+from dlscale.registry import Registry
 
 
 @dataclass
@@ -106,8 +105,7 @@ class StrategyInfo:
         return self.check(cfg, env) if self.check else None
 
 
-_REGISTRY: dict[str, StrategyInfo] = {}
-_LOADED = False
+_STRATEGIES: Registry[StrategyInfo] = Registry("strategy", __name__)
 
 
 def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1,
@@ -117,36 +115,20 @@ def register_strategy(name: str, description: str = "", check=None, validate=Non
     strategy's checks and capabilities (StrategyInfo)."""
 
     def deco(fn):
-        if name in _REGISTRY:
-            raise RuntimeError(f"strategy {name!r} registered twice")
-        _REGISTRY[name] = StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
+        _STRATEGIES.add(name, StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
                                        check, validate, min_world, single_process, model_spec, cudagraph_safe,
-                                       precisions, memory_layout)
+                                       precisions, memory_layout))
         return fn
 
     return deco
 
 
-def _load_all() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _LOADED = True
-
-
 def strategy_names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    return _STRATEGIES.names()
 
 
 def get_strategy(name: str) -> StrategyInfo:
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    return _STRATEGIES.get(name)
 
 
 def resolve_spec(cfg):

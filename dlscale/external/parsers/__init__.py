@@ -17,14 +17,13 @@ Errors are ``ParseError``: one line naming the parser and, where there is one, t
 """
 from __future__ import annotations
 
-import importlib
 import math
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from dlscale import DlscaleError
+from dlscale.registry import Registry
 
 # what one sample is, in the table format and the records (docs/records.md)
 UNITS = ("img", "seq", "tok")
@@ -159,45 +158,26 @@ class Parser:
         return ParseError(self.name, message)
 
 
-_REGISTRY: dict[str, Callable[[], Parser]] = {}
-_LOADED = False
+_PARSERS: Registry[Callable[[], Parser]] = Registry("parser", __name__)
 
 
 def register_parser(name: str):
     """Class decorator: register a Parser subclass under ``name``."""
 
     def deco(cls):
-        if name in _REGISTRY:
-            raise RuntimeError(f"parser {name!r} registered twice")
+        _PARSERS.add(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def _load_all() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _LOADED = True
-
-
 def parser_names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    return _PARSERS.names()
 
 
 def get_parser(name: str) -> Parser:
-    from dlscale import ConfigError
-
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown parser {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+    return _PARSERS.get(name)()
 
 
 # ----------------------------------------------------------------------------- the warm-up rule

@@ -1,0 +1,58 @@
+"""Registries by name: models, strategies, importers and external-run parsers each keep one.
+
+Entries register themselves when their module is imported; a registry imports every module of its
+package (one file an entry) the first time it is asked for names or an entry.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Entries of one ``kind`` (used in messages) from the modules of ``package``, minus ``skip``."""
+
+    def __init__(self, kind: str, package: str, skip: tuple[str, ...] = ()):
+        self.kind, self.package, self.skip = kind, package, skip
+        self._entries: dict[str, T] = {}
+        self._loaded = False
+
+    def add(self, name: str, entry: T) -> None:
+        if name in self._entries:
+            raise RuntimeError(f"{self.kind} {name!r} registered twice")
+        self._entries[name] = entry
+
+    def replace(self, name: str, entry: T) -> None:
+        """Swap a registered entry (a benchmark adding a flavour in its own process)."""
+        self.get(name)
+        self._entries[name] = entry
+
+    def load(self) -> None:
+        """Import every module of the package (modules named ``_...`` and ``skip`` are not entries)."""
+        if self._loaded:
+            return
+        pkg = importlib.import_module(self.package)
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            if not mod.name.startswith("_") and mod.name not in self.skip:
+                importlib.import_module(f"{self.package}.{mod.name}")
+        self._loaded = True
+
+    def names(self) -> list[str]:
+        self.load()
+        return sorted(self._entries)
+
+    def entries(self) -> dict[str, T]:
+        self.load()
+        return dict(self._entries)
+
+    def get(self, name: str) -> T:
+        """The entry ``name``; an unknown name is a ConfigError listing the known ones."""
+        from dlscale import ConfigError
+
+        self.load()
+        if name not in self._entries:
+            raise ConfigError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}")
+        return self._entries[name]

@@ -1,0 +1,54 @@
+"""The shared name registry (models, strategies, importers, parsers): duplicates, unknown names, lazy loading."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dlscale import ConfigError
+from dlscale.registry import Registry
+
+
+def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]) -> None:
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from dlscale.registry import Registry\nREG = Registry('widget', __name__, skip=('helpers',))\n")
+    for mod, body in modules.items():
+        (pkg / f"{mod}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_loads_the_package_once_and_lists_sorted_names(tmp_path, monkeypatch):
+    reg_line = "from {p} import REG\nREG.add({n!r}, {v})\n"
+    _package(tmp_path, monkeypatch, "widgets_a", {
+        "zeta": reg_line.format(p="widgets_a", n="zeta", v=1),
+        "alpha": reg_line.format(p="widgets_a", n="alpha", v=2),
+        "helpers": "raise RuntimeError('skip names a module that is not an entry')\n",
+        "_private": "raise RuntimeError('modules named _... are not entries')\n",
+    })
+    import widgets_a
+
+    assert widgets_a.REG._entries == {}  # nothing imported until asked
+    assert widgets_a.REG.names() == ["alpha", "zeta"] and widgets_a.REG.get("zeta") == 1
+    assert widgets_a.REG.entries() == {"alpha": 2, "zeta": 1}
+    widgets_a.REG.replace("alpha", 3)
+    assert widgets_a.REG.get("alpha") == 3
+
+
+def test_unknown_and_twice_registered_names():
+    reg: Registry[int] = Registry("gadget", "dlscale.models")
+    reg._loaded = True  # no package modules for this one
+    reg.add("a", 1)
+    with pytest.raises(RuntimeError, match="gadget 'a' registered twice"):
+        reg.add("a", 2)
+    with pytest.raises(ConfigError, match="unknown gadget 'b'; choose one of: a$"):
+        reg.get("b")
+    with pytest.raises(ConfigError, match="unknown gadget 'b'"):
+        reg.replace("b", 2)
+
+
+def test_the_project_registries_skip_what_is_not_an_entry():
+    from dlscale.importers import importer_names
+
+    assert "cli" not in importer_names() and "records" not in importer_names() and "table" in importer_names()
