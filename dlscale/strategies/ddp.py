@@ -109,9 +109,9 @@ def parallelize(model, spec, cfg, dist):
 
 
 class _StepInBackward:
-    """What the training step calls ``optimizer``: its ``step()`` is empty (DDP's registered
-    functional optimizer has updated every bucket during the backward); ``zero_grad`` and
-    ``param_groups`` are the model's optimizer's, which never steps."""
+    """What the training step calls ``optimizer``: its ``step()`` is empty (``_BucketUpdate`` has
+    updated every bucket during the backward); ``zero_grad`` and ``param_groups`` are the model's
+    optimizer's, which never steps."""
 
     def __init__(self, opt: torch.optim.Optimizer):
         self.inner, self.param_groups, self.state = opt, opt.param_groups, opt.state
@@ -165,8 +165,8 @@ class _BucketUpdate:
             if self.kind == "SGD":
                 bufs = [self.state.get(p) for p in params]
                 sgd(params, grads, bufs, foreach=foreach, fused=fused or None,
-                                    weight_decay=g["weight_decay"], momentum=g["momentum"], lr=g["lr"],
-                                    dampening=g["dampening"], nesterov=g["nesterov"], maximize=g["maximize"])
+                    weight_decay=g["weight_decay"], momentum=g["momentum"], lr=g["lr"],
+                    dampening=g["dampening"], nesterov=g["nesterov"], maximize=g["maximize"])
                 self.state.update(zip(params, bufs))  # the first call fills the momentum buffers in
                 return
             for p in params:
@@ -178,8 +178,8 @@ class _BucketUpdate:
             m, v, steps = (list(x) for x in zip(*(self.state[p] for p in params)))
             beta1, beta2 = g["betas"]
             adamw(params, grads, m, v, [], steps, foreach=foreach, fused=fused or None,
-                                    amsgrad=False, beta1=beta1, beta2=beta2, lr=g["lr"],
-                                    weight_decay=g["weight_decay"], eps=g["eps"], maximize=g["maximize"])
+                  amsgrad=False, beta1=beta1, beta2=beta2, lr=g["lr"],
+                  weight_decay=g["weight_decay"], eps=g["eps"], maximize=g["maximize"])
 
 
 def _compiled_autograd(cfg):
