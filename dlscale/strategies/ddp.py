@@ -26,7 +26,10 @@ import functools
 
 import torch
 
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.adamw import adamw
+from torch.optim.sgd import sgd
 
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
@@ -97,8 +100,6 @@ def parallelize(model, spec, cfg, dist):
               bucket_cap_mb=opts["bucket_cap_mb"], gradient_as_bucket_view=opts["gradient_as_bucket_view"],
               static_graph=opts["static_graph"], **extra)
     if opts["comm_hook"] != "none":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
         ddp.register_comm_hook(state=None, hook=hook[opts["comm_hook"]])
     opt = make_optimizer(ddp.parameters(), spec, cfg, dist.device)
@@ -145,8 +146,6 @@ class _BucketUpdate:
                               f"group, got {self.kind} with {len(opt.param_groups)}")
 
     def hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         fut = default_hooks.allreduce_hook(None, bucket)
 
         def update(fut):
@@ -156,9 +155,6 @@ class _BucketUpdate:
         return fut.then(update)
 
     def step(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        from torch.optim.adamw import adamw
-        from torch.optim.sgd import sgd
-
         g = self.opt.param_groups[0]
         fused, foreach = bool(g.get("fused")), g.get("foreach")
         with torch.no_grad():
