@@ -1,7 +1,19 @@
-"""The end of a training step, shared by the worker's timed step and the breakdown's phased one."""
+"""The end of a training step, shared by the worker's timed step and the breakdown's phased one,
+and the same end captured once as a CUDA graph and replayed (``--optimizer-graph``)."""
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Callable
+
 import torch
+
+from dlscale import ConfigError
+
+# strategies whose step is the worker's own (forward, backward, one torch optimizer over every
+# parameter, gradients at fixed addresses from step to step): the optimizer step can be replayed
+GRAPH_STRATEGIES = ("single", "ddp")
+GRAPH_WARMUP = 2  # eager steps before the capture: the first makes the optimizer's state, DDP rebuilds its buckets
+GRAPH_MAX_CAPTURES = 4  # captures before giving up: the gradients move from step to step
 
 
 def optimizer_step(opt, scaler, params: list, clip: float | None) -> None:
@@ -16,3 +28,123 @@ def optimizer_step(opt, scaler, params: list, clip: float | None) -> None:
     else:
         opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+def check_optimizer_graph(cfg, device: str | None = None) -> None:
+    """``--optimizer-graph`` is possible for this case (one-line ConfigError otherwise); ``device``
+    is the resolved device type where the machine is known."""
+    if not cfg.optimizer_graph:
+        return
+    what = "optimizer-graph (the optimizer step as a CUDA graph)"
+    if cfg.framework != "torch":
+        raise ConfigError(f"{what} is a torch option; framework {cfg.framework} compiles its own step")
+    if cfg.strategy not in GRAPH_STRATEGIES:
+        raise ConfigError(f"{what} works with strategies {', '.join(GRAPH_STRATEGIES)}, got {cfg.strategy} "
+                          f"(its gradients or its step are its own)")
+    if cfg.precision == "amp-fp16":
+        raise ConfigError(f"{what} cannot run with amp-fp16: the gradient scaler reads its overflow check on "
+                          f"the host every step; use amp-bf16 or fp32")
+    if cfg.strategy == "ddp" and str(cfg.strategy_options.get("optimizer_in_backward", "")).lower() in ("true", "1"):
+        raise ConfigError(f"{what} and ddp's optimizer_in_backward both move the optimizer step; choose one")
+    if device is not None and device != "cuda":
+        raise ConfigError(f"{what} needs a CUDA device, got {device}")
+
+
+class GraphedOptimizerStep:
+    """``optimizer_step`` for CUDA: eager for ``GRAPH_WARMUP`` steps, then captured once as a CUDA
+    graph and replayed every step, so the host spends microseconds where the optimizer's Python
+    (state lookups, grouping, clipping) took about a millisecond after the backward.
+
+    A graph holds the addresses it was captured with. Parameters and optimizer state never move,
+    DDP's gradients are views of its buckets, and a single process's gradients come back at the same
+    addresses from the allocator in a steady loop; that is checked every step, and a step whose
+    gradients moved is captured again (``captures``), up to ``GRAPH_MAX_CAPTURES``, after which
+    the step stays eager (``abandoned``). ``info`` is what the record keeps.
+
+    ``capture(body) -> replay`` is torch's CUDA graph capture; tests pass their own.
+    """
+
+    def __init__(self, opt: torch.optim.Optimizer, params: list, clip: float | None,
+                 capture: Callable[[Callable[[], None]], Callable[[], None]] | None = None):
+        self.opt, self.params, self.clip = opt, params, clip
+        self._capture = capture or _cuda_capture
+        self._replay: Callable[[], None] | None = None
+        self._ptrs: tuple[int, ...] | None = None
+        self.eager_steps = 0
+        self.info: dict[str, Any] = {"captures": 0, "replays": 0, "abandoned": False}
+
+    def _body(self) -> None:
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+
+    def _grad_ptrs(self) -> tuple[int, ...]:
+        return tuple(0 if p.grad is None else p.grad.data_ptr() for p in self.params)
+
+    def __call__(self) -> None:
+        if self.eager_steps < GRAPH_WARMUP or self.info["abandoned"]:
+            self.eager_steps += 1
+            optimizer_step(self.opt, None, self.params, self.clip)
+            return
+        ptrs = self._grad_ptrs()
+        if ptrs != self._ptrs:
+            if self.info["captures"] >= GRAPH_MAX_CAPTURES:
+                self.info["abandoned"] = True
+                self._replay = None
+                self.eager_steps += 1
+                optimizer_step(self.opt, None, self.params, self.clip)
+                return
+            self._replay = self._captured()
+            self._ptrs = ptrs
+            self.info["captures"] += 1
+        if torch.autograd._profiler_enabled():
+            with torch.profiler.record_function("Optimizer.step#graph"):  # where ddp_tail.py finds the step
+                self._replay()
+        else:
+            self._replay()
+        self.info["replays"] += 1
+        self.opt.zero_grad(set_to_none=True)
+
+    def _captured(self) -> Callable[[], None]:
+        groups = self.opt.param_groups
+        saved = [g.get("capturable") for g in groups]
+        for g in groups:  # torch refuses to capture an optimizer not marked capturable (AdamW; SGD has no flag)
+            g["capturable"] = True
+        try:
+            return self._capture(self._body)
+        finally:
+            for g, s in zip(groups, saved):
+                if s is None:
+                    del g["capturable"]
+                else:
+                    g["capturable"] = s
+
+    @contextlib.contextmanager
+    def eager(self):
+        """Steps in this block run the optimizer eagerly (its hooks fire: the model-state reading)."""
+        abandoned = self.info["abandoned"]
+        self.info["abandoned"] = True
+        try:
+            yield
+        finally:
+            self.info["abandoned"] = abandoned
+
+
+def _cuda_capture(body: Callable[[], None]) -> Callable[[], None]:
+    """``body`` captured on a side stream into a CUDA graph of its own; returns its replay.
+
+    Not ``torch.cuda.graph``: that empties the allocator's cache first, which would hand the next
+    backward's gradients new addresses and force another capture. Thread-local capture mode,
+    because other threads of the process (NCCL's watchdog, a decode thread) keep using CUDA."""
+    graph = torch.cuda.CUDAGraph()
+    current = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            body()
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    return graph.replay

@@ -35,7 +35,7 @@ import torch.distributed as dist  # noqa: E402
 
 from dlscale import checkpointing, fp8, multinode, parity, precision, progress, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
-from dlscale.step import optimizer_step  # noqa: E402
+from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.inputs import open_source  # noqa: E402
 from dlscale.models import count_parameters  # noqa: E402
@@ -129,6 +129,15 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
     no_sync = par.no_sync
     backward_context = par.backward_context
     mark_step = step_marker(cfg)
+    if cfg.optimizer_graph:  # validated: no scaler, the worker's own step, CUDA
+        graphed = GraphedOptimizerStep(opt, params, clip)
+        par.info["optimizer_graph"] = graphed.info  # filled in while training; recorded after the window
+        finish = graphed
+    else:
+        graphed = None
+
+        def finish():
+            optimizer_step(opt, scaler, params, clip)
 
     def step():
         if mark_step is not None:
@@ -142,9 +151,10 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
                 scaled = loss / accum if accum > 1 else loss
                 with backward_context():
                     (scaler.scale(scaled) if scaler else scaled).backward()
-        optimizer_step(opt, scaler, params, clip)
+        finish()
         return loss
 
+    step.optimizer_graph = graphed  # the model-state reading steps it eagerly (_model_state_memory)
     return step
 
 
@@ -431,8 +441,10 @@ def _model_state_memory(step, device: torch.device) -> int | None:
 
     handle = register_optimizer_step_pre_hook(
         lambda opt, args, kwargs: seen.append(torch.cuda.memory_allocated(device)))
+    graphed = getattr(step, "optimizer_graph", None)  # a replayed graph calls no hook: this one step is eager
     try:
-        step()
+        with graphed.eager() if graphed is not None else contextlib.nullcontext():
+            step()
         _sync(device)
     finally:
         handle.remove()
