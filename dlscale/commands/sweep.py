@@ -92,6 +92,8 @@ def describe(cfg: RunConfig, found: str = "") -> str:
         parts[-1] = cfg.framework + (" compiled" if cfg.compile else "")
     if cfg.grad_accum > 1:
         parts.append(f"accum {cfg.grad_accum}")
+    if cfg.optimizer_graph:
+        parts.append("optimizer graph")
     if cfg.strategy_options:
         parts.append(",".join(f"{k}={v}" for k, v in sorted(cfg.strategy_options.items())))
     if cfg.env:
