@@ -13,7 +13,7 @@ from dlscale import ConfigError
 # parameter, gradients at fixed addresses from step to step): the optimizer step can be replayed
 GRAPH_STRATEGIES = ("single", "ddp")
 GRAPH_WARMUP = 2  # eager steps before the capture: the first makes the optimizer's state, DDP rebuilds its buckets
-GRAPH_MAX_CAPTURES = 4  # captures before giving up: the gradients move from step to step
+GRAPH_MAX_CAPTURES = 4  # gradient layouts (one graph each) before giving up: the gradients move every step
 
 
 def optimizer_step(opt, scaler, params: list, clip: float | None) -> None:
@@ -51,14 +51,15 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
 
 
 class GraphedOptimizerStep:
-    """``optimizer_step`` for CUDA: eager for ``GRAPH_WARMUP`` steps, then captured once as a CUDA
-    graph and replayed every step, so the host spends microseconds where the optimizer's Python
-    (state lookups, grouping, clipping) took about a millisecond after the backward.
+    """``optimizer_step`` for CUDA: eager for ``GRAPH_WARMUP`` steps, then captured as a CUDA graph
+    and replayed every step, so the host spends microseconds where the optimizer's Python (state
+    lookups, grouping, clipping) took about a millisecond after the backward.
 
-    A graph holds the addresses it was captured with. Parameters and optimizer state never move,
-    DDP's gradients are views of its buckets, and a single process's gradients come back at the same
-    addresses from the allocator in a steady loop; that is checked every step, and a step whose
-    gradients moved is captured again (``captures``), up to ``GRAPH_MAX_CAPTURES``, after which
+    A graph holds the addresses it was captured with. Parameters and optimizer state never move and
+    DDP's gradients are views of its buckets, so DDP needs one graph. A single process's gradients
+    are new tensors every step, which the allocator places in a few recurring layouts; the
+    gradients' addresses are checked every step and each layout gets a graph of its own
+    (``captures``), up to ``GRAPH_MAX_CAPTURES``; a step with yet another layout ends the graphs and
     the step stays eager (``abandoned``). ``info`` is what the record keeps.
 
     ``capture(body) -> replay`` is torch's CUDA graph capture; tests pass their own.
@@ -68,8 +69,7 @@ class GraphedOptimizerStep:
                  capture: Callable[[Callable[[], None]], Callable[[], None]] | None = None):
         self.opt, self.params, self.clip = opt, params, clip
         self._capture = capture or _cuda_capture
-        self._replay: Callable[[], None] | None = None
-        self._ptrs: tuple[int, ...] | None = None
+        self._graphs: dict[tuple[int, ...], Callable[[], None]] = {}  # gradients' addresses -> replay
         self.eager_steps = 0
         self.info: dict[str, Any] = {"captures": 0, "replays": 0, "abandoned": False}
 
@@ -87,21 +87,21 @@ class GraphedOptimizerStep:
             optimizer_step(self.opt, None, self.params, self.clip)
             return
         ptrs = self._grad_ptrs()
-        if ptrs != self._ptrs:
-            if self.info["captures"] >= GRAPH_MAX_CAPTURES:
+        replay = self._graphs.get(ptrs)
+        if replay is None:
+            if len(self._graphs) >= GRAPH_MAX_CAPTURES:
                 self.info["abandoned"] = True
-                self._replay = None
+                self._graphs.clear()
                 self.eager_steps += 1
                 optimizer_step(self.opt, None, self.params, self.clip)
                 return
-            self._replay = self._captured()
-            self._ptrs = ptrs
+            replay = self._graphs[ptrs] = self._captured()
             self.info["captures"] += 1
         if torch.autograd._profiler_enabled():
             with torch.profiler.record_function("Optimizer.step#graph"):  # where ddp_tail.py finds the step
-                self._replay()
+                replay()
         else:
-            self._replay()
+            replay()
         self.info["replays"] += 1
         self.opt.zero_grad(set_to_none=True)
 

@@ -17,8 +17,9 @@ from dlscale.step import GRAPH_MAX_CAPTURES, GRAPH_WARMUP, GraphedOptimizerStep,
 
 
 class FakeCapture:
-    """Records each capture (and that the optimizer was marked capturable during it); the replay
-    runs the captured body eagerly."""
+    """Records each capture (and that the optimizer was marked capturable during it). Like a CUDA
+    graph, a replay reads the gradient tensors that were in place at its capture, whatever
+    ``.grad`` holds now: a replay of the wrong graph trains on stale gradients."""
 
     def __init__(self, opt):
         self.opt, self.captures, self.replays = opt, 0, 0
@@ -26,10 +27,19 @@ class FakeCapture:
     def __call__(self, body):
         assert all(g["capturable"] for g in self.opt.param_groups)
         self.captures += 1
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        bound = [p.grad for p in params]
 
         def replay():
             self.replays += 1
-            body()
+            now = [p.grad for p in params]
+            for p, g in zip(params, bound):
+                p.grad = g
+            try:
+                body()
+            finally:
+                for p, g in zip(params, now):
+                    p.grad = g
         return replay
 
 
@@ -86,6 +96,25 @@ def test_moved_gradients_are_captured_again_then_given_up():
     assert graphed.info["abandoned"] is True
     assert graphed.info["replays"] == GRAPH_MAX_CAPTURES  # after giving up, eager
     assert graphed.eager_steps == steps - GRAPH_MAX_CAPTURES
+
+
+def test_recurring_gradient_layouts_get_a_graph_each():
+    model, params, grads = _model_and_grads()
+    ref_model, ref_params, _ = _model_and_grads()
+    opt = torch.optim.AdamW(params, lr=0.1)
+    ref_opt = torch.optim.AdamW(ref_params, lr=0.1)
+    fake = FakeCapture(opt)
+    graphed = GraphedOptimizerStep(opt, params, clip=None, capture=fake)
+    layouts = [[torch.zeros_like(p) for p in params] for _ in range(2)]  # the allocator alternating
+    for i, g in enumerate(grads):
+        _set_grads(params, layouts[i % 2], g)
+        graphed()
+        for p, v in zip(ref_params, g):
+            p.grad = v.clone()
+        optimizer_step(ref_opt, None, ref_params, None)
+    assert graphed.info == {"captures": 2, "replays": len(grads) - GRAPH_WARMUP, "abandoned": False}
+    for p, r in zip(params, ref_params):
+        assert torch.equal(p, r)
 
 
 def test_eager_block_steps_without_the_graph():
