@@ -202,8 +202,8 @@ class RunConfig:
     optimizer_graph: bool = _f(False, type=bool, kind="flag", axis="optimizer_graph", match=True, late=False,
                                help="capture the optimizer step (clipping and update) once as a CUDA graph and "
                                     "replay it every step: microseconds of host time where the optimizer's Python "
-                                    "took about a millisecond; strategies single and ddp, amp-bf16 or fp32, CUDA "
-                                    "(docs/strategies.md)")
+                                    "took about a millisecond; strategy ddp (one GPU: --nproc-per-node 1), amp-bf16 or "
+                                    "fp32, CUDA (docs/strategies.md)")
     clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
                                       help="clip gradients to this global norm")
     warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")

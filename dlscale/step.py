@@ -10,8 +10,9 @@ import torch
 from dlscale import ConfigError
 
 # strategies whose step is the worker's own (forward, backward, one torch optimizer over every
-# parameter, gradients at fixed addresses from step to step): the optimizer step can be replayed
-GRAPH_STRATEGIES = ("single", "ddp")
+# parameter) and whose gradients stay at fixed addresses from step to step (ddp: views of its buckets;
+# a single process's are new tensors each step, which measured at more layouts than GRAPH_MAX_CAPTURES)
+GRAPH_STRATEGIES = ("ddp",)
 GRAPH_WARMUP = 2  # eager steps before the capture: the first makes the optimizer's state, DDP rebuilds its buckets
 GRAPH_MAX_CAPTURES = 4  # gradient layouts (one graph each) before giving up: the gradients move every step
 
@@ -39,8 +40,8 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
     if cfg.framework != "torch":
         raise ConfigError(f"{what} is a torch option; framework {cfg.framework} compiles its own step")
     if cfg.strategy not in GRAPH_STRATEGIES:
-        raise ConfigError(f"{what} works with strategies {', '.join(GRAPH_STRATEGIES)}, got {cfg.strategy} "
-                          f"(its gradients or its step are its own)")
+        raise ConfigError(f"{what} works with strategy ddp (gradients at fixed addresses: views of its buckets; "
+                          f"one process: --strategy ddp --nproc-per-node 1), got {cfg.strategy}")
     if cfg.precision == "amp-fp16":
         raise ConfigError(f"{what} cannot run with amp-fp16: the gradient scaler reads its overflow check on "
                           f"the host every step; use amp-bf16 or fp32")
@@ -56,11 +57,11 @@ class GraphedOptimizerStep:
     lookups, grouping, clipping) took about a millisecond after the backward.
 
     A graph holds the addresses it was captured with. Parameters and optimizer state never move and
-    DDP's gradients are views of its buckets, so DDP needs one graph. A single process's gradients
-    are new tensors every step, which the allocator places in a few recurring layouts; the
-    gradients' addresses are checked every step and each layout gets a graph of its own
-    (``captures``), up to ``GRAPH_MAX_CAPTURES``; a step with yet another layout ends the graphs and
-    the step stays eager (``abandoned``). ``info`` is what the record keeps.
+    DDP's gradients are views of its buckets, so DDP needs one graph. Anything that moves them (a
+    gradient set to a new tensor) is caught: the gradients' addresses are checked every step and each
+    layout gets a graph of its own (``captures``), up to ``GRAPH_MAX_CAPTURES``; a step with yet
+    another layout ends the graphs and the step stays eager (``abandoned``). ``info`` is what the
+    record keeps.
 
     ``capture(body) -> replay`` is torch's CUDA graph capture; tests pass their own.
     """

@@ -139,8 +139,9 @@ def test_eager_block_steps_without_the_graph():
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"strategy": "fsdp", "nproc_per_node": 2}, "strategies single, ddp"),
-    ({"precision": "amp-fp16"}, "gradient scaler"),
+    ({"strategy": "fsdp", "nproc_per_node": 2}, "works with strategy ddp"),
+    ({"strategy": "single"}, "--nproc-per-node 1"),
+    ({"strategy": "ddp", "precision": "amp-fp16"}, "gradient scaler"),
     ({"strategy": "ddp", "nproc_per_node": 2, "strategy_options": {"optimizer_in_backward": True}},
      "choose one"),
 ])
@@ -151,7 +152,7 @@ def test_refused_cases(fields, words):
 
 
 def test_refused_without_cuda():
-    cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", optimizer_graph=True)
+    cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", strategy="ddp", optimizer_graph=True)
     validate_case(cfg)  # possible in itself ...
     with pytest.raises(ConfigError, match="needs a CUDA device, got cpu"):
         validate_for_launch(cfg)  # ... but not on this machine's CPU
