@@ -340,6 +340,18 @@ def test_predict_calibrates_on_the_measured_point(store, capsys):
     assert rows["1x8"]["basis"] == "from-1-gpu" and rows["1x8"]["overhead_ms"] > rows["1x2"]["overhead_ms"]
 
 
+def test_measured_point_is_the_strategy_at_its_defaults(store, capsys):
+    """A newer variant of ddp (a strategy option) beside the default run: the model is calibrated on
+    the default, whichever is newer."""
+    variant = run_record(2, 650.0, "ddp", "2025-01-01T03:00:00+00:00", strategy_options={"static_graph": True})
+    variant["case_key"] += "-static-graph"
+    ResultStore(store).append(variant)
+    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--intra-busbw", "250",
+                    "--overlap", "none", "--param-sizes", "uniform"], capsys)
+    row = {r["shape"]: r for r in out["rows"]}["1x2"]
+    assert row["calibration_point"] and row["samples_per_s"] == pytest.approx(600.0)
+
+
 def test_predict_markdown_terms_band_and_plot(store, capsys, tmp_path):
     plot = tmp_path / "speedup.png"
     assert main(["predict", store, "--model", "m", "--shapes", "1x2,2x2,64x2", "--intra-busbw", "100",

@@ -88,12 +88,16 @@ class Workload:
                                          -rec_created(r.record)))
 
     def measured(self, strategy: str) -> dict[Shape, Row]:
-        """The newest ok multi-device row of ``strategy`` per shape."""
+        """The ok multi-device row of ``strategy`` per shape: the strategy at its defaults (no
+        ``strategy_options``: what the model describes) before a variant of it, then the newest."""
+        def rank(r: Row) -> tuple:
+            return (not (rec_config(r.record).get("strategy_options") or {}), rec_created(r.record))
+
         out: dict[Shape, Row] = {}
         for r in self.rows:
             if r.ok and r.devices > 1 and r.strategy == strategy:
                 sh = shape_of(r)
-                if sh not in out or rec_created(r.record) > rec_created(out[sh].record):
+                if sh not in out or rank(r) > rank(out[sh]):
                     out[sh] = r
         return out
 
