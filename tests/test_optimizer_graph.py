@@ -58,27 +58,36 @@ def _set_grads(params, bufs, values):
         p.grad = b
 
 
-def test_replayed_steps_train_as_the_eager_step():
-    model, params, grads = _model_and_grads()
-    ref_model, ref_params, _ = _model_and_grads()
+def _train_beside_eager(clip, layouts: int):
+    """The graphed step and torch's eager step trained side by side on the same gradients, written
+    into ``layouts`` sets of buffers in turn (the allocator's recurring layouts). Returns the graphed
+    step, its stand-in capture, and both models' parameters."""
+    _, params, grads = _model_and_grads()
+    _, ref_params, _ = _model_and_grads()
     opt = torch.optim.AdamW(params, lr=0.1)
     ref_opt = torch.optim.AdamW(ref_params, lr=0.1)
     fake = FakeCapture(opt)
-    graphed = GraphedOptimizerStep(opt, params, clip=0.5, capture=fake)
-    bufs = [torch.zeros_like(p) for p in params]
-    for g in grads:
-        _set_grads(params, bufs, g)
+    graphed = GraphedOptimizerStep(opt, params, clip=clip, capture=fake)
+    bufs = [[torch.zeros_like(p) for p in params] for _ in range(layouts)]
+    for i, g in enumerate(grads):
+        _set_grads(params, bufs[i % layouts], g)
         graphed()
         assert all(p.grad is None for p in params)  # zeroed (set to None) after every step
         for p, v in zip(ref_params, g):
             p.grad = v.clone()
-        optimizer_step(ref_opt, None, ref_params, 0.5)
+        optimizer_step(ref_opt, None, ref_params, clip)
+    return graphed, fake, params, ref_params
+
+
+def test_replayed_steps_train_as_the_eager_step():
+    graphed, fake, params, ref_params = _train_beside_eager(clip=0.5, layouts=1)
+    steps = len(_model_and_grads()[2])
     assert fake.captures == 1 and graphed.info["captures"] == 1
-    assert fake.replays == len(grads) - GRAPH_WARMUP == graphed.info["replays"]
+    assert fake.replays == steps - GRAPH_WARMUP == graphed.info["replays"]
     for p, r in zip(params, ref_params):
         assert torch.equal(p, r)
     assert not params[0].equal(_model_and_grads()[1][0])  # it trained
-    assert all(not g["capturable"] for g in opt.param_groups)  # restored after the capture
+    assert all(not g["capturable"] for g in graphed.opt.param_groups)  # restored after the capture
 
 
 def test_moved_gradients_are_captured_again_then_given_up():
@@ -99,20 +108,9 @@ def test_moved_gradients_are_captured_again_then_given_up():
 
 
 def test_recurring_gradient_layouts_get_a_graph_each():
-    model, params, grads = _model_and_grads()
-    ref_model, ref_params, _ = _model_and_grads()
-    opt = torch.optim.AdamW(params, lr=0.1)
-    ref_opt = torch.optim.AdamW(ref_params, lr=0.1)
-    fake = FakeCapture(opt)
-    graphed = GraphedOptimizerStep(opt, params, clip=None, capture=fake)
-    layouts = [[torch.zeros_like(p) for p in params] for _ in range(2)]  # the allocator alternating
-    for i, g in enumerate(grads):
-        _set_grads(params, layouts[i % 2], g)
-        graphed()
-        for p, v in zip(ref_params, g):
-            p.grad = v.clone()
-        optimizer_step(ref_opt, None, ref_params, None)
-    assert graphed.info == {"captures": 2, "replays": len(grads) - GRAPH_WARMUP, "abandoned": False}
+    graphed, fake, params, ref_params = _train_beside_eager(clip=None, layouts=2)
+    steps = len(_model_and_grads()[2])
+    assert graphed.info == {"captures": 2, "replays": steps - GRAPH_WARMUP, "abandoned": False}
     for p, r in zip(params, ref_params):
         assert torch.equal(p, r)
 
