@@ -341,11 +341,14 @@ def test_predict_calibrates_on_the_measured_point(store, capsys):
 
 
 def test_measured_point_is_the_strategy_at_its_defaults(store, capsys):
-    """A newer variant of ddp (a strategy option) beside the default run: the model is calibrated on
-    the default, whichever is newer."""
+    """Newer variants of ddp (a strategy option, the optimizer graph) beside the default run, all one
+    workload: the model is calibrated on the default, whichever is newer."""
     variant = run_record(2, 650.0, "ddp", "2025-01-01T03:00:00+00:00", strategy_options={"static_graph": True})
     variant["case_key"] += "-static-graph"
-    ResultStore(store).append(variant)
+    graphed = run_record(2, 660.0, "ddp", "2025-01-01T04:00:00+00:00", optimizer_graph=True)
+    graphed["case_key"] += "-graph"
+    for rec in (variant, graphed):
+        ResultStore(store).append(rec)
     out = run_json(["predict", store, "--model", "m", "--shapes", "1x2", "--intra-busbw", "250",
                     "--overlap", "none", "--param-sizes", "uniform"], capsys)
     row = {r["shape"]: r for r in out["rows"]}["1x2"]

@@ -216,6 +216,23 @@ def test_baseline_matching_rules(tmp_path, capsys):
     assert names["gpt2_fp32_b8_ddp"]["1n2g"]["speedup"] is None
 
 
+def test_variants_of_ddp_are_scaled_against_the_plain_one_device_run(tmp_path, capsys):
+    """A ddp run with the optimizer graph or with strategy options has a table of its own, and its
+    speedup is against the plain 1-device run (how the step was run, not what it computes)."""
+    graphed = F.run_record("g2", "gpt2", "amp-bf16", 8, "ddp", 1, 2, [38, 38, 38])
+    graphed["config"]["optimizer_graph"] = True
+    graphed["case_key"] = "graphed"
+    option = F.run_record("o2", "gpt2", "amp-bf16", 8, "ddp", 1, 2, [37, 37, 37])
+    option["config"]["strategy_options"] = {"static_graph": True}
+    option["case_key"] = "static"
+    F.write_store(tmp_path / "s", [F.run_record("s1", "gpt2", "amp-bf16", 8, "single", 1, 1, [20, 20, 20]),
+                                   graphed, option])
+    rc, out, _ = cli(capsys, "report", str(tmp_path / "s"), "--format", "json")
+    tables = json.loads(out)["dlperf"]
+    speedups = sorted(t["1n2g"]["speedup"] for t in tables.values() if "1n2g" in t)
+    assert speedups == [pytest.approx(1.85), pytest.approx(1.9)]
+
+
 def test_nothing_writes_to_the_store(store, tmp_path, capsys):
     before = digest(store)
     for fmt in ("md", "csv", "json"):

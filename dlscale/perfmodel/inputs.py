@@ -89,9 +89,11 @@ class Workload:
 
     def measured(self, strategy: str) -> dict[Shape, Row]:
         """The ok multi-device row of ``strategy`` per shape: the strategy at its defaults (no
-        ``strategy_options``: what the model describes) before a variant of it, then the newest."""
+        ``strategy_options``, no optimizer graph: what the model describes) before a variant of it,
+        then the newest."""
         def rank(r: Row) -> tuple:
-            return (not (rec_config(r.record).get("strategy_options") or {}), rec_created(r.record))
+            cfg = rec_config(r.record)
+            return (not (cfg.get("strategy_options") or cfg.get("optimizer_graph")), rec_created(r.record))
 
         out: dict[Shape, Row] = {}
         for r in self.rows:
