@@ -102,9 +102,9 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
              "band: the spread of the measured inputs (1-device record, the node point it rests on) and, for that "
              "basis, how far below and above their prediction 80 % of the law's held-out points fell on each side "
              "(docs/perfmodel.md); never above ideal",
-             f"measured column: the newest ok {opts.strategy} record of each shape at the strategy's defaults (a variant "
-             f"with strategy options or the optimizer graph only where no default run exists; 1x1: the baseline "
-             f"record)"]
+             f"measured column: the newest ok {opts.strategy} record of each shape at the strategy's defaults "
+             f"(a variant with strategy options or the optimizer graph only where no default run exists; 1x1: "
+             f"the baseline record)"]
     for r in out:
         notes += [n for n in r.prediction.notes if n not in notes]
     stated = [k for k in m.links.intra if k > 0]
