@@ -47,6 +47,32 @@ def test_tail_of_two_steps(tmp_path, capsys):
     assert TAIL.main([str(tmp_path / "none.json")]) == 1
 
 
+def _base_step(t0: float) -> list[dict]:
+    """A 1-GPU step from t0 (µs): compute to +10,000 with a 10 µs launch gap, the optimizer at once."""
+    return [_x("kernel", "sm90_gemm", t0, 6000), _x("kernel", "elementwise", t0 + 6010, 3990),
+            _x("gpu_user_annotation", "Optimizer.step#AdamW.step", t0 + 10000, 500),
+            _x("kernel", "multi_tensor_apply_kernel", t0 + 10000, 500)]
+
+
+def test_against_a_one_gpu_trace(tmp_path, capsys):
+    """The 2-GPU step of _step against _base_step: 1.5 ms longer (1 ms of it the idle tail, of which
+    0.5 ms a collective), the elementwise kernel 0.01 ms longer, one gap of 10 µs gone."""
+    two = {"traceEvents": _step(0.0) + _step(12000.0) + _step(24000.0)}
+    one = {"traceEvents": _base_step(0.0) + _base_step(10500.0) + _base_step(21000.0)}
+    parts, classes = TAIL.compare(TAIL.tails(two), TAIL.tails(one), top=2)
+    got = {label: (b, a) for label, b, a in parts}
+    assert got["GPU step"] == (pytest.approx(10.5), pytest.approx(12.0))
+    assert got["compute kernels, busy"] == (pytest.approx(10.49), pytest.approx(10.5))
+    assert got["GPU idle before the optimizer"] == (pytest.approx(0.0), pytest.approx(1.5))
+    assert got["short gaps between compute kernels"] == (pytest.approx(0.01), pytest.approx(0.0))
+    assert got["collective kernels, all"] == (pytest.approx(0.0), pytest.approx(0.5))
+    assert classes[0][0] == pytest.approx(0.01) and classes[0][-1] == "elementwise"
+    for name, trace in (("two.json", two), ("one.json", one)):
+        (tmp_path / name).write_text(json.dumps(trace))
+    assert TAIL.main([str(tmp_path / "two.json"), "--against", str(tmp_path / "one.json")]) == 0
+    assert "| GPU step | 10.50 | 12.00 | +1.50 |" in capsys.readouterr().out
+
+
 _hspec = importlib.util.spec_from_file_location("bench_host_trace", ROOT / "benchmarks" / "host_trace.py")
 HOST = importlib.util.module_from_spec(_hspec)
 sys.modules["bench_host_trace"] = HOST
