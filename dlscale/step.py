@@ -47,6 +47,9 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
                           f"the host every step; use amp-bf16 or fp32")
     if cfg.strategy == "ddp" and str(cfg.strategy_options.get("optimizer_in_backward", "")).lower() in ("true", "1"):
         raise ConfigError(f"{what} and ddp's optimizer_in_backward both move the optimizer step; choose one")
+    if cfg.warmup < GRAPH_WARMUP + 1:  # the capture must not land in the timed window
+        raise ConfigError(f"{what} captures at step {GRAPH_WARMUP + 1}: needs --warmup {GRAPH_WARMUP + 1} or more, "
+                          f"got {cfg.warmup}")
     if device is not None and device != "cuda":
         raise ConfigError(f"{what} needs a CUDA device, got {device}")
 

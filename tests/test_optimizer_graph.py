@@ -142,6 +142,7 @@ def test_eager_block_steps_without_the_graph():
     ({"strategy": "ddp", "precision": "amp-fp16"}, "gradient scaler"),
     ({"strategy": "ddp", "nproc_per_node": 2, "strategy_options": {"optimizer_in_backward": True}},
      "choose one"),
+    ({"strategy": "ddp", "warmup": GRAPH_WARMUP}, f"needs --warmup {GRAPH_WARMUP + 1} or more"),
 ])
 def test_refused_cases(fields, words):
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", optimizer_graph=True, **fields)
