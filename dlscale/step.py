@@ -45,8 +45,6 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
     if cfg.precision == "amp-fp16":
         raise ConfigError(f"{what} cannot run with amp-fp16: the gradient scaler reads its overflow check on "
                           f"the host every step; use amp-bf16 or fp32")
-    if cfg.strategy == "ddp" and str(cfg.strategy_options.get("optimizer_in_backward", "")).lower() in ("true", "1"):
-        raise ConfigError(f"{what} and ddp's optimizer_in_backward both move the optimizer step; choose one")
     if cfg.warmup < GRAPH_WARMUP + 1:  # the capture must not land in the timed window
         raise ConfigError(f"{what} captures at step {GRAPH_WARMUP + 1}: needs --warmup {GRAPH_WARMUP + 1} or more, "
                           f"got {cfg.warmup}")
@@ -75,6 +73,7 @@ class GraphedOptimizerStep:
         self._capture = capture or _cuda_capture
         self._graphs: dict[tuple[int, ...], Callable[[], None]] = {}  # gradients' addresses -> replay
         self.eager_steps = 0
+        self._eager = False  # inside eager(): step without the graph
         self.info: dict[str, Any] = {"captures": 0, "replays": 0, "abandoned": False}
 
     def _body(self) -> None:
@@ -86,7 +85,7 @@ class GraphedOptimizerStep:
         return tuple(0 if p.grad is None else p.grad.data_ptr() for p in self.params)
 
     def __call__(self) -> None:
-        if self.eager_steps < GRAPH_WARMUP or self.info["abandoned"]:
+        if self.eager_steps < GRAPH_WARMUP or self._eager or self.info["abandoned"]:
             self.eager_steps += 1
             optimizer_step(self.opt, None, self.params, self.clip)
             return
@@ -126,12 +125,11 @@ class GraphedOptimizerStep:
     @contextlib.contextmanager
     def eager(self):
         """Steps in this block run the optimizer eagerly (its hooks fire: the model-state reading)."""
-        abandoned = self.info["abandoned"]
-        self.info["abandoned"] = True
+        self._eager = True
         try:
             yield
         finally:
-            self.info["abandoned"] = abandoned
+            self._eager = False
 
 
 def _cuda_capture(body: Callable[[], None]) -> Callable[[], None]:

@@ -64,7 +64,9 @@ def options(cfg) -> dict:
                                      ("compiled_autograd", opts["compiled_autograd"]),
                                      (f"grad-accum {cfg.grad_accum}", cfg.grad_accum > 1),
                                      ("clip-grad-norm", cfg.clip_grad_norm is not None),
-                                     ("precision amp-fp16 (loss scaling)", cfg.precision == "amp-fp16")) if on]
+                                     ("precision amp-fp16 (loss scaling)", cfg.precision == "amp-fp16"),
+                                     ("optimizer-graph (the step replayed after the backward)",
+                                      cfg.optimizer_graph)) if on]
         if bad:
             raise ConfigError(f"strategy ddp option optimizer_in_backward steps each bucket inside the backward; "
                               f"it does not go with {', '.join(bad)} (each needs the whole gradient, or several "
