@@ -69,6 +69,7 @@ def tails(trace: dict) -> list[Tail]:
         end = opt["ts"] + opt["dur"]
         start = prev_end if prev_end is not None else (kernels[0]["ts"] if kernels else opt["ts"])
         step_k = [k for k in kernels if start <= k["ts"] < end]
+        colls = [k for k in step_k if "nccl" in k["name"].lower()]
         comp = [k for k in step_k if "nccl" not in k["name"].lower()]
         before = [k for k in comp if k["ts"] + k["dur"] <= opt["ts"]]
         first_opt = next((k for k in comp if k["ts"] >= opt["ts"]), None)
@@ -77,8 +78,7 @@ def tails(trace: dict) -> list[Tail]:
             continue
         last_bwd_end = before[-1]["ts"] + before[-1]["dur"]
         gap = (last_bwd_end, first_opt["ts"])
-        coll = sum(max(0.0, min(gap[1], k["ts"] + k["dur"]) - max(gap[0], k["ts"]))
-                   for k in step_k if "nccl" in k["name"].lower())
+        coll = sum(max(0.0, min(gap[1], k["ts"] + k["dur"]) - max(gap[0], k["ts"])) for k in colls)
         # the host's optimizer step that launched this one: the last to begin before it ran
         host = next((h for h in reversed(host_opt) if h["ts"] <= opt["ts"]), None)
         long_us, short_us, busy_end = 0.0, 0.0, start
@@ -97,7 +97,7 @@ def tails(trace: dict) -> list[Tail]:
                         (gap[1] - gap[0]) / 1e3, coll / 1e3,
                         None if host is None else (host["ts"] - last_bwd_end) / 1e3,
                         kernels=len(comp), long_gaps_ms=long_us / 1e3, short_gaps_ms=short_us / 1e3,
-                        collective_ms=sum(k["dur"] for k in step_k if "nccl" in k["name"].lower()) / 1e3,
+                        collective_ms=sum(k["dur"] for k in colls) / 1e3,
                         classes={n: (c[0], c[1]) for n, c in classes.items()}))
         prev_end = end
     return out

@@ -20,8 +20,8 @@ from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
 from dlscale.perfmodel.model import Measured, WorkloadModel
-from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, Row, baseline_fields, freeze, num, rec_config,
-                                 rec_created, rec_device_type, select_cases)
+from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, VARIANT_FIELDS, Row, baseline_fields, freeze, num,
+                                 rec_config, rec_created, rec_device_type, select_cases)
 
 RECORD_KINDS = ("run", "imported")
 
@@ -93,7 +93,7 @@ class Workload:
         then the newest."""
         def rank(r: Row) -> tuple:
             cfg = rec_config(r.record)
-            return (not (cfg.get("strategy_options") or cfg.get("optimizer_graph")), rec_created(r.record))
+            return (not any(cfg.get(f) for f in VARIANT_FIELDS), rec_created(r.record))
 
         out: dict[Shape, Row] = {}
         for r in self.rows:

@@ -34,10 +34,12 @@ from dlscale.store import STATUSES, LoadResult, ResultStore
 
 # a table holds one row per device count: every other case-key field is the same within it
 TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
-# the 1-device baseline may also differ in how it was run (not what is computed): a strategy's options
-# and the optimizer step replayed as a graph (ddp only) are measured against the plain 1-device run
-BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", "strategy_options", "optimizer_graph", "warmup", "steps", "seed",
-                                    "device"}
+# fields that make a run a variant of its strategy (a strategy's options, the optimizer step replayed as
+# a graph): measured against the plain 1-device run, and never a shape's measured point where the
+# strategy's default run exists (perfmodel)
+VARIANT_FIELDS = ("strategy_options", "optimizer_graph")
+# the 1-device baseline may also differ in how it was run (not what is computed)
+BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", *VARIANT_FIELDS, "warmup", "steps", "seed", "device"}
 MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size")
 BASELINE_STRATEGY_PREFERENCE = ("single", "ddp")
 STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
