@@ -5,9 +5,13 @@ model (dlscale's JAX definition, as bare_loop.py uses dlscale's torch models): p
 model's init, optax (AdamW betas (0.9, 0.95) / SGD momentum 0.9, the spec's lr and weight decay),
 bf16 compute with fp32 master weights, one ``jax.jit`` step with the state donated, a fixed
 synthetic batch on the device, W warm-up steps, then N steps between two ``block_until_ready``.
-No dlscale worker, launcher, mesh, loss scale or records. One process, one device.
+No dlscale worker, launcher, loss scale or records. One process, one device; or, under torchrun,
+data parallel as a JAX user writes it: ``jax.distributed.initialize``, one device a process, the
+parameters replicated and the batch split over a one-axis mesh (NamedSharding), so that XLA inserts
+the gradients' all-reduce (``--batch-size`` per device, each process its own batch, seed + rank).
 
     python benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16
+    torchrun --nproc-per-node 2 benchmarks/bare_loop_jax.py --model gpt2 --batch-size 16 --device cuda
 
 ``--legacy matmul-f32-out`` / ``--legacy gather-ce`` (diagnosis only, repeatable) swap in the
 formulations dlscale's JAX layers used before: matmuls and convolutions with
@@ -45,7 +49,7 @@ def parse_args() -> argparse.Namespace:
                          "below fp32, else xla; cudnn falls back to xla where it cannot run)")
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--out", default=None, metavar="DIR", help="also write DIR/rank0.json (default: none)")
+    ap.add_argument("--out", default=None, metavar="DIR", help="also write DIR/rank<R>.json (default: none)")
     ap.add_argument("--legacy", action="append", default=[], choices=sorted(LEGACY),
                     help="diagnosis: use an earlier layer formulation (repeatable)")
     return ap.parse_args()
@@ -103,10 +107,23 @@ def main() -> None:
     args = parse_args()
     import jax
 
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
     if args.device != "auto":
         jax.config.update("jax_platforms", args.device)
+    if world > 1:
+        from dlscale.frameworks.jax.worker import coordinator_address
+
+        cpu = args.device == "cpu"
+        if cpu:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=coordinator_address(rank, 300), num_processes=world,
+                                   process_id=rank, local_device_ids=None if cpu else [local])
+    import numpy as np
     import optax
     import torch
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from dlscale import metrics
     from dlscale.frameworks.jax import layers
@@ -128,12 +145,20 @@ def main() -> None:
         tx = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.sgd(spec.lr, momentum=0.9))
     else:
         tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
-    params, stats = jax.device_put(model.init(HostInit(args.seed)))
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def put(tree):  # the same host values on every process -> one replicated global array each
+        return jax.tree_util.tree_map(lambda x: jax.make_array_from_callback(x.shape, replicated, lambda i: x[i]), tree)
+
+    params, stats = put(model.init(HostInit(args.seed)))
     n_params = count_params(params)
     opt = jax.jit(tx.init)(params)  # one small program, not one per parameter shape
-    batch = jax.device_put(model.to_numpy(spec.make_batch(args.batch_size, torch.device("cpu"),
-                                                          torch.Generator().manual_seed(args.seed + 12345))))
-    key = jax.random.PRNGKey(args.seed + 1)
+    local_batch = model.to_numpy(spec.make_batch(args.batch_size, torch.device("cpu"),
+                                                 torch.Generator().manual_seed(args.seed + 12345 + rank)))
+    batch = tuple(jax.make_array_from_process_local_data(split, x, (x.shape[0] * world, *x.shape[1:]))
+                  for x in local_batch)
+    key = put(np.asarray(jax.random.PRNGKey(args.seed + 1)))
 
     def train_step(params, stats, opt, key, batch):
         key, sub = jax.random.split(key)
@@ -155,27 +180,32 @@ def main() -> None:
     for _ in range(args.steps):
         params, stats, opt, key, loss = step(params, stats, opt, key, batch)
     jax.block_until_ready((params, loss))
+    loss = float(np.asarray(loss.addressable_data(0)))  # replicated: this process's copy
     dt = time.perf_counter() - t0
-    sps = args.steps * args.batch_size / dt
-    dev = jax.devices()[0]
+    sps = args.steps * args.batch_size * world / dt
+    dev = jax.local_devices()[0]
     name = dev.device_kind if gpu else None
     peak, _ = metrics.peak_flops(name, metrics.precision_dtype(args.precision, "cuda" if gpu else "cpu"))
     mem = (dev.memory_stats() or {}).get("peak_bytes_in_use") if gpu else None
     if args.out:
-        result = {"rank": 0, "local_rank": 0, "status": "ok", "error": None, "window_s": dt, "warmup_s": warmup_s,
-                  "step_times_ms": [], "dp_size": 1, "device": f"{'cuda' if gpu else 'cpu'}:0",
+        result = {"rank": rank, "local_rank": local, "status": "ok", "error": None, "window_s": dt,
+                  "warmup_s": warmup_s, "step_times_ms": [], "dp_size": world,
+                  "device": f"{'cuda' if gpu else 'cpu'}:{local if gpu else 0}",
                   "device_name": name or "cpu", "pid": os.getpid(), "params": n_params, "framework": "jax",
-                  "compile_s": compile_s, "loss_last": float(loss), "peak_mem_allocated_bytes": mem,
+                  "compile_s": compile_s, "loss_last": loss, "peak_mem_allocated_bytes": mem,
                   "peak_rss_bytes": None if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        path = Path(args.out) / "rank0.json"
+        path = Path(args.out) / f"rank{rank}.json"
         path.with_suffix(".tmp").write_text(json.dumps(result))
         os.replace(path.with_suffix(".tmp"), path)
+    if rank != 0:
+        return
     print(json.dumps({"bench": "bare_loop_jax", "model": args.model, "flavor": args.flavor, "device": name or "cpu",
+                      "world": world,
                       "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
                       "attention": sorted(layers.ATTENTION_USED), "compile_s": round(compile_s, 2),
                       "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,
                       "mfu": metrics.mfu(spec.flops_per_sample, sps, peak) if peak else None,
-                      "loss": float(loss), "peak_mem_gib": mem / 2**30 if mem else None,
+                      "loss": loss, "peak_mem_gib": mem / 2**30 if mem else None,
                       "legacy": sorted(set(args.legacy)),
                       "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS")}), flush=True)
 

@@ -240,14 +240,16 @@ def _check_torch(run: "BareRun") -> None:
 
 
 def _check_jax(run: "BareRun") -> None:
-    """benchmarks/bare_loop_jax.py: one jitted step on one device."""
+    """benchmarks/bare_loop_jax.py: one jitted step, on one device or data parallel over several
+    (one process a device under torchrun, the batch split over a mesh)."""
     cfg = run.cfg
     _check_plain(cfg)
     if cfg.framework != "jax":
         raise ConfigError(f"loop jax trains JAX models; a {cfg.framework} case needs loop: torch")
-    _one_device(cfg, "jax")
-    if cfg.strategy != "single" or cfg.strategy_options:
-        raise ConfigError(f"loop jax runs strategy single without options, not {cfg.strategy}")
+    if cfg.strategy_options or not ((cfg.strategy == "single" and cfg.world_size == 1)
+                                    or (cfg.strategy == "ddp" and cfg.world_size >= 2)):
+        raise ConfigError(f"loop jax runs single on one device or ddp on 2 or more without options, not "
+                          f"{cfg.strategy} on {cfg.world_size}")
 
 
 def mp_knobs(cfg: RunConfig) -> dict[str, Any]:
@@ -327,7 +329,7 @@ class Loop:
 
 LOOPS: dict[str, Loop] = {
     "torch": Loop("benchmarks/bare_loop.py", True, _check_torch, _torch_args),
-    "jax": Loop("benchmarks/bare_loop_jax.py", False, _check_jax, lambda run, dev: _common_args(run.cfg, dev)),
+    "jax": Loop("benchmarks/bare_loop_jax.py", True, _check_jax, lambda run, dev: _common_args(run.cfg, dev)),
     "mp": Loop("benchmarks/bare_mp.py", False, _check_mp, _mp_args),
     "hf-llama": Loop("benchmarks/bare_llama_hf.py", False, _check_hf_llama,
                      lambda run, dev: _common_args(run.cfg, dev) + (["--compile"] if run.cfg.compile else []),

@@ -156,6 +156,34 @@ def test_a_jax_case_gets_the_jax_loop():
     assert loops["jax"].identity() != dataclasses_replace(loops["jax"], loop="torch").identity()
 
 
+def test_the_jax_loop_runs_single_on_one_device_or_ddp_on_several():
+    ok = [RunConfig(model="gpt2", flavor="tiny", framework="jax", strategy="single"),
+          RunConfig(model="gpt2", flavor="tiny", framework="jax", strategy="ddp", nproc_per_node=2)]
+    for cfg in ok:
+        benchsuite.LOOPS["jax"].check(BareRun(cfg, loop="jax"))
+    for bad in (RunConfig(model="gpt2", flavor="tiny", framework="jax", strategy="ddp"),
+                RunConfig(model="gpt2", flavor="tiny", framework="jax", strategy="single", nproc_per_node=2)):
+        with pytest.raises(ConfigError, match="loop jax runs single on one device or ddp on 2 or more"):
+            benchsuite.LOOPS["jax"].check(BareRun(bad, loop="jax"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_the_jax_loop_trains_data_parallel_under_torchrun(tmp_path):
+    """Two processes, gloo CPU collectives: each writes its rank file, rank 0 the global throughput."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "benchmarks" / "bare_loop_jax.py"), "--model", "gpt2", "--flavor", "tiny",
+                        "--batch-size", "2", "--precision", "fp32", "--device", "cpu", "--warmup", "1",
+                        "--steps", "2", "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert line["world"] == 2 and [r["dp_size"] for r in ranks] == [2, 2]
+    assert line["samples_per_s"] == pytest.approx(2 * 2 * 2 / ranks[0]["window_s"])
+    assert ranks[0]["loss_last"] == pytest.approx(ranks[1]["loss_last"])  # one replicated loss
+
+
 def dataclasses_replace(obj, **kw):
     import dataclasses
 
