@@ -175,8 +175,10 @@ class RunConfig:
                            help="with --data-decode gpu, what decodes the JPEGs: nvimgcodec (nvImageCodec: the "
                                 "GPU's hardware JPEG decoders, CUDA nvJPEG for what they cannot take; "
                                 "pip install 'dlscale[nvimgcodec]'), torchvision (io.decode_jpeg: nvJPEG, its "
-                                "hardware backend where the GPU has one), or auto: torchvision where it imports, "
-                                "else nvimgcodec (the record says which ran)")
+                                "hardware backend where the GPU has one), dali (NVIDIA DALI's pipeline: hardware "
+                                "and CUDA nvJPEG, several batches in flight; pip install nvidia-dali-cuda130, or "
+                                "-cuda120 for a CUDA 12 torch), or auto: torchvision where it imports, else "
+                                "nvimgcodec (the record says which ran)")
     data_cpu_share: float = _f(0.0, type=float, minimum=0, maximum=1, axis="data_cpu_shares", match=True, late=0.0,
                                help="with --data-decode gpu: the share of each batch's images the DataLoader "
                                     "workers decode and crop on the host (Pillow), the rest decoded on the GPU; "

@@ -89,9 +89,9 @@ def test_config_fields_checked_and_case_key_kept_at_defaults():
         RunConfig(data=imgs, data_decoder="nvimgcodec")
     with pytest.raises(ConfigError, match="data-decoder needs --data"):
         RunConfig(data_decoder="torchvision")
-    with pytest.raises(ConfigError, match="unknown data-decoder 'dali'; choose one of: auto, torchvision, "
-                                          "nvimgcodec"):
-        RunConfig(data=imgs, data_decode="gpu", data_decoder="dali")
+    with pytest.raises(ConfigError, match="unknown data-decoder 'pillow'; choose one of: auto, torchvision, "
+                                          "nvimgcodec, dali"):
+        RunConfig(data=imgs, data_decode="gpu", data_decoder="pillow")
 
 
 # ----------------------------------------------------------------------------- bad inputs, up front

@@ -5,7 +5,8 @@ What the rest of dlscale calls:
 * ``check_case(cfg)`` (from config.validate_case): the data set exists, has the right shape and
   fits the model; ConfigError naming the file otherwise, before anything starts;
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
-  the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, or one of them for auto);
+  the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, DALI, or one of the first two
+  for auto);
 * ``case_words(data, decode, decoder, cpu_share)`` (sweep lines, compare tables): the data part of a case's name;
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;

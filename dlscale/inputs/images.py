@@ -19,7 +19,8 @@ backend, the JPEG engines (NVJPG) of an A100/H100/H200, and falls back to nvJPEG
 the GPU has none) or ``nvimgcodec`` (nvImageCodec: the same hardware engines through its
 ``HW_GPU_ONLY`` backend, nvJPEG's CUDA decoder for what they cannot take); ``auto`` takes torchvision
 where it imports (it decoded faster and trained faster beside the model than nvImageCodec on an H100:
-docs/data.md), else nvImageCodec.
+docs/data.md), else nvImageCodec. ``dali`` (NVIDIA DALI, named only) replaces ``GpuDecoder`` as a
+whole: decode, crop and normalisation in DALI's own pipeline (``dlscale/inputs/dali.py``).
 
 Split decode (``--data-cpu-share F`` with GPU decode, ``collate_split``): the workers decode and crop
 the first round(F x batch) images of each batch themselves (the CPU path's Pillow operations, on the
@@ -285,6 +286,18 @@ def collate_split(items: list, cpu_images: int, size: int):
             _meta(items, 4, 5))
 
 
+def jpeg_mask(flat: torch.Tensor, lengths: Sequence[int]) -> np.ndarray:
+    """Which files of a ``collate_bytes`` batch start with the JPEG marker (bool per file), read
+    from the batch's one host buffer at once: not a slice and a host read per file, since the input
+    thread shares the interpreter with the training step."""
+    raw, lens = flat.numpy(), np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lens) - lens
+    whole = lens >= 2
+    magic = np.zeros(len(lens), dtype=bool)
+    magic[whole] = (raw[starts[whole]] == JPEG_MAGIC[0]) & (raw[starts[whole] + 1] == JPEG_MAGIC[1])
+    return magic
+
+
 TORCHVISION_INSTALL = "pip install torchvision matching this torch"
 NVIMGCODEC_INSTALL = ("pip install 'dlscale[nvimgcodec]' (nvidia-nvimgcodec-cu13 with nvidia-nvjpeg; for a CUDA 12 "
                       "torch: pip install 'nvidia-nvimgcodec-cu12[nvjpeg]')")
@@ -390,9 +403,14 @@ def _launcher_nvimgcodec_why() -> str | None:
 
 
 def check_gpu_decoder(choice: str) -> None:
-    """The launcher's check of ``--data-decoder`` (no CUDA context is made: nvImageCodec is imported
-    in a child interpreter): the chosen library imports, or ConfigError (one line) naming what is
-    missing and how to install it."""
+    """The launcher's check of ``--data-decoder`` (no CUDA context is made: nvImageCodec and DALI are
+    imported in a child interpreter): the chosen library imports, or ConfigError (one line) naming
+    what is missing and how to install it."""
+    if choice == "dali":
+        from dlscale.inputs import dali
+
+        dali.check_launcher()
+        return
     if choice == "torchvision":
         torchvision_decoder(torch.device("cuda"))
         return
@@ -508,6 +526,9 @@ def gpu_decoder(device: torch.device, choice: str = "auto") -> tuple[DecodeFn, s
     nvimgcodec, backend: hardware | cuda | hardware-or-cuda). auto: torchvision where it imports (its
     nvJPEG takes the hardware decoders where the GPU has them: ``hardware-or-cuda``, nvJPEG does not
     say which), else nvImageCodec (hardware where its probe decodes); the name says why."""
+    if choice == "dali":
+        raise ValueError("DALI decodes in its own pipeline (dlscale.inputs.dali.DaliDecoder), not as "
+                         "GpuDecoder's decode")
     if choice == "torchvision" or device.type != "cuda":
         decode, name = torchvision_decoder(device)
         return decode, name, "torchvision", _TV_BACKEND if device.type == "cuda" else device.type
@@ -626,14 +647,7 @@ class GpuDecoder:
         """The batch's files (``flat`` split by ``lengths``) decoded: (images or None each, Pillow fallbacks)."""
         datas = list(torch.split(flat, lengths))
         out: list[torch.Tensor | None] = [None] * len(datas)
-        # which files start with the JPEG marker, read from the batch's one host buffer at once
-        # (not a slice and a host read per file: this thread shares the interpreter with the step)
-        raw, lens = flat.numpy(), np.asarray(lengths, dtype=np.int64)
-        starts = np.cumsum(lens) - lens
-        whole = lens >= 2
-        magic = np.zeros(len(lens), dtype=bool)
-        magic[whole] = (raw[starts[whole]] == JPEG_MAGIC[0]) & (raw[starts[whole] + 1] == JPEG_MAGIC[1])
-        jpeg = np.flatnonzero(magic).tolist()
+        jpeg = np.flatnonzero(jpeg_mask(flat, lengths)).tolist()
         if jpeg:
             try:
                 for i, img in zip(jpeg, self.decode([datas[i] for i in jpeg])):

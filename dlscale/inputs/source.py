@@ -6,7 +6,9 @@ call it inside the window). ``LoaderSource`` reads real data through ``torch.uti
 on the device one step ahead in a background thread on its own CUDA stream: the copy from pinned
 memory (non-blocking), normalisation, or the whole decode (``--data-decode gpu``; nvImageCodec's
 hardware decode too: it is given that stream, and the event recorded after ``finish`` covers its
-output). ``next()``
+output). With ``--data-decoder dali`` a ``Feed`` sits between the DataLoader and ``finish``: DALI's
+pipeline, which pulls the host batches itself and keeps several in flight in its own threads; the
+thread copies its outputs on the same stream (``dlscale/inputs/dali.py``). ``next()``
 refills ``batches`` in place (the list the step closes over) and returns it.
 
 The worker times ``next()`` with the host clock: that is the wait for data at the loader boundary.
@@ -25,7 +27,7 @@ import statistics
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -71,7 +73,8 @@ class Prefetcher:
     """A thread that takes host batches from ``it``, finishes them (``finish(item) -> (tensors,
     meta)``) on its own CUDA stream and queues them ``depth`` deep; ``get()`` hands one to the
     training stream (event wait + ``record_stream``, so the allocator keeps the memory until the
-    step used it). On the CPU there is no stream; the thread still runs ahead."""
+    step used it). ``it`` is advanced on that stream too (a DALI ``Feed`` binds its outputs to the
+    current stream). On the CPU there is no stream; the thread still runs ahead."""
 
     def __init__(self, it, finish: Callable, device: torch.device, depth: int = DEVICE_DEPTH):
         self.it, self.finish, self.device = it, finish, device
@@ -91,8 +94,8 @@ class Prefetcher:
             if self.cuda:
                 torch.cuda.set_device(self.device)
             while not self.stop.is_set():
-                item = next(self.it)
                 with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                    item = next(self.it)
                     out, meta = self.finish(item)
                     event = None
                     if self.cuda:
@@ -158,11 +161,25 @@ class LoaderInfo:
     global_batch: int
     n_samples: int
     micro_batches_per_epoch: int
-    # GPU decode: the library that decoded (torchvision | nvimgcodec; --data-decoder auto resolved)
-    # and its backend (hardware: the GPU's JPEG engines; cuda: nvJPEG's CUDA kernels on the SMs;
-    # hardware-or-cuda: torchvision's nvJPEG, which takes the engines where there are some)
+    # GPU decode: the library that decoded (torchvision | nvimgcodec | dali; --data-decoder auto
+    # resolved) and its backend (hardware: the GPU's JPEG engines; cuda: nvJPEG's CUDA kernels on the
+    # SMs; hardware-or-cuda: torchvision's nvJPEG, which takes the engines where there are some;
+    # hardware-and-cuda (hw_decoder_load F): DALI's split, share F of the JPEGs on the engines)
     gpu_decoder: str | None = None
     decoder_backend: str | None = None
+
+
+class Feed(Protocol):
+    """What sits between the DataLoader's iterator and ``finish`` (DALI's pipeline): an iterator of
+    items for ``finish`` that holds ``depth`` batches ahead, with host threads of its own
+    (``thread_ids``, counted as loader CPU), closed with the source."""
+
+    depth: int
+    thread_ids: list[int]
+
+    def __next__(self) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -178,12 +195,22 @@ class LoaderSource:
     static = False
 
     def __init__(self, loader, finish: Callable, device: torch.device, accum: int, info: LoaderInfo,
-                 threaded: bool, page_cache: dict[str, Any]):
+                 threaded: bool, page_cache: dict[str, Any],
+                 stage: Callable[[Iterator, int], Feed] | None = None):
         self.info, self.accum, self.page_cache = info, accum, page_cache
         self.loader = loader
         self.it = iter(loader)
-        self.prefetcher = Prefetcher(self.it, finish, device) if threaded else None
-        self._get = self.prefetcher.get if threaded else (lambda: finish(next(self.it)))
+        self.feed: Feed | None = None
+        if stage is not None:
+            # after iter(): the DataLoader's workers are forked before the stage starts threads of its own
+            try:
+                self.feed = stage(self.it, info.local_batch)
+            except BaseException:
+                self._shutdown_workers()
+                raise
+        feed = self.feed if self.feed is not None else self.it
+        self.prefetcher = Prefetcher(feed, finish, device) if threaded else None
+        self._get = self.prefetcher.get if threaded else (lambda: finish(next(feed)))
         self.batches: list[tuple] = []
         self._metas: list[dict] = []
         self._w0: _Snapshot | None = None
@@ -219,6 +246,8 @@ class LoaderSource:
         pin = getattr(self.it, "_pin_memory_thread", None)
         if pin is not None and getattr(pin, "native_id", None):
             ids.append(pin.native_id)
+        if self.feed is not None:
+            ids.extend(self.feed.thread_ids)
         return ids
 
     def _snapshot(self) -> _Snapshot:
@@ -274,7 +303,8 @@ class LoaderSource:
         start_m = (w0.metas // self.accum) * self.accum if w0 else 0
         ms = [w * 1e3 for w in waits_s]
         buffer = (self.info.workers * (self.info.prefetch_factor or 0)
-                  + (DEVICE_DEPTH if self.prefetcher is not None else 0))
+                  + (DEVICE_DEPTH if self.prefetcher is not None else 0)
+                  + (self.feed.depth if self.feed is not None else 0))
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         return {
@@ -310,11 +340,16 @@ class LoaderSource:
     def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
+        if self.feed is not None:  # after the input thread, which may be waiting on it
+            self.feed.close()
+        self._shutdown_workers()
+        self.it = None
+
+    def _shutdown_workers(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
         if shutdown is not None:
             with contextlib.suppress(Exception):
                 shutdown()
-        self.it = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,8 +414,10 @@ class Reader:
     finish_on: str
     paths: list[str]  # the files (page cache)
     data_kind: str
-    gpu_decoder: str | None = None  # GPU decode: torchvision | nvimgcodec
-    decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda
+    gpu_decoder: str | None = None  # GPU decode: torchvision | nvimgcodec | dali
+    decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda | hardware-and-cuda (...)
+    # between the DataLoader's iterator and finish, given it and the local batch (DALI's pipeline)
+    stage: Callable[[Iterator, int], Feed] | None = None
 
 
 def gpu_reader(ds, gpu, paths: list[str], kind: str, cpu_images: int = 0, batch: int = 0) -> Reader:
@@ -394,6 +431,16 @@ def gpu_reader(ds, gpu, paths: list[str], kind: str, cpu_images: int = 0, batch:
         collate = functools.partial(images.collate_split, cpu_images=cpu_images, size=gpu.size)
         name += f"; {cpu_images} of {batch} images a batch decoded on the host by {images.decoder_name()}"
     return Reader(ds, collate, gpu, name, "device thread", paths, kind, gpu.kind, gpu.backend)
+
+
+def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths: list[str], kind: str) -> Reader:
+    """The Reader of ``--data-decoder dali``: ``collate_bytes`` batches from the workers, decoded,
+    cropped and normalised by DALI's pipeline (the stage), copied to torch on the input thread."""
+    from dlscale.inputs import dali
+
+    dec = dali.DaliDecoder(device, size, channels_last)
+    return Reader(ds, images.collate_bytes, dec.finish, dec.name, "DALI pipeline", paths, kind, dec.kind,
+                  dec.backend, stage=dec.feed)
 
 
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
@@ -412,6 +459,10 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         channels_last = bool(model.channels_last) and cuda
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
+            if decoder == "dali":
+                if cpu_share:  # check_fields refuses it before anything starts
+                    raise ConfigError("data-cpu-share does not apply to --data-decoder dali")
+                return dali_reader(ds, size, channels_last, device, paths, kind)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
@@ -448,7 +499,8 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
     info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, reader.decoder, reader.finish_on, cuda,
                       PREFETCH_FACTOR if workers else None, workers > 0, sampler.b, sampler.g, sampler.n,
                       sampler.per_epoch, reader.gpu_decoder, reader.decoder_backend)
-    src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache)
+    src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
+                       stage=reader.stage)
     src.next()
     return src
 

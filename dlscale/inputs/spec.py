@@ -18,9 +18,9 @@ from dlscale import ConfigError
 KINDS = ("synthetic", "imagefolder", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 DECODE_DEVICES = ("cpu", "gpu")
-# which library decodes JPEGs with --data-decode gpu (dlscale/inputs/images.py, docs/data.md); auto:
-# torchvision where it imports, else nvimgcodec
-GPU_DECODERS = ("auto", "torchvision", "nvimgcodec")
+# which library decodes JPEGs with --data-decode gpu (dlscale/inputs/images.py, dali.py, docs/data.md);
+# auto: torchvision where it imports, else nvimgcodec (dali only when named)
+GPU_DECODERS = ("auto", "torchvision", "nvimgcodec", "dali")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # what a model's ``ModelSpec.data_kind`` may say: the batch layout a real-data reader must produce
 DATA_KINDS = ("image", "causal-lm", "mlm-nsp")
@@ -102,6 +102,9 @@ def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, d
                               f"(synthetic batches are made once, on the device)")
     if decode == "gpu" and spec.kind != "imagefolder":
         raise ConfigError(f"data-decode gpu decodes images; --data {data} is {spec.kind}")
+    if cpu_share and decoder == "dali":
+        raise ConfigError(f"data-cpu-share {cpu_share:g} does not apply to --data-decoder dali: DALI splits its own "
+                          f"decode between the GPU's JPEG engines and nvJPEG's CUDA decoder (hw_decoder_load)")
     if decoder != "auto" and decode != "gpu":
         raise ConfigError(f"data-decoder {decoder} chooses the GPU's JPEG decoder: it needs --data-decode gpu "
                           f"(CPU decode is Pillow's)")
