@@ -541,8 +541,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip().splitlines()
-    return text[0][:500] if text else type(e).__name__
+    """The error for the record: its first line, and the lines after it while a line ends with ':'
+    (a library's multi-line message, e.g. DALI's "Critical error when building pipeline:", says
+    what failed only further down)."""
+    lines = [ln.strip() for ln in f"{type(e).__name__}: {e}".splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    out, rest = lines[0], iter(lines[1:])
+    while out.endswith(":") and len(out) < 500:
+        nxt = next(rest, None)
+        if nxt is None:
+            break
+        out += " " + nxt
+    return out[:500]
 
 
 if __name__ == "__main__":

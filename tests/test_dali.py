@@ -383,3 +383,13 @@ def test_dali_is_named_only_and_needs_gpu_decode_without_a_split():
         RunConfig(model="resnet50", data=data, data_decode="gpu", data_decoder="dali", data_cpu_share=0.25)
     with pytest.raises(ValueError, match="own pipeline"):
         images.gpu_decoder(torch.device("cuda"), "dali")
+
+
+def test_dalis_error_is_read_after_its_traceback():
+    from dlscale.inputs.dali import _first_line
+
+    msg = ("Critical error when building pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.image_slice`,\n"
+           "which was used in the pipeline definition with the following traceback:\n\n  File \"x.py\", line 1\n\n"
+           "Encountered:\n\nnvImageCodec is not available\nC++ context: [...]")
+    assert _first_line(RuntimeError(msg)) == "nvImageCodec is not available"
+    assert _first_line(RuntimeError("one line only")) == "one line only"

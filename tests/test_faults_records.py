@@ -341,3 +341,16 @@ def test_import_exits_7_and_keeps_the_record_when_the_store_fails(tmp_path, monk
     kept = list(recovery_dir.glob("dlscale-unstored-*.jsonl"))
     assert len(kept) == 1 and str(kept[0]) in line
     assert json.loads(kept[0].read_text())["kind"] == "imported"
+
+
+def test_a_multi_line_error_keeps_what_failed_on_one_line():
+    from dlscale.worker import _one_line
+
+    dali = RuntimeError("Critical error when building pipeline:\nError in MIXED operator `decoders.image_slice`,\n"
+                        "which was used in the pipeline definition with the following traceback:\n\n  File x\n"
+                        "encountered:\n\nnvImageCodec library not found")
+    assert _one_line(dali) == ("RuntimeError: Critical error when building pipeline: Error in MIXED operator "
+                               "`decoders.image_slice`,")
+    assert _one_line(ValueError("bad value\nsecond line")) == "ValueError: bad value"
+    assert _one_line(RuntimeError("")) == "RuntimeError:"  # nothing after the colon to add
+    assert len(_one_line(RuntimeError("x:\n" + "y" * 900))) == 500

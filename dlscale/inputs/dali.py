@@ -300,10 +300,9 @@ class DaliDecoder:
 def _first_line(err: BaseException) -> str:
     """The line of a DALI error that says what failed (its message repeats the pipeline's traceback)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    if "encountered:" in lines:
-        after = lines[lines.index("encountered:") + 1:]
-        if after:
-            return after[0][:200]
+    at = [i for i, ln in enumerate(lines) if ln.lower().endswith("encountered:")]
+    if at and at[-1] + 1 < len(lines):
+        return lines[at[-1] + 1][:200]
     return (lines[-1] if lines else type(err).__name__)[:200]
 
 
@@ -319,7 +318,10 @@ class DaliFeed:
         self.failed_in_a_row = 0
         before = _tasks()
         self.pipe = dec.pipeline(self._next_host, batch)
-        self.pipe.build()
+        try:
+            self.pipe.build()
+        except RuntimeError as e:  # DALI's message puts what failed after its pipeline's traceback
+            raise RuntimeError(f"DALI pipeline build failed: {_first_line(e)}") from e
         # DALI's host threads start at the build: counted as loader CPU
         self.thread_ids = sorted(_tasks() - before)
 
