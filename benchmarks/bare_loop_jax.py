@@ -145,7 +145,9 @@ def main() -> None:
         tx = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.sgd(spec.lr, momentum=0.9))
     else:
         tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
-    mesh = Mesh(np.array(jax.devices()), ("data",))
+    # one device a process: a single process sees every visible GPU, and a mesh over them all would
+    # split its batch across them (one process's throughput from several GPUs)
+    mesh = Mesh(np.array(jax.devices() if world > 1 else jax.devices()[:1]), ("data",))
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
     def put(tree):  # the same host values on every process -> one replicated global array each
@@ -200,7 +202,7 @@ def main() -> None:
     if rank != 0:
         return
     print(json.dumps({"bench": "bare_loop_jax", "model": args.model, "flavor": args.flavor, "device": name or "cpu",
-                      "world": world,
+                      "world": world, "devices": int(mesh.size),
                       "precision": args.precision, "batch_size": args.batch_size, "steps": args.steps,
                       "attention": sorted(layers.ATTENTION_USED), "compile_s": round(compile_s, 2),
                       "samples_per_s": sps, "step_ms": dt / args.steps * 1e3,

@@ -182,6 +182,20 @@ def test_the_jax_loop_trains_data_parallel_under_torchrun(tmp_path):
     assert line["world"] == 2 and [r["dp_size"] for r in ranks] == [2, 2]
     assert line["samples_per_s"] == pytest.approx(2 * 2 * 2 / ranks[0]["window_s"])
     assert ranks[0]["loss_last"] == pytest.approx(ranks[1]["loss_last"])  # one replicated loss
+    assert line["devices"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (pip install -e '.[jax]')")
+def test_the_jax_loop_alone_trains_on_one_device_of_several(tmp_path):
+    """One process that sees two devices trains on one (a GPU host shows the process all its GPUs)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bare_loop_jax.py"), "--model", "gpt2", "--flavor",
+                        "tiny", "--batch-size", "2", "--precision", "fp32", "--device", "cpu", "--warmup", "1",
+                        "--steps", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    assert (line["world"], line["devices"]) == (1, 1)
 
 
 def dataclasses_replace(obj, **kw):
