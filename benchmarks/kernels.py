@@ -15,7 +15,6 @@ Exit 2 when no record matches.
 from __future__ import annotations
 
 import argparse
-import gzip
 import inspect
 import json
 import sys
@@ -28,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from dlscale import ConfigError  # noqa: E402
 from dlscale.frameworks.jax.profile import PROFILE_STEPS, by_kind, top_ops  # noqa: E402
-from dlscale.report.data import load_records, rec_config, rec_created, resolve_store_path  # noqa: E402
+from dlscale.report.data import load_records, open_text, rec_config, rec_created, resolve_store_path  # noqa: E402
 
 TOP = 8
 
@@ -74,15 +73,11 @@ def select(store: str, filters: list[str], label: str | None) -> tuple[str, list
 
 def summarise(store_dir: str, rec: dict[str, Any]) -> dict[str, Any]:
     cfg = rec_config(rec)
-    path = resolve_store_path(store_dir, rec["trace"])
-    gz = path.with_name(path.name + ".gz")  # an archived store keeps its traces gzipped
+    path = resolve_store_path(store_dir, rec["trace"])  # or its .gz copy in an archived store
     try:
-        if not path.exists() and gz.exists():
-            with gzip.open(gz, "rt", encoding="utf-8") as f:
-                trace = json.load(f)
-        else:
-            trace = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        with open_text(path) as f:
+            trace = json.load(f)
+    except (OSError, ValueError, EOFError) as e:
         raise ConfigError(f"record {rec.get('id')}: cannot read its trace {path}: {e}") from None
     steps = profiled_steps(str(cfg.get("framework") or "torch"))
     kinds = by_kind(trace, steps)

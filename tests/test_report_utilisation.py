@@ -14,6 +14,7 @@ Hand-computed store (gpt2 amp-bf16 batch 8 ddp, plus two tables to check columns
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.util
 import io
 import json
@@ -270,3 +271,20 @@ def test_html_with_over_time_plot_renders_in_chromium(store, tmp_path, capsys):
     assert "<th class=\"\">exposed comm (%)</th>" in dom and "<td class=\"\">10.0</td>" in dom
     assert 'class="trace"' in dom and "ui.perfetto.dev" in dom
     shutil.rmtree(tmp_path / "ud", ignore_errors=True)
+
+
+def test_an_archived_store_with_gzipped_series_and_trace_reports_as_before(store, tmp_path, capsys):
+    """docs/bench-data keeps series and traces gzipped (NAME.gz beside no NAME): the report reads them."""
+    html = tmp_path / "r.html"
+    assert cli(capsys, "report", str(store), "--model", "gpt2", "--format", "html", "-o", str(html))[0] == 0
+    plain = _img_count(html.read_text())
+    for rel in (SERIES, TRACE):
+        src = store / rel
+        with open(src, "rb") as f, gzip.open(src.with_name(src.name + ".gz"), "wb") as g:
+            g.write(f.read())
+        os.remove(src)
+    rc, out, err = cli(capsys, "report", str(store), "--model", "gpt2", "--format", "html", "-o", str(html))
+    assert rc == 0, err
+    text = html.read_text()
+    assert _img_count(text) == plain and f'href="results/{TRACE}.gz"' in text
+    assert "missing from the store" not in cli(capsys, "report", str(store))[1]

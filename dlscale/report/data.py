@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -170,8 +171,18 @@ def series_paths(rec: dict[str, Any]) -> list[str]:
 
 
 def resolve_store_path(store_dir: str | Path | None, rel: str) -> Path:
-    """A path the record gives relative to the store directory (absolute paths stay as they are)."""
-    return Path(rel) if store_dir is None else Path(store_dir) / rel
+    """A path the record gives relative to the store directory (absolute paths stay as they are); its
+    gzipped copy (``NAME.gz``) where only that is there: an archived store (docs/bench-data) keeps its
+    traces and series gzipped."""
+    path = Path(rel) if store_dir is None else Path(store_dir) / rel
+    gz = path.with_name(path.name + ".gz")
+    return gz if not path.exists() and gz.exists() else path
+
+
+def open_text(path: str | Path):
+    """A text file for reading, through gzip where its name ends in .gz."""
+    return gzip.open(path, "rt", encoding="utf-8", errors="replace") if str(path).endswith(".gz") \
+        else open(path, "r", encoding="utf-8", errors="replace")
 
 
 def read_series(path: str | Path) -> list[dict[str, Any]]:
@@ -181,7 +192,7 @@ def read_series(path: str | Path) -> list[dict[str, Any]]:
     """
     out = []
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
+        with open_text(path) as f:
             for line in f:
                 line = line.strip()
                 if not line:
