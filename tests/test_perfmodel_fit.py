@@ -73,6 +73,27 @@ def test_term_scales_hand_computed():
     assert "t_node x ln_nodes" in law.describe() and "s x abs_ln_gpus" in law.describe()
 
 
+def test_the_graph_split_term_counts_only_for_a_compiled_torch_workload(tmp_path):
+    """A share of t_1 once the step is data parallel, and only where torch.compile cut the graph."""
+    assert node_features(["graph_split", "ln_gpus"], 0.2, 4, compiled=True) == pytest.approx([0.2, 0.2 * math.log(4)])
+    assert node_features(["graph_split"], 0.2, 4) == [0.0] and node_features(["graph_split"], 0.2, 1, True) == [0.0]
+    law = OverheadLaw({"ln_gpus": 0.03, "graph_split": 0.02})
+    assert law.node_s(0.2, 2, compiled=True) - law.node_s(0.2, 2) == pytest.approx(0.02 * 0.2)
+    assert "compiled t_1 x graph_split" in law.describe()
+    from dlscale.perfmodel.inputs import ModelOptions, Query, build_model, group_workloads, usable
+    from test_perfmodel import comm_record, run_record
+
+    def model(**cfg):
+        recs = [run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"), comm_record()]
+        recs[0]["config"].update(cfg)
+        (w,) = group_workloads(usable(recs, Query())).values()
+        return build_model(w, recs, ModelOptions(law=law)).model
+
+    eager, compiled, jax = model(), model(compile=True), model(compile=True, framework="jax")
+    assert (eager.compiled, compiled.compiled, jax.compiled) == (False, True, False)  # XLA does not cut its graph
+    assert compiled.node_overhead(2)[0] - eager.node_overhead(2)[0] == pytest.approx(0.02 * compiled.t1_s)
+
+
 def test_band_entries():
     law = OverheadLaw(band={"from-1-gpu": 0.2, "from-node": [0.3, 0.05]})
     assert law.band_for("from-1-gpu") == (0.2, 0.2) and law.band_for("from-node") == (0.3, 0.05)

@@ -130,7 +130,7 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                 try:
                     if sh.nodes == 1:
                         r = (p.step_s - t1 - m.exposed(sh).exposed_s) / p.step_s
-                        feats = node_features(node_terms, t1, sh.gpus_per_node)
+                        feats = node_features(node_terms, t1, sh.gpus_per_node, m.compiled)
                         node.append(([f / p.step_s for f in feats], r, grp))
                     elif Shape(1, sh.gpus_per_node) in measured or sh.gpus_per_node == 1:
                         t_node = (measured_point(measured[Shape(1, sh.gpus_per_node)]).step_s
@@ -224,4 +224,5 @@ CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("ln_gpus",), ("inter_bw",)),
     (("ln_gpus",), ("inter_bw", "ln_nodes")),
     (("ln_gpus",), ("inter_bw", "abs_ln_nodes")),
+    (("ln_gpus", "graph_split"), ("ln_nodes",)),
 ]

@@ -466,8 +466,10 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
                   + f"; elsewhere the law: {opts.law.describe()}")
     else:
         oh_src = f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
+    cfg = rec_config(base.record)
+    compiled = bool(cfg.get("compile")) and cfg.get("framework") in (None, "torch")
     model = WorkloadModel(compute, samples_per_device_step(base), grads.buckets, links, overlap, opts.law,
-                          rel_spread(base), usable_points, fixed, oh_src)
+                          rel_spread(base), usable_points, fixed, oh_src, compiled)
     info = {
         "baseline_record": str(base.record.get("id")), "baseline_kind": base.record.get("kind"),
         "baseline_strategy": base.strategy, "step_ms": step_s * 1e3, "step_source": step_src,

@@ -6,6 +6,8 @@
 Each term has a shape (a function of g or M) and a scale, which is what makes it physical:
 
 * ``t1``: a share of the 1-GPU step (work that grows with the step: stragglers, host work per sample);
+* ``tc``: a share of the 1-GPU step of a torch.compile'd torch workload, 0 for any other (work that
+  only its data-parallel graph adds);
 * ``node``: a share of the node's own step t_node(g) (the same, one level up);
 * ``s``: seconds, whatever the step (a fixed synchronisation or straggler time per step);
 * ``inter``: a share of the modelled exposed inter-node all-reduce (1/efficiency - 1: the link delivers
@@ -37,6 +39,12 @@ NODE_TERMS: dict[str, Term] = {
     "onset": Term("t1", lambda g: 1.0 if g > 1 else 0.0, "a fixed share of t_1 for running distributed at all"),
     "ln_gpus": Term("t1", lambda g: math.log(g), "stragglers / synchronisation growing with ln g, a share of t_1"),
     "abs_ln_gpus": Term("s", lambda g: math.log(g), "a per-step synchronisation time growing with ln g (seconds)"),
+    # torch.compile of a DDP model cuts the graph at the gradient buckets (DDPOptimizer) so that each
+    # bucket's all-reduce can start: fusions across the cuts are lost, and the data-parallel graph runs
+    # more, smaller kernels than the 1-GPU graph (compiled GPT-2 on two H200s: 1,000 against 826
+    # kernels, +1.21 ms on a 32.5 ms step; docs/benchmarks.md, eleventh session)
+    "graph_split": Term("tc", lambda g: 1.0 if g > 1 else 0.0, "torch.compile's data-parallel graph cut at the "
+                                                               "gradient buckets, a share of a compiled t_1"),
 }
 NET_TERMS: dict[str, Term] = {
     "node_onset": Term("node", lambda m: 1.0 if m > 1 else 0.0, "a fixed share of the node's step for leaving it"),
@@ -53,11 +61,12 @@ def _scaled(term: Term, x: int, scales: Mapping[str, float]) -> float:
     return scales[term.scale] * term.shape(x)
 
 
-def node_features(keys: Sequence[str], t1_s: float, gpus: int) -> list[float]:
-    """Each node term's value (seconds, before its coefficient) at g GPUs per node."""
+def node_features(keys: Sequence[str], t1_s: float, gpus: int, compiled: bool = False) -> list[float]:
+    """Each node term's value (seconds, before its coefficient) at g GPUs per node (``compiled``: a
+    torch.compile'd torch workload)."""
     if gpus <= 1:
         return [0.0] * len(keys)
-    return [_scaled(NODE_TERMS[k], gpus, {"t1": t1_s, "s": 1.0}) for k in keys]
+    return [_scaled(NODE_TERMS[k], gpus, {"t1": t1_s, "s": 1.0, "tc": t1_s if compiled else 0.0}) for k in keys]
 
 
 def net_features(keys: Sequence[str], node_step_s: float, nodes: int, inter_exposed_s: float) -> list[float]:
@@ -102,8 +111,9 @@ class OverheadLaw:
         """(below, above): the fractions of the prediction the measured point fell below / above it."""
         return _band_pair(protocol, self.band[protocol]) if protocol in self.band else (0.0, 0.0)
 
-    def node_s(self, t1_s: float, gpus: int) -> float:
-        return sum(c * f for c, f in zip(self.node.values(), node_features(list(self.node), t1_s, gpus)))
+    def node_s(self, t1_s: float, gpus: int, compiled: bool = False) -> float:
+        feats = node_features(list(self.node), t1_s, gpus, compiled)
+        return sum(c * f for c, f in zip(self.node.values(), feats))
 
     def net_s(self, node_step_s: float, nodes: int, inter_exposed_s: float) -> float:
         """The network overhead at M nodes (seconds)."""
@@ -115,7 +125,7 @@ class OverheadLaw:
         return sum(self.net.values()) > 0
 
     def describe(self) -> str:
-        unit = {"t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce"}
+        unit = {"t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce", "tc": "compiled t_1"}
 
         def part(terms: dict[str, float], known: dict[str, Term]) -> str:
             return " + ".join(f"{c:.4g} x {unit[known[k].scale]} x {k}" for k, c in terms.items()) or "0"
@@ -130,9 +140,9 @@ class OverheadLaw:
 # ``python benchmarks/perfmodel_validate.py --fit`` reproduces the figures; tests/test_perfmodel_fit.py
 # checks that it does.
 DEFAULT_LAW = OverheadLaw(
-    node={"ln_gpus": 0.02824},
+    node={"ln_gpus": 0.02453, "graph_split": 0.02853},
     net={"ln_nodes": 0.06885},
-    band={"from-1-gpu": [0.218, 0.0697], "from-node": [0.2017, 0.1103]},
+    band={"from-1-gpu": [0.1895, 0.0695], "from-node": [0.2017, 0.1103]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
            "pair stores (docs/bench-data, the later sessions' suite stores among them)",
 )

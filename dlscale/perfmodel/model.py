@@ -98,6 +98,7 @@ class WorkloadModel:
     measured: list[Measured] = field(default_factory=list)
     fixed_overhead_s: float | None = None  # --overhead-ms: replaces the law and the calibration
     overhead_source: str = ""
+    compiled: bool = False  # a torch.compile'd torch workload (the law's graph_split term)
 
     def __post_init__(self) -> None:
         positive("samples per device and step", self.samples_per_device_step)
@@ -130,7 +131,7 @@ class WorkloadModel:
     def _node_shape_s(self, gpus: int) -> float:
         """The law's node overhead at g GPUs as the shape measured points scale (t_1 x ln g when it has none)."""
         if sum(self.law.node.values()) > 0:
-            return self.law.node_s(self.t1_s, gpus)
+            return self.law.node_s(self.t1_s, gpus, self.compiled)
         return self.t1_s * math.log(gpus)
 
     def node_overhead(self, gpus: int) -> tuple[float, str, Measured | None, list[str]]:
@@ -150,7 +151,7 @@ class WorkloadModel:
             anchor = nodes[g0]
             how = f"the law's growth with GPUs scaled to the overhead measured at 1x{g0} ({anchor.ref})"
         else:
-            return self.law.node_s(self.t1_s, gpus), "default law (no measured multi-GPU point)", None, notes
+            return self.law.node_s(self.t1_s, gpus, self.compiled), "default law (no measured multi-GPU point)", None, notes
         o = self._measured_node_overhead(anchor)
         if o < 0:
             notes.append(f"node overhead at 1x{g0} came out {o * 1e3:.2f} ms (the measured step is shorter than the "
