@@ -117,6 +117,9 @@ def data_line(d: dict[str, Any]) -> str:
     """One line on a repeat's real-data loading (dlscale/inputs)."""
     share = d.get("data_wait_share_max")
     wait = "-" if share is None else f"{share * 100:.1f} %"
+    idle = d.get("data_gpu_idle_share_max")
+    if idle is not None:  # the GPU's own idle time for data decides (a host ahead of it waits for free)
+        wait += f", the GPU idled for data {idle * 100:.1f} %"
     verdict = {True: "input-bound", False: "not input-bound", None: "no verdict"}[d.get("input_bound")]
     cores = d.get("loader_cpu_cores_total")
     mbs = d.get("read_mb_s_total")

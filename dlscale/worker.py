@@ -289,6 +289,18 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     return sampler
 
 
+def _window_times(events, fetched, host_marks: list[float], n: int) -> tuple[list[float], list[float] | None]:
+    """The window's step times (ms: CUDA events, else host marks) and, for real data on a GPU, the
+    time the GPU idled before each step's batch: ``fetched[i]`` is recorded after the fetch, and the
+    GPU reaches it once the previous step's work is done and the batch is ready (the fetch queued a
+    wait on the input stream), so its distance from the previous step's end event is idle time for
+    data (0 while the host runs ahead of the GPU)."""
+    if events is None:
+        return [(host_marks[i + 1] - host_marks[i]) * 1e3 for i in range(n)], None
+    steps = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
+    return steps, ([events[i].elapsed_time(fetched[i]) for i in range(n)] if fetched is not None else None)
+
+
 def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
     device = denv.device
     fetch = None if source.static else source.next  # real data: refills ``batches`` each step
@@ -297,6 +309,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     n = cfg.steps
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
+    fetched = [torch.cuda.Event(enable_timing=True) for _ in range(n)] if cuda and fetch is not None else None
     host_marks = [0.0] * (n + 1)
     waits = [0.0] * n  # real data: host seconds each step waited at the loader boundary
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
@@ -327,6 +340,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
             ta = time.perf_counter()
             fetch()
             waits[i] = time.perf_counter() - ta
+            fetched[i].record()
             loss = step()
             events[i + 1].record()
     else:
@@ -347,10 +361,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
 
     window = t1 - t0
     result.setdefault("marks", {})["window_done"] = time.time()
-    if cuda:
-        step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
-    else:
-        step_ms = [(host_marks[i + 1] - host_marks[i]) * 1e3 for i in range(n)]
+    step_ms, idle_ms = _window_times(events, fetched, host_marks, n)
     # the slowest rank defines the window
     w = torch.tensor([window], dtype=torch.float64, device=device)
     dist.all_reduce(w, op=dist.ReduceOp.MAX)
@@ -364,7 +375,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     result["loss_last"] = parity.global_loss(loss if par.reports_loss else None, par, denv)
     result.update(_peak_memory(device))
     if fetch is not None:
-        result["data"] = source.summary(waits, window, step_ms)
+        result["data"] = source.summary(waits, window, step_ms, idle_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
     _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)

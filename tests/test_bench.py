@@ -456,8 +456,9 @@ def test_compare_of_real_data_against_synthetic_shows_the_input_pipeline(tmp_pat
     syn = F.run_record("syn", "resnet50", "amp-bf16", 256, "single", 1, 1, [3000, 3010, 2990], unit="img")
     real = F.run_record("cpu", "resnet50", "amp-bf16", 256, "single", 1, 1, [2400, 2410, 2390], unit="img", steps=320)
     real["config"]["data"] = "imagefolder:/data/inet"
-    real["data"] = {"data_wait_share_max": 0.2, "input_bound": True, "loader_cpu_cores_total": 6.0,
-                    "samples_per_loader_core_s": 400.0, "wait_may_be_understated": False}
+    real["data"] = {"data_wait_share_max": 0.2, "data_gpu_idle_share_max": 0.12, "input_bound": True,
+                    "loader_cpu_cores_total": 6.0, "samples_per_loader_core_s": 400.0,
+                    "wait_may_be_understated": False}
     real["case_key"] = F._case_key(real["config"])
     F.write_store(tmp_path / "s", [syn, real])
     rc, doc, err = _compare(capsys, tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
@@ -466,13 +467,15 @@ def test_compare_of_real_data_against_synthetic_shows_the_input_pipeline(tmp_pat
     (case,) = doc["cases"]
     assert case["ratio"] == pytest.approx(0.8) and case["a_differs"] == "data=synthetic, steps=20"
     assert case["b_data_wait_pct"] == pytest.approx(20.0) and case["b_input_verdict"] == "input-bound"
+    assert case["b_data_gpu_idle_pct"] == pytest.approx(12.0)
     assert case["b_loader_cores"] == 6.0 and case["b_loader_cores_for_a"] == pytest.approx(3000 / 400)
     assert "data imagefolder:/data/inet (cpu decode)" in case["case"]
     assert dlscale_main(["compare", str(tmp_path / "s"), "--filter-a", "data=synthetic", "--filter-b",
                          "data=imagefolder:/data/inet", "--ignore", "data,data_decode,steps"]) == 0
     md = capsys.readouterr().out
-    assert "| B data wait (%) | B verdict | B loader CPU (cores) | B loader cores for A's rate | verdict |" in md
-    assert "| 20.00 | input-bound | 6.0 | 7.5 |" in md
+    assert ("| B data wait (%) | B GPU idle for data (%) | B verdict | B loader CPU (cores) | B loader cores for "
+            "A's rate | verdict |") in md
+    assert "| 20.00 | 12.00 | input-bound | 6.0 | 7.5 |" in md
     rc, doc, _ = _compare(capsys, tmp_path / "s", tmp_path / "s", "--filter-a", "data=synthetic", "--filter-b",
                           "data=synthetic")  # synthetic on both sides: no such columns
     assert rc == 0 and "b_data_wait_pct" not in doc["cases"][0]

@@ -836,6 +836,39 @@ def test_merge_ranks_takes_the_slowest_rank_for_the_verdict():
     assert merge_ranks([{"rank": 0}]) is None
 
 
+def test_the_verdict_reads_the_gpus_idle_time_where_there_is_one():
+    """A host ahead of the GPU waits for data without costing a step: with the GPU's idle time per step
+    measured (CUDA events), it decides; without it (CPU), the host's wait does, as before."""
+    from dlscale.inputs.source import LoaderInfo, LoaderSource
+
+    meta = {"bytes": 100, "bad": 0, "bad_names": []}
+    info = LoaderInfo("imagefolder", "image", 0, "gpu", "x", "device thread", False, None, False, 8, 8, 64, 8)
+    src = LoaderSource([((torch.zeros(1),), meta)] * 6, lambda item: item, torch.device("cpu"), 1, info,
+                       threaded=False, page_cache={})
+    src.window_start()
+    for _ in range(4):
+        src.next()
+    src.window_end()
+    waits = [0.02] * 4  # 80 ms of a 1 s window: 8 % host wait
+    ahead = src.summary(waits, 1.0, [250.0] * 4, gpu_idle_ms=[0.0, 1.0, 0.5, 0.5])  # the GPU idled 0.2 %
+    assert ahead["data_wait_share"] == pytest.approx(0.08) and ahead["data_gpu_idle_share"] == pytest.approx(0.002)
+    assert ahead["input_bound"] is False and ahead["input_bound_basis"] == "gpu idle"
+    starved = src.summary(waits, 1.0, [250.0] * 4, gpu_idle_ms=[20.0] * 4)
+    assert starved["input_bound"] is True and starved["data_gpu_idle_ms"] == [20.0] * 4
+    host = src.summary(waits, 1.0, [250.0] * 4)
+    assert host["input_bound"] is True and host["input_bound_basis"] == "host wait" and host["data_gpu_idle_share"] is None
+    r0, r1 = ({"rank": 0, "data": ahead}, {"rank": 1, "data": dict(ahead, data_gpu_idle_share=0.06)})
+    m = merge_ranks([r0, r1])
+    assert m["data_gpu_idle_share_max"] == 0.06 and m["input_bound"] is True and m["input_bound_basis"] == "gpu idle"
+    m = merge_ranks([r0, {"rank": 1, "data": host}])  # one rank without the GPU's figure: the host waits decide
+    assert m["data_gpu_idle_share_max"] is None and m["input_bound_basis"] == "host wait" and m["input_bound"] is True
+    from dlscale.console import data_line
+
+    assert "the GPU idled for data 0.2 %" in data_line(merge_ranks([r0])) and "not input-bound" in data_line(
+        merge_ranks([r0]))
+    src.close()
+
+
 def test_reader_needs_a_model_that_has_one():
     spec = SimpleNamespace(data_kind=None, name="toy")
     with pytest.raises(ConfigError, match="model toy has no real-data reader"):
@@ -993,3 +1026,21 @@ def test_case_words_name_the_data_and_the_decoder_asked_for():
     assert inputs.case_words("imagefolder:/d", "cpu", "nvimgcodec") == "data imagefolder:/d (cpu decode)"
     assert inputs.case_words("imagefolder:/d", "gpu", "auto") == "data imagefolder:/d (gpu decode)"
     assert inputs.case_words("imagefolder:/d", "gpu", "nvimgcodec") == "data imagefolder:/d (gpu decode by nvimgcodec)"
+
+
+def test_window_times_take_the_idle_from_the_previous_steps_end_to_the_batch():
+    """Step i's idle time for data runs from step i-1's end event to the event after step i's fetch."""
+    from dlscale.worker import _window_times
+
+    class Ev:
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    ends = [Ev(t) for t in (0.0, 40.0, 95.0)]       # step ends: steps of 40 and 55 ms
+    fetched = [Ev(0.0), Ev(55.0)]                   # the second batch came 15 ms after the first step's end
+    assert _window_times(ends, fetched, [], 2) == ([40.0, 55.0], [0.0, 15.0])
+    assert _window_times(ends, None, [], 2) == ([40.0, 55.0], None)   # synthetic data: no fetch
+    assert _window_times(None, None, [1.0, 1.5, 2.5], 2) == ([500.0, 1000.0], None)  # CPU: host marks

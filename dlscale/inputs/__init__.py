@@ -137,7 +137,8 @@ def describe(cfg) -> dict[str, Any] | None:
 def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One repeat's data record: rank 0's, with every rank's wait share and the loader totals.
 
-    The slowest rank defines the window, so the case's verdict uses the largest wait share.
+    The slowest rank defines the window, so the case's verdict uses the largest share: of GPU idle
+    time waiting for data where every rank measured it (GPUs), else of the host's wait.
     """
     datas = [(r.get("rank"), r["data"]) for r in ranks if isinstance(r.get("data"), dict)]
     if not datas:
@@ -145,9 +146,17 @@ def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     out = dict(next((d for rank, d in datas if rank == 0), datas[0][1]))
     shares = [d.get("data_wait_share") for _, d in datas]
     known = [s for s in shares if s is not None]
+    idles = [d.get("data_gpu_idle_share") for _, d in datas]
     out["per_rank_data_wait_share"] = shares
     out["data_wait_share_max"] = max(known) if known else None
-    out["input_bound"] = None if not known else max(known) >= INPUT_BOUND_SHARE
+    out["per_rank_data_gpu_idle_share"] = idles
+    out["data_gpu_idle_share_max"] = max(idles) if idles and None not in idles else None
+    if out["data_gpu_idle_share_max"] is not None:
+        out["input_bound"] = out["data_gpu_idle_share_max"] >= INPUT_BOUND_SHARE
+        out["input_bound_basis"] = "gpu idle"
+    else:
+        out["input_bound"] = None if not known else max(known) >= INPUT_BOUND_SHARE
+        out["input_bound_basis"] = "host wait"
     for key in ("loader_cpu_cores", "storage_read_mb_s", "read_mb_s", "bad_files"):
         vals = [d.get(key) for _, d in datas]
         out[key + "_total"] = sum(vals) if vals and all(v is not None for v in vals) else None

@@ -62,7 +62,8 @@ class SyntheticSource:
     def window_end(self) -> None:
         pass
 
-    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> None:
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
+                gpu_idle_ms: list[float] | None = None) -> None:
         return None
 
     def close(self) -> None:
@@ -285,10 +286,14 @@ class LoaderSource:
     def window_end(self) -> None:
         self._w1 = self._snapshot()
 
-    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None) -> dict[str, Any]:
+    def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
+                gpu_idle_ms: list[float] | None = None) -> dict[str, Any]:
         """The rank's data record for the window (``waits_s``: the per-step waits the worker timed;
         ``step_ms``: the step times, for the share of the window's second half, when the prefetch
-        buffer filled during warm-up has been used up)."""
+        buffer filled during warm-up has been used up; ``gpu_idle_ms``: on a GPU, the time each step's
+        device idled before its batch was there). The verdict reads the GPU's idle share where there is
+        one: a host that runs ahead of the GPU waits for data while the GPU still works through queued
+        steps, and that wait costs no throughput."""
         w0, w1 = self._w0, self._w1
         metas = self._metas[w0.metas:w1.metas] if w0 and w1 else []
         total = sum(waits_s)
@@ -307,6 +312,8 @@ class LoaderSource:
                   + (self.feed.depth if self.feed is not None else 0))
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
+        idle_share = (sum(gpu_idle_ms) / (window_s * 1e3) if gpu_idle_ms is not None and window_s > 0 else None)
+        basis, basis_share = ("gpu idle", idle_share) if idle_share is not None else ("host wait", share)
         return {
             "data_wait_ms": [round(x, 4) for x in ms],
             "data_wait_ms_total": total * 1e3,
@@ -314,7 +321,10 @@ class LoaderSource:
             "data_wait_share_last_half": sum(waits_s[h:]) * 1e3 / late if late > 0 else None,
             "data_wait_ms_p50": statistics.median(ms) if ms else None,
             "data_wait_ms_max": max(ms) if ms else None,
-            "input_bound": None if share is None else share >= INPUT_BOUND_SHARE,
+            "data_gpu_idle_ms": None if gpu_idle_ms is None else [round(x, 4) for x in gpu_idle_ms],
+            "data_gpu_idle_share": idle_share,
+            "input_bound": None if basis_share is None else basis_share >= INPUT_BOUND_SHARE,
+            "input_bound_basis": basis,
             "input_bound_threshold": INPUT_BOUND_SHARE,
             "samples": samples,
             "samples_per_s": samples / window_s if window_s > 0 else None,

@@ -455,6 +455,12 @@ class Row:
         return None if v is None else v * 100.0
 
     @property
+    def data_gpu_idle_pct(self) -> float | None:
+        """Share of the timed window the GPU idled waiting for data (slowest rank), in %; None off GPUs."""
+        v = num((self.data or {}).get("data_gpu_idle_share_max"))
+        return None if v is None else v * 100.0
+
+    @property
     def loader_cores(self) -> float | None:
         """CPU cores the data loaders of all ranks kept busy over the window."""
         return num((self.data or {}).get("loader_cpu_cores_total"))

@@ -35,6 +35,8 @@ def cores_for(rate: float | None, row: Row | None) -> float | None:
 # (header, JSON key, value of a pair (median A, row B), decimals)
 COLUMNS: tuple[tuple[str, str, Callable[[float | None, Row | None], Any], int], ...] = (
     ("B data wait (%)", "b_data_wait_pct", lambda a, b: b.data_wait_pct if b is not None and b.ok else None, 2),
+    ("B GPU idle for data (%)", "b_data_gpu_idle_pct",
+     lambda a, b: b.data_gpu_idle_pct if b is not None and b.ok else None, 2),
     ("B verdict", "b_input_verdict", lambda a, b: verdict(b), 0),
     ("B loader CPU (cores)", "b_loader_cores", lambda a, b: b.loader_cores if b is not None and b.ok else None, 1),
     ("B loader cores for A's rate", "b_loader_cores_for_a", cores_for, 1),
@@ -58,7 +60,8 @@ def as_dict(p) -> dict[str, Any]:
     return {key: value(p.median_a, p.b) for _, key, value, _ in COLUMNS}
 
 
-NOTE = ("B data wait: share of B's timed window its steps waited at the data loader (slowest rank); verdict: "
-        "input-bound when that share reaches the threshold (docs/data.md); B loader CPU: cores B's loader "
+NOTE = ("B data wait: share of B's timed window its steps waited at the data loader (slowest rank); B GPU idle "
+        "for data: the share of it the GPU had no work while the batch was not there (GPUs only); verdict: "
+        "input-bound when the GPU idle share (else the wait) reaches the threshold (docs/data.md); B loader CPU: cores B's loader "
         "processes kept busy; cores for A's rate: A's median samples/s ÷ B's samples per loader-core-second, "
         "the cores B's loader would need to keep up with A (with A synthetic: to reach the synthetic rate)")

@@ -77,6 +77,7 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("exposed comm (%)", lambda r: (r.exposed_comm_pct,)),
     ("overlap (%)", lambda r: (r.overlap_pct,)),
     ("data wait (%)", lambda r: (r.data_wait_pct,)),
+    ("GPU idle for data (%)", lambda r: (r.data_gpu_idle_pct,)),
     ("loader CPU (cores)", lambda r: (r.loader_cores,)),
     # model-parallel workloads: DLPerf reports Wide & Deep (unit "sample") by latency per iteration;
     # sharding strategies record the bytes a rank sends per step (strategy_info.exchange_bytes_per_step)
@@ -85,7 +86,9 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("exchange (MB/step/rank)", lambda r: (_scaled(r.exchange_bytes, MB),)),
 )
 DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
-             f"(host clock around each fetch; the slowest rank's), input-bound at {INPUT_BOUND_SHARE:.0%} or "
+             "(host clock around each fetch; the slowest rank's); GPU idle for data = the share of it the GPU "
+             "had no work while its batch was not there (CUDA events; a host ahead of the GPU waits without "
+             f"costing any); input-bound when the GPU idle share (else the wait) is {INPUT_BOUND_SHARE:.0%} or "
              "more; loader CPU = cores the loader processes and threads of all ranks kept busy (docs/data.md)")
 EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sampled on local rank 0 of node 0 "
               "(GPU util: mean over that node's GPUs; disk and net: whole host, loopback included, "
@@ -246,7 +249,8 @@ def group_notes(group: Group, traces: bool = True) -> list[str]:
             continue
         d = r.data or {}
         if d.get("input_bound"):
-            notes.append(f"{r.node_gpu}: input-bound: the steps waited for data {fmt(r.data_wait_pct, 1)} % "
+            idle = "" if r.data_gpu_idle_pct is None else f", the GPU idled for it {fmt(r.data_gpu_idle_pct, 1)} %"
+            notes.append(f"{r.node_gpu}: input-bound: the steps waited for data {fmt(r.data_wait_pct, 1)} %{idle} "
                          f"of the window (loader: {_one_line(str((d.get('loader') or {}).get('decoder')), 60)}, "
                          f"{(d.get('loader') or {}).get('workers')} worker(s) per rank)")
         if d.get("wait_may_be_understated"):
@@ -468,7 +472,7 @@ CSV_COLUMNS = [
     "peak_mem_reserved_bytes", "peak_rss_bytes", "step_ms_p50", "step_ms_p90",
     "gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
     "disk_write_bps_mean", "net_sent_bps_mean", "net_recv_bps_mean", "exposed_comm_ms", "breakdown_step_ms",
-    "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "loader_cpu_cores", "input_bound",
+    "exposed_comm_pct", "overlap_pct", "data", "data_wait_pct", "data_gpu_idle_pct", "loader_cpu_cores", "input_bound",
     "trace", "exchange_bytes_per_step", "grad_accum", "strategy_options",
     "superseded_records", "error", "case_key", "record_id", "created", "command",
     "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
@@ -487,6 +491,7 @@ def utilisation_fields(row: Row) -> dict[str, Any]:
     out.update({"exposed_comm_ms": num(b.get("exposed_comm_ms")), "breakdown_step_ms": num(b.get("step_ms")),
                 "exposed_comm_pct": row.exposed_comm_pct, "overlap_pct": row.overlap_pct,
                 "data": rec_config(row.record).get("data", "synthetic"), "data_wait_pct": row.data_wait_pct,
+                "data_gpu_idle_pct": row.data_gpu_idle_pct,
                 "loader_cpu_cores": row.loader_cores, "input_bound": (row.data or {}).get("input_bound"),
                 "trace": row.trace, "exchange_bytes_per_step": row.exchange_bytes})
     return out
