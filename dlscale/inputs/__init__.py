@@ -19,7 +19,7 @@ import os
 from typing import Any, Iterable, Iterator
 
 from dlscale import ConfigError
-from dlscale.inputs.spec import INPUT_BOUND_SHARE, DataSpec, check_fields, parse_data
+from dlscale.inputs.spec import INPUT_BOUND_SHARE, DataSpec, check_fields, input_verdict, parse_data
 
 __all__ = ["INPUT_BOUND_SHARE", "DataSpec", "case_words", "check_case", "check_fields", "check_machine", "describe",
            "merge_ranks", "open_source", "parse_data"]
@@ -151,12 +151,8 @@ def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     out["data_wait_share_max"] = max(known) if known else None
     out["per_rank_data_gpu_idle_share"] = idles
     out["data_gpu_idle_share_max"] = max(idles) if idles and None not in idles else None
-    if out["data_gpu_idle_share_max"] is not None:
-        out["input_bound"] = out["data_gpu_idle_share_max"] >= INPUT_BOUND_SHARE
-        out["input_bound_basis"] = "gpu idle"
-    else:
-        out["input_bound"] = None if not known else max(known) >= INPUT_BOUND_SHARE
-        out["input_bound_basis"] = "host wait"
+    out["input_bound"], out["input_bound_basis"] = input_verdict(out["data_gpu_idle_share_max"],
+                                                                 out["data_wait_share_max"])
     for key in ("loader_cpu_cores", "storage_read_mb_s", "read_mb_s", "bad_files"):
         vals = [d.get(key) for _, d in datas]
         out[key + "_total"] = sum(vals) if vals and all(v is not None for v in vals) else None

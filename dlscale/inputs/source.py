@@ -34,7 +34,7 @@ import torch
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, parse_data
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, input_verdict, parse_data
 
 PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
@@ -313,7 +313,7 @@ class LoaderSource:
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         idle_share = (sum(gpu_idle_ms) / (window_s * 1e3) if gpu_idle_ms is not None and window_s > 0 else None)
-        basis, basis_share = ("gpu idle", idle_share) if idle_share is not None else ("host wait", share)
+        bound, basis = input_verdict(idle_share, share)
         return {
             "data_wait_ms": [round(x, 4) for x in ms],
             "data_wait_ms_total": total * 1e3,
@@ -323,7 +323,7 @@ class LoaderSource:
             "data_wait_ms_max": max(ms) if ms else None,
             "data_gpu_idle_ms": None if gpu_idle_ms is None else [round(x, 4) for x in gpu_idle_ms],
             "data_gpu_idle_share": idle_share,
-            "input_bound": None if basis_share is None else basis_share >= INPUT_BOUND_SHARE,
+            "input_bound": bound,
             "input_bound_basis": basis,
             "input_bound_threshold": INPUT_BOUND_SHARE,
             "samples": samples,

@@ -32,6 +32,14 @@ INPUT_BOUND_SHARE = 0.05
 BUFFER_MARGIN = 10
 
 
+def input_verdict(gpu_idle_share: float | None, wait_share: float | None) -> tuple[bool | None, str]:
+    """(input-bound, what decided): the GPU's idle share for data where it was measured (a host ahead
+    of the GPU waits at no cost), else the host's wait share; None without either."""
+    if gpu_idle_share is not None:
+        return gpu_idle_share >= INPUT_BOUND_SHARE, "gpu idle"
+    return (None if wait_share is None else wait_share >= INPUT_BOUND_SHARE), "host wait"
+
+
 @dataclass(frozen=True)
 class DataSpec:
     kind: str  # one of KINDS

@@ -448,17 +448,19 @@ class Row:
         d = self.record.get("data")
         return d if isinstance(d, dict) else None
 
+    def _data_pct(self, key: str) -> float | None:
+        v = num((self.data or {}).get(key))
+        return None if v is None else v * 100.0
+
     @property
     def data_wait_pct(self) -> float | None:
         """Share of the timed window the steps waited for data (slowest rank), in %."""
-        v = num((self.data or {}).get("data_wait_share_max"))
-        return None if v is None else v * 100.0
+        return self._data_pct("data_wait_share_max")
 
     @property
     def data_gpu_idle_pct(self) -> float | None:
         """Share of the timed window the GPU idled waiting for data (slowest rank), in %; None off GPUs."""
-        v = num((self.data or {}).get("data_gpu_idle_share_max"))
-        return None if v is None else v * 100.0
+        return self._data_pct("data_gpu_idle_share_max")
 
     @property
     def loader_cores(self) -> float | None:
