@@ -30,7 +30,6 @@ import collections
 import importlib.util
 import io
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -85,16 +84,12 @@ def launcher_why() -> str | None:
         if not found:
             why = "NVIDIA DALI is not installed"
         else:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            try:
-                out = subprocess.run([sys.executable, "-c", _CHILD_CHECK], capture_output=True, text=True,
-                                     timeout=120, env=env)
-            except subprocess.TimeoutExpired:
-                why = "importing DALI took over 120 s"
-            else:
-                if out.stdout.strip() != "ok":
-                    last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-                    why = f"DALI does not import: {last[:160]}"
+            out = images.import_in_child(_CHILD_CHECK, "DALI")
+            if isinstance(out, str):
+                why = out
+            elif out.stdout.strip() != "ok":
+                last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+                why = f"DALI does not import: {last[:160]}"
         _LAUNCHER["why"] = why
     return _LAUNCHER["why"]
 
@@ -153,6 +148,7 @@ class HostBatch:
 
     flat: torch.Tensor
     lengths: list[int]
+    files: list[np.ndarray]  # each file's bytes: views of ``flat``
     labels: torch.Tensor
     boxes: list[tuple[int, int, int, int]]  # left, top, w, h
     flips: list[bool]
@@ -177,7 +173,8 @@ def host_batch(item: tuple, placeholder: np.ndarray) -> HostBatch:
     raw = flat.numpy()
     lens = np.asarray(lengths, dtype=np.int64)
     starts = np.cumsum(lens) - lens
-    enc = [raw[s:s + n] for s, n in zip(starts.tolist(), lengths)]
+    files = [raw[s:s + n] for s, n in zip(starts.tolist(), lengths)]
+    enc = list(files)
     box = np.asarray(boxes, dtype=np.float32).reshape(len(lengths), 4)  # left, top, w, h
     host = np.flatnonzero(~images.jpeg_mask(flat, lengths)).tolist()
     for i in host:
@@ -185,7 +182,7 @@ def host_batch(item: tuple, placeholder: np.ndarray) -> HostBatch:
         box[i] = (0, 0, _PLACEHOLDER, _PLACEHOLDER)
     inputs = (enc, np.ascontiguousarray(box[:, :2]), np.ascontiguousarray(box[:, 2:]),
               np.asarray(flips, dtype=np.int32))
-    return HostBatch(flat, list(lengths), labels, list(boxes), list(flips), meta, host, inputs)
+    return HostBatch(flat, list(lengths), files, labels, list(boxes), list(flips), meta, host, inputs)
 
 
 class DaliDecoder:
@@ -275,13 +272,11 @@ class DaliDecoder:
         """``rows`` of ``batch`` decoded by Pillow (the CPU path's crop of the same box and flip),
         normalised; a file Pillow cannot read either takes another row's image. Returns (decoded,
         replaced)."""
-        starts = np.cumsum(hb.lengths) - np.asarray(hb.lengths)
-        raw = hb.flat.numpy()
         failed = []
         for i in rows:
-            data = raw[starts[i]:starts[i] + hb.lengths[i]].tobytes()
             try:
-                img = images._crop_resize_pil(images._pil_rgb(data), hb.boxes[i], hb.flips[i], self.size)
+                img = images._crop_resize_pil(images._pil_rgb(hb.files[i].tobytes()), hb.boxes[i], hb.flips[i],
+                                              self.size)
             except images._BAD_IMAGE:
                 failed.append(i)
                 continue

@@ -379,19 +379,31 @@ def nvimgcodec_status():
     return _NVIMG["module"], _NVIMG["why"]
 
 
+CHILD_IMPORT_TIMEOUT_S = 120
+
+
+def import_in_child(code: str, what: str) -> subprocess.CompletedProcess | str:
+    """Run ``code`` (an import check) in a child interpreter with this process's path: a launcher must
+    not import a GPU library itself (on a GPU machine the import makes a CUDA context, and the
+    launcher, a sweep's parent alive through every later case, would hold it beside each case:
+    memory, ``competing_gpu``). The finished child, or why it did not finish."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=CHILD_IMPORT_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return f"importing {what} took over {CHILD_IMPORT_TIMEOUT_S} s"
+
+
 def _launcher_nvimgcodec_why() -> str | None:
-    """``nvimgcodec_status()``'s verdict, judged in a child interpreter: on a GPU machine importing
-    nvImageCodec makes a CUDA context, and the launcher (a sweep's parent, alive through every later
-    case) must hold none (it would sit on the GPU beside each case: memory, ``competing_gpu``). Its
+    """``nvimgcodec_status()``'s verdict, judged in a child interpreter (``import_in_child``). Its
     messages are passed on to stderr; cached per process."""
     if "launcher_why" not in _NVIMG:
         code = ("import sys; from dlscale.inputs.images import nvimgcodec_status; why = nvimgcodec_status()[1]; "
                 "sys.stdout.write('ok' if why is None else 'why:' + why)")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        try:
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-        except subprocess.TimeoutExpired:
-            why = "importing nvImageCodec took over 120 s"
+        out = import_in_child(code, "nvImageCodec")
+        if isinstance(out, str):
+            why = out
         else:
             if out.stderr:
                 sys.stderr.write(out.stderr)
