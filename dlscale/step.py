@@ -84,22 +84,28 @@ class GraphedOptimizerStep:
     def _grad_ptrs(self) -> tuple[int, ...]:
         return tuple(0 if p.grad is None else p.grad.data_ptr() for p in self.params)
 
-    def __call__(self) -> None:
+    def _replay(self) -> Callable[[], None] | None:
+        """The graph of the gradients' current addresses (captured now if they are new), or None: this
+        step runs eagerly (warm-up, ``eager()``, or past ``GRAPH_MAX_CAPTURES`` layouts: abandoned)."""
         if self.eager_steps < GRAPH_WARMUP or self._eager or self.info["abandoned"]:
-            self.eager_steps += 1
-            optimizer_step(self.opt, None, self.params, self.clip)
-            return
+            return None
         ptrs = self._grad_ptrs()
         replay = self._graphs.get(ptrs)
         if replay is None:
             if len(self._graphs) >= GRAPH_MAX_CAPTURES:
                 self.info["abandoned"] = True
                 self._graphs.clear()
-                self.eager_steps += 1
-                optimizer_step(self.opt, None, self.params, self.clip)
-                return
+                return None
             replay = self._graphs[ptrs] = self._captured()
             self.info["captures"] += 1
+        return replay
+
+    def __call__(self) -> None:
+        replay = self._replay()
+        if replay is None:
+            self.eager_steps += 1
+            optimizer_step(self.opt, None, self.params, self.clip)
+            return
         if torch.autograd._profiler_enabled():
             with torch.profiler.record_function("Optimizer.step#graph"):  # where ddp_tail.py finds the step
                 replay()
