@@ -2,8 +2,10 @@
 
 Measured after the timed window (never inside it), on the same model, batches and optimizer:
 
-1. ``k`` steps with device events between the phases (CUDA events on the stream, or host clocks
-   on the CPU, where every op is synchronous): data (taking the next micro-batch: with real data
+1. ``k`` steps with device events between the phases (CUDA events on the stream, read after one
+   synchronisation at the end of the ``k`` steps, so the host runs ahead of the GPU as it does in the
+   window and its launch time is not counted where the window hides it; host clocks on the CPU, where
+   every op is synchronous): data (taking the next micro-batch: with real data
    the wait at the loader boundary, as in the window), forward,
    backward (for DDP this includes waiting for the gradient all-reduce that did not overlap),
    optimizer (clip + step + zero_grad);
@@ -13,6 +15,9 @@ Measured after the timed window (never inside it), on the same model, batches an
    dtype on the data-parallel group.
 
 exposed communication = median backward (1) - median backward (2), at least 0;
+(until ``host_ahead`` was recorded, every step began from an idle, synchronised GPU, which put the
+host's launch time into the phases: validity's ``breakdown_gap`` shows how far such a sum is from the
+window's step);
 overlap ratio = 1 - exposed / all-reduce time (2) (the share of communication hidden behind
 backward computation), clipped to [0, 1]; step = data + forward + backward + optimizer.
 The optimizer steps of phase 2 do update the weights; nothing after this is timed.
@@ -31,7 +36,7 @@ from dlscale import precision
 
 
 class _PhaseTimer:
-    """Marks phase boundaries; reads them after a single synchronisation."""
+    """Marks phase boundaries; reads them later, after a single synchronisation."""
 
     def __init__(self, device: torch.device, n_marks: int):
         self.cuda = device.type == "cuda"
@@ -45,9 +50,11 @@ class _PhaseTimer:
         else:
             self.host[i] = time.perf_counter()
 
-    def intervals_ms(self) -> list[float]:
+    def intervals_ms(self, synchronise: bool = True) -> list[float]:
+        """Milliseconds between consecutive marks; ``synchronise=False`` when the caller already waited."""
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            if synchronise:
+                torch.cuda.synchronize(self.device)
             return [self.events[i].elapsed_time(self.events[i + 1]) for i in range(len(self.events) - 1)]
         return [(self.host[i + 1] - self.host[i]) * 1e3 for i in range(len(self.host) - 1)]
 
@@ -61,7 +68,7 @@ def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool,
     module, opt = par.module, par.optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
     scaler = precision.grad_scaler(cfg.precision, device.type)
-    out = []
+    timers = []
     accum = cfg.grad_accum
     for _ in range(k):
         if mark_step is not None:  # as in the worker's step
@@ -85,7 +92,12 @@ def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool,
             t.mark(3 + 2 * i)
         optimizer_step(opt, scaler, params, cfg.clip_grad_norm)
         t.mark(2 + 2 * accum)
-        iv = t.intervals_ms()
+        timers.append(t)
+    if device.type == "cuda":  # the one sync point: the host stayed ahead through the k steps
+        torch.cuda.synchronize(device)
+    out = []
+    for t in timers:
+        iv = t.intervals_ms(synchronise=False)
         fwd = sum(iv[1 + 2 * i] for i in range(accum))
         bwd = sum(iv[2 + 2 * i] for i in range(accum))
         out.append([iv[0], fwd, bwd, iv[-1]])
@@ -123,7 +135,7 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
                            "backward_ms": bwd_ms, "optimizer_ms": opt_ms,
                            "step_ms": data_ms + fwd_ms + bwd_ms + opt_ms,
                            "exposed_comm_ms": None, "comm_ms": None, "overlap_ratio": None,
-                           "backward_compute_ms": None}
+                           "backward_compute_ms": None, "host_ahead": True}
     distributed = world_size > 1 and par.dp_size > 1 and par.no_sync is not contextlib.nullcontext
     if distributed:
         _phased_steps(par, cfg, device, batches, autocast, 1, sync_off=True, fetch=fetch)

@@ -38,6 +38,7 @@ class Thresholds:
     max_steal_pct: float = 5.0  # CPU time the hypervisor gave other guests, % of the host's CPU time
     max_throttle_frac: float = 0.05  # share of GPU samples with a thermal/hardware clock slowdown
     noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
+    max_breakdown_gap: float = 0.05  # |breakdown's step / the window's median step - 1|
 
 
 THRESHOLDS = Thresholds()
@@ -337,7 +338,32 @@ def _check_threads(rec, t: Thresholds, v: Validity) -> None:
                             f"on {cores:.0f} cores: ranks compete for cores", WARN, used, cores))
 
 
-CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads)
+def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
+    """The step breakdown (after the window) against the window it explains: its parts are only as
+    good as their sum's agreement with the window's step. Only records with a breakdown are checked."""
+    b = rec.get("breakdown")
+    if not isinstance(b, dict) or not b.get("supported"):
+        return
+    step = _num(b.get("step_ms"))
+    medians = []
+    for r in _ok_repeats(rec):
+        xs = [x for x in (_num(s) for s in r.get("step_times_ms") or []) if x is not None]
+        if xs:
+            medians.append(statistics.median(xs))
+    if step is None or not medians:
+        v.unchecked["breakdown_gap"] = "no step times in the window to hold the breakdown against"
+        return
+    window = statistics.median(medians)
+    gap = step / window - 1 if window > 0 else None
+    if gap is not None and abs(gap) > t.max_breakdown_gap:
+        v.flags.append(Flag("breakdown_gap", f"the step breakdown's phases sum to {step:.3g} ms against the window's "
+                            f"median step of {window:.3g} ms ({gap * 100:+.1f} %, limit ±{t.max_breakdown_gap * 100:g} %): "
+                            "the steps after the window did not run as the window's did, so its parts (exposed "
+                            "communication above all) may be off by as much", NOTE, gap, t.max_breakdown_gap))
+
+
+CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
+          _check_breakdown)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

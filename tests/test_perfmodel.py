@@ -374,6 +374,27 @@ def test_predict_overlap_auto(store, capsys):
     assert out["inputs"]["overlap"] == "none" and "no measured breakdown" in out["inputs"]["overlap_source"]
 
 
+def test_predict_overlap_prefers_a_breakdown_that_agrees_with_its_window(store, tmp_path, capsys):
+    """A newer 2-device breakdown whose phases sum to 150 ms against its window's 100 ms steps
+    (breakdown_gap) gives way to the older one that agrees; alone, it is used and said to be off."""
+    def gapped(created):
+        rec = run_record(2, 640.0, "ddp", created, breakdown={"supported": True, "overlap_ratio": 0.9,
+                                                              "comm_ms": 2.0, "exposed_comm_ms": 0.2, "step_ms": 150.0})
+        rec["repeats"] = [{"status": "ok", "samples_per_s": 640.0, "step_times_ms": [100.0] * 10}]
+        rec["case_key"] += "-gapped"  # another case (the newest record of a case stands for it)
+        return rec
+    ResultStore(store).append(gapped("2025-01-02T00:00:00+00:00"))
+    out = run_json(["predict", store, "--model", "m", "--shapes", "1x2"], capsys)
+    assert out["inputs"]["overlap"] == 0.5 and "breakdown_gap" not in out["inputs"]["overlap_source"]
+    alone = ResultStore(tmp_path / "alone")
+    alone.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"))
+    alone.append(gapped("2025-01-02T00:00:00+00:00"))
+    alone.append(comm_record())
+    out = run_json(["predict", str(tmp_path / "alone"), "--model", "m", "--shapes", "1x2"], capsys)
+    assert out["inputs"]["overlap"] == 0.9
+    assert "+50.0 % off its window's step: breakdown_gap" in out["inputs"]["overlap_source"]
+
+
 def test_predict_registered_model_buckets(tmp_path, capsys):
     """A model dlscale knows: DDP's buckets over its real parameter sizes (built on the meta device)."""
     s = ResultStore(tmp_path / "r")

@@ -73,13 +73,16 @@ def sample(i: int, t0: float = 1_700_000_000.0) -> dict:
 
 
 def records() -> list[dict]:
-    one = F.run_record("g1", "gpt2", "amp-bf16", 8, "ddp", 1, 1, [10, 10, 10], mfu=0.3, mem_gib=2, extra={
+    # throughputs whose window steps (8 / 444.4 s, 16 / 800 s) are the breakdowns' 18 and 20 ms
+    one = F.run_record("g1", "gpt2", "amp-bf16", 8, "ddp", 1, 1, [444.4, 444.4, 444.4], mfu=0.3, mem_gib=2,
+                       steps=100, extra={
         "utilisation": util(90.0, 25.0, 16, 50, 10, 1, 2),
         "breakdown": {"supported": True, "steps": 10, "data_ms": 1.0, "forward_ms": 5.0, "backward_ms": 10.0,
                       "optimizer_ms": 2.0, "step_ms": 18.0, "backward_compute_ms": None, "exposed_comm_ms": None,
                       "comm_ms": None, "overlap_ratio": None},
         "median_repeat": 0, "trace": None})
-    two = F.run_record("g2", "gpt2", "amp-bf16", 8, "ddp", 1, 2, [17.5, 18, 18.5], mfu=0.28, mem_gib=2, extra={
+    two = F.run_record("g2", "gpt2", "amp-bf16", 8, "ddp", 1, 2, [790, 800, 810], mfu=0.28, mem_gib=2,
+                       steps=100, extra={
         "utilisation": util(80.0, 40.0, 24, 100, 20, 250, 125),
         "breakdown": {"supported": True, "steps": 10, "data_ms": 1.0, "forward_ms": 5.0, "backward_ms": 12.0,
                       "optimizer_ms": 2.0, "step_ms": 20.0, "backward_compute_ms": 10.0, "exposed_comm_ms": 2.0,

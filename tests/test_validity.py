@@ -61,6 +61,13 @@ def record(rid: str = "r-sound", *, devices: int = 1, samples=(100.0, 101.0, 99.
                         "step_ms_p50": 100.0, "step_ms_p90": 100.0, "mfu": None, "peak_rss_bytes": GIB}}
 
 
+def with_breakdown(rec: dict, step_ms: float) -> dict:
+    """The record with a step breakdown whose phases sum to ``step_ms``."""
+    rec["breakdown"] = {"supported": True, "steps": 10, "data_ms": 0.0, "forward_ms": step_ms / 3,
+                        "backward_ms": step_ms * 2 / 3, "optimizer_ms": 0.0, "step_ms": step_ms, "host_ahead": True}
+    return rec
+
+
 # (check, severity, record): each record carries one condition on top of a sound one
 RECORD_CONDITIONS = [
     ("short_window", validity.WARN, lambda: record("r-short", window_s=0.3)),
@@ -78,6 +85,8 @@ RECORD_CONDITIONS = [
     ("competing_gpu", validity.WARN, lambda: record("r-gpu", device="cuda", util={
         "gpu_foreign_procs_max": 1, "gpu_foreign_pids": [4242]})),
     ("oversubscribed", validity.WARN, lambda: record("r-over", devices=2, omp="2")),
+    # the window's steps are 2 s / 20 = 100 ms; the breakdown's phases sum to 110 ms
+    ("breakdown_gap", validity.NOTE, lambda: with_breakdown(record("r-bd"), 110.0)),
 ]
 
 
@@ -117,6 +126,18 @@ def test_hand_computed_values_in_the_reasons():
     assert validity.stalls([10] * 8 + [25, 10]) == (0, 0.0, 0.0)
     over = validity.assess(record("o", devices=2, omp="2")).flags[0]
     assert over.value == 4 and over.limit == 2
+    # breakdown against the window's 100 ms step: 104 ms is within 5 %, 94 ms is 6 % short
+    assert validity.assess(with_breakdown(record("b1"), 104.0)).flags == []
+    gap = validity.assess(with_breakdown(record("b2"), 94.0)).flags[0]
+    assert gap.check == "breakdown_gap" and gap.value == pytest.approx(-0.06) and "-6.0 %" in gap.reason
+    # the window's step is the median over repeats of each repeat's median step
+    rec = with_breakdown(record("b3", samples=(100.0, 100.0, 100.0)), 100.0)
+    for r, t in zip(rec["repeats"], (80.0, 90.0, 200.0)):
+        r["step_times_ms"] = [t] * 20
+    assert validity.assess(rec).flags[0].value == pytest.approx(100 / 90 - 1)
+    unsupported = record("b4")
+    unsupported["breakdown"] = {"supported": False, "reason": "pipeline schedule"}
+    assert "breakdown_gap" not in validity.assess(unsupported).unchecked
 
 
 def test_unchecked_checks_say_why():

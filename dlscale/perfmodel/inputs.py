@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Links, Shape, bucket_sizes,
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
@@ -402,7 +402,8 @@ def gradients(base: Row, workload: Workload, opts: ModelOptions) -> Gradients:
 def overlap_for(workload: Workload, base: Row, opts: ModelOptions,
                 exclude: Row | None = None) -> tuple[str | float, str]:
     """The overlap mode and why: the option; else the source's statement; else the overlap ratio of a
-    measured multi-device breakdown of the workload (never ``exclude``'s own); else none."""
+    measured multi-device breakdown of the workload (never ``exclude``'s own; one whose phases agree
+    with its window's step first, see validity's ``breakdown_gap``); else none."""
     if opts.overlap != "auto":
         mode = check_overlap(opts.overlap)
         return mode, {"none": "--overlap none: all-reduce after backward",
@@ -419,11 +420,14 @@ def overlap_for(workload: Workload, base: Row, opts: ModelOptions,
             continue
         r = num(row.breakdown.get("overlap_ratio")) if row.breakdown else None
         if r is not None and 0.0 <= r <= 1.0:
-            cands.append((row.strategy == opts.strategy, row.devices, rec_created(row.record), r, row))
+            gap = next((f for f in validity.assess(row.record).flags if f.check == "breakdown_gap"), None)
+            cands.append((gap is None, row.strategy == opts.strategy, row.devices, rec_created(row.record), r, row,
+                          gap))
     if cands:
-        *_, r, row = max(cands, key=lambda c: c[:3])
+        *_, r, row, gap = max(cands, key=lambda c: c[:4])
+        off = f" (its phases {gap.value * 100:+.1f} % off its window's step: breakdown_gap)" if gap else ""
         return r, (f"measured: overlap_ratio {r:.2f} of the {row.devices}-device {row.strategy} breakdown, "
-                   f"record {short_id(row.record)}")
+                   f"record {short_id(row.record)}{off}")
     return "none", "no measured breakdown of this workload at > 1 device: none hidden (all-reduce after backward)"
 
 
