@@ -617,8 +617,9 @@ def make_tables(tables: list[Table], out_dir: Path) -> None:
         else:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed if t.printed else sys.stdout):
                 t.rc = dlscale_main(t.argv)
-        sys.stderr.write(err.getvalue())
         said = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        # each line under the table it is about: several comparisons can fail alike
+        sys.stderr.write("".join(f"{t.file}: {ln}\n" for ln in said))
         t.note = next((ln for ln in said if "error:" in ln), said[-1] if t.rc == EXIT_VERDICT and said else "")
         if t.printed and t.rc in (0, EXIT_VERDICT) and printed.getvalue():
             (out_dir / t.file).write_text(printed.getvalue(), encoding="utf-8")

@@ -100,6 +100,11 @@ def test_one_store_two_labels(tmp_path, capsys):
     assert rc == 2 and "--label-a" in err and err.count("\n") == 1
     rc, _, err = cli(capsys, "compare", str(tmp_path / "s"), "--label-a", "before", "--label-b", "nope")
     assert rc == 2 and "side B" in err
+    # the one line names what side B asked for
+    rc, _, err = cli(capsys, "compare", str(tmp_path / "s"), "--label-a", "before", "--label-b", "after",
+                     "--filter-b", "model=gpt2,t5")
+    assert rc == 2 and err.count("\n") == 1
+    assert f"side B: no run record in {tmp_path / 's'} matches label 'after'; --filter-b model=gpt2,t5" in err
 
 
 def test_too_few_repeats_unmatched_and_non_ok(tmp_path, capsys):

@@ -190,10 +190,11 @@ def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_f
     else:
         rows = _rows_by_case(name, selected, ignore)
     if not rows:
-        what = f" with label {label!r}" if label is not None else ""
-        extra = f" matching {filters.describe()}" if filters.describe() else ""
-        raise ConfigError(f"side {name}: no run records{what}{extra}"
-                          f"{' and its --filter-' + name.lower() if case_filters else ''} in {loaded.store}")
+        asked = ([f"label {label!r}"] if label is not None else []) + \
+            ([filters.describe()] if filters.describe() else []) + \
+            [f"--filter-{name.lower()} {k}={','.join(map(str, v))}" for f in case_filters for k, v in f.items()]
+        raise ConfigError(f"side {name}: no run record in {loaded.store}"
+                          + (f" matches {'; '.join(asked)}" if asked else ""))
     return Side(name, loaded, label, rows)
 
 
