@@ -157,6 +157,30 @@ class Plan:
                 "variants": str(self.out / "variants")}
 
 
+def unmade_compares(plan: Plan) -> list[str]:
+    """The suite's comparisons that this run cannot make: a side that none of the selected cases
+    and bare runs, nor a record already in its store, matches (a --filter that left it out)."""
+    from dlscale.store import ResultStore
+    from dlscale.suite import case_fields, matches, parse_filters
+
+    fields = {"dlscale": [case_fields(plan.suite.cases[i]) for i in plan.case_idx],
+              "bare": [case_fields(b.cfg) for b in plan.bare if b.store == "bare"],
+              "variants": [case_fields(b.cfg) for b in plan.bare if b.store == "variants"]}
+    out = []
+    for spec in plan.suite.bench.compare:
+        for name, side in (("A", spec.a), ("B", spec.b)):
+            want = parse_filters(list(side.filters))
+            stored = [r.get("config") or {} for r in ResultStore(plan.stores[side.store]).load().records]
+            if not any(matches(f, want) and (side.label is None or f.get("label") == side.label)
+                       for f in fields[side.store] + stored):
+                asked = ", ".join(([f"label {side.label}"] if side.label else []) + list(side.filters))
+                where = Path(plan.stores[side.store]).name
+                out.append(f"compare {spec.name}: no case of this run, nor a record in {where}/, is side "
+                           f"{name}'s ({asked or 'any case'}): compare-{spec.name}.md will not be made")
+                break
+    return out
+
+
 def resolve_suite(name: str) -> Path:
     from dlscale.suite import resolve_suite_path
 
@@ -697,6 +721,8 @@ def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
     from dlscale.store import ResultStore
 
     print(f"# benchmark {plan.suite.name} ({os.path.relpath(plan.path, REPO)}) -> {plan.out}")
+    for line in unmade_compares(plan):
+        print(f"# {line}")
     state = command_state(plan)
     for phase in ("before", "after"):
         cmds = plan.suite.bench.when(phase) if plan.case_idx else []
@@ -748,6 +774,8 @@ def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | N
     """Steps 2-6; returns the exit code."""
     from dlscale import envinfo
 
+    for line in unmade_compares(plan):  # said first: a filter may have left a side out by mistake
+        print(f"benchmarks/run.py: note: {line}", file=sys.stderr, flush=True)
     plan.out.mkdir(parents=True, exist_ok=True)
     env = envinfo.capture()
     (plan.out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n", encoding="utf-8")

@@ -364,6 +364,30 @@ def test_driver_decides_which_commands_run(tmp_path):
     assert RUN.command_line(script, plan)[1:] == [str(ROOT / "benchmarks" / "kernels.py"), str(tmp_path / "out" / "store")]
 
 
+def test_driver_says_which_comparisons_a_filter_leaves_without_a_side(tmp_path):
+    """data-gpu filtered to one decoder leaves its synthetic cases out: the vs-synthetic tables (and the
+    decoder-against-decoder one) cannot be made, unless the store already holds such records."""
+    from dlscale.store import ResultStore, new_record
+
+    args = RUN.build_parser().parse_args(["data-gpu", "--filter", "data_decoder=torchvision",
+                                          "--out", str(tmp_path / "out")])
+    said = RUN.unmade_compares(RUN.make_plan(args))
+    assert [line.split(":")[0] for line in said] == ["compare vs-synthetic-torchvision",
+                                                      "compare vs-synthetic-nvimgcodec",
+                                                      "compare nvimgcodec-vs-torchvision"]
+    assert "side A's (data=synthetic)" in said[0] and "side B's (data_decoder=nvimgcodec)" in said[2]
+    # a synthetic record from an earlier call in the same --out: torchvision against synthetic is made;
+    # nvImageCodec's side is still missing
+    cfg = RunConfig(model="resnet50", batch_size=256, precision="amp-bf16", device="cuda").to_dict()
+    ResultStore(tmp_path / "out" / "store").append(new_record("run", config=cfg, status="ok"))
+    said = RUN.unmade_compares(RUN.make_plan(args))
+    assert [line.split(":")[0] for line in said] == ["compare vs-synthetic-nvimgcodec",
+                                                      "compare nvimgcodec-vs-torchvision"]
+    assert "side B's (data=imagefolder:/tmp/dlscale-data/imgs, data_decoder=nvimgcodec)" in said[0]
+    whole = RUN.build_parser().parse_args(["data-gpu", "--out", str(tmp_path / "all")])
+    assert RUN.unmade_compares(RUN.make_plan(whole)) == []
+
+
 @pytest.mark.slow
 def test_a_failed_before_command_stops_the_measurements(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the driver sets the hosts' variables
