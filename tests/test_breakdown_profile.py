@@ -122,3 +122,39 @@ def test_profiled_steps_take_their_batch_first_with_real_data(tmp_path):
     calls.clear()
     profile_steps(step, torch.device("cpu"), None, active=2)
     assert calls == ["step"] * 3
+
+
+def test_breakdown_on_cuda_synchronises_once_per_k_steps(monkeypatch):
+    """The GPU path of the phase timing, its CUDA calls replaced by host clocks and a counter: the
+    host is not stopped between the k steps (one synchronisation, after them), as in the window."""
+    import contextlib
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from dlscale import breakdown
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    model = torch.nn.Linear(4, 1)
+    par = SimpleNamespace(module=lambda x: model(x).square().mean(), no_sync=contextlib.nullcontext,
+                          backward_context=contextlib.nullcontext,
+                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    cfg = SimpleNamespace(grad_accum=1, precision="fp32", clip_grad_norm=None, compile=False,
+                          compile_mode="default")
+    rows = breakdown._phased_steps(par, cfg, torch.device("cuda"), [(torch.ones(8, 4),)],
+                                   contextlib.nullcontext, 5, sync_off=False)
+    assert len(syncs) == 1 and len(rows) == 5
+    assert all(len(r) == 4 and min(r) >= 0 for r in rows)  # data, forward, backward, optimizer
