@@ -356,10 +356,11 @@ def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
     window = statistics.median(medians)
     gap = step / window - 1 if window > 0 else None
     if gap is not None and abs(gap) > t.max_breakdown_gap:
+        limit = t.max_breakdown_gap * 100
         v.flags.append(Flag("breakdown_gap", f"the step breakdown's phases sum to {step:.3g} ms against the window's "
-                            f"median step of {window:.3g} ms ({gap * 100:+.1f} %, limit ±{t.max_breakdown_gap * 100:g} %): "
-                            "the steps after the window did not run as the window's did, so its parts (exposed "
-                            "communication above all) may be off by as much", NOTE, gap, t.max_breakdown_gap))
+                            f"median step of {window:.3g} ms ({gap * 100:+.1f} %, limit ±{limit:g} %): the steps "
+                            "after the window did not run as the window's did, so its parts (exposed communication "
+                            "above all) may be off by as much", NOTE, gap, t.max_breakdown_gap))
 
 
 CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
