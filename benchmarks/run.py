@@ -166,13 +166,16 @@ def unmade_compares(plan: Plan) -> list[str]:
     fields = {"dlscale": [case_fields(plan.suite.cases[i]) for i in plan.case_idx],
               "bare": [case_fields(b.cfg) for b in plan.bare if b.store == "bare"],
               "variants": [case_fields(b.cfg) for b in plan.bare if b.store == "variants"]}
+    stored: dict[str, list[dict]] = {}  # each store read once, where a comparison needs it
     out = []
     for spec in plan.suite.bench.compare:
         for name, side in (("A", spec.a), ("B", spec.b)):
             want = parse_filters(list(side.filters))
-            stored = [r.get("config") or {} for r in ResultStore(plan.stores[side.store]).load().records]
+            if side.store not in stored:
+                records = ResultStore(plan.stores[side.store]).load().records
+                stored[side.store] = [r.get("config") or {} for r in records]
             if not any(matches(f, want) and (side.label is None or f.get("label") == side.label)
-                       for f in fields[side.store] + stored):
+                       for f in fields[side.store] + stored[side.store]):
                 asked = ", ".join(([f"label {side.label}"] if side.label else []) + list(side.filters))
                 where = Path(plan.stores[side.store]).name
                 out.append(f"compare {spec.name}: no case of this run, nor a record in {where}/, is side "

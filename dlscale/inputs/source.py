@@ -34,7 +34,7 @@ import torch
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, input_verdict, parse_data
+from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
 
 PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
@@ -470,8 +470,7 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
         if decode == "gpu":
             ds = images.ImageBytesData(listing.root, listing.files, listing.labels, size, seed)
             if decoder == "dali":
-                if cpu_share:  # check_fields refuses it before anything starts
-                    raise ConfigError("data-cpu-share does not apply to --data-decoder dali")
+                check_split(decoder, cpu_share)  # check_fields's, for callers that did not go through it
                 return dali_reader(ds, size, channels_last, device, paths, kind)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)

@@ -87,6 +87,13 @@ def workers_arg(text: str) -> int | None:
         raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
 
 
+def check_split(decoder: str, cpu_share: float) -> None:
+    """A host share of GPU decode (``--data-cpu-share``) is for the decoders dlscale drives itself."""
+    if cpu_share and decoder == "dali":
+        raise ConfigError(f"data-cpu-share {cpu_share:g} does not apply to --data-decoder dali: DALI splits its own "
+                          f"decode between the GPU's JPEG engines and nvJPEG's CUDA decoder (hw_decoder_load)")
+
+
 def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
                  cpu_share: float = 0.0) -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
@@ -110,9 +117,7 @@ def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, d
                               f"(synthetic batches are made once, on the device)")
     if decode == "gpu" and spec.kind != "imagefolder":
         raise ConfigError(f"data-decode gpu decodes images; --data {data} is {spec.kind}")
-    if cpu_share and decoder == "dali":
-        raise ConfigError(f"data-cpu-share {cpu_share:g} does not apply to --data-decoder dali: DALI splits its own "
-                          f"decode between the GPU's JPEG engines and nvJPEG's CUDA decoder (hw_decoder_load)")
+    check_split(decoder, cpu_share)
     if decoder != "auto" and decode != "gpu":
         raise ConfigError(f"data-decoder {decoder} chooses the GPU's JPEG decoder: it needs --data-decode gpu "
                           f"(CPU decode is Pillow's)")

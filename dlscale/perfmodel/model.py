@@ -151,7 +151,8 @@ class WorkloadModel:
             anchor = nodes[g0]
             how = f"the law's growth with GPUs scaled to the overhead measured at 1x{g0} ({anchor.ref})"
         else:
-            return self.law.node_s(self.t1_s, gpus, self.compiled), "default law (no measured multi-GPU point)", None, notes
+            return (self.law.node_s(self.t1_s, gpus, self.compiled), "default law (no measured multi-GPU point)",
+                    None, notes)
         o = self._measured_node_overhead(anchor)
         if o < 0:
             notes.append(f"node overhead at 1x{g0} came out {o * 1e3:.2f} ms (the measured step is shorter than the "

@@ -62,6 +62,7 @@ def as_dict(p) -> dict[str, Any]:
 
 NOTE = ("B data wait: share of B's timed window its steps waited at the data loader (slowest rank); B GPU idle "
         "for data: the share of it the GPU had no work while the batch was not there (GPUs only); verdict: "
-        "input-bound when the GPU idle share (else the wait) reaches the threshold (docs/data.md); B loader CPU: cores B's loader "
-        "processes kept busy; cores for A's rate: A's median samples/s ÷ B's samples per loader-core-second, "
-        "the cores B's loader would need to keep up with A (with A synthetic: to reach the synthetic rate)")
+        "input-bound when the GPU idle share (else the wait) reaches the threshold (docs/data.md); B loader CPU: "
+        "cores B's loader processes kept busy; cores for A's rate: A's median samples/s ÷ B's samples per "
+        "loader-core-second, the cores B's loader would need to keep up with A (with A synthetic: to reach the "
+        "synthetic rate)")
