@@ -184,6 +184,11 @@ class RunConfig:
                                     "workers decode and crop on the host (Pillow), the rest decoded on the GPU; "
                                     "takes work off a GPU decoder that holds one batch at a time (0: all on the "
                                     "GPU; docs/data.md)")
+    data_decode_process: bool = _f(False, type=bool, kind="flag", axis="data_decode_process", match=True, late=False,
+                                   help="with --data-decode gpu: decode in a process of its own per rank, on the "
+                                        "same GPU, that hands each finished batch over in shared GPU memory, "
+                                        "instead of on a thread of the training process, whose kernel launches "
+                                        "it would share the interpreter and the CUDA driver with (docs/data.md)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
@@ -265,7 +270,7 @@ class RunConfig:
         from dlscale.inputs.spec import check_fields
 
         check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
-                     self.data_cpu_share)
+                     self.data_cpu_share, self.data_decode_process)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:

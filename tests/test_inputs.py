@@ -312,10 +312,6 @@ def test_image_items_labels_and_bad_files_skipped_and_counted(tmp_path, data_dir
         images.ImageFolderData(lst.root, lst.files, lst.labels, 16, seed=0)[(0, 0)]
 
 
-def _pil_list_decode(datas):
-    return [images._pil_chw(d) for d in datas]
-
-
 def test_batched_crop_resize_flip_is_exact_bilinear():
     """One grid_sample over the padded batch = each crop resized by bilinear interpolation (no
     antialiasing) and flipped, image by image."""
@@ -404,7 +400,7 @@ def test_gpu_decode_path_matches_the_cpu_path(tmp_path, data_dir):
     listing = dataset_info.list_imagefolder(data_dir.imgs)
     cpu = images.ImageFolderData(listing.root, listing.files, listing.labels, 48, seed=3)
     byt = images.ImageBytesData(listing.root, listing.files, listing.labels, 48, seed=3)
-    dec = images.GpuDecoder(torch.device("cpu"), 48, channels_last=True, decode=_pil_list_decode, name="pil")
+    dec = images.GpuDecoder(torch.device("cpu"), 48, channels_last=True, decode=images.pil_decode, name="pil")
     keys = [(1, i) for i in range(0, 24, 3)]
     x_cpu, y_cpu, _ = images.collate_normalized([cpu[k] for k in keys])
     (x_gpu, y_gpu), meta = dec(images.collate_bytes([byt[k] for k in keys]))
@@ -684,7 +680,7 @@ def test_nvimgcodec_decode_batches_on_the_stream_and_holds_buffers(monkeypatch, 
     lst = dataset_info.list_imagefolder(data_dir.imgs)
     byt = images.ImageBytesData(lst.root, lst.files, lst.labels, 32, seed=0)
     gpu = images.GpuDecoder(dev, 32, channels_last=True, decode=dec, name="nv")
-    ref = images.GpuDecoder(dev, 32, channels_last=True, decode=_pil_list_decode, name="pil")
+    ref = images.GpuDecoder(dev, 32, channels_last=True, decode=images.pil_decode, name="pil")
     item = images.collate_bytes([byt[(0, i)] for i in range(4)])
     (x, _), meta = gpu(item)
     assert torch.allclose(x, ref(item)[0][0]) and meta["decode_fallbacks"] == 0
@@ -715,7 +711,7 @@ def test_record_names_the_gpu_decoder_and_its_backend(monkeypatch, data_dir):
     from dlscale.inputs.source import start_source
 
     monkeypatch.setattr(images, "gpu_decoder", lambda device, choice="auto": (
-        _pil_list_decode, f"stand-in for {choice}", "nvimgcodec", "hardware"))
+        images.pil_decode, f"stand-in for {choice}", "nvimgcodec", "hardware"))
     spec = parse_data(f"imagefolder:{data_dir.imgs}")
     reader = make_reader(spec, get_model("resnet50", "tiny"), torch.device("cpu"), "gpu", 0, "nvimgcodec")
     assert (reader.decoder, reader.gpu_decoder, reader.decoder_backend) == \
@@ -972,7 +968,7 @@ def test_threaded_device_paths_through_worker_processes(data_dir):
         if gpu:
             ds = images.ImageBytesData(lst.root, lst.files, lst.labels, 32, 0)
             collate = images.collate_bytes
-            finish = images.GpuDecoder(dev, 32, True, decode=_pil_list_decode, name="pil")
+            finish = images.GpuDecoder(dev, 32, True, decode=images.pil_decode, name="pil")
         else:
             ds = images.ImageFolderData(lst.root, lst.files, lst.labels, 32, 0)
             collate = images.collate_uint8

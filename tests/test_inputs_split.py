@@ -17,10 +17,6 @@ from dlscale.inputs import source
 from dlscale.inputs.source import gpu_reader, resolve_workers
 
 
-def _pil_list_decode(datas):
-    return [images._pil_chw(d) for d in datas]
-
-
 @pytest.fixture(scope="module")
 def imgs(tmp_path_factory):
     root = tmp_path_factory.mktemp("split")
@@ -29,7 +25,7 @@ def imgs(tmp_path_factory):
 
 
 def _decoder():
-    return images.GpuDecoder(torch.device("cpu"), 40, channels_last=True, decode=_pil_list_decode, name="pil")
+    return images.GpuDecoder(torch.device("cpu"), 40, channels_last=True, decode=images.pil_decode, name="pil")
 
 
 @pytest.mark.parametrize("k", [0, 3, 8])
@@ -72,7 +68,7 @@ def test_all_on_the_host_needs_no_device_decode(imgs):
 
     def decode(datas):
         calls.append(len(datas))
-        return _pil_list_decode(datas)
+        return images.pil_decode(datas)
 
     dec = images.GpuDecoder(torch.device("cpu"), 40, channels_last=True, decode=decode, name="pil")
     (x, _), meta = dec(images.collate_split([byt[(0, i)] for i in range(4)], cpu_images=4, size=40))

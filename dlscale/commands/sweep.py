@@ -99,7 +99,8 @@ def describe(cfg: RunConfig, found: str = "") -> str:
     if cfg.env:
         parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
     if cfg.data != "synthetic":
-        parts.append(inputs.case_words(cfg.data, cfg.data_decode, cfg.data_decoder, cfg.data_cpu_share))
+        parts.append(inputs.case_words(cfg.data, cfg.data_decode, cfg.data_decoder, cfg.data_cpu_share,
+                                         cfg.data_decode_process))
     if cfg.label:
         parts.append(f"[{cfg.label}]")
     return " ".join(parts)

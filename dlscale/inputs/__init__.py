@@ -7,7 +7,7 @@ What the rest of dlscale calls:
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
   the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, DALI, or one of the first two
   for auto);
-* ``case_words(data, decode, decoder, cpu_share)`` (sweep lines, compare tables): the data part of a case's name;
+* ``case_words(data, decode, decoder, cpu_share, process)`` (sweep lines, compare tables): the data part of a case's name;
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;
 * ``merge_ranks(ranks)`` (launcher): one repeat's data record from its ranks'.
@@ -25,7 +25,8 @@ __all__ = ["INPUT_BOUND_SHARE", "DataSpec", "case_words", "check_case", "check_f
            "merge_ranks", "open_source", "parse_data"]
 
 
-def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "auto", cpu_share: float | None = 0.0) -> str:
+def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "auto", cpu_share: float | None = 0.0,
+               process: bool | None = False) -> str:
     """How a case's input reads in a sweep line or a compare table: "" for synthetic data, else the
     data set, and for images where (and, on the GPU, by what, when asked for; what share on the
     host) they are decoded."""
@@ -36,7 +37,8 @@ def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "aut
     decode = decode or "cpu"
     by = f" by {decoder}" if decode == "gpu" and decoder not in (None, "auto") else ""
     host = f", {cpu_share:g} of it on the host" if decode == "gpu" and cpu_share else ""
-    return f"data {data} ({decode} decode{by}{host})"
+    proc = " in its own process" if decode == "gpu" and process else ""
+    return f"data {data} ({decode} decode{by}{proc}{host})"
 
 
 def open_source(*args, **kwargs):

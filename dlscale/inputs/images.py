@@ -572,6 +572,12 @@ def _pil_chw(data: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
 
+def pil_decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Pillow's decode of a list of file bytes to CHW uint8 images: a host stand-in for a GPU decoder
+    (``GpuDecoder(decode=...)``), module-level so that a decode process can be given it."""
+    return [_pil_chw(d) for d in datas]
+
+
 def _crop_params(imgs: list[torch.Tensor], boxes, flips, size: int) -> np.ndarray:
     """Per image (n, 9) float64: left, top, w/size, h/size, width-1, height-1, its first byte in the
     images concatenated, its channel plane, flip. A box outside its image (header and pixels

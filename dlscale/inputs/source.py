@@ -33,6 +33,7 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
+from dlscale.inputs.decode_process import DecodeProcess, DecoderSpec
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
 
@@ -195,12 +196,13 @@ class LoaderSource:
 
     static = False
 
-    def __init__(self, loader, finish: Callable, device: torch.device, accum: int, info: LoaderInfo,
+    def __init__(self, loader, finish: Callable | None, device: torch.device, accum: int, info: LoaderInfo,
                  threaded: bool, page_cache: dict[str, Any],
-                 stage: Callable[[Iterator, int], Feed] | None = None):
+                 stage: Callable[[Iterator, int], Feed] | None = None, remote: DecodeProcess | None = None):
         self.info, self.accum, self.page_cache = info, accum, page_cache
         self.loader = loader
-        self.it = iter(loader)
+        self.remote = remote  # --data-decode-process: the loader and the decode run there
+        self.it = iter(loader) if loader is not None else None
         self.feed: Feed | None = None
         if stage is not None:
             # after iter(): the DataLoader's workers are forked before the stage starts threads of its own
@@ -210,8 +212,11 @@ class LoaderSource:
                 self._shutdown_workers()
                 raise
         feed = self.feed if self.feed is not None else self.it
-        self.prefetcher = Prefetcher(feed, finish, device) if threaded else None
-        self._get = self.prefetcher.get if threaded else (lambda: finish(next(feed)))
+        self.prefetcher = Prefetcher(feed, finish, device) if threaded and remote is None else None
+        if remote is not None:
+            self._get = remote.get
+        else:
+            self._get = self.prefetcher.get if threaded else (lambda: finish(next(feed)))
         self.batches: list[tuple] = []
         self._metas: list[dict] = []
         self._w0: _Snapshot | None = None
@@ -219,6 +224,8 @@ class LoaderSource:
         self._procs = self._loader_processes()
 
     def next(self) -> list[tuple]:
+        if self.remote is not None:  # the previous step's batches: every kernel reading them is queued
+            self.remote.release()
         out = []
         for _ in range(self.accum):
             batch, meta = self._get()
@@ -234,6 +241,8 @@ class LoaderSource:
             import psutil
         except ImportError:
             return None
+        if self.remote is not None:
+            return self.remote.processes()
         procs = []
         for w in getattr(self.it, "_workers", []) or []:
             with contextlib.suppress(Exception):
@@ -309,7 +318,8 @@ class LoaderSource:
         ms = [w * 1e3 for w in waits_s]
         buffer = (self.info.workers * (self.info.prefetch_factor or 0)
                   + (DEVICE_DEPTH if self.prefetcher is not None else 0)
-                  + (self.feed.depth if self.feed is not None else 0))
+                  + (self.feed.depth if self.feed is not None else 0)
+                  + (self.remote.depth if self.remote is not None else 0))
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         idle_share = (sum(gpu_idle_ms) / (window_s * 1e3) if gpu_idle_ms is not None and window_s > 0 else None)
@@ -352,6 +362,8 @@ class LoaderSource:
             self.prefetcher.close()
         if self.feed is not None:  # after the input thread, which may be waiting on it
             self.feed.close()
+        if self.remote is not None:
+            self.remote.close()
         self._shutdown_workers()
         self.it = None
 
@@ -419,7 +431,7 @@ class Reader:
 
     dataset: Any
     collate: Callable
-    finish: Callable  # host batch -> (tensors on the device, meta)
+    finish: Callable | None  # host batch -> (tensors on the device, meta)
     decoder: str
     finish_on: str
     paths: list[str]  # the files (page cache)
@@ -428,6 +440,17 @@ class Reader:
     decoder_backend: str | None = None  # GPU decode: hardware | cuda | hardware-or-cuda | hardware-and-cuda (...)
     # between the DataLoader's iterator and finish, given it and the local batch (DALI's pipeline)
     stage: Callable[[Iterator, int], Feed] | None = None
+    # --data-decode-process: what the decode process builds (``finish`` is None, ``decoder`` the
+    # words after the decoder's name)
+    process: DecoderSpec | None = None
+
+
+def _split_collate(size: int, cpu_images: int, batch: int) -> tuple[Callable, str]:
+    """GPU decode's collate, and the record's words for the share of each batch decoded on the host."""
+    if not cpu_images:
+        return images.collate_bytes, ""
+    return (functools.partial(images.collate_split, cpu_images=cpu_images, size=size),
+            f"; {cpu_images} of {batch} images a batch decoded on the host by {images.decoder_name()}")
 
 
 def gpu_reader(ds, gpu, paths: list[str], kind: str, cpu_images: int = 0, batch: int = 0) -> Reader:
@@ -435,12 +458,18 @@ def gpu_reader(ds, gpu, paths: list[str], kind: str, cpu_images: int = 0, batch:
     (an ``images.GpuDecoder``) on the input thread, but for ``cpu_images`` of each batch of ``batch``
     that the workers decode themselves (``images.collate_split``); the record names the decoder,
     the crop's path and the split."""
-    name = f"{gpu.name}; crop: {gpu.crop_path}"
-    collate: Callable = images.collate_bytes
-    if cpu_images:
-        collate = functools.partial(images.collate_split, cpu_images=cpu_images, size=gpu.size)
-        name += f"; {cpu_images} of {batch} images a batch decoded on the host by {images.decoder_name()}"
-    return Reader(ds, collate, gpu, name, "device thread", paths, kind, gpu.kind, gpu.backend)
+    collate, split = _split_collate(gpu.size, cpu_images, batch)
+    return Reader(ds, collate, gpu, f"{gpu.name}; crop: {gpu.crop_path}{split}", "device thread", paths, kind,
+                  gpu.kind, gpu.backend)
+
+
+def process_reader(ds, spec: DecoderSpec, paths: list[str], kind: str, cpu_images: int = 0,
+                   batch: int = 0) -> Reader:
+    """The Reader of ``--data-decode-process``: ``gpu_reader``'s, with the DataLoader and the
+    decoder built in the decode process (``spec``); the decoder's name, library and backend come
+    from there when it starts (``start_source``)."""
+    collate, split = _split_collate(spec.size, cpu_images, batch)
+    return Reader(ds, collate, None, split, "decode process", paths, kind, process=spec)
 
 
 def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths: list[str], kind: str) -> Reader:
@@ -454,10 +483,10 @@ def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths:
 
 
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
-                decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0) -> Reader:
+                decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0, decode_process: bool = False) -> Reader:
     """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
     (``decoder``: --data-decoder, for GPU decode; ``cpu_share`` of each loader batch of ``batch``
-    samples decoded on the host instead)."""
+    samples decoded on the host instead; ``decode_process``: --data-decode-process)."""
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -472,6 +501,9 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
             if decoder == "dali":
                 check_split(decoder, cpu_share)  # check_fields's, for callers that did not go through it
                 return dali_reader(ds, size, channels_last, device, paths, kind)
+            if decode_process:
+                return process_reader(ds, DecoderSpec(size, channels_last, decoder), paths, kind,
+                                      round(cpu_share * batch), batch)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
@@ -502,15 +534,32 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
     """A DataLoader over ``reader`` with ``workers`` processes, pinned memory on CUDA, prefetch and
     persistent workers; returned holding its first batch."""
     cuda = device.type == "cuda"
-    loader = torch.utils.data.DataLoader(
-        reader.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=reader.collate, pin_memory=cuda,
-        prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0)
-    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, reader.decoder, reader.finish_on, cuda,
-                      PREFETCH_FACTOR if workers else None, workers > 0, sampler.b, sampler.g, sampler.n,
-                      sampler.per_epoch, reader.gpu_decoder, reader.decoder_backend)
-    src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
-                       stage=reader.stage)
-    src.next()
+    prefetch = PREFETCH_FACTOR if workers else None
+    name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
+    loader = remote = None
+    if reader.process is not None:  # the DataLoader lives in the decode process
+        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, prefetch, device, reader.process,
+                               accum)
+        got = remote.info
+        name, gpu_decoder, backend = f"{got['name']}; crop: {got['crop']}{reader.decoder}", got["kind"], got["backend"]
+    else:
+        loader = torch.utils.data.DataLoader(
+            reader.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=reader.collate, pin_memory=cuda,
+            prefetch_factor=prefetch, persistent_workers=workers > 0)
+    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda, prefetch,
+                      workers > 0, sampler.b, sampler.g, sampler.n, sampler.per_epoch, gpu_decoder, backend)
+    try:
+        src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
+                           stage=reader.stage, remote=remote)
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
+    try:
+        src.next()
+    except BaseException:
+        src.close()
+        raise
     return src
 
 
@@ -523,7 +572,8 @@ def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank:
         return SyntheticSource(make_synthetic())
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
-    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b)
+    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b,
+                         cfg.data_decode_process)
     sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
     page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped

@@ -95,9 +95,16 @@ def check_split(decoder: str, cpu_share: float) -> None:
 
 
 def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
-                 cpu_share: float = 0.0) -> DataSpec:
+                 cpu_share: float = 0.0, decode_process: bool = False) -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
+    if decode_process and decode != "gpu":
+        raise ConfigError("data-decode-process moves GPU decode into a process of its own: it needs --data "
+                          "imagefolder:PATH --data-decode gpu (CPU decode runs in the DataLoader's worker processes "
+                          "already)")
+    if decode_process and decoder == "dali":
+        raise ConfigError("data-decode-process does not apply to --data-decoder dali: DALI's pipeline runs in "
+                          "threads of its own; choose torchvision, nvimgcodec or auto")
     if cpu_share and decode != "gpu":
         raise ConfigError(f"data-cpu-share {cpu_share:g} splits GPU decode between the host and the GPU: it needs "
                           f"--data imagefolder:PATH --data-decode gpu (with --data-decode cpu every image is "

@@ -151,7 +151,7 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
     out.append(inputs.case_words(cfg.get("data", "synthetic"), cfg.get("data_decode"), cfg.get("data_decoder"),
-                                 cfg.get("data_cpu_share")))
+                                 cfg.get("data_cpu_share"), cfg.get("data_decode_process")))
     return [x for x in out if x]
 
 

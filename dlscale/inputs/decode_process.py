@@ -1,0 +1,236 @@
+"""GPU decode in a process of its own beside each rank (``--data-decode-process``).
+
+In the default mode the decode runs on a thread of the training process, and every one of its
+calls (nvJPEG's, the crop's, the host's bookkeeping) takes the interpreter's lock and the CUDA
+driver's locks that the training thread needs to launch its kernels: a compiled ResNet-50 step,
+whose host launches barely keep ahead of the GPU, is late by what the input thread holds them
+(docs/data.md). Here one spawned process per rank runs the DataLoader (its workers read the files)
+and the ``GpuDecoder`` on the same GPU, and writes each finished batch into one of ``slots``
+buffers it allocated and shared once (CUDA IPC; shared memory off CUDA). The training process
+then only takes a slot number from a queue.
+
+The hand-over, per slot: the decode process writes the slot, synchronises its stream and sends
+(``"batch"``, slot, meta); the training process trains on it and, at its next fetch (every kernel
+that reads the slot is queued by then, on the stream it fetched from), records the slot's
+interprocess CUDA event on that stream and sends the slot back; the decode process makes its
+stream wait for that event before it writes the slot again. Off CUDA the step has finished when
+the next fetch comes, so the slot number alone frees it.
+
+Faults: an exception in the decode process reaches the training process as a one-line error at its
+next fetch; a decode process that dies is noticed within a second of a fetch waiting for it; the
+decode process ends with its parent (``procs.die_with_parent``, and a parent check each time it
+waits), and its DataLoader workers with it.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import queue
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+SLOTS_AHEAD = 2  # batches finished ahead of the step, as the input thread's DEVICE_DEPTH
+POLL_S = 0.5  # how often a waiting side looks at the other's liveness
+START_TIMEOUT_S = 300.0  # first batch: the process imports torch, starts its workers, builds the decoder
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What the decode process builds its ``images.GpuDecoder`` from (it must pickle: the process is
+    spawned). ``decode``: a module-level function of a list of file bytes, or None for
+    ``--data-decoder``'s library."""
+
+    size: int
+    channels_last: bool
+    decoder: str = "auto"
+    decode: Callable | None = None
+    name: str | None = None
+
+    def build(self, device: torch.device):
+        from dlscale.inputs.images import GpuDecoder
+
+        return GpuDecoder(device, self.size, self.channels_last, decode=self.decode, name=self.name,
+                          decoder=self.decoder)
+
+
+@dataclass(frozen=True)
+class _Job:
+    dataset: Any
+    collate: Callable
+    sampler: Any
+    workers: int
+    prefetch_factor: int | None
+    device: str
+    spec: DecoderSpec
+    slots: int
+    events: tuple  # interprocess CUDA event handles, one per slot (empty off CUDA)
+    parent: int
+
+
+def _serve(job: _Job, ready, free) -> None:
+    """The decode process: DataLoader -> GpuDecoder -> slots, until told to stop or orphaned."""
+    from dlscale import procs
+
+    procs.die_with_parent()
+    it = None
+    try:
+        device = torch.device(job.device)
+        cuda = device.type == "cuda"
+        if cuda:  # first: the DataLoader's pin-memory thread takes the current device
+            torch.cuda.set_device(device)
+        loader = torch.utils.data.DataLoader(
+            job.dataset, batch_sampler=job.sampler, num_workers=job.workers, collate_fn=job.collate,
+            pin_memory=cuda, prefetch_factor=job.prefetch_factor, persistent_workers=job.workers > 0)
+        it = iter(loader)  # the workers fork here (they never touch CUDA)
+        stream, events = None, []
+        if cuda:
+            stream = torch.cuda.Stream(device)
+            events = [torch.cuda.Event.from_ipc_handle(device, h) for h in job.events]
+        gpu = job.spec.build(device)
+        pids = [w.pid for w in getattr(it, "_workers", []) or []]
+        ready.put(("info", {"name": gpu.name, "kind": gpu.kind, "backend": gpu.backend, "crop": gpu.crop_path,
+                            "pid": os.getpid(), "worker_pids": pids}))
+        slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        idle = collections.deque(range(job.slots))
+        while True:
+            while True:  # the slots handed back so far; wait for one only when none is idle
+                try:
+                    s = free.get(timeout=POLL_S) if not idle else free.get_nowait()
+                except queue.Empty:
+                    if idle:
+                        break
+                    if os.getppid() != job.parent:
+                        return
+                    continue
+                if s is None:
+                    return
+                idle.append(s)
+            slot = idle.popleft()
+            item = next(it)
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                (x, y), meta = gpu(item)
+                if not slots:  # the buffers, shaped by the first batch, shared once
+                    slots = [(torch.empty_like(x).share_memory_(), torch.empty_like(y).share_memory_())
+                             for _ in range(job.slots)]  # share_memory_: in place now, not in the queue's thread
+                    ready.put(("slots", slots))
+                if cuda:
+                    stream.wait_event(events[slot])  # the steps that read this slot are done
+                slots[slot][0].copy_(x)
+                slots[slot][1].copy_(y)
+            if cuda:
+                stream.synchronize()
+            ready.put(("batch", slot, meta))
+    except BaseException as e:  # noqa: BLE001 - handed to the training process, raised there
+        with contextlib.suppress(Exception):
+            ready.put(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            with contextlib.suppress(Exception):
+                shutdown()
+
+
+class DecodeProcess:
+    """The training side: starts the decode process and hands its batches to the step (``get``,
+    ``release``; the same ``(tensors, meta)`` as the input thread's ``Prefetcher.get``)."""
+
+    def __init__(self, dataset, collate: Callable, sampler, workers: int, prefetch_factor: int | None,
+                 device: torch.device, spec: DecoderSpec, accum: int = 1):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.depth = SLOTS_AHEAD * accum
+        n = self.depth + accum  # ahead + in use
+        self.events = ([torch.cuda.Event(interprocess=True, blocking=False) for _ in range(n)]
+                       if self.cuda else [])
+        ctx = torch.multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+        self.ready, self.free = ctx.Queue(), ctx.Queue()
+        job = _Job(dataset, collate, sampler, workers, prefetch_factor, str(device), spec, n,
+                   tuple(e.ipc_handle() for e in self.events), os.getpid())
+        self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.held: list[int] = []  # slots handed to the step since the last release
+        self.closed = False
+        # not a daemon: a daemon may not start the DataLoader's workers; closed before the interpreter's
+        # exit joins it (atexit runs last-registered first, multiprocessing's own join after this)
+        self.proc = ctx.Process(target=_serve, args=(job, self.ready, self.free), name="dlscale-decode")
+        self.proc.start()
+        atexit.register(self.close)
+        try:
+            self.info: dict[str, Any] = self._take("info", START_TIMEOUT_S)[1]
+        except BaseException:
+            self.close()
+            raise
+
+    def _take(self, kind: str, timeout: float):
+        waited = 0.0
+        while True:
+            try:
+                msg = self.ready.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                waited += POLL_S
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"the decode process ended (exit code {self.proc.exitcode}) without "
+                                       f"a batch") from None
+                if waited >= timeout:
+                    raise RuntimeError(f"the decode process sent nothing for {timeout:.0f} s") from None
+        if msg[0] == "error":
+            raise RuntimeError(f"decode process: {msg[1]}")
+        if msg[0] != kind:
+            raise RuntimeError(f"decode process: expected {kind!r}, got {msg[0]!r}")
+        return msg
+
+    def get(self):
+        """The next finished batch (its slot's tensors, which stay valid until the next ``release``)."""
+        msg = self._take("slots", START_TIMEOUT_S) if not self.slots else None
+        if msg is not None:
+            self.slots = msg[1]
+        _, slot, meta = self._take("batch", START_TIMEOUT_S)
+        self.held.append(slot)
+        return self.slots[slot], meta
+
+    def release(self) -> None:
+        """Hand back the slots fetched since the last call: called at the next fetch, when every
+        kernel that reads them has been queued on the current stream."""
+        if self.cuda:
+            cur = torch.cuda.current_stream(self.device)
+            for s in self.held:
+                self.events[s].record(cur)
+        for s in self.held:
+            self.free.put(s)
+        self.held = []
+
+    def processes(self) -> list:
+        """psutil Processes of the loader: the decode process and its DataLoader workers."""
+        try:
+            import psutil
+        except ImportError:
+            return []
+        out = []
+        for pid in [self.info.get("pid"), *self.info.get("worker_pids", [])]:
+            with contextlib.suppress(Exception):
+                out.append(psutil.Process(pid))
+        return out
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        if self.closed:
+            return
+        self.closed = True
+        self.slots = []  # let go of the shared buffers before their owner ends
+        with contextlib.suppress(Exception):
+            self.free.put(None)
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        for q in (self.ready, self.free):
+            q.close()
+            q.cancel_join_thread()
+

@@ -1,0 +1,182 @@
+"""GPU decode in a process of its own (--data-decode-process, ``dlscale/inputs/decode_process.py``).
+
+On the CPU the decode process runs ``GpuDecoder`` with Pillow's decode and hands batches over in
+shared memory; what is checked is the hand-over (the same samples and pixels as the input thread's,
+slots reused without a batch overwritten while the step holds it), the record's words, and the
+faults: an error in the decode process, a decode process that dies, a training process that dies.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+
+from dlscale import ConfigError
+from dlscale.cli import main
+from dlscale.config import RunConfig
+from dlscale.inputs import case_words, dataset_info, images, make
+from dlscale.inputs.decode_process import DecodeProcess, DecoderSpec
+from dlscale.inputs.sampler import GlobalBatchSampler
+from dlscale.inputs.source import LoaderInfo, LoaderSource, gpu_reader, process_reader
+
+SIZE, BATCH = 40, 4
+
+
+@pytest.fixture(scope="module")
+def imgs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dproc")
+    make.make_imagenet_like(str(root / "imgs"), 16, classes=3, seed=5, jobs=1)
+    return dataset_info.list_imagefolder(str(root / "imgs"))
+
+
+def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode) -> LoaderSource:
+    dev = torch.device("cpu")
+    ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
+    sampler = GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0)
+    remote = None
+    if process:
+        reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil"), [], "image", cpu_images,
+                                BATCH)
+        remote = DecodeProcess(ds, reader.collate, sampler, 1, 2, dev, reader.process)
+        loader = None
+    else:
+        reader = gpu_reader(ds, images.GpuDecoder(dev, SIZE, True, decode=decode, name="pil"), [], "image",
+                            cpu_images, BATCH)
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=1, collate_fn=reader.collate,
+                                             prefetch_factor=2, persistent_workers=True)
+    info = LoaderInfo("imagefolder", "image", 1, "gpu", reader.decoder, reader.finish_on, False, 2, True,
+                      BATCH, BATCH, len(ds), sampler.per_epoch)
+    return LoaderSource(loader, reader.finish, dev, 1, info, threaded=True, page_cache={}, remote=remote)
+
+
+def _batches(src: LoaderSource, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for _ in range(n):
+        x, y = src.next()[0]
+        out.append((x.clone(), y.clone()))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu_images", [0, 1])
+def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images):
+    """Eight batches through three slots (each reused twice, the held batch never overwritten): the
+    same labels and pixels as the input thread's, in the model's layout; the loader's CPU is the
+    decode process's and its workers'."""
+    thread = _source(imgs, False, cpu_images)
+    try:
+        want = _batches(thread, 8)
+    finally:
+        thread.close()
+    src = _source(imgs, True, cpu_images)
+    try:
+        src.window_start()
+        got = []
+        for _ in range(8):
+            x, y = src.next()[0]
+            assert x.shape == (BATCH, 3, SIZE, SIZE) and x.is_contiguous(memory_format=torch.channels_last)
+            time.sleep(0.05)  # the decode process runs ahead meanwhile; it must not write the held slot
+            got.append((x.clone(), y.clone()))
+        src.window_end()
+        s = src.summary([0.0] * 8, 1.0)
+        assert s["prefetch_buffer_batches"] == 1 * 2 + 2  # the worker's prefetch + the slots ahead
+        assert s["loader_cpu_cores"] is not None and s["loader_cpu_cores"] > 0
+        procs = src.remote.processes()
+        assert len(procs) == 2  # the decode process and its DataLoader worker
+    finally:
+        src.close()
+    assert [y.tolist() for _, y in got] == [y.tolist() for _, y in want]
+    for (gx, _), (wx, _) in zip(got, want):
+        assert torch.equal(gx, wx)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+
+
+@pytest.mark.slow
+def test_an_error_in_the_decode_process_is_raised_at_the_fetch(imgs):
+    """An exception in the decode process (here a decoder that returns no images) ends the run with its
+    reason at the next fetch, not a hang; closing leaves no process behind."""
+    dec = DecoderSpec(SIZE, True, decode=_not_images, name="broken")
+    ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
+    remote = DecodeProcess(ds, images.collate_bytes, GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0), 1, 2,
+                           torch.device("cpu"), dec)
+    try:
+        with pytest.raises(RuntimeError, match="decode process: AttributeError: 'str' object has no attribute"):
+            remote.get()
+    finally:
+        remote.close()
+    assert remote.proc.exitcode is not None
+
+
+def _not_images(datas):
+    return ["not an image"] * len(datas)
+
+
+@pytest.mark.slow
+def test_a_decode_process_that_dies_is_noticed(imgs):
+    src = _source(imgs, True)
+    try:
+        src.next()
+        os.kill(src.remote.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"the decode process ended \(exit code -9\)"):
+            for _ in range(10):  # the batches already sent come first
+                src.next()
+        assert time.monotonic() - t0 < 10
+    finally:
+        src.close()
+
+
+@pytest.mark.slow
+def test_the_decode_process_ends_with_its_training_process(imgs, tmp_path):
+    """A training process killed outright (SIGKILL: no close, no atexit) takes its decode process and
+    that one's DataLoader workers with it."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_decode_process import _source
+        from dlscale.inputs import dataset_info
+        if __name__ == "__main__":  # the decode process is spawned: it imports this file again
+            src = _source(dataset_info.list_imagefolder({imgs.root!r}), True)
+            src.next()
+            print(" ".join(str(p.pid) for p in src.remote.processes()), flush=True)
+            time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status()
+                                                  != psutil.STATUS_ZOMBIE for p in pids):
+            time.sleep(0.2)
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left
+    finally:
+        proc.kill()
+
+
+def test_the_option_needs_gpu_decode_by_a_decoder_dlscale_drives(tmp_path, capsys):
+    folder = f"imagefolder:{tmp_path}"
+    cfg = RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_process=True)
+    assert cfg.case_key() != RunConfig(model="resnet50", data=folder, data_decode="gpu").case_key()
+    with pytest.raises(ConfigError, match="data-decode-process moves GPU decode .* needs --data imagefolder:PATH "
+                                          "--data-decode gpu"):
+        RunConfig(model="resnet50", data=folder, data_decode_process=True)
+    with pytest.raises(ConfigError, match="does not apply to --data-decoder dali"):
+        RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decoder="dali", data_decode_process=True)
+    assert main(["run", "--model", "resnet50", "--data", folder, "--data-decode-process"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data-decode-process" in err[0]
+    assert case_words(folder, "gpu", "torchvision", 0.25, True) == \
+        f"data {folder} (gpu decode by torchvision in its own process, 0.25 of it on the host)"
+    assert case_words(folder, "gpu", "auto", 0.0, False) == f"data {folder} (gpu decode)"
