@@ -85,7 +85,8 @@ def gpu_info() -> dict[str, Any]:
 # stream's priority, the allocator, thread counts, inductor); a record without them cannot be
 # reproduced. Matched by prefix or exact name; nothing else from the environment is recorded.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHINDUCTOR_", "NVSHMEM_",
-                   "TORCH_SYMM_MEM_", "XLA_", "JAX_")  # XLA_FLAGS, XLA_PYTHON_CLIENT_*: the JAX runs
+                   "TORCH_SYMM_MEM_", "XLA_", "JAX_",  # XLA_FLAGS, XLA_PYTHON_CLIENT_*: the JAX runs
+                   "CUDA_MPS_")  # the MPS server a process's CUDA contexts go through, its SM share
 TUNING_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS")
 
@@ -95,6 +96,17 @@ def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ)
             if k.startswith(TUNING_PREFIXES) or k in TUNING_NAMES}
+
+
+def mps_daemon() -> bool | None:
+    """Whether NVIDIA's MPS control daemon runs on this host: then the CUDA contexts of processes
+    that share a GPU run at once instead of by time slices (None: not known)."""
+    import psutil
+
+    try:
+        return any(p.info["name"] == "nvidia-cuda-mps-control" for p in psutil.process_iter(["name"]))
+    except (psutil.Error, OSError):
+        return None
 
 
 def affinity_count() -> int | None:
@@ -128,6 +140,7 @@ def capture(include_topology: bool = True, framework: str = "torch",
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda_available": torch.cuda.is_available(),
         "env_vars": tuning_env(),
+        "mps_daemon": mps_daemon(),
     }
     if torch.cuda.is_available():
         try:

@@ -180,3 +180,20 @@ def test_the_option_needs_gpu_decode_by_a_decoder_dlscale_drives(tmp_path, capsy
     assert case_words(folder, "gpu", "torchvision", 0.25, True) == \
         f"data {folder} (gpu decode by torchvision in its own process, 0.25 of it on the host)"
     assert case_words(folder, "gpu", "auto", 0.0, False) == f"data {folder} (gpu decode)"
+
+
+def test_the_environment_says_whether_mps_runs(monkeypatch):
+    """Processes sharing a GPU run at once under NVIDIA's MPS and by time slices without it: the record
+    says which (an MPS control daemon on the host; its CUDA_MPS_* variables)."""
+    from dlscale import envinfo
+
+    class P:
+        def __init__(self, name):
+            self.info = {"name": name}
+
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: iter([P("python"), P("nvidia-cuda-mps-control")]))
+    assert envinfo.mps_daemon() is True
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: iter([P("python")]))
+    assert envinfo.mps_daemon() is False
+    assert envinfo.tuning_env({"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps", "HOME": "/root"}) == \
+        {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps"}

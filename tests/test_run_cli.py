@@ -176,7 +176,7 @@ def test_ddp_matches_single_process_on_same_global_batch(case, model):
     assert all(r["device"] == "cpu" and r["host"] for r in rd["ranks"])
     env = rd["env"]
     for key in ("dlscale", "git_sha", "torch", "cuda", "nccl", "driver", "gpus", "host", "cpu", "topology",
-                "env_vars"):
+                "env_vars", "mps_daemon"):
         assert key in env
     rep = rd["repeats"][0]
     assert len(rep["step_times_ms"]) == 2 and all(t > 0 for t in rep["step_times_ms"])
