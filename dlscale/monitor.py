@@ -308,6 +308,9 @@ def _gpu_pids(pynvml, h) -> list[int]:
     return sorted(pids)
 
 
+MPS_SERVER = "nvidia-cuda-mps-server"  # the process NVML lists on a GPU shared through MPS
+
+
 class _Collector:
     """Takes samples.  Used by the sampler process and by the live table (in-process)."""
 
@@ -551,8 +554,20 @@ class _Collector:
         for g in s["gpus"]:
             pids = g.get("pids")
             if pids is not None:
-                g["foreign_pids"] = [p for p in pids if p not in tree]
+                # under MPS, NVML lists the MPS server beside its clients (the case's processes and
+                # any other one, each under its own pid): the server is no competitor of its own
+                g["foreign_pids"] = [p for p in pids if p not in tree and not self._mps_server(p)]
                 g["own_pids_seen"] = any(p in tree for p in pids)
+
+    def _mps_server(self, pid: int) -> bool:
+        """Whether ``pid`` is NVIDIA's MPS server (its name, looked up once per pid)."""
+        names = self.__dict__.setdefault("_names", {})
+        if pid not in names:
+            try:
+                names[pid] = self.psutil.Process(pid).name()
+            except Exception:  # noqa: BLE001 - gone, or another namespace's pid: not known as the server
+                names[pid] = None
+        return names[pid] == MPS_SERVER
 
 
 def _worker_main(args) -> int:

@@ -363,8 +363,22 @@ def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
                             "above all) may be off by as much", NOTE, gap, t.max_breakdown_gap))
 
 
+def _check_decode_process(rec, t: Thresholds, v: Validity) -> None:
+    """GPU decode in a process of its own on a GPU without MPS: the two processes' CUDA contexts
+    share the GPU by time slices, so the decode costs the step more than it would on a thread."""
+    if not _cfg(rec).get("data_decode_process") or str(rec.get("device_type")) != "cuda":
+        return
+    env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+    if "mps_daemon" not in env or env["mps_daemon"] is None:
+        v.unchecked["decode_process_time_sliced"] = "whether MPS ran is not recorded"
+    elif env["mps_daemon"] is False:
+        v.flags.append(Flag("decode_process_time_sliced", "the decode process and the training process shared the "
+                            "GPU without MPS, by time slices: its decode cost the step more than on a thread "
+                            "(docs/data.md: start nvidia-cuda-mps-control -d first)", NOTE))
+
+
 CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
-          _check_breakdown)
+          _check_breakdown, _check_decode_process)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

@@ -503,3 +503,29 @@ def test_gpus_by_uuid_map_to_nvml_indices():
     col.pynvml, col.errors = FakeNvml(), []
     assert col._nvml_indices(["GPU-ccc", "gpu-bbb", 0], 3) == [2, 1, 0]
     assert col._nvml_indices(["GPU-zzz"], 3) == [] and "GPU-zzz not present" in col.errors[0]
+
+
+def test_the_mps_server_is_not_a_competing_gpu_process():
+    """Under MPS, NVML lists the server beside the case's own processes: not a competitor; any
+    other process on the GPU still is."""
+    from dlscale import monitor
+
+    class Proc:
+        def __init__(self, pid):
+            self.pid = pid
+
+    class FakePsutil:
+        names = {70: monitor.MPS_SERVER, 80: "python"}
+
+        def Process(self, pid):
+            if pid not in self.names:
+                raise psutil.NoSuchProcess(pid)
+            return type("P", (), {"name": lambda _self, n=self.names[pid]: n})()
+
+    col = monitor._Collector.__new__(monitor._Collector)
+    col.psutil, col._tree, col.own_pid, col.cores = FakePsutil(), [Proc(10), Proc(11)], 12, None
+    col._case_cpu_s = lambda: 0.5
+    s = {"gpus": [{"pids": [10, 11, 70]}, {"pids": [10, 70, 80, 90]}]}
+    col._case_load(s, [50.0, 50.0], 1.0)
+    assert s["gpus"][0]["foreign_pids"] == [] and s["gpus"][0]["own_pids_seen"] is True
+    assert s["gpus"][1]["foreign_pids"] == [80, 90]

@@ -314,3 +314,21 @@ def test_side_by_side_compares_one_device_cases_with_verdicts_and_thread_flags(t
     md = capsys.readouterr().out
     assert "## Side by side (same workload, different settings)" in md
     assert "| single · compiled | 130.00 | 1.300 |" in md and "⚠ baseline_threads" in md
+
+
+def test_a_decode_process_without_mps_gets_a_note():
+    """GPU decode in its own process time-slices the GPU with the training process unless MPS runs:
+    a note where the record says no MPS daemon ran, unchecked where it does not say, nothing with MPS
+    or without the option."""
+    def checks(mps, process=True):
+        rec = record(device="cuda")
+        rec["config"]["data_decode_process"] = process
+        if mps != "unknown":
+            rec["env"]["mps_daemon"] = mps
+        v = validity.assess(rec)
+        return [f.check for f in v.flags], v.unchecked
+    flags, unchecked = checks(False)
+    assert "decode_process_time_sliced" in flags and validity.assess(record(device="cuda")).sound
+    assert "decode_process_time_sliced" not in checks(True)[0]
+    assert "decode_process_time_sliced" in checks("unknown")[1]
+    assert "decode_process_time_sliced" not in checks(False, process=False)[0]
