@@ -338,6 +338,16 @@ def _check_threads(rec, t: Thresholds, v: Validity) -> None:
                             f"on {cores:.0f} cores: ranks compete for cores", WARN, used, cores))
 
 
+def window_step_ms(rec) -> float | None:
+    """The window's step of a run record: the median over its ok repeats of rank 0's median step (ms)."""
+    medians = []
+    for r in _ok_repeats(rec):
+        xs = [x for x in (_num(s) for s in r.get("step_times_ms") or []) if x is not None]
+        if xs:
+            medians.append(statistics.median(xs))
+    return statistics.median(medians) if medians else None
+
+
 def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
     """The step breakdown (after the window) against the window it explains: its parts are only as
     good as their sum's agreement with the window's step. Only records with a breakdown are checked."""
@@ -345,15 +355,10 @@ def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
     if not isinstance(b, dict) or not b.get("supported"):
         return
     step = _num(b.get("step_ms"))
-    medians = []
-    for r in _ok_repeats(rec):
-        xs = [x for x in (_num(s) for s in r.get("step_times_ms") or []) if x is not None]
-        if xs:
-            medians.append(statistics.median(xs))
-    if step is None or not medians:
+    window = window_step_ms(rec)
+    if step is None or window is None:
         v.unchecked["breakdown_gap"] = "no step times in the window to hold the breakdown against"
         return
-    window = statistics.median(medians)
     gap = step / window - 1 if window > 0 else None
     if gap is not None and abs(gap) > t.max_breakdown_gap:
         limit = t.max_breakdown_gap * 100

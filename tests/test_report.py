@@ -41,11 +41,14 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def md_tables(text: str) -> dict[str, list[list[str]]]:
-    """{### heading: table body rows as cell lists} of a Markdown report."""
+    """{### heading: the first table's body rows as cell lists} of a Markdown report (a later table under
+    the same heading, the step growth, is left out)."""
     tables, heading, rows = {}, None, None
     for line in text.splitlines():
         if line.startswith("### "):
             heading, rows = line[4:], None
+        elif not line.startswith("|") and rows is not None:
+            heading, rows = None, None  # the first table ended
         elif line.startswith("|") and heading is not None:
             if rows is None:
                 rows = tables.setdefault(heading, [])

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
-from dlscale.report import parity, sidebyside, sources
+from dlscale.report import account, parity, sidebyside, sources
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -411,6 +411,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         out.append("")
         out += [f"- {n}" for n in group_notes(g)]
         out.append("")
+        out += account.markdown(g)
         for title, path in plot_links.get(g.name, []):
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):
@@ -594,6 +595,7 @@ def to_json_obj(report: Report) -> dict[str, Any]:
             "baseline_record_id": g.baseline.record.get("id") if g.baseline else None,
             "baseline_strategy": g.baseline.strategy if g.baseline else None,
             "kind": g.fields.get("kind", "run"), "stack": sources.stack_name(g.fields),
+            "step_growth": {r.node_gpu: a.to_dict() for r, a in account.group_accounts(g)},
         }
     return {
         "dlperf": dlperf,
