@@ -197,3 +197,19 @@ def test_the_environment_says_whether_mps_runs(monkeypatch):
     assert envinfo.mps_daemon() is False
     assert envinfo.tuning_env({"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps", "HOME": "/root"}) == \
         {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps"}
+
+
+def test_a_decode_process_without_mps_is_warned_of_before_the_run(tmp_path, monkeypatch, capsys):
+    """The machine check warns (one line, the run goes on) where no MPS daemon runs, and is quiet with one."""
+    from dlscale import envinfo, inputs
+    from dlscale.inputs import images as imgs_mod
+
+    monkeypatch.setattr(imgs_mod, "check_gpu_decoder", lambda choice: None)
+    cfg = RunConfig(model="resnet50", data=f"imagefolder:{tmp_path}", data_decode="gpu", data_decode_process=True)
+    monkeypatch.setattr(envinfo, "mps_daemon", lambda: False)
+    inputs.check_machine(cfg, "cuda")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "without NVIDIA's MPS daemon" in err[0]
+    monkeypatch.setattr(envinfo, "mps_daemon", lambda: True)
+    inputs.check_machine(cfg, "cuda")
+    assert capsys.readouterr().err == ""

@@ -6,7 +6,7 @@ What the rest of dlscale calls:
   fits the model; ConfigError naming the file otherwise, before anything starts;
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
   the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, DALI, or one of the first two
-  for auto);
+  for auto); a decode process without MPS is warned of;
 * ``case_words(data, decode, decoder, cpu_share, process)`` (sweep lines, compare tables): the data part of a case's name;
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterable, Iterator
 
 from dlscale import ConfigError
@@ -123,6 +124,13 @@ def check_machine(cfg, device_type: str) -> None:
     from dlscale.inputs.images import check_gpu_decoder
 
     check_gpu_decoder(cfg.data_decoder)
+    if cfg.data_decode_process:
+        from dlscale.envinfo import mps_daemon
+
+        if mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
+            print("dlscale: warning: data-decode-process without NVIDIA's MPS daemon: the decode process and the "
+                  "training share the GPU by time slices (start nvidia-cuda-mps-control -d first; docs/data.md)",
+                  file=sys.stderr, flush=True)
 
 
 def describe(cfg) -> dict[str, Any] | None:
