@@ -348,19 +348,30 @@ def window_step_ms(rec) -> float | None:
     return statistics.median(medians) if medians else None
 
 
+def breakdown_gap(rec) -> tuple[float, float, float] | None:
+    """A record's supported step breakdown against its window: (the phases' sum, the window's step, the
+    sum / the step - 1), ms; None without a breakdown, its sum or step times in the window."""
+    b = rec.get("breakdown")
+    if not isinstance(b, dict) or not b.get("supported"):
+        return None
+    step, window = _num(b.get("step_ms")), window_step_ms(rec)
+    if step is None or window is None or window <= 0:
+        return None
+    return step, window, step / window - 1
+
+
 def _check_breakdown(rec, t: Thresholds, v: Validity) -> None:
     """The step breakdown (after the window) against the window it explains: its parts are only as
     good as their sum's agreement with the window's step. Only records with a breakdown are checked."""
     b = rec.get("breakdown")
     if not isinstance(b, dict) or not b.get("supported"):
         return
-    step = _num(b.get("step_ms"))
-    window = window_step_ms(rec)
-    if step is None or window is None:
+    got = breakdown_gap(rec)
+    if got is None:
         v.unchecked["breakdown_gap"] = "no step times in the window to hold the breakdown against"
         return
-    gap = step / window - 1 if window > 0 else None
-    if gap is not None and abs(gap) > t.max_breakdown_gap:
+    step, window, gap = got
+    if abs(gap) > t.max_breakdown_gap:
         limit = t.max_breakdown_gap * 100
         v.flags.append(Flag("breakdown_gap", f"the step breakdown's phases sum to {step:.3g} ms against the window's "
                             f"median step of {window:.3g} ms ({gap * 100:+.1f} %, limit ±{limit:g} %): the steps "

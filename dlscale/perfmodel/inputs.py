@@ -420,12 +420,13 @@ def overlap_for(workload: Workload, base: Row, opts: ModelOptions,
             continue
         r = num(row.breakdown.get("overlap_ratio")) if row.breakdown else None
         if r is not None and 0.0 <= r <= 1.0:
-            gap = next((f for f in validity.assess(row.record).flags if f.check == "breakdown_gap"), None)
+            got = validity.breakdown_gap(row.record)
+            gap = got[2] if got is not None and abs(got[2]) > validity.THRESHOLDS.max_breakdown_gap else None
             cands.append((gap is None, row.strategy == opts.strategy, row.devices, rec_created(row.record), r, row,
                           gap))
     if cands:
         *_, r, row, gap = max(cands, key=lambda c: c[:4])
-        off = f" (its phases {gap.value * 100:+.1f} % off its window's step: breakdown_gap)" if gap else ""
+        off = f" (its phases {gap * 100:+.1f} % off its window's step: breakdown_gap)" if gap is not None else ""
         return r, (f"measured: overlap_ratio {r:.2f} of the {row.devices}-device {row.strategy} breakdown, "
                    f"record {short_id(row.record)}{off}")
     return "none", "no measured breakdown of this workload at > 1 device: none hidden (all-reduce after backward)"

@@ -14,11 +14,13 @@ alone). A breakdown more than ``Thresholds.max_breakdown_gap`` off its window (v
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, md_table
+from dlscale.report.data import num, rec_counts
 
 
 @dataclass(frozen=True)
@@ -42,45 +44,30 @@ class StepAccount:
         return asdict(self)
 
 
-def _f(b: dict, key: str) -> float | None:
-    v = b.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _breakdown(rec: dict[str, Any]) -> dict | None:
-    b = rec.get("breakdown")
-    return b if isinstance(b, dict) and b.get("supported") and _f(b, "step_ms") is not None else None
-
-
 def account(base: dict[str, Any], rec: dict[str, Any], efficiency: float | None = None) -> StepAccount | None:
     """The account of ``rec`` (N devices, a breakdown with its backward under no_sync) against
     ``base`` (1 device, a breakdown); None where either lacks what it needs."""
-    b1, bn = _breakdown(base), _breakdown(rec)
-    w1, wn = validity.window_step_ms(base), validity.window_step_ms(rec)
-    if b1 is None or bn is None or w1 is None or wn is None:
+    g1, gn = validity.breakdown_gap(base), validity.breakdown_gap(rec)
+    if g1 is None or gn is None:
         return None
-    need = [_f(b1, "forward_ms"), _f(b1, "backward_ms"), _f(bn, "forward_ms"), _f(bn, "backward_ms"),
-            _f(bn, "backward_compute_ms"), _f(bn, "exposed_comm_ms")]
+    b1, bn = base["breakdown"], rec["breakdown"]
+    need = [num(b1.get("forward_ms")), num(b1.get("backward_ms")), num(bn.get("forward_ms")),
+            num(bn.get("backward_compute_ms")), num(bn.get("exposed_comm_ms"))]
     if any(v is None for v in need):
         return None
-    f1, bw1, fn, bwn, bcn, exposed = need
-    opt = (_f(bn, "optimizer_ms") or 0.0) - (_f(b1, "optimizer_ms") or 0.0)
-    data = (_f(bn, "data_ms") or 0.0) - (_f(b1, "data_ms") or 0.0)
-    alone = _f(bn, "comm_ms")
-    phases = _f(bn, "step_ms") - _f(b1, "step_ms")
-    gap = validity.THRESHOLDS.max_breakdown_gap
-    off = [name for name, b, w in (("1 device", b1, w1), (f"{_devices(rec)} devices", bn, wn))
-           if abs(_f(b, "step_ms") / w - 1) > gap]
+    f1, bw1, fn, bcn, exposed = need
+    (s1, w1, _), (sn, wn, _) = g1, gn
+    opt = (num(bn.get("optimizer_ms")) or 0.0) - (num(b1.get("optimizer_ms")) or 0.0)
+    data = (num(bn.get("data_ms")) or 0.0) - (num(b1.get("data_ms")) or 0.0)
+    alone = num(bn.get("comm_ms"))
+    devices = math.prod(rec_counts(rec))
+    limit = validity.THRESHOLDS.max_breakdown_gap
+    off = [name for name, g in (("1 device", g1), (f"{devices} devices", gn)) if abs(g[2]) > limit]
     return StepAccount(
-        devices=_devices(rec), window_1_ms=w1, window_n_ms=wn, grows_ms=wn - w1, forward_ms=fn - f1,
+        devices=devices, window_1_ms=w1, window_n_ms=wn, grows_ms=wn - w1, forward_ms=fn - f1,
         backward_compute_ms=bcn - bw1, exposed_comm_ms=exposed, comm_alone_ms=alone,
         hidden_share=(1 - exposed / alone) if alone else None, optimizer_ms=opt, data_ms=data,
-        unplaced_ms=(wn - w1) - phases, efficiency=efficiency, off_window=off)
-
-
-def _devices(rec: dict[str, Any]) -> int:
-    c = rec.get("config") or {}
-    return int(c.get("nnodes") or 1) * int(c.get("nproc_per_node") or 1)
+        unplaced_ms=(wn - w1) - (sn - s1), efficiency=efficiency, off_window=off)
 
 
 def group_accounts(group) -> list[tuple[Any, StepAccount]]:
