@@ -347,6 +347,7 @@ class _Collector:
         self._listed_wall = None  # wall time of the latest tree listing
         self._prev_listed_wall = None  # and of the one before
         self._cpu_prev: dict[int, tuple[float, float]] = {}  # pid -> (create time, CPU seconds)
+        self._names: dict[int, str | None] = {}  # pid -> process name, for the MPS server
         if pid is not None:
             try:
                 self._root = psutil.Process(pid)
@@ -561,13 +562,12 @@ class _Collector:
 
     def _mps_server(self, pid: int) -> bool:
         """Whether ``pid`` is NVIDIA's MPS server (its name, looked up once per pid)."""
-        names = self.__dict__.setdefault("_names", {})
-        if pid not in names:
+        if pid not in self._names:
             try:
-                names[pid] = self.psutil.Process(pid).name()
+                self._names[pid] = self.psutil.Process(pid).name()
             except Exception:  # noqa: BLE001 - gone, or another namespace's pid: not known as the server
-                names[pid] = None
-        return names[pid] == MPS_SERVER
+                self._names[pid] = None
+        return self._names[pid] == MPS_SERVER
 
 
 def _worker_main(args) -> int:

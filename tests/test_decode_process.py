@@ -24,7 +24,7 @@ from dlscale.config import RunConfig
 from dlscale.inputs import case_words, dataset_info, images, make
 from dlscale.inputs.decode_process import DecodeProcess, DecoderSpec
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.source import LoaderInfo, LoaderSource, gpu_reader, process_reader
+from dlscale.inputs.source import LoaderInfo, LoaderSource, data_loader, gpu_reader, process_reader
 
 SIZE, BATCH = 40, 4
 
@@ -44,13 +44,12 @@ def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode) 
     if process:
         reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil"), [], "image", cpu_images,
                                 BATCH)
-        remote = DecodeProcess(ds, reader.collate, sampler, 1, 2, dev, reader.process)
+        remote = DecodeProcess(ds, reader.collate, sampler, 1, dev, reader.process)
         loader = None
     else:
         reader = gpu_reader(ds, images.GpuDecoder(dev, SIZE, True, decode=decode, name="pil"), [], "image",
                             cpu_images, BATCH)
-        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=1, collate_fn=reader.collate,
-                                             prefetch_factor=2, persistent_workers=True)
+        loader = data_loader(ds, reader.collate, sampler, 1, False)  # the thread's, as start_source makes it
     info = LoaderInfo("imagefolder", "image", 1, "gpu", reader.decoder, reader.finish_on, False, 2, True,
                       BATCH, BATCH, len(ds), sampler.per_epoch)
     return LoaderSource(loader, reader.finish, dev, 1, info, threaded=True, page_cache={}, remote=remote)
@@ -104,7 +103,7 @@ def test_an_error_in_the_decode_process_is_raised_at_the_fetch(imgs):
     reason at the next fetch, not a hang; closing leaves no process behind."""
     dec = DecoderSpec(SIZE, True, decode=_not_images, name="broken")
     ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
-    remote = DecodeProcess(ds, images.collate_bytes, GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0), 1, 2,
+    remote = DecodeProcess(ds, images.collate_bytes, GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0), 1,
                            torch.device("cpu"), dec)
     try:
         with pytest.raises(RuntimeError, match="decode process: AttributeError: 'str' object has no attribute"):

@@ -523,7 +523,7 @@ def test_the_mps_server_is_not_a_competing_gpu_process():
             return type("P", (), {"name": lambda _self, n=self.names[pid]: n})()
 
     col = monitor._Collector.__new__(monitor._Collector)
-    col.psutil, col._tree, col.own_pid, col.cores = FakePsutil(), [Proc(10), Proc(11)], 12, None
+    col.psutil, col._tree, col.own_pid, col.cores, col._names = FakePsutil(), [Proc(10), Proc(11)], 12, None, {}
     col._case_cpu_s = lambda: 0.5
     s = {"gpus": [{"pids": [10, 11, 70]}, {"pids": [10, 70, 80, 90]}]}
     col._case_load(s, [50.0, 50.0], 1.0)

@@ -63,7 +63,6 @@ class _Job:
     collate: Callable
     sampler: Any
     workers: int
-    prefetch_factor: int | None
     device: str
     spec: DecoderSpec
     slots: int
@@ -71,9 +70,27 @@ class _Job:
     parent: int
 
 
+def _take_free(free, idle: collections.deque, parent: int) -> bool:
+    """Add the slots the training process handed back so far to ``idle``, waiting for one only when
+    none is idle; False when told to stop (None) or orphaned."""
+    while True:
+        try:
+            s = free.get(timeout=POLL_S) if not idle else free.get_nowait()
+        except queue.Empty:
+            if idle:
+                return True
+            if os.getppid() != parent:
+                return False
+            continue
+        if s is None:
+            return False
+        idle.append(s)
+
+
 def _serve(job: _Job, ready, free) -> None:
     """The decode process: DataLoader -> GpuDecoder -> slots, until told to stop or orphaned."""
     from dlscale import procs
+    from dlscale.inputs.source import data_loader
 
     procs.die_with_parent()
     it = None
@@ -82,10 +99,7 @@ def _serve(job: _Job, ready, free) -> None:
         cuda = device.type == "cuda"
         if cuda:  # first: the DataLoader's pin-memory thread takes the current device
             torch.cuda.set_device(device)
-        loader = torch.utils.data.DataLoader(
-            job.dataset, batch_sampler=job.sampler, num_workers=job.workers, collate_fn=job.collate,
-            pin_memory=cuda, prefetch_factor=job.prefetch_factor, persistent_workers=job.workers > 0)
-        it = iter(loader)  # the workers fork here (they never touch CUDA)
+        it = iter(data_loader(job.dataset, job.collate, job.sampler, job.workers, cuda))  # the workers fork here
         stream, events = None, []
         if cuda:
             stream = torch.cuda.Stream(device)
@@ -96,19 +110,7 @@ def _serve(job: _Job, ready, free) -> None:
                             "pid": os.getpid(), "worker_pids": pids}))
         slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         idle = collections.deque(range(job.slots))
-        while True:
-            while True:  # the slots handed back so far; wait for one only when none is idle
-                try:
-                    s = free.get(timeout=POLL_S) if not idle else free.get_nowait()
-                except queue.Empty:
-                    if idle:
-                        break
-                    if os.getppid() != job.parent:
-                        return
-                    continue
-                if s is None:
-                    return
-                idle.append(s)
+        while _take_free(free, idle, job.parent):
             slot = idle.popleft()
             item = next(it)
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
@@ -138,8 +140,8 @@ class DecodeProcess:
     """The training side: starts the decode process and hands its batches to the step (``get``,
     ``release``; the same ``(tensors, meta)`` as the input thread's ``Prefetcher.get``)."""
 
-    def __init__(self, dataset, collate: Callable, sampler, workers: int, prefetch_factor: int | None,
-                 device: torch.device, spec: DecoderSpec, accum: int = 1):
+    def __init__(self, dataset, collate: Callable, sampler, workers: int, device: torch.device, spec: DecoderSpec,
+                 accum: int = 1):
         self.device = device
         self.cuda = device.type == "cuda"
         self.depth = SLOTS_AHEAD * accum
@@ -148,7 +150,7 @@ class DecodeProcess:
                        if self.cuda else [])
         ctx = torch.multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
         self.ready, self.free = ctx.Queue(), ctx.Queue()
-        job = _Job(dataset, collate, sampler, workers, prefetch_factor, str(device), spec, n,
+        job = _Job(dataset, collate, sampler, workers, str(device), spec, n,
                    tuple(e.ipc_handle() for e in self.events), os.getpid())
         self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.held: list[int] = []  # slots handed to the step since the last release

@@ -529,6 +529,14 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
                   [spec.path], kind)
 
 
+def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
+    """The DataLoader of a rank's source (here, or in its decode process): ``workers`` processes,
+    pinned memory on CUDA, ``PREFETCH_FACTOR`` batches each, persistent workers."""
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+                                       pin_memory=cuda, prefetch_factor=PREFETCH_FACTOR if workers else None,
+                                       persistent_workers=workers > 0)
+
+
 def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, workers: int, decode: str,
                  device: torch.device, accum: int, page_cache: dict[str, Any]) -> LoaderSource:
     """A DataLoader over ``reader`` with ``workers`` processes, pinned memory on CUDA, prefetch and
@@ -538,14 +546,11 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
     if reader.process is not None:  # the DataLoader lives in the decode process
-        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, prefetch, device, reader.process,
-                               accum)
+        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum)
         got = remote.info
         name, gpu_decoder, backend = f"{got['name']}; crop: {got['crop']}{reader.decoder}", got["kind"], got["backend"]
     else:
-        loader = torch.utils.data.DataLoader(
-            reader.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=reader.collate, pin_memory=cuda,
-            prefetch_factor=prefetch, persistent_workers=workers > 0)
+        loader = data_loader(reader.dataset, reader.collate, sampler, workers, cuda)
     info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda, prefetch,
                       workers > 0, sampler.b, sampler.g, sampler.n, sampler.per_epoch, gpu_decoder, backend)
     try:
