@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, fp8, frameworks, inputs, metrics, stacks, validity
+from dlscale import DlscaleError, envinfo, fp8, frameworks, inputs, metrics, stacks, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
@@ -316,52 +316,101 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     rec.omp_num_threads = env.get("OMP_NUM_THREADS") if device_type == "cpu" else None
     env.update({k: str(v) for k, v in cfg.env.items()})  # the case's own tuning variables
     local_world = spawner.local_world(cfg)
-    rank_results: list[dict] = []
+    rank_results: list[dict] = []  # the last finished repeat's rank files (every repeat's when all were ok)
     procs.clean_stale_tempdirs()  # what a SIGKILLed dlscale left behind
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging:
-        for i in range(cfg.repeats):
-            with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
-                workdir = Path(tmp)
-                (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
-                proc = spawner.start(cfg, workdir, env)
-                rank_results = read_rank_files(workdir)
-                started = read_started(workdir)
-                rank_stacks = stacks.read(workdir) if proc.timed_out else {}
-                series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
-            status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
-                                         proc.output_tail, started=started or None,
-                                         stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
-            entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
-            if status_i == "ok" and proc.returncode != 0:
-                entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
-            entry["series"] = series
-            if rank_stacks:  # timed out: where each rank was (innermost frame, and dlscale's)
-                entry["rank_stacks"] = {str(r): stacks.where(f) for r, f in sorted(rank_stacks.items())}
-            rec.repeats.append(entry)
-            if i == 0:
-                rec.ranks = [{k: r.get(k) for k in RANK_KEYS} for r in rank_results]
-                emit("ranks", rec.ranks)
-            emit("repeat", entry)
-            if status_i != "ok":
-                rec.status, rec.error = status_i, error_i
-                if proc.output_tail and status_i == "failed":
-                    entry["output_tail"] = proc.output_tail[-4000:]
-                break
-        # rank_results: the last repeat's ranks (every repeat's when all were ok)
-        first = lambda key: next((r.get(key) for r in rank_results if r.get(key) is not None), None)  # noqa: E731
-        dp_size = first("dp_size")
-        rec.model = {"params": first("params"), "flops_per_sample": spec.flops_per_sample, "unit": spec.unit,
-                     "seq_len": spec.seq_len}
-        rec.global_batch = cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None
-        rec.tf32 = first("tf32")
-        rec.strategy_info = first("strategy_info")
-        threads = [r.get("threads") for r in rank_results if r.get("threads") is not None]
-        rec.threads = threads or None
-        if any(r["status"] == "ok" for r in rec.repeats):
-            rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
-        _median_repeat_extras(rec, files_root, Path(staging))
+        try:
+            _repeat_loop(cfg, spawner, rec, env, local_world, files_root, Path(staging), emit, rank_results)
+        except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
+            if not any(r["status"] == "ok" for r in rec.repeats):
+                raise
+            by = f" by {e.args[0]}" if e.args else ""
+            rec.status = "interrupted"
+            rec.error = (f"interrupted{by} during repeat {len(rec.repeats) + 1}/{cfg.repeats}: the "
+                         f"{len(rec.repeats)} repeat(s) that finished are kept; the case runs again in full")
+            with procs.uninterrupted():
+                _finish(cfg, spec, rec, rank_results, device_type, files_root, Path(staging))
+                rec.validity = validity.assess(rec.to_dict()).to_dict()
+            raise Interrupted(rec, *e.args) from None
+        _finish(cfg, spec, rec, rank_results, device_type, files_root, Path(staging))
     rec.validity = validity.assess(rec.to_dict()).to_dict()
     return rec
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped a case after some of its repeats finished: ``record`` holds them (status
+    ``interrupted``) for the caller to store; otherwise a KeyboardInterrupt like any other."""
+
+    def __init__(self, record: Record, *args):
+        super().__init__(*args)
+        self.record = record
+
+
+def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None = None) -> str:
+    """Store the repeats that finished before the signal (an ``Interrupted``'s record, given its
+    ``sweep`` origin); one clause saying what became of them."""
+    rec = getattr(e, "record", None)
+    if rec is None:
+        return f"no repeat of it had finished, no record was written to {store.file}"
+    rec.sweep = sweep or rec.sweep
+    try:
+        with procs.uninterrupted():  # never a torn record line
+            store.append_or_recover(rec.to_dict())
+    except DlscaleError as err:  # StoreError: kept in the recovery file it names
+        return f"its {len(rec.repeats)} finished repeat(s) could not be stored: {err}"
+    return (f"its {len(rec.repeats)} finished repeat(s) are in {store.file} as record {rec.id[:12]} (status "
+            f"interrupted; a sweep measures the case again in full)")
+
+
+def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], local_world: int,
+                 files_root: Path | None, staging: Path, emit, rank_results: list[dict]) -> None:
+    """Run the repeats into ``rec.repeats``, stopping at the first that is not ok; ``rank_results``
+    is set in place to each finished repeat's rank files (a signal leaves the last finished one's)."""
+    for i in range(cfg.repeats):
+        with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
+            workdir = Path(tmp)
+            (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
+            proc = spawner.start(cfg, workdir, env)
+            rank_results[:] = read_rank_files(workdir)
+            started = read_started(workdir)
+            rank_stacks = stacks.read(workdir) if proc.timed_out else {}
+            series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
+        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
+                                     proc.output_tail, started=started or None,
+                                     stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
+        entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
+        if status_i == "ok" and proc.returncode != 0:
+            entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
+        entry["series"] = series
+        if rank_stacks:  # timed out: where each rank was (innermost frame, and dlscale's)
+            entry["rank_stacks"] = {str(r): stacks.where(f) for r, f in sorted(rank_stacks.items())}
+        rec.repeats.append(entry)
+        if i == 0:
+            rec.ranks = [{k: r.get(k) for k in RANK_KEYS} for r in rank_results]
+            emit("ranks", rec.ranks)
+        emit("repeat", entry)
+        if status_i != "ok":
+            rec.status, rec.error = status_i, error_i
+            if proc.output_tail and status_i == "failed":
+                entry["output_tail"] = proc.output_tail[-4000:]
+            break
+
+
+def _finish(cfg: RunConfig, spec, rec: Record, rank_results: list[dict], device_type: str,
+            files_root: Path | None, staging: Path) -> None:
+    """The record's case-level fields from the repeats measured and the last one's rank files."""
+    first = lambda key: next((r.get(key) for r in rank_results if r.get(key) is not None), None)  # noqa: E731
+    dp_size = first("dp_size")
+    rec.model = {"params": first("params"), "flops_per_sample": spec.flops_per_sample, "unit": spec.unit,
+                 "seq_len": spec.seq_len}
+    rec.global_batch = cfg.batch_size * cfg.grad_accum * dp_size if dp_size else None
+    rec.tf32 = first("tf32")
+    rec.strategy_info = first("strategy_info")
+    threads = [r.get("threads") for r in rank_results if r.get("threads") is not None]
+    rec.threads = threads or None
+    if any(r["status"] == "ok" for r in rec.repeats):
+        rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
+    _median_repeat_extras(rec, files_root, staging)
 
 
 RANK_KEYS = ("rank", "local_rank", "host", "device", "device_name", "pid", "threads")

@@ -30,7 +30,9 @@ from dlscale import ConfigError, DlscaleError
 
 SCHEMA = "dlscale.record/1"
 DEFAULT_FILE = "results.jsonl"
-STATUSES = ("ok", "oom", "timeout", "failed", "unsupported")
+# interrupted: a signal stopped the case after some repeats finished; the record keeps those (a sweep runs
+# the case again in full)
+STATUSES = ("ok", "oom", "timeout", "failed", "unsupported", "interrupted")
 EXIT_NOT_STORED = 7  # the measurement could not be stored (kept in a recovery file)
 ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below the store's directory
 # free space a case needs in the store before it starts: its record and utilisation series (a record

@@ -120,8 +120,9 @@ def cmd_run(args) -> int:
         by = f" by {e.args[0]}" if e.args else ""
         print(f"dlscale: run interrupted{by} during repeat {min(len(done) + 1, cfg.repeats)}/{cfg.repeats} of "
               f"{cfg.model} {cfg.strategy} batch {cfg.batch_size}: its processes and temp files were removed; "
-              f"no record was written to {store.file}", file=sys.stderr, flush=True)
+              f"{launch.keep_interrupted(e, store)}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
 
 
 def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> int:

@@ -10,7 +10,8 @@
 * A case that needs more GPUs than are visible, or more than one node, is skipped with a note.
 * Exit codes: 0 when every case has a result (ok, oom or unsupported: DLPerf lists OOM as a
   result), 5 when a case failed or timed out, 2 for bad input (before anything runs), 130 when
-  interrupted (Ctrl-C, SIGTERM or SIGHUP: the running case's processes are killed, no record is written),
+  interrupted (Ctrl-C, SIGTERM or SIGHUP: the running case's processes are killed; the repeats of it that
+  had finished are stored as a record of status ``interrupted``, which a resumed sweep measures again),
   7 when a finished case's record could not be stored (the sweep stops; the one line names the
   recovery file that keeps the record).
 * An unreadable entry of the store is skipped with a warning naming it; a store that cannot be
@@ -341,15 +342,17 @@ def cmd_sweep(args) -> int:
         store.check_writable()
 
     results: list[tuple[Planned, dict[str, Any] | None]] = []
+    from dlscale import launch
     from dlscale.procs import interrupts
 
     try:
         with interrupts():  # SIGTERM and SIGHUP as Ctrl-C: the running case's processes end
             _sweep_loop(todo, suite, store, args.verbose, results)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         n_done = len(results)
         what = describe(todo[n_done].cfg) if n_done < len(todo) else "-"
-        print(f"dlscale: sweep interrupted during case {n_done + 1}/{len(todo)} ({what}): no record for it; "
+        kept = launch.keep_interrupted(e, store, {"suite": suite.name, "file": str(suite.path)})
+        print(f"dlscale: sweep interrupted during case {n_done + 1}/{len(todo)} ({what}): {kept}; "
               f"{n_done} finished case(s) are in {store.file}; run the same command again to carry on",
               file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -43,7 +43,8 @@ VARIANT_FIELDS = ("strategy_options", "optimizer_graph")
 BASELINE_EXCLUDE = TABLE_EXCLUDE | {"strategy", *VARIANT_FIELDS, "warmup", "steps", "seed", "device"}
 MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size")
 BASELINE_STRATEGY_PREFERENCE = ("single", "ddp")
-STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED"}
+STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED",
+               "interrupted": "INTERRUPTED"}
 SELECTION_RULE = ("each row is the newest ok record of its case (case_key); older records of the "
                   "same case are not pooled")
 

@@ -1,0 +1,96 @@
+"""A signal to dlscale after some repeats of a case finished: those repeats are stored (status
+``interrupted``), `dlscale report` names the case INTERRUPTED, and a resumed sweep measures it again.
+
+The repeats train in this process (conftest.one_process_here); the signal is a KeyboardInterrupt
+raised where torchrun would start the second repeat, as procs.interrupts turns SIGTERM into one."""
+from __future__ import annotations
+
+import contextlib
+import json
+
+from conftest import one_process_here
+
+from dlscale import cli, launch
+
+ARGS = ["--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--strategy", "single", "--batch-size", "2",
+        "--warmup", "1", "--steps", "3", "--device", "cpu"]
+SUITE = """
+name: s
+warmup: 1
+steps: 3
+repeats: 3
+device: cpu
+cases:
+  - {model: gpt2, flavor: tiny, precision: fp32, strategy: single, batch_size: 2}
+"""
+
+
+@contextlib.contextmanager
+def signal_at_repeat(n: int):
+    """Inside, the n-th start of a case's processes (1-based, counted over the block) is interrupted."""
+    with one_process_here():
+        here = launch.TorchrunSpawner
+        starts = []
+
+        class Interrupting(here):
+            def start(self, cfg, workdir, env):
+                starts.append(cfg)
+                if len(starts) == n:
+                    raise KeyboardInterrupt("SIGTERM")
+                return super().start(cfg, workdir, env)
+
+        launch.TorchrunSpawner = Interrupting
+        try:
+            yield starts
+        finally:
+            launch.TorchrunSpawner = here
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_run_interrupted_after_a_repeat_keeps_it(tmp_path, capsys):
+    store = tmp_path / "st"
+    with signal_at_repeat(2):
+        rc = cli.main(["run", *ARGS, "--repeats", "3", "--store", str(store)])
+    assert rc == 130
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("dlscale:")]
+    assert len(err) == 1 and "interrupted by SIGTERM during repeat 2/3" in err[0], err
+    assert "1 finished repeat(s) are in" in err[0] and "status interrupted" in err[0], err
+    (rec,) = _records(store / "results.jsonl")
+    assert rec["status"] == "interrupted" and "during repeat 2/3" in rec["error"]
+    assert [r["status"] for r in rec["repeats"]] == ["ok"]
+    assert rec["summary"]["samples_per_s"]["n"] == 1  # the finished repeat's numbers, summarised
+    assert rec["summary"]["samples_per_s"]["median"] == rec["repeats"][0]["samples_per_s"] > 0
+    assert rec["ranks"] and rec["model"]["params"] > 0 and rec["validity"] is not None
+
+    assert cli.main(["report", str(store)]) == 0
+    assert "| 1 | 1 | INTERRUPTED |" in capsys.readouterr().out
+
+
+def test_run_interrupted_in_its_first_repeat_stores_nothing(tmp_path, capsys):
+    store = tmp_path / "st"
+    with signal_at_repeat(1):
+        assert cli.main(["run", *ARGS, "--repeats", "2", "--store", str(store)]) == 130
+    err = capsys.readouterr().err
+    assert "no repeat of it had finished, no record was written" in err, err
+    assert not (store / "results.jsonl").exists() or not _records(store / "results.jsonl")
+
+
+def test_sweep_keeps_the_interrupted_case_and_measures_it_again(tmp_path, capsys):
+    suite, store = tmp_path / "s.yaml", tmp_path / "st"
+    suite.write_text(SUITE)
+    with signal_at_repeat(3):
+        assert cli.main(["sweep", str(suite), "--store", str(store)]) == 130
+    err = capsys.readouterr().err
+    assert "2 finished repeat(s) are in" in err and "a sweep measures the case again in full" in err, err
+    (rec,) = _records(store / "results.jsonl")
+    assert rec["status"] == "interrupted" and len(rec["repeats"]) == 2 and rec["sweep"]["suite"] == "s"
+
+    with one_process_here():
+        assert cli.main(["sweep", str(suite), "--store", str(store)]) == 0
+    assert "1 to run, 0 already ok" in capsys.readouterr().out
+    recs = _records(store / "results.jsonl")
+    assert [r["status"] for r in recs] == ["interrupted", "ok"] and len(recs[1]["repeats"]) == 3
+    assert recs[0]["case_key"] == recs[1]["case_key"]
