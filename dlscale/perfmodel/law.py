@@ -140,7 +140,7 @@ class OverheadLaw:
 # ``python benchmarks/perfmodel_validate.py --fit`` reproduces the figures; tests/test_perfmodel_fit.py
 # checks that it does.
 DEFAULT_LAW = OverheadLaw(
-    node={"ln_gpus": 0.02452, "graph_split": 0.02848},
+    node={"ln_gpus": 0.0245, "graph_split": 0.02849},
     net={"ln_nodes": 0.06885},
     band={"from-1-gpu": [0.1895, 0.0714], "from-node": [0.2017, 0.1103]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
