@@ -124,7 +124,10 @@ def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str 
 
     def probe(b: int) -> tuple[str, str | None, float]:
         t = time.monotonic()
-        rec = launch.measure(probe_config(cfg, b), spawner, command=command or "batch-size probe")
+        try:
+            rec = launch.measure(probe_config(cfg, b), spawner, command=command or "batch-size probe")
+        except launch.Interrupted as e:  # a probe's record is never stored, interrupted or not
+            raise KeyboardInterrupt(*e.args) from None
         return rec.status, rec.error, time.monotonic() - t
 
     result = search_max_batch(probe, start, cap, on_probe)
@@ -132,6 +135,10 @@ def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str 
     info = result.to_dict()
     info["case_key"] = cfg.case_key()
     case = dataclasses.replace(cfg, batch_size=final, max_batch_start=None, max_batch_cap=None)
-    rec = launch.measure(case, spawner, files_root=files_root, command=command, on_event=on_event)
+    try:
+        rec = launch.measure(case, spawner, files_root=files_root, command=command, on_event=on_event)
+    except launch.Interrupted as e:  # its finished repeats are stored with the search that chose the batch
+        e.record.batch_search = info
+        raise
     rec.batch_search = info
     return rec

@@ -454,7 +454,13 @@ def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
             if on_event:
                 on_event(kind, payload)
 
-        rec = launch.measure(cfg, spawner, files_root=files_root, command=command, on_event=event)
+        try:
+            rec = launch.measure(cfg, spawner, files_root=files_root, command=command, on_event=event)
+        except launch.Interrupted as e:  # the lead node stores the finished repeats; a follower drops them
+            if not finish_record(e.record, node_dir, rdzv):
+                _drop_follower_artifacts(e.record, files_root)
+                raise KeyboardInterrupt(*e.args) from None
+            raise
         lead = finish_record(rec, node_dir, rdzv)
     if not lead:
         _drop_follower_artifacts(rec, files_root)

@@ -12,8 +12,9 @@ from conftest import one_process_here
 
 from dlscale import cli, launch
 
-ARGS = ["--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--strategy", "single", "--batch-size", "2",
-        "--warmup", "1", "--steps", "3", "--device", "cpu"]
+WORKLOAD = ["--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--strategy", "single", "--warmup", "1",
+            "--steps", "3", "--device", "cpu"]
+ARGS = [*WORKLOAD, "--batch-size", "2"]
 SUITE = """
 name: s
 warmup: 1
@@ -26,17 +27,19 @@ cases:
 
 
 @contextlib.contextmanager
-def signal_at_repeat(n: int):
-    """Inside, the n-th start of a case's processes (1-based, counted over the block) is interrupted."""
+def signal_at_repeat(n: int, counts=lambda cfg: True):
+    """Inside, the n-th start of a case's processes that ``counts`` (1-based, over the block) is
+    interrupted."""
     with one_process_here():
         here = launch.TorchrunSpawner
         starts = []
 
         class Interrupting(here):
             def start(self, cfg, workdir, env):
-                starts.append(cfg)
-                if len(starts) == n:
-                    raise KeyboardInterrupt("SIGTERM")
+                if counts(cfg):
+                    starts.append(cfg)
+                    if len(starts) == n:
+                        raise KeyboardInterrupt("SIGTERM")
                 return super().start(cfg, workdir, env)
 
         launch.TorchrunSpawner = Interrupting
@@ -94,3 +97,24 @@ def test_sweep_keeps_the_interrupted_case_and_measures_it_again(tmp_path, capsys
     recs = _records(store / "results.jsonl")
     assert [r["status"] for r in recs] == ["interrupted", "ok"] and len(recs[1]["repeats"]) == 3
     assert recs[0]["case_key"] == recs[1]["case_key"]
+
+
+MAX = [*WORKLOAD, "--batch-size", "max", "--max-batch-start", "2", "--max-batch-cap", "4", "--repeats", "2"]
+NOT_A_PROBE = lambda cfg: cfg.repeats > 1  # noqa: E731 - probes run one repeat (batchsearch.probe_config)
+
+
+def test_an_interrupted_batch_probe_stores_nothing(tmp_path, capsys):
+    store = tmp_path / "st"
+    with signal_at_repeat(1):
+        assert cli.main(["run", *MAX, "--store", str(store)]) == 130
+    assert "no repeat of it had finished" in capsys.readouterr().err
+    assert not (store / "results.jsonl").exists() or not _records(store / "results.jsonl")
+
+
+def test_the_interrupted_case_of_a_batch_search_keeps_its_search(tmp_path, capsys):
+    store = tmp_path / "st"
+    with signal_at_repeat(2, NOT_A_PROBE):
+        assert cli.main(["run", *MAX, "--store", str(store)]) == 130
+    assert "1 finished repeat(s) are in" in capsys.readouterr().err
+    (rec,) = _records(store / "results.jsonl")
+    assert rec["status"] == "interrupted" and rec["batch_search"]["max"] == rec["config"]["batch_size"] == 4

@@ -190,6 +190,27 @@ def test_follower_does_not_write(tmp_path, monkeypatch):
     assert rec.recorded_by["role"] == "follower" and not multinode.was_recorded(rec)
 
 
+@pytest.mark.parametrize("node_rank", [0, 1], ids=["lead", "follower"])
+def test_an_interrupted_case_is_kept_by_the_lead_only(tmp_path, monkeypatch, node_rank):
+    """A signal after some repeats finished: the lead node passes the record of the finished repeats
+    on (launch.Interrupted, to be stored); a follower, which never stores, ends without one."""
+    from dlscale import launch
+    from dlscale.record import Record
+
+    def interrupted(cfg, spawner, **kw):
+        raise launch.Interrupted(Record(status="interrupted", error="i", config={}, case_key="k", label=None,
+                                        command="x", device_type="cpu", world_size=4, env={}), "SIGTERM")
+
+    monkeypatch.setattr(launch, "measure", interrupted)
+    spawner = launch.TorchrunSpawner(rdzv=Rendezvous(nnodes=2, node_rank=node_rank, master_addr="127.0.0.1"))
+    with pytest.raises(KeyboardInterrupt) as e:
+        multinode.measure_node(None, spawner, files_root=tmp_path)
+    if node_rank == 0:
+        assert e.value.record.recorded_by["role"] == "lead" and e.value.args == ("SIGTERM",)
+    else:
+        assert not hasattr(e.value, "record") and e.value.args == ("SIGTERM",)
+
+
 # ------------------------------------------------------------------ two hosts (namespaces)
 
 @pytest.fixture(scope="module")
