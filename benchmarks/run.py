@@ -417,6 +417,7 @@ def external_done(case, records: list[dict[str, Any]]) -> dict[str, Any] | None:
 def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]]:
     """Measure the external cases not yet ok in the dlscale store (each as `dlscale run --command`
     measures it: fresh processes per repeat, bounded, logs in STORE/logs); (description, status)."""
+    from dlscale import launch
     from dlscale.commands.sweep import _append_uninterrupted
     from dlscale.config import resolve_device
     from dlscale.external.measure import measure_external
@@ -439,7 +440,11 @@ def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]
                 print(f"{head} skip     {what}: needs {case.world_size} GPUs, this machine has {gpus}", flush=True)
                 continue
         t = time.monotonic()
-        rec = measure_external(case, store, verbose=verbose)
+        try:
+            rec = measure_external(case, store, verbose=verbose)
+        except KeyboardInterrupt as e:  # the time budget or a signal: the finished repeats are kept
+            print(f"{head} interrupted {what}: {launch.keep_interrupted(e, store)}", flush=True)
+            raise
         _append_uninterrupted(store, rec)
         tput = (rec.get("summary") or {}).get("samples_per_s") or {}
         result = f"{tput['median']:,.1f}/s (n={tput.get('n')})" if tput.get("median") else \

@@ -324,10 +324,7 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
         except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
             if not any(r["status"] == "ok" for r in rec.repeats):
                 raise
-            by = f" by {e.args[0]}" if e.args else ""
-            rec.status = "interrupted"
-            rec.error = (f"interrupted{by} during repeat {len(rec.repeats) + 1}/{cfg.repeats}: the "
-                         f"{len(rec.repeats)} repeat(s) that finished are kept; the case runs again in full")
+            rec.status, rec.error = "interrupted", interrupted_error(e, len(rec.repeats), cfg.repeats)
             with procs.uninterrupted():
                 _finish(cfg, spec, rec, rank_results, device_type, files_root, Path(staging))
                 rec.validity = validity.assess(rec.to_dict()).to_dict()
@@ -339,11 +336,19 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
 
 class Interrupted(KeyboardInterrupt):
     """A signal stopped a case after some of its repeats finished: ``record`` holds them (status
-    ``interrupted``) for the caller to store; otherwise a KeyboardInterrupt like any other."""
+    ``interrupted``; a Record, or an external run's record dict) for the caller to store; otherwise
+    a KeyboardInterrupt like any other."""
 
-    def __init__(self, record: Record, *args):
+    def __init__(self, record: Record | dict[str, Any], *args):
         super().__init__(*args)
         self.record = record
+
+
+def interrupted_error(e: KeyboardInterrupt, finished: int, repeats: int) -> str:
+    """The ``error`` of an interrupted record."""
+    by = f" by {e.args[0]}" if e.args else ""
+    return (f"interrupted{by} during repeat {finished + 1}/{repeats}: the {finished} repeat(s) that finished "
+            f"are kept; the case runs again in full")
 
 
 def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None = None) -> str:
@@ -352,13 +357,16 @@ def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None =
     rec = getattr(e, "record", None)
     if rec is None:
         return f"no repeat of it had finished, no record was written to {store.file}"
-    rec.sweep = sweep or rec.sweep
+    data = rec.to_dict() if isinstance(rec, Record) else dict(rec)
+    if sweep:
+        data["sweep"] = sweep
+    n = len(data["repeats"])
     try:
         with procs.uninterrupted():  # never a torn record line
-            store.append_or_recover(rec.to_dict())
+            store.append_or_recover(data)
     except DlscaleError as err:  # StoreError: kept in the recovery file it names
-        return f"its {len(rec.repeats)} finished repeat(s) could not be stored: {err}"
-    return (f"its {len(rec.repeats)} finished repeat(s) are in {store.file} as record {rec.id[:12]} (status "
+        return f"its {n} finished repeat(s) could not be stored: {err}"
+    return (f"its {n} finished repeat(s) are in {store.file} as record {data['id'][:12]} (status "
             f"interrupted; a sweep measures the case again in full)")
 
 

@@ -108,6 +108,31 @@ def test_failures_are_recorded_with_status_and_exit_code(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_interrupted_external_run_keeps_its_finished_repeats(tmp_path, capsys, monkeypatch):
+    """A signal during the second repeat: the first repeat is stored (status interrupted), exit 130."""
+    from dlscale.external import measure
+
+    real = measure.ExternalSpawner.__call__
+
+    def second_interrupted(self, i):
+        if i == 1:
+            raise KeyboardInterrupt("SIGTERM")
+        return real(self, i)
+
+    monkeypatch.setattr(measure.ExternalSpawner, "__call__", second_interrupted)
+    store = tmp_path / "st"
+    assert run("run", "--store", str(store), "--parser", "regex", "--metric", r"rate: (?P<value>[0-9.]+)", "--unit",
+               "img", "--precision", "fp32", "--warmup", "1", "--steps", "3", "--repeats", "3", "--no-monitor",
+               "--device", "cpu", "--command", py("for i in range(6): print(f'rate: {100 + i}')")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted by SIGTERM" in err and "1 finished repeat(s) are in" in err, err
+    (rec,) = records(store)
+    assert rec["kind"] == "external" and rec["status"] == "interrupted" and len(rec["repeats"]) == 1
+    assert "during repeat 2/3" in rec["error"] and rec["summary"]["samples_per_s"]["n"] == 1
+    assert validate_record(rec) is None
+
+
+@pytest.mark.slow
 def test_time_limit_kills_the_whole_tree(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time\n"

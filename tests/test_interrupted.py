@@ -11,6 +11,7 @@ import json
 from conftest import one_process_here
 
 from dlscale import cli, launch
+from dlscale.schema import validate_record
 
 WORKLOAD = ["--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--strategy", "single", "--warmup", "1",
             "--steps", "3", "--device", "cpu"]
@@ -67,6 +68,7 @@ def test_run_interrupted_after_a_repeat_keeps_it(tmp_path, capsys):
     assert rec["summary"]["samples_per_s"]["n"] == 1  # the finished repeat's numbers, summarised
     assert rec["summary"]["samples_per_s"]["median"] == rec["repeats"][0]["samples_per_s"] > 0
     assert rec["ranks"] and rec["model"]["params"] > 0 and rec["validity"] is not None
+    assert validate_record(rec) is None  # the store's schema knows the status
 
     assert cli.main(["report", str(store)]) == 0
     assert "| 1 | 1 | INTERRUPTED |" in capsys.readouterr().out

@@ -84,6 +84,8 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     input raises ConfigError before anything runs. A repeat that is not ok stops the case; the
     record is made whatever the status.
     """
+    from dlscale import launch  # Interrupted; not at import: launch brings torch
+
     device_type = resolve_device(case.device)
     case.check_launchable()
     store.check_writable()
@@ -104,21 +106,28 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     status, error = "ok", None
     device_name = None
     parsed_unit = "sample"
-    for i in range(case.repeats):
-        proc, ranks = spawner(i)
-        r0 = ranks[0]
-        entry = repeat_entry(i, proc, r0)
-        entry["log"] = str(Path("logs") / f"{rec_id}-r{i}.log")
-        if case.monitor:
-            entry["series"] = [str(Path("series") / f"{rec_id}-r{i}-rank0.jsonl")]
-        device_name = device_name or r0.get("device_name")
-        if r0.get("parse"):
-            parsed_unit = r0["parse"]["unit"]
-        repeats.append(entry)
-        emit("repeat", entry)
-        if entry["status"] != "ok":
-            status, error = entry["status"], entry["error"]
-            break
+    stopped_by = None
+    try:
+        for i in range(case.repeats):
+            proc, ranks = spawner(i)
+            r0 = ranks[0]
+            entry = repeat_entry(i, proc, r0)
+            entry["log"] = str(Path("logs") / f"{rec_id}-r{i}.log")
+            if case.monitor:
+                entry["series"] = [str(Path("series") / f"{rec_id}-r{i}-rank0.jsonl")]
+            device_name = device_name or r0.get("device_name")
+            if r0.get("parse"):
+                parsed_unit = r0["parse"]["unit"]
+            repeats.append(entry)
+            emit("repeat", entry)
+            if entry["status"] != "ok":
+                status, error = entry["status"], entry["error"]
+                break
+    except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
+        if not any(r["status"] == "ok" for r in repeats):
+            raise
+        stopped_by = e
+        status, error = "interrupted", launch.interrupted_error(e, len(repeats), case.repeats)
     if device_type == "cuda" and device_name is None:
         device_name = next((g.get("name") for g in env.get("gpus") or []), None)
     unit = case.workload_unit(parsed_unit)
@@ -139,4 +148,6 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
         external={"parser": case.parser, "framework": case.framework,
                   "packages": env["external_packages"]},
     )
+    if stopped_by is not None:
+        raise launch.Interrupted(rec, *stopped_by.args) from None
     return rec
