@@ -7,9 +7,10 @@ judges a speedup or scaling efficiency between two records. Every threshold is i
 ``THRESHOLDS`` and documented in docs/metrics.md ("Validity").
 
 A flag of severity ``warn`` says the number may be wrong (above-ideal scaling, competing load,
-throttling, drift, a stall, a noisy or too short window); ``note`` says a claim is weak (a spread from too
-few repeats or steps). A check that cannot run (no utilisation sampled, an old record) is listed
-under ``unchecked`` with the reason, never passed silently.
+throttling, drift, a stall, a noisy or too short window, a non-finite loss); ``note`` says a claim is
+weak (a spread from too few repeats or steps) or the run is not what it seems (a loss that rose far).
+A check that cannot run (no utilisation sampled, an old record) is listed under ``unchecked`` with
+the reason, never passed silently.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Thresholds:
     max_throttle_frac: float = 0.05  # share of GPU samples with a thermal/hardware clock slowdown
     noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
     max_breakdown_gap: float = 0.05  # |breakdown's step / the window's median step - 1|
+    loss_diverged_factor: float = 10.0  # loss_after over the first warm-up loss (medians over repeats)
 
 
 THRESHOLDS = Thresholds()
@@ -97,6 +99,10 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v) if math.isfinite(v) else None
+
+
+def _nonfinite(x: Any) -> bool:
+    return isinstance(x, float) and not math.isfinite(x)
 
 
 def _ok_repeats(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -393,8 +399,73 @@ def _check_decode_process(rec, t: Thresholds, v: Validity) -> None:
                             "(docs/data.md: start nvidia-cuda-mps-control -d first)", NOTE))
 
 
+def _warmup_losses(r: dict[str, Any]) -> list:
+    w = r.get("warmup_losses")
+    return w if isinstance(w, list) else []
+
+
+def _check_loss_nonfinite(rec, t: Thresholds, v: Validity) -> None:
+    """A NaN or infinite loss in an ok repeat. The workers record a non-finite loss as null
+    (parity.global_loss) and the store writes NaN as null, so a null counts where the record shows
+    the loss is read: a null warm-up loss beside numbers, a null loss_after beside another repeat's.
+    Records without losses (external, imported, strategies that do not report one) pass."""
+    reps = _ok_repeats(rec)
+    after_read = any(_num(r.get("loss_after")) is not None for r in reps)
+    found: list[tuple[int, str, Any]] = []
+    for i, r in enumerate(reps):
+        n = (r["repeat"] if isinstance(r.get("repeat"), int) else i) + 1
+        warm = _warmup_losses(r)
+        warm_read = any(_num(x) is not None for x in warm)
+        found += [(n, f"warm-up step {k + 1}'s loss", x) for k, x in enumerate(warm)
+                  if _nonfinite(x) or (x is None and warm_read)]
+        a = r.get("loss_after")
+        if _nonfinite(a) or (a is None and "loss_after" in r and after_read):
+            found.append((n, "loss after the window", a))
+    if not found:
+        return
+    n, what, x = found[0]
+    shown = "not finite (recorded as null beside finite ones)" if x is None else str(x)
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    if _cfg(rec).get("precision") == "amp-fp16":
+        why = ("the model diverged; with amp-fp16 the loss scaler skips the optimizer step of an overflowing "
+               "step, so the window may time less work")
+    else:
+        why = "the model diverged: the steps ran on non-finite numbers and do not train"
+    v.flags.append(Flag("loss_nonfinite", f"repeat {n}: {what} is {shown}{more}: {why}", WARN))
+
+
+def _check_loss_diverged(rec, t: Thresholds, v: Validity) -> None:
+    """loss_after far above the first warm-up loss, over the repeats that have both. loss_after is
+    read in eval mode, so the window's last training step (loss_last) says whether training itself
+    diverged or only the eval-mode model disagrees with it (stored ResNet-50 runs that fit their one
+    synthetic batch: likely BatchNorm's running statistics lagging weights that move fast)."""
+    rows = []
+    for r in _ok_repeats(rec):
+        warm = _warmup_losses(r)
+        first, after = _num(warm[0]) if warm else None, _num(r.get("loss_after"))
+        if first is not None and after is not None and first > 0 and after > 0:
+            rows.append((first, after, _num(r.get("loss_last"))))
+    if not rows:
+        return
+    first, after = statistics.median(x[0] for x in rows), statistics.median(x[1] for x in rows)
+    limit = t.loss_diverged_factor
+    if after <= limit * first:
+        return
+    lasts = [x[2] for x in rows if x[2] is not None]
+    last = statistics.median(lasts) if lasts else None
+    rose = f"loss rose from {first:.4g} (first warm-up step) to {after:.4g} after the window (median of repeats"
+    if last is not None and last <= limit * first:
+        reason = (f"{rose}; eval mode) while the window's last training step read {last:.4g}: the model in eval "
+                  "mode disagrees with the model in training (likely BatchNorm's running statistics lagging "
+                  "weights that move fast); the steps run the same kernels, and the training loss did not diverge")
+    else:
+        reason = (f"{rose}): the model diverges with this recipe on this data; the steps run the same kernels, but "
+                  "it does not train")
+    v.flags.append(Flag("loss_diverged", reason, NOTE, after / first, limit))
+
+
 CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
-          _check_breakdown, _check_decode_process)
+          _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

@@ -24,7 +24,8 @@ METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record o
                "efficiency = speedup ÷ devices. Both are computed from the stored records at report time.")
 WARN_MARK, NOTE_MARK = "⚠", "?"
 VALIDITY_TEXT = (f"validity: {WARN_MARK} marks a number that may be wrong, {NOTE_MARK} a weak claim (a spread "
-                 "from too few repeats or steps); the reasons follow, thresholds in docs/metrics.md")
+                 "from too few repeats or steps) or a run that is not what it seems (a loss that rose far); the "
+                 "reasons follow, thresholds in docs/metrics.md")
 
 
 def md_title(group: Group) -> str:

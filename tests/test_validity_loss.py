@@ -1,0 +1,116 @@
+"""The loss checks of validity.assess on hand-made records: a non-finite loss (warn) and a loss that
+rose far after the window (note); records without losses pass; the other checks are unaffected."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_validity import record
+
+from dlscale import validity
+from dlscale.store import ResultStore
+
+
+def losses(rec: dict, after, first: float | None = None, last=None, warm=None) -> dict:
+    """Set every ok repeat's loss_after (one value, or one per repeat), first warm-up loss, loss_last;
+    ``record()`` is test_validity's sound record: 5 repeats, warm-up losses 6.2, 6.1, loss_after 5.9."""
+    afters = after if isinstance(after, (list, tuple)) else [after] * len(rec["repeats"])
+    for r, a in zip(rec["repeats"], afters):
+        r["loss_after"] = a
+        if first is not None:
+            r["warmup_losses"] = [first, first]
+        if warm is not None:
+            r["warmup_losses"] = list(warm)
+        if last is not None:
+            r["loss_last"] = last
+    return rec
+
+
+def checks(rec: dict, t: validity.Thresholds = validity.THRESHOLDS) -> dict[str, validity.Flag]:
+    return {f.check: f for f in validity.assess(rec, t).flags}
+
+
+def test_diverged_loss_is_a_note_with_the_medians():
+    # first warm-up loss 6.2; loss_after 70 (11.3 x) in every repeat, training loss as high
+    f = checks(losses(record(), 70.0, last=68.0))
+    assert set(f) == {"loss_diverged"}
+    d = f["loss_diverged"]
+    assert d.severity == validity.NOTE and d.value == pytest.approx(70 / 6.2) and d.limit == 10
+    assert d.reason.startswith("loss rose from 6.2 (first warm-up step) to 70 after the window (median of repeats)")
+    assert "the model diverges with this recipe" in d.reason
+    assert validity.assess(losses(record(), 70.0)).sound  # a note: the throughput stands
+
+
+def test_median_of_repeats_and_the_factor():
+    # one repeat at 990 does not move the median (45.9): 45.9 / 6.2 = 7.4 x, within 10 x
+    assert "loss_diverged" not in checks(losses(record(), [990.8, 45.9, 102.2, 40.0, 30.0]))
+    # medians: loss_after 102.2 over first 7.16 (the s21 synthetic ResNet-50): 14.3 x
+    assert "loss_diverged" in checks(losses(record(samples=(100.0, 101.0, 99.0)), [990.8, 102.2, 45.9], 7.16))
+    assert "loss_diverged" not in checks(losses(record(), 60.0))  # 9.7 x
+    assert "loss_diverged" in checks(losses(record(), 60.0), validity.Thresholds(loss_diverged_factor=5))
+    assert validity.assess(record()).thresholds["loss_diverged_factor"] == 10
+
+
+def test_eval_mode_rise_with_a_low_training_loss_says_so():
+    # the s21 2-GPU synthetic run: training loss 0.084 on its one batch, loss_after (eval mode) 65.8
+    f = checks(losses(record(), 65.8, first=5.0, last=0.0835))["loss_diverged"]
+    assert "eval mode" in f.reason and "last training step read 0.0835" in f.reason
+    assert "the training loss did not diverge" in f.reason and "diverges with this recipe" not in f.reason
+
+
+def test_diverged_needs_finite_positive_losses():
+    assert "loss_diverged" not in checks(losses(record(), 70.0, first=0.0))
+    assert "loss_diverged" not in checks(losses(record(), 70.0, first=-1.0))
+    assert "loss_diverged" not in checks(losses(record(), 0.0))
+
+
+def test_nan_loss_after_is_a_warning_naming_the_repeat():
+    rec = losses(record(), [5.9, math.nan, 5.9, 5.9, 5.9])
+    v = validity.assess(rec)
+    assert not v.sound and set(checks(rec)) == {"loss_nonfinite"}
+    f = checks(rec)["loss_nonfinite"]
+    assert f.severity == validity.WARN
+    assert f.reason.startswith("repeat 2: loss after the window is nan: the model diverged")
+    assert "loss scaler" not in f.reason  # fp32: no scaler
+    # the flag survives the record's JSON round trip
+    assert validity.Validity.from_dict(json.loads(json.dumps(v.to_dict()))).flags == v.flags
+
+
+def test_infinite_warmup_loss_with_amp_fp16_mentions_skipped_steps():
+    rec = losses(record(), 5.9, warm=[6.2, math.inf, math.nan])
+    rec["config"]["precision"] = "amp-fp16"
+    f = checks(rec)["loss_nonfinite"]
+    assert f.reason.startswith("repeat 1: warm-up step 2's loss is inf (and 9 more)")
+    assert "loss scaler skips the optimizer step" in f.reason
+
+
+def test_a_stored_nan_reads_as_null_and_is_still_flagged(tmp_path):
+    # the workers and the store record a non-finite loss as null: null beside numbers is one
+    rec = losses(record(), [5.9, math.nan, 5.9, 5.9, 5.9], warm=[6.2, 6.1])
+    rec["repeats"][2]["warmup_losses"] = [6.2, math.inf]
+    ResultStore(tmp_path).append(rec)
+    (stored,) = ResultStore(tmp_path).load().records
+    assert stored["repeats"][1]["loss_after"] is None
+    f = checks(stored)["loss_nonfinite"]
+    assert f.reason.startswith("repeat 2: loss after the window is not finite (recorded as null")
+    assert "(and 1 more)" in f.reason
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: [x.pop(k) for x in r["repeats"] for k in ("warmup_losses", "loss_after")],  # older / imported
+    lambda r: losses(r, None, warm=[]),  # external runs: no losses
+    lambda r: losses(r, None, warm=[None, None]),  # a strategy that reports no loss
+], ids=["no-fields", "external", "no-loss-reported"])
+def test_records_without_losses_are_not_flagged(make):
+    rec = record()
+    make(rec)
+    v = validity.assess(rec)
+    assert v.flags == [] and "loss_nonfinite" not in v.unchecked and "loss_diverged" not in v.unchecked
+
+
+def test_other_checks_are_unaffected():
+    assert validity.assess(record()).flags == []
+    stalled = losses(record(step_ms=[100.0] * 10 + [400.0] + [100.0] * 9), 70.0)
+    assert set(checks(stalled)) == {"stall", "loss_diverged"}
+    assert set(checks(losses(record(window_s=0.3), math.nan))) == {"short_window", "loss_nonfinite"}
