@@ -189,6 +189,12 @@ class RunConfig:
                                         "same GPU, that hands each finished batch over in shared GPU memory, "
                                         "instead of on a thread of the training process, whose kernel launches "
                                         "it would share the interpreter and the CUDA driver with (docs/data.md)")
+    data_decode_sm_share: float = _f(0.0, type=float, minimum=0, maximum=1, axis="data_decode_sm_shares", match=True,
+                                     late=0.0,
+                                     help="with --data-decode-process under NVIDIA MPS: the share of the GPU's SMs "
+                                          "the decode process may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its "
+                                          "environment only), so the training keeps the rest; the JPEG engines "
+                                          "decode either way (0: no cap; docs/data.md)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
@@ -270,7 +276,7 @@ class RunConfig:
         from dlscale.inputs.spec import check_fields
 
         check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
-                     self.data_cpu_share, self.data_decode_process)
+                     self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:

@@ -21,8 +21,8 @@ import torch
 from dlscale import ConfigError
 from dlscale.cli import main
 from dlscale.config import RunConfig
-from dlscale.inputs import case_words, dataset_info, images, make
-from dlscale.inputs.decode_process import DecodeProcess, DecoderSpec
+from dlscale.inputs import case_words, config_words, dataset_info, images, make
+from dlscale.inputs.decode_process import MPS_SM_VAR, DecodeProcess, DecoderSpec
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.source import LoaderInfo, LoaderSource, data_loader, gpu_reader, process_reader
 
@@ -36,14 +36,14 @@ def imgs(tmp_path_factory):
     return dataset_info.list_imagefolder(str(root / "imgs"))
 
 
-def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode) -> LoaderSource:
+def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode, sm_share: float = 0.0) -> LoaderSource:
     dev = torch.device("cpu")
     ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
     sampler = GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0)
     remote = None
     if process:
-        reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil"), [], "image", cpu_images,
-                                BATCH)
+        reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil", sm_share=sm_share), [], "image",
+                                cpu_images, BATCH)
         remote = DecodeProcess(ds, reader.collate, sampler, 1, dev, reader.process)
         loader = None
     else:
@@ -95,6 +95,37 @@ def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images):
     for (gx, _), (wx, _) in zip(got, want):
         assert torch.equal(gx, wx)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+
+
+@pytest.mark.slow
+def test_the_sm_share_is_the_decode_processs_own(imgs, monkeypatch):
+    """--data-decode-sm-share sets MPS's SM percentage in the decode process, before its CUDA calls,
+    and nowhere else (the training process keeps every SM)."""
+    monkeypatch.delenv(MPS_SM_VAR, raising=False)
+    src = _source(imgs, True, sm_share=0.25)
+    try:
+        assert src.remote.info["mps_sm_percent"] == "25"
+        assert MPS_SM_VAR not in os.environ
+        src.next()
+    finally:
+        src.close()
+
+
+def test_the_sm_share_needs_a_decode_process(tmp_path):
+    folder = f"imagefolder:{tmp_path}"
+    proc = {"model": "resnet50", "data": folder, "data_decode": "gpu", "data_decode_process": True}
+    cfg = RunConfig(**proc, data_decode_sm_share=0.2)
+    assert cfg.case_key() != RunConfig(**proc).case_key()
+    assert DecoderSpec(224, True, sm_share=0.2).mps_env() == {MPS_SM_VAR: "20"}
+    assert DecoderSpec(224, True).mps_env() == {}
+    with pytest.raises(ConfigError, match="data-decode-sm-share 0.2 caps the SMs of the decode process: it needs "
+                                          "--data-decode-process"):
+        RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_sm_share=0.2)
+    with pytest.raises(ConfigError, match="below 1 % of the SMs"):
+        RunConfig(**proc, data_decode_sm_share=0.004)
+    with pytest.raises(ConfigError, match="data-decode-sm-share"):
+        RunConfig(**proc, data_decode_sm_share=1.5)
+    assert config_words(cfg.to_dict()) == f"data {folder} (gpu decode in its own process on 0.2 of the SMs)"
 
 
 @pytest.mark.slow

@@ -53,7 +53,8 @@ def test_case_options_round_trip():
                   strategy_options={"bucket_cap_mb": 50, "mode": "full", "flag": True, "text": "50"},
                   label="my run", inject_failure="crash@1:2", monitor=False, sample_interval=0.5,
                   breakdown=True, profile=True, data="imagefolder:/data/train", data_workers=3, data_decode="gpu",
-                  data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_cold_read=True,
+                  data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_decode_sm_share=0.3,
+                  data_cold_read=True,
                   optimizer_graph=True)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
     search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60, framework="jax")

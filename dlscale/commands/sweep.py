@@ -100,8 +100,7 @@ def describe(cfg: RunConfig, found: str = "") -> str:
     if cfg.env:
         parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
     if cfg.data != "synthetic":
-        parts.append(inputs.case_words(cfg.data, cfg.data_decode, cfg.data_decoder, cfg.data_cpu_share,
-                                         cfg.data_decode_process))
+        parts.append(inputs.config_words(cfg.to_dict()))
     if cfg.label:
         parts.append(f"[{cfg.label}]")
     return " ".join(parts)

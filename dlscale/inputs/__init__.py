@@ -7,7 +7,8 @@ What the rest of dlscale calls:
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
   the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, DALI, or one of the first two
   for auto); a decode process without MPS is warned of;
-* ``case_words(data, decode, decoder, cpu_share, process)`` (sweep lines, compare tables): the data part of a case's name;
+* ``case_words(data, decode, decoder, cpu_share, process, sm_share)``, ``config_words(cfg)`` (sweep lines,
+  compare tables): the data part of a case's name;
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;
 * ``merge_ranks(ranks)`` (launcher): one repeat's data record from its ranks'.
@@ -27,10 +28,10 @@ __all__ = ["INPUT_BOUND_SHARE", "DataSpec", "case_words", "check_case", "check_f
 
 
 def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "auto", cpu_share: float | None = 0.0,
-               process: bool | None = False) -> str:
+               process: bool | None = False, sm_share: float | None = 0.0) -> str:
     """How a case's input reads in a sweep line or a compare table: "" for synthetic data, else the
-    data set, and for images where (and, on the GPU, by what, when asked for; what share on the
-    host) they are decoded."""
+    data set, and for images where (and, on the GPU, by what, when asked for; in what process, with
+    what share of the SMs; what share on the host) they are decoded."""
     if not data or data == "synthetic":
         return ""
     if not str(data).startswith("imagefolder:"):
@@ -38,8 +39,15 @@ def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "aut
     decode = decode or "cpu"
     by = f" by {decoder}" if decode == "gpu" and decoder not in (None, "auto") else ""
     host = f", {cpu_share:g} of it on the host" if decode == "gpu" and cpu_share else ""
-    proc = " in its own process" if decode == "gpu" and process else ""
+    sms = f" on {sm_share:g} of the SMs" if decode == "gpu" and process and sm_share else ""
+    proc = f" in its own process{sms}" if decode == "gpu" and process else ""
     return f"data {data} ({decode} decode{by}{proc}{host})"
+
+
+def config_words(cfg: dict) -> str:
+    """``case_words`` of a case's configuration (RunConfig.to_dict, or a record's ``config``)."""
+    return case_words(cfg.get("data", "synthetic"), cfg.get("data_decode"), cfg.get("data_decoder"),
+                      cfg.get("data_cpu_share"), cfg.get("data_decode_process"), cfg.get("data_decode_sm_share"))
 
 
 def open_source(*args, **kwargs):
@@ -128,9 +136,10 @@ def check_machine(cfg, device_type: str) -> None:
         from dlscale.envinfo import mps_daemon
 
         if mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
+            capped = " (and --data-decode-sm-share has no effect)" if cfg.data_decode_sm_share else ""
             print("dlscale: warning: data-decode-process without NVIDIA's MPS daemon: the decode process and the "
-                  "training share the GPU by time slices (start nvidia-cuda-mps-control -d first; docs/data.md)",
-                  file=sys.stderr, flush=True)
+                  f"training share the GPU by time slices{capped} (start nvidia-cuda-mps-control -d first; "
+                  "docs/data.md)", file=sys.stderr, flush=True)
 
 
 def describe(cfg) -> dict[str, Any] | None:

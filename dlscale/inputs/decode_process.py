@@ -20,6 +20,10 @@ Faults: an exception in the decode process reaches the training process as a one
 next fetch; a decode process that dies is noticed within a second of a fetch waiting for it; the
 decode process ends with its parent (``procs.die_with_parent``, and a parent check each time it
 waits), and its DataLoader workers with it.
+
+Under NVIDIA MPS both processes' kernels run at once, and the decode's (nvJPEG's colour conversion and
+copies after the JPEG engines, the crop) take SMs the training would use; ``--data-decode-sm-share``
+caps the decode process's share (MPS's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, in its environment only).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import torch
 SLOTS_AHEAD = 2  # batches finished ahead of the step, as the input thread's DEVICE_DEPTH
 POLL_S = 0.5  # how often a waiting side looks at the other's liveness
 START_TIMEOUT_S = 300.0  # first batch: the process imports torch, starts its workers, builds the decoder
+MPS_SM_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # an MPS client's share of the SMs, in percent
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ class DecoderSpec:
     decoder: str = "auto"
     decode: Callable | None = None
     name: str | None = None
+    sm_share: float = 0.0  # --data-decode-sm-share: the SMs the process may use under MPS (0: no cap)
+
+    def mps_env(self) -> dict[str, str]:
+        """The decode process's own MPS setting: read when it creates its CUDA context, so set first."""
+        return {MPS_SM_VAR: str(round(self.sm_share * 100))} if self.sm_share else {}
 
     def build(self, device: torch.device):
         from dlscale.inputs.images import GpuDecoder
@@ -93,6 +103,7 @@ def _serve(job: _Job, ready, free) -> None:
     from dlscale.inputs.source import data_loader
 
     procs.die_with_parent()
+    os.environ.update(job.spec.mps_env())  # before any CUDA call of this process
     it = None
     try:
         device = torch.device(job.device)
@@ -107,7 +118,8 @@ def _serve(job: _Job, ready, free) -> None:
         gpu = job.spec.build(device)
         pids = [w.pid for w in getattr(it, "_workers", []) or []]
         ready.put(("info", {"name": gpu.name, "kind": gpu.kind, "backend": gpu.backend, "crop": gpu.crop_path,
-                            "pid": os.getpid(), "worker_pids": pids}))
+                            "pid": os.getpid(), "worker_pids": pids,
+                            "mps_sm_percent": os.environ.get(MPS_SM_VAR)}))
         slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         idle = collections.deque(range(job.slots))
         while _take_free(free, idle, job.parent):

@@ -95,7 +95,7 @@ def check_split(decoder: str, cpu_share: float) -> None:
 
 
 def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
-                 cpu_share: float = 0.0, decode_process: bool = False) -> DataSpec:
+                 cpu_share: float = 0.0, decode_process: bool = False, sm_share: float = 0.0) -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
     if decode_process and decode != "gpu":
@@ -105,6 +105,11 @@ def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, d
     if decode_process and decoder == "dali":
         raise ConfigError("data-decode-process does not apply to --data-decoder dali: DALI's pipeline runs in "
                           "threads of its own; choose torchvision, nvimgcodec or auto")
+    if sm_share and not decode_process:
+        raise ConfigError(f"data-decode-sm-share {sm_share:g} caps the SMs of the decode process: it needs "
+                          f"--data-decode-process (and NVIDIA MPS running; docs/data.md)")
+    if sm_share and round(sm_share * 100) < 1:
+        raise ConfigError(f"data-decode-sm-share {sm_share:g} is below 1 % of the SMs; give 0 (no cap) or 0.01 to 1")
     if cpu_share and decode != "gpu":
         raise ConfigError(f"data-cpu-share {cpu_share:g} splits GPU decode between the host and the GPU: it needs "
                           f"--data imagefolder:PATH --data-decode gpu (with --data-decode cpu every image is "

@@ -150,8 +150,7 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
         out.append(str(cfg.get("compile_mode")))
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
-    out.append(inputs.case_words(cfg.get("data", "synthetic"), cfg.get("data_decode"), cfg.get("data_decoder"),
-                                 cfg.get("data_cpu_share"), cfg.get("data_decode_process")))
+    out.append(inputs.config_words(cfg))
     return [x for x in out if x]
 
 
