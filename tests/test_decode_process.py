@@ -65,7 +65,7 @@ def _batches(src: LoaderSource, n: int) -> list[tuple[torch.Tensor, torch.Tensor
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu_images", [0, 1])
-def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images):
+def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images, monkeypatch):
     """Eight batches through three slots (each reused twice, the held batch never overwritten): the
     same labels and pixels as the input thread's, in the model's layout; the loader's CPU is the
     decode process's and its workers'."""
@@ -74,8 +74,13 @@ def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images):
         want = _batches(thread, 8)
     finally:
         thread.close()
-    src = _source(imgs, True, cpu_images)
+    monkeypatch.delenv(MPS_SM_VAR, raising=False)
+    src = _source(imgs, True, cpu_images, sm_share=0.25 * cpu_images)  # with an SM cap once
     try:
+        # --data-decode-sm-share sets MPS's SM percentage in the decode process, before its CUDA calls,
+        # and nowhere else (the training process keeps every SM)
+        assert src.remote.info["mps_sm_percent"] == ("25" if cpu_images else None)
+        assert MPS_SM_VAR not in os.environ
         src.window_start()
         got = []
         for _ in range(8):
@@ -95,20 +100,6 @@ def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images):
     for (gx, _), (wx, _) in zip(got, want):
         assert torch.equal(gx, wx)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
-
-
-@pytest.mark.slow
-def test_the_sm_share_is_the_decode_processs_own(imgs, monkeypatch):
-    """--data-decode-sm-share sets MPS's SM percentage in the decode process, before its CUDA calls,
-    and nowhere else (the training process keeps every SM)."""
-    monkeypatch.delenv(MPS_SM_VAR, raising=False)
-    src = _source(imgs, True, sm_share=0.25)
-    try:
-        assert src.remote.info["mps_sm_percent"] == "25"
-        assert MPS_SM_VAR not in os.environ
-        src.next()
-    finally:
-        src.close()
 
 
 def test_the_sm_share_needs_a_decode_process(tmp_path):
