@@ -213,6 +213,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "warmup_losses": r0.get("warmup_losses"),
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
         })
+        if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
+            entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps")})
     return entry
 
 

@@ -463,8 +463,25 @@ def _check_loss_diverged(rec, t: Thresholds, v: Validity) -> None:
                         after / first, limit))
 
 
+def _check_skipped_steps(rec, t: Thresholds, v: Validity) -> None:
+    """amp-fp16: optimizer steps the loss scaler skipped inside the window (an overflow halves its
+    scale; the worker reads the scale before and after the window). A skipped step does no update,
+    so the window timed less work than its steps."""
+    hit = [(r, k) for r in _ok_repeats(rec) if isinstance(k := r.get("skipped_steps"), int) and k > 0]
+    if not hit:
+        return
+    r, k = max(hit, key=lambda x: x[1])
+    n = _cfg(rec).get("steps")
+    scale = [_num(x) for x in (r.get("loss_scale") or [])]
+    of = f" of {n}" if isinstance(n, int) else ""
+    was = f"scale {scale[0]:g} -> {scale[1]:g}; " if len(scale) == 2 and None not in scale else ""
+    v.flags.append(Flag("skipped_steps", f"the loss scaler skipped the optimizer update of {k}{of} timed step(s) "
+                                         f"({was}{len(hit)} repeat(s)): the window timed less work than its steps; "
+                                         f"raise --warmup so the scale settles first", WARN, float(k), 0.0))
+
+
 CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
-          _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged)
+          _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged, _check_skipped_steps)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

@@ -14,6 +14,7 @@ import contextlib
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import resource
 import socket
@@ -155,7 +156,32 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
         return loss
 
     step.optimizer_graph = graphed  # the model-state reading steps it eagerly (_model_state_memory)
+    step.scaler = scaler
     return step
+
+
+def _loss_scale(par: Parallelized, step) -> float | None:
+    """The amp-fp16 loss scaler's current scale (the worker's GradScaler, or a custom step's own, as the
+    pipeline's); None without one. A host sync: called only outside the window."""
+    scaler = getattr(par.step if par.step is not None else step, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None else None
+
+
+def _record_loss_scale(result: dict[str, Any], before: float | None, par: Parallelized, step) -> None:
+    """amp-fp16: the scale before and after the window, and the updates skipped in between."""
+    if before is not None:
+        after = _loss_scale(par, step)
+        result["loss_scale"] = [before, after]
+        result["skipped_steps"] = skipped_steps(before, after)
+
+
+def skipped_steps(before: float | None, after: float | None) -> int | None:
+    """Optimizer steps the loss scaler skipped between two readings of its scale: each overflow halves
+    it, and it doubles only after 2,000 steps in a row without one (GradScaler's and the pipeline's
+    growth interval), so across a shorter window the halvings are the skips. None without a scaler."""
+    if before is None or after is None or before <= 0 or after <= 0:
+        return None
+    return max(0, round(math.log2(before / after)))
 
 
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:
@@ -314,6 +340,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     waits = [0.0] * n  # real data: host seconds each step waited at the loader boundary
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
 
+    scale_before = _loss_scale(par, step)  # amp-fp16: skipped steps are the window's halvings of the scale
     source.window_start()  # real data: the loader's CPU and read counters (before the barrier)
     _sync(device)
     pg_barrier()
@@ -373,6 +400,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "step_times_ms": step_ms,
     })
     result["loss_last"] = parity.global_loss(loss if par.reports_loss else None, par, denv)
+    _record_loss_scale(result, scale_before, par, step)
     result.update(_peak_memory(device))
     if fetch is not None:
         result["data"] = source.summary(waits, window, step_ms, idle_ms)

@@ -24,6 +24,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,10 @@ def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
     ref = _rep(_run(store, "gpt2", "single", 1, 4, precision="amp-fp16"))
     rec = _rep(_run(store, "gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
     _assert_losses(rec["warmup_losses"], ref["warmup_losses"], rel=1e-2)
+    # each reads its scaler around the window: GradScaler's and the stages' shared one
+    for r in (ref, rec):
+        before, after = r["loss_scale"]
+        assert before > 0 and after > 0 and r["skipped_steps"] == max(0, round(math.log2(before / after)))
 
 
 def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):

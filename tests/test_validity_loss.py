@@ -116,3 +116,25 @@ def test_other_checks_are_unaffected():
     stalled = losses(record(step_ms=[100.0] * 10 + [400.0] + [100.0] * 9), 70.0)
     assert set(checks(stalled)) == {"stall", "loss_diverged"}
     assert set(checks(losses(record(window_s=0.3), math.nan))) == {"short_window", "loss_nonfinite"}
+
+
+def test_steps_the_loss_scaler_skipped_in_the_window_are_a_warning():
+    rec = record()
+    rec["config"]["steps"] = 30
+    for r in rec["repeats"]:
+        r["loss_scale"], r["skipped_steps"] = [65536.0, 65536.0], 0
+    assert "skipped_steps" not in checks(rec)
+    rec["repeats"][1].update(loss_scale=[65536.0, 16384.0], skipped_steps=2)
+    f = checks(rec)["skipped_steps"]
+    assert f.severity == validity.WARN and f.value == 2
+    assert f.reason.startswith("the loss scaler skipped the optimizer update of 2 of 30 timed step(s) "
+                               "(scale 65536 -> 16384; 1 repeat(s))")
+
+
+def test_skipped_steps_are_the_halvings_of_the_scale():
+    from dlscale.worker import skipped_steps
+
+    assert skipped_steps(65536.0, 65536.0) == 0
+    assert skipped_steps(65536.0, 8192.0) == 3
+    assert skipped_steps(65536.0, 131072.0) == 0  # grew: 2,000 good steps in a row, none skipped since
+    assert skipped_steps(None, 1.0) is None and skipped_steps(1.0, None) is None

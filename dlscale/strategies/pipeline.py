@@ -160,6 +160,10 @@ class _StageScaler:
     def update(self, found: torch.Tensor) -> None:
         torch._amp_update_scale_(self.scale, self.growth_tracker, found, 2.0, 0.5, self.growth_interval)
 
+    def get_scale(self) -> float:
+        """The current scale, as GradScaler.get_scale gives it (a host sync)."""
+        return float(self.scale.item())
+
 
 def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
     """Contiguous runs of block indices, as even as possible (earlier stages take the extra)."""
