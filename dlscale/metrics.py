@@ -134,3 +134,12 @@ def mfu(flops_per_sample: float, samples_per_s_per_device: float, peak: float | 
     if not peak:
         return None
     return flops_per_sample * samples_per_s_per_device / peak
+
+
+def skipped_steps(before: float | None, after: float | None) -> int | None:
+    """Optimizer steps the loss scaler skipped between two readings of its scale: each overflow halves
+    it, and it doubles only after 2,000 steps in a row without one (GradScaler's and the pipeline's
+    growth interval, and JAX's), so across a shorter window the halvings are the skips. None without a scaler."""
+    if before is None or after is None or before <= 0 or after <= 0:
+        return None
+    return max(0, round(math.log2(before / after)))

@@ -14,7 +14,6 @@ import contextlib
 import datetime as _dt
 import gc
 import json
-import math
 import os
 import resource
 import socket
@@ -34,7 +33,7 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, fp8, multinode, parity, precision, progress, stacks  # noqa: E402
+from dlscale import checkpointing, fp8, metrics, multinode, parity, precision, progress, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -172,16 +171,7 @@ def _record_loss_scale(result: dict[str, Any], before: float | None, par: Parall
     if before is not None:
         after = _loss_scale(par, step)
         result["loss_scale"] = [before, after]
-        result["skipped_steps"] = skipped_steps(before, after)
-
-
-def skipped_steps(before: float | None, after: float | None) -> int | None:
-    """Optimizer steps the loss scaler skipped between two readings of its scale: each overflow halves
-    it, and it doubles only after 2,000 steps in a row without one (GradScaler's and the pipeline's
-    growth interval), so across a shorter window the halvings are the skips. None without a scaler."""
-    if before is None or after is None or before <= 0 or after <= 0:
-        return None
-    return max(0, round(math.log2(before / after)))
+        result["skipped_steps"] = metrics.skipped_steps(before, after)
 
 
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:

@@ -132,7 +132,7 @@ def test_steps_the_loss_scaler_skipped_in_the_window_are_a_warning():
 
 
 def test_skipped_steps_are_the_halvings_of_the_scale():
-    from dlscale.worker import skipped_steps
+    from dlscale.metrics import skipped_steps
 
     assert skipped_steps(65536.0, 65536.0) == 0
     assert skipped_steps(65536.0, 8192.0) == 3

@@ -32,7 +32,7 @@ from typing import Any
 
 _STARTED = time.time()
 
-from dlscale import procs, stacks  # noqa: E402
+from dlscale import metrics, procs, stacks  # noqa: E402
 
 if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (procs.py)
     procs.die_with_parent()
@@ -223,6 +223,8 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     n = cfg.steps
     marks = [0.0] * (n + 1)
     jax.block_until_ready(state)
+    fp16 = cfg.precision == "amp-fp16"  # the loss scale around the window: its halvings are skipped updates
+    scale_before = _value(state.scale) if fp16 else None
     multihost_utils.sync_global_devices("dlscale window start")
     # ---- timed window: steps only; each step's end is observed while the next is queued ----
     wall_start = time.time()
@@ -252,6 +254,10 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
         "step_times_ms": [(marks[i + 1] - marks[i]) * 1e3 for i in range(n)],
         "loss_last": _value(loss),
     })
+    if fp16:
+        scale_after = _value(state.scale)
+        result.update(loss_scale=[scale_before, scale_after],
+                      skipped_steps=metrics.skipped_steps(scale_before, scale_after))
     result.update(_peak_memory(device_type))
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
