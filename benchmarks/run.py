@@ -323,7 +323,6 @@ def bare_record(run, spawner: BareSpawner) -> dict[str, Any]:
 
 def run_bare(plan: Plan, gpus: int | None, force: bool, verbose: bool, log) -> list[tuple[str, str]]:
     """Measure the bare runs not yet ok in their stores; (description, status) of each that ran."""
-    from dlscale.commands.sweep import _append_uninterrupted
     from dlscale.config import resolve_device
     from dlscale.store import ResultStore
 
@@ -349,7 +348,7 @@ def run_bare(plan: Plan, gpus: int | None, force: bool, verbose: bool, log) -> l
         t = time.monotonic()
         log.write(f"== {what}\n")
         rec = bare_record(run, BareSpawner(run, device, on_line=line))
-        _append_uninterrupted(store, rec)
+        store.append_uninterrupted(rec)
         tput = (rec.get("summary") or {}).get("samples_per_s") or {}
         result = f"{tput['median']:,.1f}/s (n={tput.get('n')})" if tput.get("median") else \
             " ".join(str(rec.get("error") or "").split())[:140]
@@ -418,7 +417,6 @@ def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]
     """Measure the external cases not yet ok in the dlscale store (each as `dlscale run --command`
     measures it: fresh processes per repeat, bounded, logs in STORE/logs); (description, status)."""
     from dlscale import launch
-    from dlscale.commands.sweep import _append_uninterrupted
     from dlscale.config import resolve_device
     from dlscale.external.measure import measure_external
     from dlscale.store import ResultStore
@@ -445,7 +443,7 @@ def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]
         except KeyboardInterrupt as e:  # the time budget or a signal: the finished repeats are kept
             print(f"{head} interrupted {what}: {launch.keep_interrupted(e, store)}", flush=True)
             raise
-        _append_uninterrupted(store, rec)
+        store.append_uninterrupted(rec)
         tput = (rec.get("summary") or {}).get("samples_per_s") or {}
         result = f"{tput['median']:,.1f}/s (n={tput.get('n')})" if tput.get("median") else \
             " ".join(str(rec.get("error") or "").split())[:140]

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import DlscaleError, envinfo, fp8, frameworks, inputs, metrics, stacks, validity
+from dlscale import envinfo, fp8, frameworks, inputs, metrics, stacks, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
+from dlscale.store import StoreError
 from dlscale.strategies import get_strategy, resolve_spec
 
 
@@ -320,19 +321,18 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
     local_world = spawner.local_world(cfg)
     rank_results: list[dict] = []  # the last finished repeat's rank files (every repeat's when all were ok)
     procs.clean_stale_tempdirs()  # what a SIGKILLed dlscale left behind
-    with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging:
+    with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging_dir:
+        staging = Path(staging_dir)
         try:
-            _repeat_loop(cfg, spawner, rec, env, local_world, files_root, Path(staging), emit, rank_results)
+            _repeat_loop(cfg, spawner, rec, env, local_world, files_root, staging, emit, rank_results)
         except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
             if not any(r["status"] == "ok" for r in rec.repeats):
                 raise
             rec.status, rec.error = "interrupted", interrupted_error(e, len(rec.repeats), cfg.repeats)
             with procs.uninterrupted():
-                _finish(cfg, spec, rec, rank_results, device_type, files_root, Path(staging))
-                rec.validity = validity.assess(rec.to_dict()).to_dict()
+                _finish(cfg, spec, rec, rank_results, device_type, files_root, staging)
             raise Interrupted(rec, *e.args) from None
-        _finish(cfg, spec, rec, rank_results, device_type, files_root, Path(staging))
-    rec.validity = validity.assess(rec.to_dict()).to_dict()
+        _finish(cfg, spec, rec, rank_results, device_type, files_root, staging)
     return rec
 
 
@@ -364,9 +364,8 @@ def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None =
         data["sweep"] = sweep
     n = len(data["repeats"])
     try:
-        with procs.uninterrupted():  # never a torn record line
-            store.append_or_recover(data)
-    except DlscaleError as err:  # StoreError: kept in the recovery file it names
+        store.append_uninterrupted(data)
+    except StoreError as err:  # kept in the recovery file it names
         return f"its {n} finished repeat(s) could not be stored: {err}"
     return (f"its {n} finished repeat(s) are in {store.file} as record {data['id'][:12]} (status "
             f"interrupted; a sweep measures the case again in full)")
@@ -384,7 +383,7 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
             rank_results[:] = read_rank_files(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
-            series = _keep_artifacts(workdir, files_root, rec.id, i, Path(staging))
+            series = _keep_artifacts(workdir, files_root, rec.id, i, staging)
         status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
                                      proc.output_tail, started=started or None,
                                      stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
@@ -408,7 +407,8 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
 
 def _finish(cfg: RunConfig, spec, rec: Record, rank_results: list[dict], device_type: str,
             files_root: Path | None, staging: Path) -> None:
-    """The record's case-level fields from the repeats measured and the last one's rank files."""
+    """The record's case-level fields from the repeats measured and the last one's rank files, and
+    its validity."""
     first = lambda key: next((r.get(key) for r in rank_results if r.get(key) is not None), None)  # noqa: E731
     dp_size = first("dp_size")
     rec.model = {"params": first("params"), "flops_per_sample": spec.flops_per_sample, "unit": spec.unit,
@@ -421,6 +421,7 @@ def _finish(cfg: RunConfig, spec, rec: Record, rank_results: list[dict], device_
     if any(r["status"] == "ok" for r in rec.repeats):
         rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
     _median_repeat_extras(rec, files_root, staging)
+    rec.validity = validity.assess(rec.to_dict()).to_dict()
 
 
 RANK_KEYS = ("rank", "local_rank", "host", "device", "device_name", "pid", "threads")

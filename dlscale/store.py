@@ -157,6 +157,14 @@ class ResultStore:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def append_uninterrupted(self, record: dict[str, Any]) -> Path:
+        """``append_or_recover`` with the interrupting signals held off (main thread only), so a
+        signal never tears the record line."""
+        from dlscale.procs import uninterrupted
+
+        with uninterrupted():
+            return self.append_or_recover(record)
+
     def append_or_recover(self, record: dict[str, Any]) -> Path:
         """Append ``record``; returns the records file. When the store cannot take it, the record is
         kept as one JSON line in a recovery file (the temp directory, else the home directory) and

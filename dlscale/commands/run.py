@@ -128,13 +128,11 @@ def cmd_run(args) -> int:
         return EXIT_INTERRUPTED
 
 
-
 def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> int:
     from dlscale import console, launch
     from dlscale.batchsearch import measure_max_batch
     from dlscale.cli import STATUS_EXIT
     from dlscale.multinode import is_multinode, measure_node, was_recorded
-    from dlscale.procs import uninterrupted
     from dlscale.store import StoreError
 
     if cfg.batch_search:
@@ -148,8 +146,7 @@ def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> 
         rec = launch.measure(cfg, spawner, files_root=store.root, on_event=events)
     if was_recorded(rec):
         try:
-            with uninterrupted():  # never a torn record line
-                store.append_or_recover(rec.to_dict())
+            store.append_uninterrupted(rec.to_dict())
         except StoreError as e:  # the measurement is kept in the recovery file the line names
             if not quiet:
                 console.print_result(rec.to_dict())  # the numbers, shown although not stored

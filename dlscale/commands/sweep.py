@@ -157,15 +157,6 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
 
 # ----------------------------------------------------------------------------- running
 
-def _append_uninterrupted(store, record: dict[str, Any]) -> None:
-    """Append with the interrupting signals held off, so an interrupt never tears a record line; a
-    record the store cannot take is kept in a recovery file (StoreError names it)."""
-    from dlscale.procs import uninterrupted
-
-    with uninterrupted():
-        store.append_or_recover(record)
-
-
 def _fmt_eta(seconds: float | None) -> str:
     if seconds is None:
         return "?"
@@ -390,7 +381,7 @@ def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list)
             try:
                 record = _run_one(p, suite, store.root, verbose, on_probe)
                 rec = record.to_dict()
-                _append_uninterrupted(store, rec)
+                store.append_uninterrupted(rec)
             except StoreError:
                 results.append((p, rec))
                 print(case_line(n, total, p, rec, time.monotonic() - t), flush=True)
