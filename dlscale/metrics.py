@@ -5,7 +5,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from dlscale.precision import peak_dtype
 
@@ -134,6 +134,14 @@ def mfu(flops_per_sample: float, samples_per_s_per_device: float, peak: float | 
     if not peak:
         return None
     return flops_per_sample * samples_per_s_per_device / peak
+
+
+def loss_scale_fields(before: float | None, after: float | None) -> dict[str, Any]:
+    """A worker's record fields of the fp16 loss scale read before and after the window: the two
+    readings and the updates skipped in between; none without a scaler (``before`` None)."""
+    if before is None:
+        return {}
+    return {"loss_scale": [before, after], "skipped_steps": skipped_steps(before, after)}
 
 
 def skipped_steps(before: float | None, after: float | None) -> int | None:

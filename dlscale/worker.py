@@ -166,14 +166,6 @@ def _loss_scale(par: Parallelized, step) -> float | None:
     return float(scaler.get_scale()) if scaler is not None else None
 
 
-def _record_loss_scale(result: dict[str, Any], before: float | None, par: Parallelized, step) -> None:
-    """amp-fp16: the scale before and after the window, and the updates skipped in between."""
-    if before is not None:
-        after = _loss_scale(par, step)
-        result["loss_scale"] = [before, after]
-        result["skipped_steps"] = metrics.skipped_steps(before, after)
-
-
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:
     """grad_accum micro-batches for this rank: its slice of the global synthetic batch.
 
@@ -390,7 +382,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "step_times_ms": step_ms,
     })
     result["loss_last"] = parity.global_loss(loss if par.reports_loss else None, par, denv)
-    _record_loss_scale(result, scale_before, par, step)
+    result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step)))
     result.update(_peak_memory(device))
     if fetch is not None:
         result["data"] = source.summary(waits, window, step_ms, idle_ms)

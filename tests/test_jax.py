@@ -235,17 +235,17 @@ def test_fp16_loss_scale_skips_non_finite_steps_and_backs_off():
 
 
 def test_the_fp16_loss_scale_around_the_window_counts_the_skipped_updates():
-    """The JAX worker's record fields from its state's scale (XLA's CPU dot has no fp16, so the worker
-    itself does not run amp-fp16 here): two halvings are two skipped updates; no scale, no fields."""
-    import types
-
+    """The JAX worker's record fields from its state's scale, read as the worker reads it (XLA's CPU dot
+    has no fp16, so the worker itself does not run amp-fp16 here): two halvings are two skipped
+    updates; no scale, no fields."""
     import jax.numpy as jnp
 
-    from dlscale.frameworks.jax.worker import _loss_scale_fields
+    from dlscale import metrics
+    from dlscale.frameworks.jax.worker import _value
 
-    state = types.SimpleNamespace(scale=jnp.asarray(16384.0))
-    assert _loss_scale_fields(65536.0, state) == {"loss_scale": [65536.0, 16384.0], "skipped_steps": 2}
-    assert _loss_scale_fields(None, state) == {}
+    after = _value(jnp.asarray(16384.0))
+    assert metrics.loss_scale_fields(65536.0, after) == {"loss_scale": [65536.0, 16384.0], "skipped_steps": 2}
+    assert metrics.loss_scale_fields(None, after) == {}
 
 
 def _dot_dtypes(fn, *args) -> set[tuple[str, ...]]:

@@ -142,15 +142,6 @@ def _peak_memory(device_type: str) -> dict[str, int | None]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def _loss_scale_fields(before: float | None, state) -> dict[str, Any]:
-    """fp16: the loss scale before and after the window and the updates skipped in between (the
-    torch worker's record fields); nothing otherwise."""
-    if before is None:
-        return {}
-    after = _value(state.scale)
-    return {"loss_scale": [before, after], "skipped_steps": metrics.skipped_steps(before, after)}
-
-
 def _value(x) -> float | None:
     v = float(np.asarray(x.addressable_data(0)))
     return v if v == v and abs(v) != float("inf") else None
@@ -262,7 +253,7 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
         "step_times_ms": [(marks[i + 1] - marks[i]) * 1e3 for i in range(n)],
         "loss_last": _value(loss),
     })
-    result.update(_loss_scale_fields(scale_before, state))
+    result.update(metrics.loss_scale_fields(scale_before, None if scale_before is None else _value(state.scale)))
     result.update(_peak_memory(device_type))
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
