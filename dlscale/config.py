@@ -27,7 +27,7 @@ from dlscale import compiling
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
-from dlscale.inputs.spec import DECODE_DEVICES, GPU_DECODERS, SPEC_HELP, parse_data
+from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, parse_data
 from dlscale.precision import PRECISIONS
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -195,6 +195,12 @@ class RunConfig:
                                           "the decode process may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its "
                                           "environment only), so the training keeps the rest; the JPEG engines "
                                           "decode either way (0: no cap; docs/data.md)")
+    data_decode_priority: str = _f("normal", choices=DECODE_PRIORITIES, axis="data_decode_priorities", match=True,
+                                   late="normal",
+                                   help="with --data-decode-process under NVIDIA MPS: the decode process's "
+                                        "scheduling priority against the training's kernels: low (MPS client "
+                                        "priority below normal, CUDA_MPS_CLIENT_PRIORITY=1 in its environment only: "
+                                        "the GPU schedules the training's waiting work first) or normal (docs/data.md)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
@@ -276,7 +282,8 @@ class RunConfig:
         from dlscale.inputs.spec import check_fields
 
         check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
-                     self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share)
+                     self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share,
+                     self.data_decode_priority)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:

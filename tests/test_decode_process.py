@@ -22,7 +22,7 @@ from dlscale import ConfigError
 from dlscale.cli import main
 from dlscale.config import RunConfig
 from dlscale.inputs import case_words, config_words, dataset_info, images, make
-from dlscale.inputs.decode_process import MPS_SM_VAR, DecodeProcess, DecoderSpec
+from dlscale.inputs.decode_process import MPS_PRIORITY_VAR, MPS_SM_VAR, DecodeProcess, DecoderSpec
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.source import LoaderInfo, LoaderSource, data_loader, gpu_reader, process_reader
 
@@ -36,13 +36,15 @@ def imgs(tmp_path_factory):
     return dataset_info.list_imagefolder(str(root / "imgs"))
 
 
-def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode, sm_share: float = 0.0) -> LoaderSource:
+def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode, sm_share: float = 0.0,
+            priority: str = "normal") -> LoaderSource:
     dev = torch.device("cpu")
     ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
     sampler = GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0)
     remote = None
     if process:
-        reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil", sm_share=sm_share), [], "image",
+        reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil", sm_share=sm_share,
+                                                     priority=priority), [], "image",
                                 cpu_images, BATCH)
         remote = DecodeProcess(ds, reader.collate, sampler, 1, dev, reader.process)
         loader = None
@@ -75,12 +77,16 @@ def test_the_decode_process_gives_the_input_threads_batches(imgs, cpu_images, mo
     finally:
         thread.close()
     monkeypatch.delenv(MPS_SM_VAR, raising=False)
-    src = _source(imgs, True, cpu_images, sm_share=0.25 * cpu_images)  # with an SM cap once
+    monkeypatch.delenv(MPS_PRIORITY_VAR, raising=False)
+    # with an SM cap and a low priority once
+    src = _source(imgs, True, cpu_images, sm_share=0.25 * cpu_images, priority="low" if cpu_images else "normal")
     try:
-        # --data-decode-sm-share sets MPS's SM percentage in the decode process, before its CUDA calls,
-        # and nowhere else (the training process keeps every SM)
+        # --data-decode-sm-share and --data-decode-priority set MPS's SM percentage and client priority in
+        # the decode process, before its CUDA calls, and nowhere else (the training process keeps every SM
+        # and its normal priority)
         assert src.remote.info["mps_sm_percent"] == ("25" if cpu_images else None)
-        assert MPS_SM_VAR not in os.environ
+        assert src.remote.info["mps_priority"] == ("1" if cpu_images else None)
+        assert MPS_SM_VAR not in os.environ and MPS_PRIORITY_VAR not in os.environ
         src.window_start()
         got = []
         for _ in range(8):
@@ -117,6 +123,25 @@ def test_the_sm_share_needs_a_decode_process(tmp_path):
     with pytest.raises(ConfigError, match="data-decode-sm-share"):
         RunConfig(**proc, data_decode_sm_share=1.5)
     assert config_words(cfg.to_dict()) == f"data {folder} (gpu decode in its own process on 0.2 of the SMs)"
+
+
+def test_the_decode_priority_needs_a_decode_process(tmp_path):
+    folder = f"imagefolder:{tmp_path}"
+    proc = {"model": "resnet50", "data": folder, "data_decode": "gpu", "data_decode_process": True}
+    cfg = RunConfig(**proc, data_decode_priority="low")
+    assert cfg.case_key() != RunConfig(**proc).case_key()
+    assert DecoderSpec(224, True, priority="low").mps_env() == {MPS_PRIORITY_VAR: "1"}
+    assert DecoderSpec(224, True, sm_share=0.5, priority="low").mps_env() == {MPS_SM_VAR: "50", MPS_PRIORITY_VAR: "1"}
+    assert DecoderSpec(224, True, priority="normal").mps_env() == {}
+    with pytest.raises(ConfigError, match="data-decode-priority low sets the MPS priority of the decode process: "
+                                          "it needs --data-decode-process"):
+        RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_priority="low")
+    with pytest.raises(ConfigError, match="data-decode-priority"):
+        RunConfig(**proc, data_decode_priority="high")
+    assert config_words(cfg.to_dict()) == f"data {folder} (gpu decode in its own process at low priority)"
+    both = RunConfig(**proc, data_decode_sm_share=0.5, data_decode_priority="low")
+    assert config_words(both.to_dict()) == (f"data {folder} (gpu decode in its own process on 0.5 of the SMs at "
+                                            f"low priority)")
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ def test_case_options_round_trip():
                   label="my run", inject_failure="crash@1:2", monitor=False, sample_interval=0.5,
                   breakdown=True, profile=True, data="imagefolder:/data/train", data_workers=3, data_decode="gpu",
                   data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_decode_sm_share=0.3,
+                  data_decode_priority="low",
                   data_cold_read=True,
                   optimizer_graph=True)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})

@@ -7,7 +7,7 @@ What the rest of dlscale calls:
 * ``check_machine(cfg, device_type)`` (from config.validate_for_launch): GPU decode has a GPU and
   the decoder ``--data-decoder`` asks for (torchvision, nvImageCodec, DALI, or one of the first two
   for auto); a decode process without MPS is warned of;
-* ``case_words(data, decode, decoder, cpu_share, process, sm_share)``, ``config_words(cfg)`` (sweep lines,
+* ``case_words(data, decode, decoder, cpu_share, process, sm_share, priority)``, ``config_words(cfg)`` (sweep lines,
   compare tables): the data part of a case's name;
 * ``describe(cfg)`` (launcher): the data set's identity for the record, None for synthetic data;
 * ``open_source(...)`` (worker): the rank's batch source;
@@ -28,10 +28,10 @@ __all__ = ["INPUT_BOUND_SHARE", "DataSpec", "case_words", "check_case", "check_f
 
 
 def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "auto", cpu_share: float | None = 0.0,
-               process: bool | None = False, sm_share: float | None = 0.0) -> str:
+               process: bool | None = False, sm_share: float | None = 0.0, priority: str | None = "normal") -> str:
     """How a case's input reads in a sweep line or a compare table: "" for synthetic data, else the
     data set, and for images where (and, on the GPU, by what, when asked for; in what process, with
-    what share of the SMs; what share on the host) they are decoded."""
+    what share of the SMs and at what priority; what share on the host) they are decoded."""
     if not data or data == "synthetic":
         return ""
     if not str(data).startswith("imagefolder:"):
@@ -40,14 +40,16 @@ def case_words(data: str, decode: str | None = "cpu", decoder: str | None = "aut
     by = f" by {decoder}" if decode == "gpu" and decoder not in (None, "auto") else ""
     host = f", {cpu_share:g} of it on the host" if decode == "gpu" and cpu_share else ""
     sms = f" on {sm_share:g} of the SMs" if decode == "gpu" and process and sm_share else ""
-    proc = f" in its own process{sms}" if decode == "gpu" and process else ""
+    low = f" at {priority} priority" if decode == "gpu" and process and priority not in (None, "normal") else ""
+    proc = f" in its own process{sms}{low}" if decode == "gpu" and process else ""
     return f"data {data} ({decode} decode{by}{proc}{host})"
 
 
 def config_words(cfg: dict) -> str:
     """``case_words`` of a case's configuration (RunConfig.to_dict, or a record's ``config``)."""
     return case_words(cfg.get("data", "synthetic"), cfg.get("data_decode"), cfg.get("data_decoder"),
-                      cfg.get("data_cpu_share"), cfg.get("data_decode_process"), cfg.get("data_decode_sm_share"))
+                      cfg.get("data_cpu_share"), cfg.get("data_decode_process"), cfg.get("data_decode_sm_share"),
+                      cfg.get("data_decode_priority"))
 
 
 def open_source(*args, **kwargs):
@@ -136,7 +138,9 @@ def check_machine(cfg, device_type: str) -> None:
         from dlscale.envinfo import mps_daemon
 
         if mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
-            capped = " (and --data-decode-sm-share has no effect)" if cfg.data_decode_sm_share else ""
+            mps_only = [o for o, on in (("--data-decode-sm-share", cfg.data_decode_sm_share),
+                                        ("--data-decode-priority", cfg.data_decode_priority != "normal")) if on]
+            capped = f" ({', '.join(mps_only)}: no effect)" if mps_only else ""
             print("dlscale: warning: data-decode-process without NVIDIA's MPS daemon: the decode process and the "
                   f"training share the GPU by time slices{capped} (start nvidia-cuda-mps-control -d first; "
                   "docs/data.md)", file=sys.stderr, flush=True)

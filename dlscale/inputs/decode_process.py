@@ -23,7 +23,9 @@ waits), and its DataLoader workers with it.
 
 Under NVIDIA MPS both processes' kernels run at once, and the decode's (nvJPEG's colour conversion and
 copies after the JPEG engines, the crop) take SMs the training would use; ``--data-decode-sm-share``
-caps the decode process's share (MPS's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, in its environment only).
+caps the decode process's share (MPS's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, in its environment only)
+and ``--data-decode-priority low`` makes it an MPS client of below-normal priority
+(``CUDA_MPS_CLIENT_PRIORITY=1``), whose waiting work the GPU schedules after the training's.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ SLOTS_AHEAD = 2  # batches finished ahead of the step, as the input thread's DEV
 POLL_S = 0.5  # how often a waiting side looks at the other's liveness
 START_TIMEOUT_S = 300.0  # first batch: the process imports torch, starts its workers, builds the decoder
 MPS_SM_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # an MPS client's share of the SMs, in percent
+MPS_PRIORITY_VAR = "CUDA_MPS_CLIENT_PRIORITY"  # an MPS client's priority: 0 normal, 1 below normal
+MPS_PRIORITIES = {"normal": None, "low": "1"}  # --data-decode-priority -> MPS_PRIORITY_VAR (normal: unset)
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,14 @@ class DecoderSpec:
     decode: Callable | None = None
     name: str | None = None
     sm_share: float = 0.0  # --data-decode-sm-share: the SMs the process may use under MPS (0: no cap)
+    priority: str = "normal"  # --data-decode-priority: its MPS client priority
 
     def mps_env(self) -> dict[str, str]:
-        """The decode process's own MPS setting: read when it creates its CUDA context, so set first."""
-        return {MPS_SM_VAR: str(round(self.sm_share * 100))} if self.sm_share else {}
+        """The decode process's own MPS settings: read when it creates its CUDA context, so set first."""
+        env = {MPS_SM_VAR: str(round(self.sm_share * 100))} if self.sm_share else {}
+        if MPS_PRIORITIES[self.priority] is not None:
+            env[MPS_PRIORITY_VAR] = MPS_PRIORITIES[self.priority]
+        return env
 
     def build(self, device: torch.device):
         from dlscale.inputs.images import GpuDecoder
@@ -119,7 +127,8 @@ def _serve(job: _Job, ready, free) -> None:
         pids = [w.pid for w in getattr(it, "_workers", []) or []]
         ready.put(("info", {"name": gpu.name, "kind": gpu.kind, "backend": gpu.backend, "crop": gpu.crop_path,
                             "pid": os.getpid(), "worker_pids": pids,
-                            "mps_sm_percent": os.environ.get(MPS_SM_VAR)}))
+                            "mps_sm_percent": os.environ.get(MPS_SM_VAR),
+                            "mps_priority": os.environ.get(MPS_PRIORITY_VAR)}))
         slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         idle = collections.deque(range(job.slots))
         while _take_free(free, idle, job.parent):

@@ -484,11 +484,11 @@ def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths:
 
 def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
                 decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0, decode_process: bool = False,
-                sm_share: float = 0.0) -> Reader:
+                sm_share: float = 0.0, priority: str = "normal") -> Reader:
     """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
     (``decoder``: --data-decoder, for GPU decode; ``cpu_share`` of each loader batch of ``batch``
-    samples decoded on the host instead; ``decode_process``: --data-decode-process, ``sm_share``
-    its --data-decode-sm-share)."""
+    samples decoded on the host instead; ``decode_process``: --data-decode-process, ``sm_share`` and
+    ``priority`` its --data-decode-sm-share and --data-decode-priority)."""
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -504,8 +504,8 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
                 check_split(decoder, cpu_share)  # check_fields's, for callers that did not go through it
                 return dali_reader(ds, size, channels_last, device, paths, kind)
             if decode_process:
-                return process_reader(ds, DecoderSpec(size, channels_last, decoder, sm_share=sm_share), paths, kind,
-                                      round(cpu_share * batch), batch)
+                process = DecoderSpec(size, channels_last, decoder, sm_share=sm_share, priority=priority)
+                return process_reader(ds, process, paths, kind, round(cpu_share * batch), batch)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)
         ds = images.ImageFolderData(listing.root, listing.files, listing.labels, size, seed)
@@ -551,6 +551,7 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
         remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum)
         got = remote.info
         sms = f"; MPS SMs {got['mps_sm_percent']} %" if got.get("mps_sm_percent") else ""
+        sms += f"; MPS client priority {got['mps_priority']}" if got.get("mps_priority") else ""
         name = f"{got['name']}; crop: {got['crop']}{reader.decoder}{sms}"
         gpu_decoder, backend = got["kind"], got["backend"]
     else:
@@ -582,7 +583,7 @@ def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank:
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
     reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b,
-                         cfg.data_decode_process, cfg.data_decode_sm_share)
+                         cfg.data_decode_process, cfg.data_decode_sm_share, cfg.data_decode_priority)
     sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
     page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped

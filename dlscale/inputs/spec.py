@@ -21,6 +21,8 @@ DECODE_DEVICES = ("cpu", "gpu")
 # which library decodes JPEGs with --data-decode gpu (dlscale/inputs/images.py, dali.py, docs/data.md);
 # auto: torchvision where it imports, else nvimgcodec (dali only when named)
 GPU_DECODERS = ("auto", "torchvision", "nvimgcodec", "dali")
+# the decode process's MPS client priority (--data-decode-priority; dlscale/inputs/decode_process.py)
+DECODE_PRIORITIES = ("normal", "low")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # what a model's ``ModelSpec.data_kind`` may say: the batch layout a real-data reader must produce
 DATA_KINDS = ("image", "causal-lm", "mlm-nsp")
@@ -95,7 +97,8 @@ def check_split(decoder: str, cpu_share: float) -> None:
 
 
 def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
-                 cpu_share: float = 0.0, decode_process: bool = False, sm_share: float = 0.0) -> DataSpec:
+                 cpu_share: float = 0.0, decode_process: bool = False, sm_share: float = 0.0,
+                 priority: str = "normal") -> DataSpec:
     """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
     spec = parse_data(data)
     if decode_process and decode != "gpu":
@@ -107,6 +110,11 @@ def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, d
                           "threads of its own; choose torchvision, nvimgcodec or auto")
     if sm_share and not decode_process:
         raise ConfigError(f"data-decode-sm-share {sm_share:g} caps the SMs of the decode process: it needs "
+                          f"--data-decode-process (and NVIDIA MPS running; docs/data.md)")
+    if priority not in DECODE_PRIORITIES:
+        raise ConfigError(f"unknown data-decode-priority {priority!r}; choose one of: {', '.join(DECODE_PRIORITIES)}")
+    if priority != "normal" and not decode_process:
+        raise ConfigError(f"data-decode-priority {priority} sets the MPS priority of the decode process: it needs "
                           f"--data-decode-process (and NVIDIA MPS running; docs/data.md)")
     if sm_share and round(sm_share * 100) < 1:
         raise ConfigError(f"data-decode-sm-share {sm_share:g} is below 1 % of the SMs; give 0 (no cap) or 0.01 to 1")
