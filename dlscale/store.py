@@ -33,6 +33,9 @@ DEFAULT_FILE = "results.jsonl"
 # interrupted: a signal stopped the case after some repeats finished; the record keeps those (a sweep runs
 # the case again in full)
 STATUSES = ("ok", "oom", "timeout", "failed", "unsupported", "interrupted")
+# statuses whose finished repeats are measurements: reports, compare and the model use their numbers (an
+# interrupted record's with the validity flag ``interrupted``)
+MEASURED_STATUSES = ("ok", "interrupted")
 EXIT_NOT_STORED = 7  # the measurement could not be stored (kept in a recovery file)
 ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below the store's directory
 # free space a case needs in the store before it starts: its record and utilisation series (a record

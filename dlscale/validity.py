@@ -19,6 +19,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlscale.store import MEASURED_STATUSES
+
 WARN = "warn"
 NOTE = "note"
 
@@ -484,14 +486,24 @@ CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, 
           _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged, _check_skipped_steps)
 
 
+def _check_interrupted(rec, t: Thresholds, v: Validity) -> None:
+    if rec.get("status") == "interrupted":
+        n, asked = len(_ok_repeats(rec)), _cfg(rec).get("repeats")
+        of = f" of the {asked}" if isinstance(asked, int) else ""
+        v.flags.append(Flag("interrupted", f"a signal ended the case after {n}{of} repeat(s): its figures are of "
+                            "those (a sweep measures it again in full)", NOTE, n, asked))
+
+
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:
-    """The validity of one run record, from its own data only. Non-ok records get no flags."""
+    """The validity of one run record, from its own data only. Records with nothing measured (not ok or
+    interrupted, or no finished repeat) get no flags."""
     v = Validity(thresholds=asdict(thresholds))
-    if record.get("status") != "ok" or not _ok_repeats(record):
+    if record.get("status") not in MEASURED_STATUSES or not _ok_repeats(record):
         v.unchecked["all"] = f"status {record.get('status')}: nothing measured"
         return v
     for check in CHECKS:
         check(record, thresholds, v)
+    _check_interrupted(record, thresholds, v)
     return v
 
 

@@ -1,5 +1,6 @@
 """A signal to dlscale after some repeats of a case finished: those repeats are stored (status
-``interrupted``), `dlscale report` names the case INTERRUPTED, and a resumed sweep measures it again.
+``interrupted``), `dlscale report` shows their numbers flagged ``interrupted``, and a resumed sweep measures
+it again.
 
 The repeats train in this process (conftest.one_process_here); the signal is a KeyboardInterrupt
 raised where torchrun would start the second repeat, as procs.interrupts turns SIGTERM into one."""
@@ -70,8 +71,13 @@ def test_run_interrupted_after_a_repeat_keeps_it(tmp_path, capsys):
     assert rec["ranks"] and rec["model"]["params"] > 0 and rec["validity"] is not None
     assert validate_record(rec) is None  # the store's schema knows the status
 
+    # the stored validity and the report carry the finished repeat's numbers, flagged
+    assert [f["check"] for f in rec["validity"]["flags"] if f["check"] == "interrupted"] == ["interrupted"]
     assert cli.main(["report", str(store)]) == 0
-    assert "| 1 | 1 | INTERRUPTED |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| 1 | 1 |"))
+    assert "INTERRUPTED" not in row and "interrupted" in row, row
+    assert "1n1g ? interrupted: a signal ended the case after 1 of the 3 repeat(s)" in out
 
 
 def test_run_interrupted_in_its_first_repeat_stores_nothing(tmp_path, capsys):

@@ -175,3 +175,51 @@ def test_mann_whitney_normal_approximation_for_large_samples():
     _, p_shift, _ = mann_whitney(a, rng.normal(97, 1, 40))
     assert method == "normal" and p_same > 0.01 and p_shift < 1e-6
     assert min_two_sided_p(5, 5) == pytest.approx(2 / 252) and min_two_sided_p(3, 3) == pytest.approx(0.1)
+
+
+def _interrupted(rid: str, nproc: int, samples: list[float], asked: int = 3, created: str = "2024-05-03T10:00:00+00:00"):
+    rec = F.run_record(rid, "gpt2", "amp-bf16", 8, "ddp", 1, nproc, samples, created=created)
+    rec["status"], rec["config"]["repeats"] = "interrupted", asked
+    rec["error"] = f"interrupted by SIGTERM during repeat {len(samples) + 1}/{asked}"
+    return rec
+
+
+def test_an_interrupted_case_is_compared_on_its_finished_repeats_and_flagged(tmp_path, capsys):
+    """An interrupted record's finished repeats are a measurement: compare pairs them (no "n/a") and
+    lists the interruption; where the case has an ok record, the ok one is used, even if older."""
+    F.write_store(tmp_path / "a", [
+        F.run_record("a1", "gpt2", "amp-bf16", 8, "ddp", 1, 2, [100, 101, 99]),
+        F.run_record("a2", "gpt2", "amp-bf16", 8, "ddp", 1, 4, [200, 201, 199]),
+    ])
+    F.write_store(tmp_path / "b", [
+        _interrupted("b1", 2, [80, 81]),
+        F.run_record("b2", "gpt2", "amp-bf16", 8, "ddp", 1, 4, [150, 151, 149]),
+        _interrupted("b3", 4, [300]),  # newer than b2, but b2 is ok
+    ])
+    rc, out, err = cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
+    assert rc == 0, err
+    by = {c["devices"]: c for c in json.loads(out)["cases"]}
+    assert by[2]["status_b"] == "interrupted" and by[2]["ratio"] == pytest.approx(80.5 / 100)
+    assert by[2]["verdict"] == "inconclusive (too few repeats)"
+    assert "interrupted: B: a signal ended the case after 2 of the 3 repeat(s): its figures are of those" \
+        in by[2]["flags"]
+    assert by[4]["status_b"] == "ok" and by[4]["ratio"] == pytest.approx(1.5 / 2) and not by[4]["flags"]
+    rc, out, err = cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert "? interrupted: B: a signal ended the case after 2 of the 3" in out, out
+
+
+def test_the_report_shows_an_interrupted_cases_numbers_with_its_flag(tmp_path, capsys):
+    """A table row of an interrupted case carries its finished repeats' median and the note flag; a
+    failed newer record does not hide it, and one with no finished repeat is still INTERRUPTED."""
+    failed = F.run_record("f", "gpt2", "amp-bf16", 8, "ddp", 1, 2, None, status="failed", error="boom",
+                          created="2024-05-04T10:00:00+00:00")
+    nothing = _interrupted("n", 8, [90])
+    nothing["repeats"], nothing["summary"] = [], None
+    F.write_store(tmp_path / "s", [_interrupted("i", 2, [80.0, 82.0]), failed, nothing])
+    rc, out, err = cli(capsys, "report", str(tmp_path / "s"))
+    assert rc == 0, err
+    row2 = next(ln for ln in out.splitlines() if ln.startswith("| 1 | 2 |"))
+    assert "81.00" in row2 and "? few_repeats, interrupted" in row2, row2
+    assert "1n2g ? interrupted: a signal ended the case after 2 of the 3 repeat(s)" in out
+    assert "1n2g interrupted: interrupted by SIGTERM during repeat 3/3" in out
+    assert "| 1 | 8 | INTERRUPTED |" in out

@@ -131,12 +131,14 @@ class Pair:
 
     @property
     def flags(self) -> list[validity.Flag]:
-        """Why the ratio may not be sound: either side's own warnings, and B run differently from
-        A (thread budget, window, sampling)."""
+        """Why the ratio may not be sound: either side's own warnings (and a side's interruption: its
+        figures are of fewer repeats than asked for), and B run differently from A (thread budget,
+        window, sampling)."""
         if self.a is None or self.b is None or not (self.a.ok and self.b.ok):
             return []
         own = [validity.Flag(f.check, f"{side}: {f.reason}", f.severity, f.value, f.limit)
-               for side, row in (("A", self.a), ("B", self.b)) for f in row.validity.warnings]
+               for side, row in (("A", self.a), ("B", self.b)) for f in row.validity.flags
+               if f.severity == validity.WARN or f.check == "interrupted"]
         between = [f for f in validity.compare_flags(self.b.record, self.a.record, None, what="ratio B/A")
                    if f.check != "baseline_flagged"]  # A's own flags are listed above
         return own + between
@@ -354,7 +356,8 @@ def to_markdown(c: Comparison) -> str:
     flagged = [(p, f) for p in c.pairs for f in p.flags]
     if flagged:
         out += ["Validity (docs/metrics.md): a ratio with a flag may not be sound:", ""]
-        out += [f"- {p.case} {p.row.node_gpu}: ⚠ {f.check}: {f.reason}" for p, f in flagged] + [""]
+        out += [f"- {p.case} {p.row.node_gpu}: {'⚠' if f.severity == validity.WARN else '?'} {f.check}: {f.reason}"
+                for p, f in flagged] + [""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     if data:

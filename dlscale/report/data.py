@@ -4,7 +4,8 @@ Rules (docs/reports.md says the same for users):
 
 * A *case* is one ``case_key`` (with its label and resolved device type). When a case has several
   records, the report uses the **newest ok record** (by ``created``); when it has no ok record, the
-  newest record of any status. Older records are not pooled; each row says how many it superseded.
+  newest interrupted record with finished repeats (its numbers shown, flagged ``interrupted``), else
+  the newest record of any status. Older records are not pooled; each row says how many it superseded.
 * A *table* (group) is everything in the case key except ``nnodes`` and ``nproc_per_node``, plus
   the label and device type: one row per device count.
 * The *baseline* of a table is the 1-device (``nnodes * nproc_per_node == 1``) ok case with the same
@@ -31,7 +32,7 @@ from dlscale import ConfigError, validity
 from dlscale.config import LATE_FIELD_DEFAULTS, workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
-from dlscale.store import STATUSES, LoadResult, ResultStore
+from dlscale.store import MEASURED_STATUSES, STATUSES, LoadResult, ResultStore
 
 # a table holds one row per device count: every other case-key field is the same within it
 TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
@@ -45,8 +46,8 @@ MAIN_KEYS = ("model", "flavor", "precision", "compile", "strategy", "batch_size"
 BASELINE_STRATEGY_PREFERENCE = ("single", "ddp")
 STATUS_TEXT = {"oom": "OOM", "timeout": "TIMEOUT", "failed": "FAILED", "unsupported": "UNSUPPORTED",
                "interrupted": "INTERRUPTED"}
-SELECTION_RULE = ("each row is the newest ok record of its case (case_key); older records of the "
-                  "same case are not pooled")
+SELECTION_RULE = ("each row is the newest ok record of its case (case_key), else its newest interrupted one "
+                  "(the repeats that finished); older records of the same case are not pooled")
 
 
 def num(v: Any) -> float | None:
@@ -342,8 +343,8 @@ class Row:
     def __post_init__(self) -> None:
         self.nnodes, self.nproc_per_node = rec_counts(self.record)
         self.status: str = self.record.get("status", "failed")
-        self.stats = throughput_stats(self.record) if self.status == "ok" else None
-        if self.status == "ok" and (not self.stats or num(self.stats.get("median")) is None):
+        self.stats = throughput_stats(self.record) if self.status in MEASURED_STATUSES else None
+        if not self.stats or num(self.stats.get("median")) is None:
             self.stats = None
 
     @property
@@ -368,7 +369,8 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok" and self.stats is not None
+        """Measured: an ok record with samples/s, or an interrupted one with finished repeats (flagged)."""
+        return self.status in MEASURED_STATUSES and self.stats is not None
 
     @property
     def node_gpu(self) -> str:
@@ -619,7 +621,8 @@ class Report:
 
 
 def select_cases(records: list[dict[str, Any]], by_label: bool = True) -> list[Row]:
-    """One row per case: the newest ok record, else the newest record; the rest are 'superseded'.
+    """One row per case: the newest ok record, else the newest interrupted one with finished repeats,
+    else the newest record; the rest are 'superseded'.
 
     A case is (case_key, device type) and, with ``by_label``, the label.
     """
@@ -631,7 +634,8 @@ def select_cases(records: list[dict[str, Any]], by_label: bool = True) -> list[R
     for items in cases.values():
         items.sort(key=lambda t: (t[0], t[1]))
         oks = [t for t in items if t[2].get("status") == "ok"]
-        chosen = (oks or items)[-1]
+        partial = [t for t in items if t[2].get("status") == "interrupted" and repeat_samples(t[2])]
+        chosen = (oks or partial or items)[-1]
         rows.append(Row(chosen[2], superseded=[t[2] for t in items if t is not chosen]))
     return rows
 
