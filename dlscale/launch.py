@@ -213,6 +213,7 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_after_steps": r0.get("loss_after_steps"),  # training steps before loss_after (parity)
             "warmup_losses": r0.get("warmup_losses"),
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
+            "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
             entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps")})

@@ -409,31 +409,35 @@ def _warmup_losses(r: dict[str, Any]) -> list:
 def _check_loss_nonfinite(rec, t: Thresholds, v: Validity) -> None:
     """A NaN or infinite loss in an ok repeat. The workers record a non-finite loss as null
     (parity.global_loss) and the store writes NaN as null, so a null counts where the record shows
-    the loss is read: a null warm-up loss beside numbers, a null loss_after beside another repeat's.
+    the loss is read: a null warm-up loss beside numbers, a null loss_after beside another repeat's;
+    and where the worker counted them (``nonfinite_losses``), a repeat whose every loss is null.
     Records without losses (external, imported, strategies that do not report one) pass."""
     reps = _ok_repeats(rec)
     after_read = any(_num(r.get("loss_after")) is not None for r in reps)
-    found: list[tuple[int, str, Any]] = []
+    beside = "not finite (recorded as null beside finite ones)"
+    found: list[tuple[int, str]] = []  # (repeat, what was not finite)
     for i, r in enumerate(reps):
         n = (r["repeat"] if isinstance(r.get("repeat"), int) else i) + 1
         warm = _warmup_losses(r)
         warm_read = any(_num(x) is not None for x in warm)
-        found += [(n, f"warm-up step {k + 1}'s loss", x) for k, x in enumerate(warm)
+        found += [(n, f"warm-up step {k + 1}'s loss is {beside if x is None else x}") for k, x in enumerate(warm)
                   if _nonfinite(x) or (x is None and warm_read)]
         a = r.get("loss_after")
         if _nonfinite(a) or (a is None and "loss_after" in r and after_read):
-            found.append((n, "loss after the window", a))
+            found.append((n, f"loss after the window is {beside if a is None else a}"))
+        counted = r.get("nonfinite_losses")
+        if isinstance(counted, int) and counted > 0 and not any(m == n for m, _ in found):
+            found.append((n, f"{counted} of the losses the worker read were not finite (recorded as null)"))
     if not found:
         return
-    n, what, x = found[0]
-    shown = "not finite (recorded as null beside finite ones)" if x is None else str(x)
+    n, what = found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     if _cfg(rec).get("precision") == "amp-fp16":
         why = ("the model diverged; with amp-fp16 the loss scaler skips the optimizer step of an overflowing "
                "step, so the window may time less work")
     else:
         why = "the model diverged: the steps ran on non-finite numbers and do not train"
-    v.flags.append(Flag("loss_nonfinite", f"repeat {n}: {what} is {shown}{more}: {why}", WARN))
+    v.flags.append(Flag("loss_nonfinite", f"repeat {n}: {what}{more}: {why}", WARN))
 
 
 def _check_loss_diverged(rec, t: Thresholds, v: Validity) -> None:

@@ -381,7 +381,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "window_wall": [wall_start, wall_end],
         "step_times_ms": step_ms,
     })
-    result["loss_last"] = parity.global_loss(loss if par.reports_loss else None, par, denv)
+    result["loss_last"] = _read_loss(result, loss if par.reports_loss else None, par, denv)
     result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step)))
     result.update(_peak_memory(device))
     if fetch is not None:
@@ -408,13 +408,14 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
         if fetch is not None:
             fetch()
         loss = step()
-        losses.append(parity.global_loss(loss if par.reports_loss else None, par, denv))
+        losses.append(_read_loss(result, loss if par.reports_loss else None, par, denv))
         if compiling_now:
             progress.phase("compile", "end", denv.rank)
         elif ticker is not None:
             ticker.tick(i + 1)
     progress.phase("warmup", "end", denv.rank)
     result["warmup_s"] = time.perf_counter() - t_w
+    result.setdefault("nonfinite_losses", 0)
     result["loss_scope"] = parity.LOSS_SCOPE
     result.setdefault("marks", {})["warmed_up"] = time.time()
     result["warmup_losses"] = losses
@@ -426,7 +427,7 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     make ``loss_after`` depend on them (and a parity check of a case with --breakdown against one
     without fail)."""
     device = denv.device
-    result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv)
+    result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
@@ -472,7 +473,18 @@ def _model_state_memory(step, device: torch.device) -> int | None:
     return max(seen) if seen else None
 
 
-def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv) -> float | None:
+def _read_loss(result: dict[str, Any], loss, par: Parallelized, denv: DistEnv) -> float | None:
+    """``parity.global_loss`` of a step's loss, counting in ``result["nonfinite_losses"]`` one that was
+    computed but is NaN or inf (recorded as null: the validity check ``loss_nonfinite`` needs the count
+    where every loss of a repeat is null, which would otherwise read as a strategy without losses)."""
+    value = parity.global_loss(loss, par, denv)
+    if loss is not None and value is None:
+        result["nonfinite_losses"] = result.get("nonfinite_losses", 0) + 1
+    return value
+
+
+def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv,
+                result: dict[str, Any]) -> float | None:
     """Loss of the trained model on micro-batch 0 (eval mode), its global mean (dlscale/parity.py).
 
     Correctness check only (outside the window): equal for any strategy that trains the same
@@ -480,7 +492,7 @@ def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device,
     ``par.eval_loss``.
     """
     if par.eval_loss is not None:
-        return parity.global_loss(par.eval_loss(batch), par, denv)
+        return _read_loss(result, par.eval_loss(batch), par, denv)
     if par.step is not None:
         return None
     training = module.training
@@ -490,7 +502,7 @@ def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device,
             loss = module(*batch)
     finally:
         module.train(training)  # the steps after it (breakdown, profile, model state) train as the window did
-    return parity.global_loss(loss, par, denv)
+    return _read_loss(result, loss, par, denv)
 
 
 def new_result(denv: DistEnv, started: float) -> dict[str, Any]:

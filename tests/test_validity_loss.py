@@ -111,6 +111,21 @@ def test_records_without_losses_are_not_flagged(make):
     assert v.flags == [] and "loss_nonfinite" not in v.unchecked and "loss_diverged" not in v.unchecked
 
 
+@pytest.mark.parametrize("counted, flagged", [(3, True), (0, False), (None, False)])
+def test_every_loss_null_is_flagged_where_the_worker_counted_non_finite_ones(counted, flagged):
+    # a model that is NaN from its first step: every loss null, as a strategy without losses reads;
+    # the worker's count (nonfinite_losses) tells them apart
+    rec = losses(record(), None, warm=[None, None], last=None)
+    for r in rec["repeats"]:
+        if counted is not None:
+            r["nonfinite_losses"] = counted
+    found = checks(rec)
+    assert ("loss_nonfinite" in found) == flagged
+    if flagged:
+        assert found["loss_nonfinite"].reason.startswith(
+            "repeat 1: 3 of the losses the worker read were not finite (recorded as null) (and 4 more): the model")
+
+
 def test_other_checks_are_unaffected():
     assert validity.assess(record()).flags == []
     stalled = losses(record(step_ms=[100.0] * 10 + [400.0] + [100.0] * 9), 70.0)
@@ -138,3 +153,27 @@ def test_skipped_steps_are_the_halvings_of_the_scale():
     assert skipped_steps(65536.0, 8192.0) == 3
     assert skipped_steps(65536.0, 131072.0) == 0  # grew: 2,000 good steps in a row, none skipped since
     assert skipped_steps(None, 1.0) is None and skipped_steps(1.0, None) is None
+
+
+@pytest.mark.slow
+def test_a_model_nan_from_its_first_step_is_flagged_end_to_end(tmp_path, monkeypatch):
+    """Every loss of the run is NaN (here: cross-entropy made NaN), so every loss in the record is
+    null, as a strategy without losses reads; the worker's count makes the run a loss_nonfinite
+    warning all the same."""
+    import torch.nn.functional as F
+    from conftest import one_process_here
+
+    from dlscale import cli
+
+    real = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: real(*a, **k) * float("nan"))
+    store = tmp_path / "st"
+    with one_process_here():
+        assert cli.main(["run", "--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--strategy", "single",
+                         "--warmup", "2", "--steps", "3", "--device", "cpu", "--batch-size", "2", "--repeats", "1",
+                         "--store", str(store)]) == 0
+    (rec,) = ResultStore(store).load().records
+    (rep,) = rec["repeats"]
+    assert rep["warmup_losses"] == [None, None] and rep["loss_last"] is None and rep["loss_after"] is None
+    assert rep["nonfinite_losses"] == 4  # two warm-up steps, the window's last step, the loss after it
+    assert [f["check"] for f in rec["validity"]["flags"] if f["check"] == "loss_nonfinite"] == ["loss_nonfinite"]

@@ -261,6 +261,8 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     mb0 = tuple(b[0] for b in batches)
     result["loss_after"] = _value(s.eval_loss(state.params, state.stats, mb0))
     result["loss_after_steps"] = cfg.warmup + cfg.steps
+    read = [*result["warmup_losses"], result["loss_last"], result["loss_after"]]  # each step has a loss:
+    result["nonfinite_losses"] = sum(v is None for v in read)  # a null one was NaN or inf (torch: _read_loss)
     if cfg.breakdown:
         result["breakdown"] = None
         result["breakdown_note"] = "the step-time breakdown measures torch phases; not available under JAX"
