@@ -200,7 +200,8 @@ class RunConfig:
                                    help="with --data-decode-process under NVIDIA MPS: the decode process's "
                                         "scheduling priority against the training's kernels: low (MPS client "
                                         "priority below normal, CUDA_MPS_CLIENT_PRIORITY=1 in its environment only: "
-                                        "the GPU schedules the training's waiting work first) or normal (docs/data.md)")
+                                        "a hint to schedule the training's waiting work first) or normal "
+                                        "(docs/data.md)")
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
