@@ -486,16 +486,17 @@ def _check_skipped_steps(rec, t: Thresholds, v: Validity) -> None:
                                          f"raise --warmup so the scale settles first", WARN, float(k), 0.0))
 
 
-CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
-          _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged, _check_skipped_steps)
-
-
 def _check_interrupted(rec, t: Thresholds, v: Validity) -> None:
     if rec.get("status") == "interrupted":
         n, asked = len(_ok_repeats(rec)), _cfg(rec).get("repeats")
         of = f" of the {asked}" if isinstance(asked, int) else ""
         v.flags.append(Flag("interrupted", f"a signal ended the case after {n}{of} repeat(s): its figures are of "
                             "those (a sweep measures it again in full)", NOTE, n, asked))
+
+
+CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
+          _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged, _check_skipped_steps,
+          _check_interrupted)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:
@@ -507,7 +508,6 @@ def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Valid
         return v
     for check in CHECKS:
         check(record, thresholds, v)
-    _check_interrupted(record, thresholds, v)
     return v
 
 
