@@ -38,7 +38,7 @@ from dlscale.perfmodel.fit import (CANDIDATE_FORMS, band_from, datasets_by_sourc
 from dlscale.perfmodel.inputs import ModelOptions, Query, build_model, group_workloads, usable  # noqa: E402
 from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS  # noqa: E402
 from dlscale.perfmodel.render import fmt, md_table, plot_validation, summary_table  # noqa: E402
-from dlscale.perfmodel.validate import Validation, summarize_rows  # noqa: E402
+from dlscale.perfmodel.validate import Validation, series_flags, summarize_rows  # noqa: E402
 from dlscale.report.data import load_records  # noqa: E402
 
 TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
@@ -83,8 +83,9 @@ def per_table(val: Validation) -> str:
             s = val.summary(p, [g])
             cells += ([str(s.n), fmt(s.mean_abs_error_pct, 1, " %"), fmt(s.max_abs_error_pct, 1, " %"),
                        f"{s.over}/{s.under}"] if s.n else ["0", "-", "-", "-"])
-        body.append(cells)
-    return md_table(["table", "1-GPU n", "MAE", "max", "over/under", "node n", "MAE", "max", "over/under"], body)
+        body.append(cells + [str(len(val.select(groups=[g], flagged=True)))])
+    return md_table(["table", "1-GPU n", "MAE", "max", "over/under", "node n", "MAE", "max", "over/under",
+                     "flagged (left out)"], body)
 
 
 SUBSETS = {  # name -> row filter, for the subset table of docs/perfmodel.md
@@ -107,16 +108,17 @@ def cell(s) -> str:
 def subsets(val: Validation, pub: set[str]) -> str:
     body = []
     for name, keep in SUBSETS.items():
-        rows = [r for r in val.rows if r.group in pub and keep(r)]
+        rows = [r for r in val.select(groups=pub) if keep(r)]
         body.append([name] + [cell(summarize_rows([r for r in rows if r.protocol == p])) for p in PROTOCOLS])
     return md_table(["subset", "from-1-gpu: MAE / max (n)", "from-node: MAE / max (n)"], body)
 
 
 def points(val: Validation) -> str:
     body = [[r.series, r.shape, r.protocol, fmt(r.measured, 1), fmt(r.predicted, 1),
-             f"{fmt(r.low, 0)}..{fmt(r.high, 0)}", fmt(r.error_pct, 1, " %"), r.limiting]
+             f"{fmt(r.low, 0)}..{fmt(r.high, 0)}", fmt(r.error_pct, 1, " %"), r.limiting, r.flags or "-"]
             for r in sorted(val.rows, key=lambda r: (r.series, r.protocol, r.devices))]
-    return md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "limited by"], body)
+    return md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "limited by", "flag"],
+                    body)
 
 
 def forms(everything: dict, pub: dict, own: dict, opts: ModelOptions) -> str:
@@ -143,8 +145,8 @@ def node_sizes(pub: dict, everything: dict, opts: ModelOptions) -> str:
         o = replace(opts, law=law)
         for w in group_workloads(usable(records, Query())).values():
             single = {sh: r for sh, r in w.measured(o.strategy).items() if sh.nodes == 1}
-            if w.baseline is None or len(single) < 2:
-                continue
+            if w.baseline is None or len(single) < 2 or series_flags(w, o.strategy):
+                continue  # a series above ideal scaling: no test of the model (validate.series_flags)
             for sh, row in single.items():
                 others = [x for x in single if x != sh]
                 meas = float(row.median)

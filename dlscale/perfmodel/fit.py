@@ -5,7 +5,8 @@ same) and the fit minimises their mean absolute value with non-negative coeffici
 limited by their input pipeline must not drag the law for everyone): iteratively reweighted least
 squares over an exact non-negative least-squares solve of the few terms.
 
-Node terms are fitted on single-node points: r = (t_meas - t_1 - exposed(1 x g)) / t_meas against each
+A series with a point above ideal scaling (``validate.series_flags``) is left out. Node terms are fitted on
+single-node points: r = (t_meas - t_1 - exposed(1 x g)) / t_meas against each
 term's value (law.node_features) / t_meas. Network terms are fitted on multi-node points whose node (1 x g)
 is measured: r = (t_meas - t_node - (exposed(M x g) - exposed(1 x g))) / t_meas against each term's value
 (law.net_features, on the measured node step t_node) / t_meas.
@@ -25,7 +26,7 @@ from dlscale.perfmodel.core import Shape
 from dlscale.perfmodel.inputs import (ModelOptions, Query, build_model, group_workloads, measured_point, source_of,
                                       usable)
 from dlscale.perfmodel.law import PROTOCOLS, OverheadLaw, net_features, node_features
-from dlscale.perfmodel.validate import Validation, group_of, validate
+from dlscale.perfmodel.validate import Validation, group_of, series_flags, validate
 from dlscale.report.data import rec_config
 
 
@@ -118,8 +119,8 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
         grp = page_of(name, records)
         for w in group_workloads(usable(records, Query())).values():
             measured = w.measured(opts.strategy)
-            if w.baseline is None or not measured:
-                continue
+            if w.baseline is None or not measured or series_flags(w, opts.strategy):
+                continue  # a series above ideal scaling is a measurement problem, not evidence for the law
             try:
                 m = build_model(w, records, opts, calibrate_on=[]).model
             except ConfigError:  # a workload the model cannot describe adds nothing to the fit
@@ -195,7 +196,7 @@ def band_from(val: Validation, q: float = 0.8) -> dict[str, list[float]]:
     ones fell (measured / predicted - 1). The sides differ: a limit the model cannot see only slows a step."""
     out = {}
     for p in PROTOCOLS:
-        rows = [r for r in val.rows if r.protocol == p]
+        rows = val.select(p)
         if not rows:
             continue
         below = sorted(1.0 - r.measured / r.predicted for r in rows if r.predicted > r.measured)
@@ -225,4 +226,5 @@ CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("ln_gpus",), ("inter_bw", "ln_nodes")),
     (("ln_gpus",), ("inter_bw", "abs_ln_nodes")),
     (("ln_gpus", "graph_split"), ("ln_nodes",)),
+    (("ln_gpus", "graph_split"), ("abs_ln_nodes",)),
 ]

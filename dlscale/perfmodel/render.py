@@ -9,7 +9,7 @@ from dlscale.fmt import MISSING, fmt_num
 from dlscale.fmt import md_table as fmt_md_table
 from dlscale.perfmodel.law import PROTOCOLS
 from dlscale.perfmodel.predict import Prediction
-from dlscale.perfmodel.validate import Summary, Validation
+from dlscale.perfmodel.validate import Summary, Validation, summarize_rows
 
 
 def fmt(v: Any, digits: int = 2, suffix: str = "") -> str:
@@ -83,9 +83,25 @@ def _summary_line(name: str, s: Summary) -> list[str]:
 
 
 def summary_table(val: Validation, groups: list[str] | None = None) -> str:
-    rows = [_summary_line(p, val.summary(p, groups)) for p in PROTOCOLS]
-    return md_table(["protocol", "points", "mean abs error", "max abs error", "mean error",
-                     "over / under", "in band"], rows)
+    """Per protocol over the unflagged points; the points of flagged series (left out) are counted, and
+    where there are any, summed up on a line of their own below."""
+    rows = [_summary_line(p, val.summary(p, groups)) + [str(len(val.select(p, groups, flagged=True)))]
+            for p in PROTOCOLS]
+    table = md_table(["protocol", "points", "mean abs error", "max abs error", "mean error",
+                      "over / under", "in band", "left out (flagged)"], rows)
+    extra = [f"{p}: {len(val.select(p, groups, flagged=True))} point(s) of series flagged {FLAGGED}, left out "
+             f"above; with them: {_inline(summarize_rows(val.select(p, groups) + val.select(p, groups, True)))}"
+             for p in PROTOCOLS if val.select(p, groups, flagged=True)]
+    return "\n".join([table] + ([""] + extra if extra else []))
+
+
+FLAGGED = ("above_ideal (a point of the series scales above ideal past its noise: a measurement problem, "
+           "no test of the model)")
+
+
+def _inline(s: Summary) -> str:
+    return (f"{s.n} points, mean |error| {fmt(s.mean_abs_error_pct, 1, ' %')}, max {fmt(s.max_abs_error_pct, 1, ' %')}"
+            f", over / under {s.over} / {s.under}")
 
 
 def render_validation(val: Validation, title: str) -> str:
@@ -98,11 +114,11 @@ def render_validation(val: Validation, title: str) -> str:
         for r in sorted(by_series[name], key=lambda r: (r.protocol, r.devices)):
             body.append([name, r.shape, r.protocol, fmt(r.measured, 1), fmt(r.predicted, 1),
                          f"{fmt(r.low, 1)} .. {fmt(r.high, 1)}", fmt(r.error_pct, 1, "%"),
-                         "yes" if r.in_band else "no", fmt(r.overhead_ms), r.limiting])
+                         "yes" if r.in_band else "no", fmt(r.overhead_ms), r.limiting, r.flags or "—"])
     out.append(md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "in band",
-                         "overhead (ms)", "limited by"], body))
+                         "overhead (ms)", "limited by", "flag"], body))
     out += ["", "error = (predicted - measured) / measured; over = predicted faster than measured. from-1-gpu: "
-                "only the 1-device point known; from-node: the series' single-node points known."]
+                "only the 1-device point known; from-node: the series' single-node points known. flag: " + FLAGGED + "."]
     if val.skipped:
         out += ["", "Skipped:"] + [f"* {s}" for s in val.skipped]
     return "\n".join(out)

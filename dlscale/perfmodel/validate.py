@@ -6,6 +6,10 @@
   is predicted.
 
 A predicted point never informs its own prediction (not its throughput, not its breakdown).
+
+A series with a point above ideal scaling past its noise (``validity.compare_flags``: "a measurement problem
+until proven otherwise") is no test of the model: its rows carry the flag, the summaries leave them out (and
+count them) and the law's fit does not use the series.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dlscale import ConfigError
+from dlscale import ConfigError, validity
 from dlscale.perfmodel.core import Shape, error_pct
 from dlscale.perfmodel.inputs import (ModelOptions, Query, Workload, build_model, group_workloads, model_info,
                                       shape_of, short_id, source_of, usable)
@@ -41,6 +45,7 @@ class ValidationRow:
     step_ms: float
     limiting: str
     record: str
+    flags: str = ""  # a measurement flag of the series ("above_ideal"): left out of the summaries
 
     @property
     def in_band(self) -> bool:
@@ -75,10 +80,16 @@ class Validation:
     skipped: list[str] = field(default_factory=list)
     law: str = ""
 
-    def summary(self, protocol: str | None = None, groups: Iterable[str] | None = None) -> Summary:
+    def select(self, protocol: str | None = None, groups: Iterable[str] | None = None,
+               flagged: bool = False) -> list[ValidationRow]:
+        """The rows of ``protocol`` and ``groups``: unflagged ones, or (``flagged``) only the flagged ones."""
         gs = set(groups) if groups is not None else None
-        return summarize_rows([r for r in self.rows if (protocol is None or r.protocol == protocol)
-                               and (gs is None or r.group in gs)])
+        return [r for r in self.rows if (protocol is None or r.protocol == protocol)
+                and (gs is None or r.group in gs) and bool(r.flags) == flagged]
+
+    def summary(self, protocol: str | None = None, groups: Iterable[str] | None = None) -> Summary:
+        """Over the unflagged rows (``select``)."""
+        return summarize_rows(self.select(protocol, groups))
 
     def to_dict(self) -> dict[str, Any]:
         return {"law": self.law, "rows": [asdict(r) | {"in_band": r.in_band} for r in self.rows],
@@ -107,6 +118,21 @@ def series_name(w: Workload) -> str:
     return " ".join(p for p in parts if p)
 
 
+def series_flags(w: Workload, strategy: str) -> str:
+    """"above_ideal" where a multi-device point of the series scales above ideal past the noise of it and of
+    the 1-device point (the check ``dlscale report`` and ``compare`` apply), else ""."""
+    base = w.baseline
+    if base is None or not base.median:
+        return ""
+    for sh, row in w.measured(strategy).items():
+        if not row.median:
+            continue
+        eff = float(row.median) / (sh.devices * float(base.median))
+        if any(f.check == "above_ideal" for f in validity.compare_flags(row.record, base.record, eff)):
+            return "above_ideal"
+    return ""
+
+
 def targets(w: Workload, strategy: str, protocol: str) -> list:
     rows = w.measured(strategy)
     if protocol == "from-node":
@@ -120,6 +146,7 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
     skipped: list[str] = []
     name = series_name(w)
     base = w.baseline
+    flags = series_flags(w, opts.strategy)
     for protocol in protocols:
         tgt = targets(w, opts.strategy, protocol)
         if not tgt:
@@ -149,7 +176,8 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
             out.append(ValidationRow(
                 name, group_of(t.record), str(rec_config(t.record).get("framework") or "dlscale"), sh.label,
                 sh.devices, protocol, meas, p.samples_per_s, p.low, p.high, error_pct(p.samples_per_s, meas),
-                p.overhead_s * 1e3, p.overlap.exposed_s * 1e3, p.step_s * 1e3, p.limiting, short_id(t.record)))
+                p.overhead_s * 1e3, p.overlap.exposed_s * 1e3, p.step_s * 1e3, p.limiting, short_id(t.record),
+                flags))
     return out, skipped
 
 
