@@ -10,7 +10,7 @@ import pytest
 from dlscale import ConfigError
 from dlscale.cli import main
 from dlscale.commands.perf_args import DeprecatedAlias
-from dlscale.perfmodel import (MIB, Link, Links, Measured, OverheadLaw, Shape, WorkloadModel, allreduce_phases_s,
+from dlscale.perfmodel import (MIB, HostInput, Link, Links, Measured, OverheadLaw, Shape, WorkloadModel, allreduce_phases_s,
                                allreduce_s, bucket_sizes, compute_terms, gradient_bytes, overlap_model, parse_shapes,
                                ring_allreduce_s, tree_allreduce_s)
 from dlscale.store import ResultStore, new_record
@@ -294,6 +294,24 @@ def test_limited_by_names_a_cause_only_with_evidence():
     assert tiny.predict(Shape(1, 2)).limiting == "compute"
 
 
+def test_host_input_floor_hand_computed():
+    """Loaders at 0.01 core-s a sample on a 16-core host: 8 ranks of 32 samples need 2.56 core-s a step over
+    the 8 cores they leave, a 320 ms floor above the modelled ~103 ms step: 800 samples/s, limited by the
+    host input. At 1x2 the floor is 2 x 32 x 0.01 / 14 = 45.7 ms, under the step: no change."""
+    host = HostInput(0.01, 16, "loaders: 0.01 core-s a sample")
+    m, free = model(law=OverheadLaw(), host=host), model(law=OverheadLaw())
+    p8 = m.predict(Shape(1, 8))
+    assert p8.host_floor_s == pytest.approx(0.32) and p8.step_s == pytest.approx(0.32)
+    assert p8.samples_per_s == pytest.approx(800.0) and p8.limiting == "host input"
+    assert "loaders: 0.01 core-s a sample" in p8.evidence and "of the 8 the host leaves" in p8.evidence
+    assert any("host input floor" in n for n in p8.notes) and p8.to_dict()["host_floor_ms"] == pytest.approx(320.0)
+    p2 = m.predict(Shape(1, 2))
+    assert p2.host_floor_s == pytest.approx(2 * 32 * 0.01 / 14)
+    assert p2.step_s == pytest.approx(free.predict(Shape(1, 2)).step_s) and p2.limiting != "host input"
+    assert m.predict(Shape(1, 1)).step_s == pytest.approx(0.1)       # the measured 1-device step stands
+    assert HostInput(0.01, 4, "").floor_s(8, 32) == pytest.approx(8 * 32 * 0.01)   # fewer cores than ranks: one
+
+
 # ----------------------------------------------------------------------------- predict verb
 
 def test_predict_cli_json_from_store(store, capsys):
@@ -315,6 +333,33 @@ def test_predict_cli_json_from_store(store, capsys):
     assert rows["1x4"]["measured_samples_per_s"] is None
     for r in out["rows"]:
         assert r["samples_per_s_low"] <= r["samples_per_s"] <= r["samples_per_s_high"]
+
+
+def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
+    """A 1-GPU record whose loaders used 3.2 cores for 320 samples/s on a 16-core host: at 1x8 the host floor
+    (8 x 32 x 0.01 / 8 = 320 ms) is the step; --host-cores 64 lifts it; a synthetic record has none."""
+    s = ResultStore(tmp_path / "real")
+    rec = run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00",
+                     env=dict(GPU_ENV, cpu_count=16, cpu_affinity_count=16))
+    rec["data"] = {"loader_cpu_cores_total": 3.2}
+    s.append(rec)
+    argv = ["predict", str(tmp_path / "real"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"]
+    out = run_json(argv, capsys)
+    row = out["rows"][-1]
+    assert row["limiting"] == "host input" and row["host_floor_ms"] == pytest.approx(320.0)
+    assert row["samples_per_s"] == pytest.approx(800.0)
+    assert "3.20 cores for 320.0 samples/s" in out["inputs"]["host_input_floor"]
+    lifted = run_json(argv + ["--host-cores", "64"], capsys)["rows"][-1]
+    assert lifted["limiting"] != "host input" and lifted["samples_per_s"] > 2000
+    assert "--host-cores" in run_json(argv + ["--host-cores", "64"], capsys)["inputs"]["host_input_floor"]
+    s2 = ResultStore(tmp_path / "syn")
+    s2.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"))
+    syn = run_json(["predict", str(tmp_path / "syn"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"],
+                   capsys)
+    assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--host-cores", "0"])
+    assert e.value.code == 2 and "--host-cores: expected a positive integer" in capsys.readouterr().err
 
 
 def test_deprecated_spellings_warn_once(store, capsys):

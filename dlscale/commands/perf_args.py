@@ -154,6 +154,10 @@ def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
                         "uniform: gradients as a stream of bytes (also for models dlscale does not know)")
     m.add_argument("--grad-bytes", type=positive_float, default=None, metavar="B",
                    help="bytes per gradient element; default: the source's, else 4 (fp32 .grad, as DDP under AMP)")
+    m.add_argument("--host-cores", type=positive_int, default=None, metavar="N",
+                   help="CPU cores of each predicted node's host, for the host input floor (the CPU its data "
+                        "loaders need, from a real-data 1-device record); default: the cores the 1-device "
+                        "record's process could use")
     m.add_argument("--overhead-ms", type=overhead_arg, default="auto", metavar="auto|MS",
                    help="overhead per step at N > 1; auto: fitted on the workload's measured multi-device points, "
                         "the default law elsewhere; MS: that fixed figure at every N > 1")
@@ -172,7 +176,7 @@ def options_from_args(args, strategy: str | None = None) -> ModelOptions:
         inter_algorithm=args.inter_algorithm, overlap=args.overlap, bucket_mb=args.bucket_mb,
         param_sizes=args.param_sizes, grad_bytes=args.grad_bytes,
         overhead_ms=None if args.overhead_ms == "auto" else float(args.overhead_ms),
-        strategy=strategy or "ddp", gpus_per_node_max=args.gpus_per_node_max)
+        strategy=strategy or "ddp", gpus_per_node_max=args.gpus_per_node_max, host_cores=args.host_cores)
 
 
 def shapes_type():

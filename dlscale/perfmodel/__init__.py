@@ -11,11 +11,11 @@ from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB
                                     gradient_bytes, overlap_model, parse_shape, parse_shapes, ring_allreduce_s,
                                     step_time_from_throughput, tree_allreduce_s)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
-from dlscale.perfmodel.model import Measured, ShapePrediction, WorkloadModel
+from dlscale.perfmodel.model import HostInput, Measured, ShapePrediction, WorkloadModel
 
 __all__ = [
     "DDP_BUCKET_CAP_MB", "GRAD_BYTES_PER_PARAM", "MIB", "Compute", "Link", "Links", "Overlap", "Shape",
     "allreduce_phases_s", "allreduce_s", "bucket_sizes", "compute_terms", "error_pct", "gradient_bytes",
     "overlap_model", "parse_shape", "parse_shapes", "ring_allreduce_s", "step_time_from_throughput",
-    "tree_allreduce_s", "DEFAULT_LAW", "OverheadLaw", "Measured", "ShapePrediction", "WorkloadModel",
+    "tree_allreduce_s", "DEFAULT_LAW", "OverheadLaw", "HostInput", "Measured", "ShapePrediction", "WorkloadModel",
 ]

@@ -19,7 +19,7 @@ from dlscale import ConfigError, validity
 from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Links, Shape, bucket_sizes,
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
-from dlscale.perfmodel.model import Measured, WorkloadModel
+from dlscale.perfmodel.model import HostInput, Measured, WorkloadModel
 from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, VARIANT_FIELDS, Row, baseline_fields, freeze, num,
                                  rec_config, rec_created, rec_device_type, select_cases)
 
@@ -66,6 +66,7 @@ class ModelOptions:
     strategy: str = "ddp"
     gpus_per_node_max: int | None = None
     law: OverheadLaw = DEFAULT_LAW
+    host_cores: int | None = None  # CPU cores of each predicted node's host (the host input floor)
 
 
 @dataclass
@@ -173,6 +174,22 @@ def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the
 def samples_per_device_step(row: Row) -> float:
     cfg = rec_config(row.record)
     return float(int(cfg.get("batch_size") or 1) * int(cfg.get("grad_accum") or 1))
+
+
+def host_input(base: Row, opts: ModelOptions) -> tuple[HostInput | None, str]:
+    """The host input floor's inputs from the 1-device record: the core-seconds its data loaders spent per sample
+    (real data only) and the host's cores (``opts.host_cores``, else what the record's process could use)."""
+    cores_used, rate = base.loader_cores, base.median
+    if cores_used is None or cores_used <= 0 or not rate:
+        return None, "none: the 1-device record has no loader CPU measurement (synthetic data)"
+    env = base.record.get("env") if isinstance(base.record.get("env"), dict) else {}
+    cores = opts.host_cores or num(env.get("cpu_affinity_count")) or num(env.get("cpu_count"))
+    if not cores:
+        return None, "none: no host core count (give --host-cores)"
+    how = "--host-cores" if opts.host_cores else "the 1-device record's host"
+    src = (f"the 1-device record's loaders used {cores_used:.2f} cores for {rate:,.1f} samples/s "
+           f"({1e3 * cores_used / rate:.3f} core-ms a sample); {int(cores)} cores a host ({how})")
+    return HostInput(cores_used / rate, int(cores), src), src
 
 
 def rel_spread(row: Row) -> float | None:
@@ -473,8 +490,9 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
         oh_src = f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
     cfg = rec_config(base.record)
     compiled = bool(cfg.get("compile")) and cfg.get("framework") in (None, "torch")
+    host, host_src = host_input(base, opts)
     model = WorkloadModel(compute, samples_per_device_step(base), grads.buckets, links, overlap, opts.law,
-                          rel_spread(base), usable_points, fixed, oh_src, compiled)
+                          rel_spread(base), usable_points, fixed, oh_src, compiled, host)
     info = {
         "baseline_record": str(base.record.get("id")), "baseline_kind": base.record.get("kind"),
         "baseline_strategy": base.strategy, "step_ms": step_s * 1e3, "step_source": step_src,
@@ -492,5 +510,6 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
         "gpus_per_node_max": limit, "gpus_per_node_source": why,
         "overlap": overlap, "overlap_source": ov_src, "overhead_source": oh_src,
         "overhead_law": opts.law.describe(), "calibration_points": [p.shape.label for p in usable_points],
+        "host_input_floor": host_src,
     }
     return BuiltModel(model, base, workload, info, limit, why)

@@ -4,6 +4,10 @@ measured multi-device points it is calibrated on; ``predict(shape)`` gives one s
     t(M x g) = t_1 + exposed all-reduce(M x g) + o_node(g) + o_net(M, g)
     t_node(g) = t_1 + exposed all-reduce(1 x g) + o_node(g)
 
+A host input floor bounds the step from below where the 1-device record read real data through CPU loaders:
+the g ranks of a node need g x b x (loader core-seconds per sample) of CPU a step, spread over the cores
+the ranks leave (one each for its own loop), t >= g b c_s / (cores - g).
+
 o_node(g): measured where the workload has a 1 x g point (t_meas - t_1 - exposed), else the law's growth
 with g scaled to the overhead of the nearest measured node size, else the law. o_net: the law's network terms, scaled to
 the workload's measured multi-node points where it has any. Every overhead is clamped at 0 (with a note):
@@ -31,6 +35,21 @@ class Measured:
     ref: str = ""
 
 
+@dataclass(frozen=True)
+class HostInput:
+    """The host's input pipeline as the 1-device record measured it: the CPU core-seconds its data loaders
+    spent per sample, and the cores of each predicted node's host."""
+
+    core_s_per_sample: float
+    cores: int
+    source: str
+
+    def floor_s(self, gpus: int, samples_per_device_step: float) -> float:
+        """The shortest step ``gpus`` ranks on one host can have: their samples' loader work over the cores
+        the ranks leave (one each for its own training loop; at least one)."""
+        return gpus * samples_per_device_step * self.core_s_per_sample / max(self.cores - gpus, 1)
+
+
 @dataclass
 class ShapePrediction:
     """Every term of one shape's predicted step (seconds), the throughput with its band, and why."""
@@ -52,6 +71,7 @@ class ShapePrediction:
     notes: list[str] = field(default_factory=list)
     band_below_pct: float = 0.0  # how far below the prediction the band reaches, %
     band_above_pct: float = 0.0  # how far above (before the cap at ideal), %
+    host_floor_s: float = 0.0  # the host input floor of the step (0: none known)
 
     @property
     def overhead_s(self) -> float:
@@ -77,6 +97,7 @@ class ShapePrediction:
             "speedup": self.speedup, "speedup_low": self.low / sps1, "speedup_high": self.high / sps1,
             "ideal_speedup": float(n), "efficiency": self.speedup / n, "comm_share": ov.exposed_s / self.step_s,
             "basis": self.basis, "limiting": self.limiting, "evidence": self.evidence, "notes": list(self.notes),
+            "host_floor_ms": self.host_floor_s * 1e3,
         }
 
 
@@ -99,6 +120,7 @@ class WorkloadModel:
     fixed_overhead_s: float | None = None  # --overhead-ms: replaces the law and the calibration
     overhead_source: str = ""
     compiled: bool = False  # a torch.compile'd torch workload (the law's graph_split term)
+    host: HostInput | None = None  # the host input floor; None: synthetic data, or no core count
 
     def __post_init__(self) -> None:
         positive("samples per device and step", self.samples_per_device_step)
@@ -225,6 +247,12 @@ class WorkloadModel:
             else:
                 basis = "from-1-gpu"
         t = self.t1_s + ov.exposed_s + o_node + o_net
+        floor = self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step) if self.host and n > 1 else 0.0
+        host_bound, t_model = floor > t, t
+        if host_bound:
+            notes = notes + [f"the host input floor ({floor * 1e3:.1f} ms) is above the modelled step "
+                             f"({t * 1e3:.1f} ms): the step is the floor"]
+            t = floor
         sps = n * self.samples_per_device_step / t
         sps = min(sps, ideal)  # t >= t_1 holds by construction; this guards rounding only
         fit_basis = "from-1-gpu" if basis == "fixed overhead" else basis
@@ -232,8 +260,16 @@ class WorkloadModel:
         down, up = math.hypot(rel_in, below), math.hypot(rel_in, above)
         low, high = sps * (1.0 - down), min(ideal, sps * (1.0 + up))
         limiting, evidence = self._limiting(shape, ov, o_node + o_net, t, how, basis)
+        if host_bound and self.host is not None:
+            g = shape.gpus_per_node
+            limiting = "host input"
+            evidence = (f"{self.host.source}; {g} rank(s) a node need "
+                        f"{g * self.samples_per_device_step * self.host.core_s_per_sample / t_model:.1f} cores at "
+                        f"the modelled rate, of the "
+                        f"{max(self.host.cores - g, 1)} the host leaves them ({self.host.cores} cores, one per rank "
+                        f"for its own loop)")
         return ShapePrediction(shape, c, ov, o_node, o_net, t, sps, max(0.0, low), high, ideal, basis,
-                               100.0 * max(down, up), limiting, evidence, notes, 100.0 * down, 100.0 * up)
+                               100.0 * max(down, up), limiting, evidence, notes, 100.0 * down, 100.0 * up, floor)
 
     def _limiting(self, shape: Shape, ov: Overlap, overhead_s: float, step_s: float, how: str,
                   basis: str) -> tuple[str, str]:
