@@ -238,10 +238,22 @@ def _describe(case: dict[str, Any]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+OPTION_KEY = "strategy_options."  # --filter strategy_options.NAME=V: a strategy option the case sets
+
+
+def _option_text(v: Any) -> str:
+    """A strategy option's value as a --filter compares it ("" where the case does not set it)."""
+    return "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def _match_value(case: dict[str, Any], key: str) -> Any:
-    """A case's value for an exclude/--filter key (devices: the world size)."""
+    """A case's value for an exclude/--filter key (devices: the world size; strategy_options.NAME: that
+    option as the case sets it, as text)."""
     if key == "devices":
         return case["nnodes"] * case["nproc_per_node"]
+    if key.startswith(OPTION_KEY):
+        opts = case.get("strategy_options")
+        return _option_text(opts.get(key[len(OPTION_KEY):]) if isinstance(opts, dict) else None)
     return case.get(_field(key), DEFAULTS.get(_field(key)))
 
 
@@ -456,6 +468,8 @@ _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 
 def _filter_value(key: str, text: str) -> Any:
+    if key.startswith(OPTION_KEY):  # compared as text with the case's option (true/false for a flag)
+        return text.lower() if text.lower() in ("true", "false") else text
     name = "nproc_per_node" if key == "devices" else _field(key)
     o = FIELDS[name]
     if o.kind == "batch" and text.lower() == BATCH_MAX:
@@ -482,8 +496,10 @@ def parse_filters(items: Iterable[str] | None) -> list[dict[str, list[Any]]]:
         key = key.strip().replace("-", "_")
         if not sep or not key or not value.strip():
             raise ConfigError(f"--filter must look like KEY=VALUE[,VALUE...], got {item!r}")
-        if key not in MATCH_KEYS:
-            raise ConfigError(f"--filter key {key!r} is unknown; allowed: {', '.join(MATCH_KEYS)}")
+        option = key.startswith(OPTION_KEY) and key[len(OPTION_KEY):].isidentifier()
+        if key not in MATCH_KEYS and not option:
+            raise ConfigError(f"--filter key {key!r} is unknown; allowed: {', '.join(MATCH_KEYS)}, "
+                              f"{OPTION_KEY}NAME (an option the case sets)")
         out.setdefault(key, []).extend(_filter_value(key, raw.strip()) for raw in value.split(","))
     return [out] if out else []
 

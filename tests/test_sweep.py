@@ -29,7 +29,7 @@ from dlscale.caseargs import batch_size_arg
 from dlscale.commands import sweep as sweep_cmd
 from dlscale.config import RunConfig, parse_injection
 from dlscale.store import ResultStore
-from dlscale.suite import filter_suite, load_suite, parse_filters, shipped_suites
+from dlscale.suite import filter_suite, load_suite, matches, parse_filters, shipped_suites
 
 
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
@@ -179,6 +179,23 @@ def test_filters():
         parse_filters(["colour=red"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_filters(["model"])
+
+
+def test_filters_on_strategy_options():
+    """strategy_options.NAME matches the option as a case sets it, as text (a number, a flag), and nothing where
+    the case does not set it; a name that is not an identifier is refused."""
+    s = load_suite(str(Path(__file__).resolve().parent.parent / "benchmarks/suites/two-gpu-strategies.yaml"))
+    one_f = filter_suite(s, parse_filters(["strategy=pipeline", "strategy_options.schedule=1f1b"]))
+    assert [(s.cases[i].model, s.cases[i].precision) for i in one_f] == [("gpt2", "amp-bf16"), ("gpt2", "amp-fp16")]
+    assert len(filter_suite(s, parse_filters(["strategy_options.microbatches=8"]))) == 4
+    assert len(filter_suite(s, parse_filters(["strategy_options.shard=zero3"]))) == 1
+    with pytest.raises(ConfigError, match="no case of suite two-gpu-strategies matches"):
+        filter_suite(s, parse_filters(["strategy_options.microbatches=4"]))
+    with pytest.raises(ConfigError, match="strategy_options.NAME"):
+        parse_filters(["strategy_options.=1"])
+    fields = {"strategy_options": {"compiled_autograd": True}, "nnodes": 1, "nproc_per_node": 2}
+    assert matches(fields, parse_filters(["strategy_options.compiled_autograd=True"]))
+    assert not matches(fields, parse_filters(["strategy_options.compiled_autograd=false"]))
 
 
 def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):

@@ -65,7 +65,7 @@ def register(sub) -> None:
     from dlscale.suite import MATCH_KEYS
     p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
                    help="only cases matching (repeatable; different keys must all match, values of one key "
-                        f"any): {', '.join(MATCH_KEYS)}")
+                        f"any): {', '.join(MATCH_KEYS)}, strategy_options.NAME (an option as the case sets it)")
     p.add_argument("--max-batch-cap", type=int, default=None,
                    help="override the suite's cap of the largest-batch search (batch_sizes: [max])")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
