@@ -216,7 +216,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
-            entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps")})
+            entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps"),
+                          "loss_scale_tracker": r0.get("loss_scale_tracker")})
     return entry
 
 

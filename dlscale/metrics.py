@@ -136,18 +136,43 @@ def mfu(flops_per_sample: float, samples_per_s_per_device: float, peak: float | 
     return flops_per_sample * samples_per_s_per_device / peak
 
 
-def loss_scale_fields(before: float | None, after: float | None) -> dict[str, Any]:
-    """A worker's record fields of the fp16 loss scale read before and after the window: the two
-    readings and the updates skipped in between; none without a scaler (``before`` None)."""
+GROWTH_INTERVAL = 2000  # good steps before the scale doubles: GradScaler's default, the pipeline's and JAX's
+
+
+@dataclass(frozen=True)
+class ScaleReading:
+    """The fp16 loss scaler read outside the window: its scale, and its growth tracker (the good steps since
+    the scale last changed; None where the scaler does not say) with its growth interval."""
+
+    scale: float
+    tracker: int | None = None
+    interval: int = GROWTH_INTERVAL
+
+
+def loss_scale_fields(before: ScaleReading | None, after: ScaleReading | None,
+                      window_steps: int | None = None) -> dict[str, Any]:
+    """A worker's record fields of the fp16 loss scaler read before and after the window: the two scales,
+    the growth trackers, and the updates skipped in between; none without a scaler (``before`` None)."""
     if before is None:
         return {}
-    return {"loss_scale": [before, after], "skipped_steps": skipped_steps(before, after)}
+    out: dict[str, Any] = {"loss_scale": [before.scale, after.scale if after else None],
+                           "skipped_steps": skipped_steps(before, after, window_steps)}
+    if before.tracker is not None and after is not None and after.tracker is not None:
+        out["loss_scale_tracker"] = [before.tracker, after.tracker]
+    return out
 
 
-def skipped_steps(before: float | None, after: float | None) -> int | None:
-    """Optimizer steps the loss scaler skipped between two readings of its scale: each overflow halves
-    it, and it doubles only after 2,000 steps in a row without one (GradScaler's and the pipeline's
-    growth interval, and JAX's), so across a shorter window the halvings are the skips. None without a scaler."""
-    if before is None or after is None or before <= 0 or after <= 0:
+def skipped_steps(before: ScaleReading | None, after: ScaleReading | None, window_steps: int | None = None) -> int | None:
+    """Optimizer steps the loss scaler skipped in a window of ``window_steps`` updates, from its readings
+    around it. Each overflow halves the scale and restarts the tracker; the scale doubles after ``interval``
+    good steps in a row. Where the tracker before the window plus its steps stay under the interval, no
+    growth can fall inside and the halvings are the skips. Past it the two readings tell skips from a
+    growth only where they agree with no skip at all (0); else None: not countable. None without a scaler."""
+    if before is None or after is None or before.scale <= 0 or after.scale <= 0:
         return None
-    return max(0, round(math.log2(before / after)))
+    halvings = round(math.log2(before.scale / after.scale))
+    t0, t1 = before.tracker, after.tracker
+    if t0 is None or t1 is None or window_steps is None or t0 + window_steps < before.interval:
+        return max(0, halvings)
+    grown, rest = divmod(t0 + window_steps, before.interval)
+    return 0 if -halvings == grown and t1 == rest else None

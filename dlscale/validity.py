@@ -473,7 +473,13 @@ def _check_skipped_steps(rec, t: Thresholds, v: Validity) -> None:
     """amp-fp16: optimizer steps the loss scaler skipped inside the window (an overflow halves its
     scale; the worker reads the scale before and after the window). A skipped step does no update,
     so the window timed less work than its steps."""
-    hit = [(r, k) for r in _ok_repeats(rec) if isinstance(k := r.get("skipped_steps"), int) and k > 0]
+    reps = _ok_repeats(rec)
+    unknown = [r for r in reps if r.get("loss_scale") is not None and r.get("skipped_steps") is None]
+    if unknown:
+        v.flags.append(Flag("skipped_steps", f"the loss scale both grew and fell inside the window of {len(unknown)} "
+                                             f"repeat(s): its readings cannot count the skipped updates (the window "
+                                             f"crossed the scaler's growth interval)", NOTE))
+    hit = [(r, k) for r in reps if isinstance(k := r.get("skipped_steps"), int) and k > 0]
     if not hit:
         return
     r, k = max(hit, key=lambda x: x[1])

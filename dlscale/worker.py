@@ -159,11 +159,15 @@ def build_step(par: Parallelized, cfg: RunConfig, device: torch.device, batches:
     return step
 
 
-def _loss_scale(par: Parallelized, step) -> float | None:
-    """The amp-fp16 loss scaler's current scale (the worker's GradScaler, or a custom step's own, as the
-    pipeline's); None without one. A host sync: called only outside the window."""
+def _loss_scale(par: Parallelized, step) -> metrics.ScaleReading | None:
+    """The amp-fp16 loss scaler's scale and growth tracker (the worker's GradScaler, or a custom step's own, as
+    the pipeline's); None without one. A host sync: called only outside the window."""
     scaler = getattr(par.step if par.step is not None else step, "scaler", None)
-    return float(scaler.get_scale()) if scaler is not None else None
+    if scaler is None:
+        return None
+    get_tracker = getattr(scaler, "get_growth_tracker", None) or getattr(scaler, "_get_growth_tracker", None)
+    return metrics.ScaleReading(float(scaler.get_scale()), int(get_tracker()) if get_tracker else None,
+                                int(scaler.get_growth_interval()))
 
 
 def make_batches(spec, cfg: RunConfig, par: Parallelized, dp_rank: int, device: torch.device) -> list[tuple]:
@@ -382,7 +386,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         "step_times_ms": step_ms,
     })
     result["loss_last"] = _read_loss(result, loss if par.reports_loss else None, par, denv)
-    result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step)))
+    result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step), n))
     result.update(_peak_memory(device))
     if fetch is not None:
         result["data"] = source.summary(waits, window, step_ms, idle_ms)

@@ -241,11 +241,17 @@ def test_the_fp16_loss_scale_around_the_window_counts_the_skipped_updates():
     import jax.numpy as jnp
 
     from dlscale import metrics
-    from dlscale.frameworks.jax.worker import _value
+    from dlscale.frameworks.jax import train as T
+    from dlscale.frameworks.jax.worker import _scale_reading
 
-    after = _value(jnp.asarray(16384.0))
-    assert metrics.loss_scale_fields(65536.0, after) == {"loss_scale": [65536.0, 16384.0], "skipped_steps": 2}
-    assert metrics.loss_scale_fields(None, after) == {}
+    def state(scale, good):
+        return T.TrainState({}, {}, {}, jnp.asarray(0), jnp.asarray(scale), jnp.asarray(good, dtype=jnp.int32))
+
+    before, after = _scale_reading(state(65536.0, 10)), _scale_reading(state(16384.0, 7))
+    assert before == metrics.ScaleReading(65536.0, 10, 2000)
+    assert metrics.loss_scale_fields(before, after, 30) == {"loss_scale": [65536.0, 16384.0], "skipped_steps": 2,
+                                                            "loss_scale_tracker": [10, 7]}
+    assert metrics.loss_scale_fields(None, after, 30) == {}
 
 
 def _dot_dtypes(fn, *args) -> set[tuple[str, ...]]:

@@ -223,6 +223,8 @@ def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
     for r in (ref, rec):
         before, after = r["loss_scale"]
         assert before > 0 and after > 0 and r["skipped_steps"] == max(0, round(math.log2(before / after)))
+        t0, t1 = r["loss_scale_tracker"]      # the growth tracker read at the same two points
+        assert 0 <= t0 < 2000 and 0 <= t1 < 2000
 
 
 def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):
@@ -238,9 +240,10 @@ def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):
     found = sc.unscale_and_check(g, divisor=2.0)  # / (8 x 2)
     assert found.item() == 0 and g[0].tolist() == [1.0, 2.0] and reduced == [torch.distributed.ReduceOp.MAX]
     sc.update(found)
-    assert sc.scale.item() == 8.0  # one good step of 2
+    assert sc.scale.item() == 8.0 and sc.get_growth_tracker() == 1  # one good step of 2
     sc.update(sc.unscale_and_check([torch.tensor([1.0])], 1.0))
-    assert sc.scale.item() == 16.0  # two good steps: x2
+    assert sc.scale.item() == 16.0 and sc.get_growth_tracker() == 0  # two good steps: x2
+    assert sc.get_growth_interval() == 2
     found = sc.unscale_and_check([torch.tensor([float("inf"), 1.0])], 1.0)
     assert found.item() == 1
     sc.update(found)

@@ -146,13 +146,43 @@ def test_steps_the_loss_scaler_skipped_in_the_window_are_a_warning():
                                "(scale 65536 -> 16384; 1 repeat(s))")
 
 
+def test_skipped_steps_not_countable_is_a_note():
+    """A repeat with a loss scale but no count (the window crossed the growth interval and the readings
+    disagree with no skip): a note, not the warning, which needs a count."""
+    rec = record()
+    for r in rec["repeats"]:
+        r["loss_scale"], r["skipped_steps"] = [65536.0, 65536.0], 0
+    rec["repeats"][0]["skipped_steps"] = None
+    f = checks(rec)["skipped_steps"]
+    assert f.severity == validity.NOTE and "cannot count the skipped updates" in f.reason
+    for r in rec["repeats"]:
+        r.pop("loss_scale")
+        r["skipped_steps"] = None
+    assert "skipped_steps" not in checks(rec)    # no scaler: nothing to count
+
+
 def test_skipped_steps_are_the_halvings_of_the_scale():
+    from dlscale.metrics import ScaleReading as R
     from dlscale.metrics import skipped_steps
 
-    assert skipped_steps(65536.0, 65536.0) == 0
-    assert skipped_steps(65536.0, 8192.0) == 3
-    assert skipped_steps(65536.0, 131072.0) == 0  # grew: 2,000 good steps in a row, none skipped since
-    assert skipped_steps(None, 1.0) is None and skipped_steps(1.0, None) is None
+    assert skipped_steps(R(65536.0), R(65536.0)) == 0
+    assert skipped_steps(R(65536.0), R(8192.0)) == 3
+    assert skipped_steps(None, R(1.0)) is None and skipped_steps(R(1.0), None) is None
+    # trackers: 15 good steps before a 40-step window; 15 + 40 < 2,000, so no growth fits: halvings are skips
+    assert skipped_steps(R(65536.0, 15), R(32768.0, 12), 40) == 1
+
+
+def test_skipped_steps_when_the_scale_can_grow_inside_the_window():
+    """Tracker 1,990 before a 40-step window: with no skip the scale doubles at the window's 10th step and the
+    tracker ends at 30. A skip after the growth brings the scale back where it was (halvings 0) and the tracker
+    elsewhere: the readings cannot count the skips (None), where the scale alone said 0."""
+    from dlscale.metrics import ScaleReading as R
+    from dlscale.metrics import skipped_steps
+
+    assert skipped_steps(R(65536.0, 1990), R(131072.0, 30), 40) == 0          # grew once, nothing skipped
+    assert skipped_steps(R(65536.0, 1990), R(65536.0, 5), 40) is None         # grew, then one skip 5 steps before the end
+    assert skipped_steps(R(65536.0, 1990), R(65536.0, 5)) == 0                # without the window's length: the old rule
+    assert skipped_steps(R(65536.0, 0, 20), R(262144.0, 0), 40) == 0          # interval 20: two growths, none skipped
 
 
 @pytest.mark.slow

@@ -164,6 +164,13 @@ class _StageScaler:
         """The current scale, as GradScaler.get_scale gives it (a host sync)."""
         return float(self.scale.item())
 
+    def get_growth_tracker(self) -> int:
+        """Good steps since the scale last changed (a host sync)."""
+        return int(self.growth_tracker.item())
+
+    def get_growth_interval(self) -> int:
+        return self.growth_interval
+
 
 def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
     """Contiguous runs of block indices, as even as possible (earlier stages take the extra)."""

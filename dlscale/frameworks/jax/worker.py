@@ -147,6 +147,15 @@ def _value(x) -> float | None:
     return v if v == v and abs(v) != float("inf") else None
 
 
+def _scale_reading(state) -> metrics.ScaleReading | None:
+    """The fp16 loss scale and its growth tracker (finite steps since it last changed) from the state."""
+    from dlscale.frameworks.jax import train as T
+
+    scale, good = _value(state.scale), _value(state.good_steps)
+    return None if scale is None else metrics.ScaleReading(scale, None if good is None else int(good),
+                                                           T.SCALE_INTERVAL)
+
+
 def local_batches(model, cfg: RunConfig, dp_size: int, dp_rank: int) -> list[tuple[np.ndarray, ...]]:
     """grad_accum micro-batches for this process: its slice of the global batch drawn by the torch
     spec's make_batch from the worker's seed (the torch worker's rule: same data in both)."""
@@ -223,7 +232,7 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     n = cfg.steps
     marks = [0.0] * (n + 1)
     jax.block_until_ready(state)
-    scale_before = _value(state.scale) if cfg.precision == "amp-fp16" else None  # fp16: skipped updates
+    scale_before = _scale_reading(state) if cfg.precision == "amp-fp16" else None  # fp16: skipped updates
     multihost_utils.sync_global_devices("dlscale window start")
     # ---- timed window: steps only; each step's end is observed while the next is queued ----
     wall_start = time.time()
@@ -253,7 +262,7 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
         "step_times_ms": [(marks[i + 1] - marks[i]) * 1e3 for i in range(n)],
         "loss_last": _value(loss),
     })
-    result.update(metrics.loss_scale_fields(scale_before, None if scale_before is None else _value(state.scale)))
+    result.update(metrics.loss_scale_fields(scale_before, None if scale_before is None else _scale_reading(state), n))
     result.update(_peak_memory(device_type))
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
