@@ -2,10 +2,9 @@
 
     python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms] [--frameworks] [--node-sizes] [--points]
 
-Inputs: every table in tests/fixtures/tables (format dlscale-table/1; the older
-tests/fixtures/published_mxnet_bert_base_v100.yaml holds the same figures as tables/mxnet-bert-base-v100.yaml and
-is not read again), and the H200 pair stores docs/bench-data/*h200x2*.jsonl
-(with their micro comm record). Runs on the CPU (a minute; --forms several); no GPU, nothing measured.
+Inputs: every table in tests/fixtures/tables (format dlscale-table/1), and the H200 pair stores
+docs/bench-data/*h200x2*.jsonl and the later sessions' suite stores (with their micro comm record). Runs on
+the CPU (seconds; --forms a few minutes); no GPU, nothing measured.
 
 What it prints (markdown, for docs/perfmodel.md):
 * ``--forms``: the candidate overhead laws compared by their held-out errors;
@@ -17,8 +16,7 @@ What it prints (markdown, for docs/perfmodel.md):
 * the project's own 2-GPU records predicted from their 1-GPU records (law fitted without them);
 * ``--fit``: the law fitted on everything, with its band, as the Python literal of ``DEFAULT_LAW``.
 
-Published tables are read by ``dlscale import --format table`` when that importer is installed, else by
-the minimal reader in tests/table_records.py (the same record shape).
+Published tables are read by the importer of ``dlscale import --format table`` (the same records it stores).
 """
 from __future__ import annotations
 
@@ -30,9 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from dlscale import ConfigError  # noqa: E402
+from dlscale.importers.table import yaml_table_records  # noqa: E402
 from dlscale.perfmodel.fit import (CANDIDATE_FORMS, band_from, datasets_by_source, fit_law,  # noqa: E402
                                    framework_folds, leave_one_out)
 from dlscale.perfmodel.inputs import ModelOptions, Query, build_model, group_workloads, usable  # noqa: E402
@@ -51,17 +49,8 @@ COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"
 
 
 def published_records() -> list[dict]:
-    try:  # the real importer, once it is there
-        from dlscale.importers.table import load_table_records  # type: ignore[import-not-found]
-    except ImportError:
-        from table_records import load_tables
-
-        return load_tables(TABLES)
-    out: list[dict] = []
-    for p in TABLES:
-        for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p]):
-            out += load_table_records(f)
-    return out
+    """The published tables, read by the importer of `dlscale import --format table`."""
+    return yaml_table_records(TABLES)
 
 
 def own_stores() -> dict[str, list[dict]]:

@@ -1,6 +1,6 @@
-"""Validation of the performance model: the published tables (tests/fixtures/tables, read by the minimal
-reader in tests/table_records.py until ``dlscale import --format table`` is on main), the project's own
-2-GPU records, and ``predict --validate STORE`` (the same code path as ``predict``)."""
+"""Validation of the performance model: the published tables (tests/fixtures/tables, read by the importer of
+``dlscale import --format table``), the project's own 2-GPU records, and ``predict --validate STORE`` (the
+same code path as ``predict``)."""
 from __future__ import annotations
 
 import copy
@@ -18,18 +18,17 @@ from dlscale.perfmodel.predict import predict_workload
 from dlscale.perfmodel.validate import validate
 from dlscale.report.data import load_records
 from dlscale.store import ResultStore
-from table_records import load_table, load_tables
+from dlscale.importers.table import yaml_table_records
 from test_perfmodel import comm_record, run_record
 
 HERE = Path(__file__).resolve().parent
 TABLES = HERE / "fixtures" / "tables"
-OLD = HERE / "fixtures" / "published_mxnet_bert_base_v100.yaml"
 BENCH = HERE.parent / "docs" / "bench-data"
 
 
 @pytest.fixture(scope="module")
 def published() -> list[dict]:
-    return load_tables([TABLES, OLD])
+    return yaml_table_records([TABLES])
 
 
 # ----------------------------------------------------------------------------- the fixtures themselves
@@ -70,13 +69,18 @@ def test_per_run_figures_reproduce_the_published_medians():
 
 
 def test_reader_gives_the_imported_record_shape():
-    recs = load_table(TABLES / "dlperf-ngc-tf1-resnet50-v100.yaml")
+    """The fixtures are read by the importer of `dlscale import --format table`; a per-precision gradient size
+    (the MXNet BERT table: fp32 4 bytes, fp16 2) reaches each row's record resolved."""
+    recs = yaml_table_records([TABLES / "dlperf-ngc-tf1-resnet50-v100.yaml"])
     r = next(x for x in recs if x["config"]["nnodes"] == 2 and x["config"]["precision"] == "fp32")
     assert r["kind"] == "imported" and r["status"] == "ok" and r["world_size"] == 16
     sps = r["summary"]["samples_per_s"]
     assert sps["median"] == pytest.approx(5099.425) and sps["n"] == 6
     assert r["model"]["params"] == 25557032 and r["system"]["inter"]["busbw_gbps"] == 12.5
     assert any(x["status"] == "oom" for x in recs)
+    mx = yaml_table_records([TABLES / "mxnet-bert-base-v100.yaml"])
+    assert {(r["config"]["precision"], r["system"]["grad_bytes_per_param"]) for r in mx} == {("fp32", 4),
+                                                                                          ("amp-fp16", 2)}
 
 
 # ----------------------------------------------------------------------------- the model on them
@@ -110,7 +114,7 @@ def test_one_node_protocol_on_published_tables(published):
     val = validate(published, Query(), ModelOptions(param_sizes="uniform"), ["from-node"])
     s = val.summary("from-node")
     assert s.n >= 50 and s.mean_abs_error_pct < 10.0
-    mx = [r for r in val.rows if "mxnet_bert" in r.group]
+    mx = [r for r in val.rows if r.group == "mxnet-bert-base-v100.yaml"]
     assert len(mx) == 12 and max(abs(r.error_pct) for r in mx) < 12.0
 
 
@@ -118,8 +122,8 @@ def test_published_series_above_ideal_are_flagged():
     """DeepSpeed's BERT page: FP32 batch 32 reaches 33.15 x on 32 GPUs (runs printed: past their noise) and
     FP16 batch 128 16.29 x on 16 (one figure a side): flagged, left out of the summary; FP32 batch 64
     (29.61 x at 32, 15.22 x at 16) is not."""
-    recs = load_tables([TABLES / "dlperf-deepspeed-bert-base-v100.yaml",
-                        TABLES / "dlperf-deepspeed-bert-base-fp16-v100.yaml"])
+    recs = yaml_table_records([TABLES / "dlperf-deepspeed-bert-base-v100.yaml",
+                               TABLES / "dlperf-deepspeed-bert-base-fp16-v100.yaml"])
     val = validate(recs, Query(), ModelOptions(param_sizes="uniform"), ["from-node"])
     flags = {(r.series.split()[-1], r.series.split()[-2], r.shape): r.flags for r in val.rows}
     assert flags[("b32", "fp32", "4x8")] == flags[("b128", "amp-fp16", "2x8")] == "above_ideal"
@@ -243,7 +247,7 @@ def test_validate_bad_input(vstore, tmp_path, capsys):
 def test_measured_beats_imported_when_picking_the_workload():
     """A measured 1-device record and a published table of the same workload: predict rests on the measured
     one; --source picks the table."""
-    recs = load_table(TABLES / "dlperf-ngc-tf1-resnet50-v100.yaml")
+    recs = yaml_table_records([TABLES / "dlperf-ngc-tf1-resnet50-v100.yaml"])
     own = run_record(1, 400.0, "single", "2025-01-01T00:00:00+00:00", model="resnet50", params=25_557_032,
                      precision="fp32", batch_size=128)
     opts = ModelOptions(param_sizes="uniform", intra_busbw_gbps=100.0)

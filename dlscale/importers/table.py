@@ -271,6 +271,19 @@ def load_table(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"not YAML: {' '.join(str(e).split())[:200]}") from None
 
 
+def yaml_table_records(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """The records of YAML tables, as ``dlscale import --format table`` writes them: each path a table file,
+    or a directory whose ``*.yaml`` files are read in name order. A bad table raises naming its file."""
+    out: list[dict[str, Any]] = []
+    for p in map(Path, paths):
+        for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p]):
+            try:
+                out += table_records(load_table(f), str(f))
+            except ConfigError as e:
+                raise ConfigError(f"{f}: {e}") from None
+    return out
+
+
 @register_importer("table")
 class Table(Importer):
     description = f"published tables in the {FORMAT_ID} format (YAML, or CSV rows with table fields as options)"
