@@ -250,8 +250,8 @@ class WorkloadModel:
         floor = self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step) if self.host and n > 1 else 0.0
         host_bound, t_model = floor > t, t
         if host_bound:
-            notes = notes + [f"the host input floor ({floor * 1e3:.1f} ms) is above the modelled step "
-                             f"({t * 1e3:.1f} ms): the step is the floor"]
+            notes = notes + [f"{shape.label}: the host input floor ({floor * 1e3:.1f} ms) is above the modelled "
+                             f"step ({t * 1e3:.1f} ms): the step is the floor"]
             t = floor
         sps = n * self.samples_per_device_step / t
         sps = min(sps, ideal)  # t >= t_1 holds by construction; this guards rounding only

@@ -49,7 +49,8 @@ def render_prediction(pred: Prediction) -> str:
                                      f"({inp['link_sources'].get('inter')}); algorithm {inp['inter_algorithm']}"
                                      if inp.get("inter_busbw_gbps") else "not given"),
             f"* overlap: {inp['overlap']} ({inp['overlap_source']})",
-            f"* overhead: {inp['overhead_source']}", ""]
+            f"* overhead: {inp['overhead_source']}",
+            f"* host input floor: {inp.get('host_input_floor') or 'none'}", ""]
     body = []
     for r in pred.rows:
         p = r.prediction
