@@ -44,10 +44,15 @@ class HostInput:
     cores: int
     source: str
 
+    def free_cores(self, gpus: int) -> int:
+        """The cores ``gpus`` ranks on one host leave to the loaders (one each for its own training loop;
+        at least one)."""
+        return max(self.cores - gpus, 1)
+
     def floor_s(self, gpus: int, samples_per_device_step: float) -> float:
         """The shortest step ``gpus`` ranks on one host can have: their samples' loader work over the cores
-        the ranks leave (one each for its own training loop; at least one)."""
-        return gpus * samples_per_device_step * self.core_s_per_sample / max(self.cores - gpus, 1)
+        they leave."""
+        return gpus * samples_per_device_step * self.core_s_per_sample / self.free_cores(gpus)
 
 
 @dataclass
@@ -265,9 +270,8 @@ class WorkloadModel:
             limiting = "host input"
             evidence = (f"{self.host.source}; {g} rank(s) a node need "
                         f"{g * self.samples_per_device_step * self.host.core_s_per_sample / t_model:.1f} cores at "
-                        f"the modelled rate, of the "
-                        f"{max(self.host.cores - g, 1)} the host leaves them ({self.host.cores} cores, one per rank "
-                        f"for its own loop)")
+                        f"the modelled rate, of the {self.host.free_cores(g)} the host leaves them "
+                        f"({self.host.cores} cores, one per rank for its own loop)")
         return ShapePrediction(shape, c, ov, o_node, o_net, t, sps, max(0.0, low), high, ideal, basis,
                                100.0 * max(down, up), limiting, evidence, notes, 100.0 * down, 100.0 * up, floor)
 

@@ -86,13 +86,12 @@ def _summary_line(name: str, s: Summary) -> list[str]:
 def summary_table(val: Validation, groups: list[str] | None = None) -> str:
     """Per protocol over the unflagged points; the points of flagged series (left out) are counted, and
     where there are any, summed up on a line of their own below."""
-    rows = [_summary_line(p, val.summary(p, groups)) + [str(len(val.select(p, groups, flagged=True)))]
-            for p in PROTOCOLS]
+    flagged = {p: val.select(p, groups, flagged=True) for p in PROTOCOLS}
+    rows = [_summary_line(p, val.summary(p, groups)) + [str(len(flagged[p]))] for p in PROTOCOLS]
     table = md_table(["protocol", "points", "mean abs error", "max abs error", "mean error",
                       "over / under", "in band", "left out (flagged)"], rows)
-    extra = [f"{p}: {len(val.select(p, groups, flagged=True))} point(s) of series flagged {FLAGGED}, left out "
-             f"above; with them: {_inline(summarize_rows(val.select(p, groups) + val.select(p, groups, True)))}"
-             for p in PROTOCOLS if val.select(p, groups, flagged=True)]
+    extra = [f"{p}: {len(flagged[p])} point(s) of series flagged {FLAGGED}, left out above; with them: "
+             f"{_inline(summarize_rows(val.select(p, groups) + flagged[p]))}" for p in PROTOCOLS if flagged[p]]
     return "\n".join([table] + ([""] + extra if extra else []))
 
 
