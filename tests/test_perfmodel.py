@@ -312,6 +312,17 @@ def test_host_input_floor_hand_computed():
     assert HostInput(0.01, 4, "").floor_s(8, 32) == pytest.approx(8 * 32 * 0.01)   # fewer cores than ranks: one
 
 
+def test_host_input_floor_bounds_one_device_on_another_host():
+    """The 1-device record ran on 16 cores; on a 4-core host its one rank leaves 3 to the loaders: 32 x 0.02 / 3 =
+    213 ms, above the measured 100 ms step, so the 1x1 row is the floor. On the record's own host it stands."""
+    small = model(law=OverheadLaw(), host=HostInput(0.02, 4, "", record_cores=16))
+    p1 = small.predict(Shape(1, 1))
+    assert p1.step_s == pytest.approx(32 * 0.02 / 3) and p1.limiting == "host input"
+    assert p1.samples_per_s == pytest.approx(3 / 0.02)
+    same = model(law=OverheadLaw(), host=HostInput(0.02, 16, "", record_cores=16)).predict(Shape(1, 1))
+    assert same.step_s == pytest.approx(0.1) and same.host_floor_s == 0.0
+
+
 # ----------------------------------------------------------------------------- predict verb
 
 def test_predict_cli_json_from_store(store, capsys):
@@ -361,6 +372,14 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     syn = run_json(["predict", str(tmp_path / "syn"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"],
                    capsys)
     assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0
+    busy = ResultStore(tmp_path / "busy")   # loaders on 14 of the 15 cores the loop left: the record may be input-bound
+    busy.append(dict(rec, data={"loader_cpu_cores_total": 14.0}))
+    assert "its own step may be input-bound" in run_json(["predict", str(tmp_path / "busy")] + argv[2:],
+                                                         capsys)["inputs"]["host_input_floor"]
+    assert "input-bound" not in out["inputs"]["host_input_floor"]
+    small = run_json(argv[:4] + ["--shapes", "1x1", "--host-cores", "2"], capsys)
+    assert small["rows"][0]["samples_per_s"] == pytest.approx(100.0)   # 1 core left: 1 / 0.01 core-s a sample
+    assert "the record ran on 16: the floor bounds the 1-device step too" in small["inputs"]["host_input_floor"]
     with pytest.raises(SystemExit) as e:
         main(argv + ["--host-cores", "0"])
     assert e.value.code == 2 and "--host-cores: expected a positive integer" in capsys.readouterr().err

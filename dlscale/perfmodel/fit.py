@@ -138,7 +138,8 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                                   if sh.gpus_per_node > 1 else t1)
                         node_ex = m.exposed(Shape(1, sh.gpus_per_node)).exposed_s
                         r = (p.step_s - t_node - (m.exposed(sh).exposed_s - node_ex)) / p.step_s
-                        feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh))
+                        feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh),
+                                             t_node - t1 - node_ex)
                         net.append(([f / p.step_s for f in feats], r, grp))
                 except ConfigError:  # a missing link: the point adds nothing
                     continue
@@ -227,4 +228,6 @@ CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("ln_gpus",), ("inter_bw", "abs_ln_nodes")),
     (("ln_gpus", "graph_split"), ("ln_nodes",)),
     (("ln_gpus", "graph_split"), ("abs_ln_nodes",)),
+    (("ln_gpus", "graph_split"), ("node_loss_ln_nodes",)),
+    (("ln_gpus", "graph_split"), ("ln_nodes", "node_loss_ln_nodes")),
 ]

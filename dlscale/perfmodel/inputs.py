@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from dlscale import ConfigError, validity
@@ -183,13 +183,20 @@ def host_input(base: Row, opts: ModelOptions) -> tuple[HostInput | None, str]:
     if cores_used is None or cores_used <= 0 or not rate:
         return None, "none: the 1-device record has no loader CPU measurement (synthetic data)"
     env = base.record.get("env") if isinstance(base.record.get("env"), dict) else {}
-    cores = opts.host_cores or num(env.get("cpu_affinity_count")) or num(env.get("cpu_count"))
+    own = num(env.get("cpu_affinity_count")) or num(env.get("cpu_count"))
+    cores = opts.host_cores or own
     if not cores:
         return None, "none: no host core count (give --host-cores)"
     how = "--host-cores" if opts.host_cores else "the 1-device record's host"
     src = (f"the 1-device record's loaders used {cores_used:.2f} cores for {rate:,.1f} samples/s "
            f"({1e3 * cores_used / rate:.3f} core-ms a sample); {int(cores)} cores a host ({how})")
-    return HostInput(cores_used / rate, int(cores), src), src
+    host = HostInput(cores_used / rate, int(cores), src, int(own) if own else None)
+    if own and host.other_host:
+        src += f"; the record ran on {int(own)}: the floor bounds the 1-device step too"
+    if own and cores_used >= 0.9 * max(own - 1, 1):  # its loaders took (nearly) every core its loop left them
+        src += (f"; the record's loaders used {cores_used:.2f} of the {max(int(own) - 1, 1)} cores its loop left "
+                f"them: its own step may be input-bound, so more cores could run faster than predicted")
+    return replace(host, source=src), src
 
 
 def rel_spread(row: Row) -> float | None:

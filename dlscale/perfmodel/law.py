@@ -51,6 +51,8 @@ NET_TERMS: dict[str, Term] = {
     "ln_nodes": Term("node", lambda m: math.log(m), "stragglers / synchronisation growing with ln M, a share "
                                                     "of the node's step"),
     "abs_ln_nodes": Term("s", lambda m: math.log(m), "a per-step synchronisation time growing with ln M (seconds)"),
+    "node_loss_ln_nodes": Term("onode", lambda m: math.log(m), "the node's own losses (its overhead o_node: "
+                                                               "stragglers, host) growing with ln M"),
     "inter_bw": Term("inter", lambda m: 1.0 if m > 1 else 0.0, "the inter-node all-reduce slower than the stated "
                                                                "link (1/efficiency - 1)"),
 }
@@ -69,11 +71,12 @@ def node_features(keys: Sequence[str], t1_s: float, gpus: int, compiled: bool = 
     return [_scaled(NODE_TERMS[k], gpus, {"t1": t1_s, "s": 1.0, "tc": t1_s if compiled else 0.0}) for k in keys]
 
 
-def net_features(keys: Sequence[str], node_step_s: float, nodes: int, inter_exposed_s: float) -> list[float]:
+def net_features(keys: Sequence[str], node_step_s: float, nodes: int, inter_exposed_s: float,
+                 node_overhead_s: float = 0.0) -> list[float]:
     """Each network term's value (seconds, before its coefficient) at M nodes."""
     if nodes <= 1:
         return [0.0] * len(keys)
-    scales = {"node": node_step_s, "s": 1.0, "inter": inter_exposed_s}
+    scales = {"node": node_step_s, "s": 1.0, "inter": inter_exposed_s, "onode": max(node_overhead_s, 0.0)}
     return [_scaled(NET_TERMS[k], nodes, scales) for k in keys]
 
 
@@ -115,9 +118,9 @@ class OverheadLaw:
         feats = node_features(list(self.node), t1_s, gpus, compiled)
         return sum(c * f for c, f in zip(self.node.values(), feats))
 
-    def net_s(self, node_step_s: float, nodes: int, inter_exposed_s: float) -> float:
+    def net_s(self, node_step_s: float, nodes: int, inter_exposed_s: float, node_overhead_s: float = 0.0) -> float:
         """The network overhead at M nodes (seconds)."""
-        feats = net_features(list(self.net), node_step_s, nodes, inter_exposed_s)
+        feats = net_features(list(self.net), node_step_s, nodes, inter_exposed_s, node_overhead_s)
         return sum(c * f for c, f in zip(self.net.values(), feats))
 
     @property
@@ -125,7 +128,7 @@ class OverheadLaw:
         return sum(self.net.values()) > 0
 
     def describe(self) -> str:
-        unit = {"t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce", "tc": "compiled t_1"}
+        unit = {"onode": "o_node", "t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce", "tc": "compiled t_1"}
 
         def part(terms: dict[str, float], known: dict[str, Term]) -> str:
             return " + ".join(f"{c:.4g} x {unit[known[k].scale]} x {k}" for k, c in terms.items()) or "0"

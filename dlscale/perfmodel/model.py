@@ -43,6 +43,13 @@ class HostInput:
     core_s_per_sample: float
     cores: int
     source: str
+    record_cores: int | None = None  # the cores the 1-device record's process could use (None: unknown)
+
+    @property
+    def other_host(self) -> bool:
+        """The predicted host has a different core count from the one the 1-device record ran on: the floor
+        then bounds the 1-device step too."""
+        return self.record_cores is not None and self.cores != self.record_cores
 
     def free_cores(self, gpus: int) -> int:
         """The cores ``gpus`` ranks on one host leave to the loaders (one each for its own training loop;
@@ -198,29 +205,31 @@ class WorkloadModel:
         ov = self.exposed(shape)
         return ov.inter_s * ov.exposed_s / ov.allreduce_s if ov.allreduce_s > 0 else 0.0
 
-    def _net_shape_s(self, nodes: int, node_step_s: float, inter_exposed_s: float) -> float:
-        """The law's network overhead (s) as the shape measured points scale (t_node x ln M when it has none)."""
-        if self.law.has_net:
-            return self.law.net_s(node_step_s, nodes, inter_exposed_s)
-        return node_step_s * math.log(nodes)
+    def _law_net_s(self, shape: Shape, node_step_s: float) -> float:
+        """The law's network overhead (s) at ``shape`` on a node step of ``node_step_s``."""
+        node_overhead = node_step_s - self.t1_s - self.exposed(Shape(1, shape.gpus_per_node)).exposed_s
+        return self.law.net_s(node_step_s, shape.nodes, self.inter_exposed_s(shape), node_overhead)
+
+    def _net_shape_s(self, shape: Shape, node_step_s: float) -> float:
+        """The law's network overhead as the shape measured points scale (t_node x ln M when it has none)."""
+        return self._law_net_s(shape, node_step_s) if self.law.has_net else node_step_s * math.log(shape.nodes)
 
     def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str]:
         """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, and how it was obtained: the
         law scaled to the workload's measured multi-node points (least squares, >= 0), else the law as it is."""
-        inter = self.inter_exposed_s(shape)
         pts = [m for m in self.measured if m.shape.nodes > 1]
         if not pts:
-            return self.law.net_s(node_step_s, shape.nodes, inter), "default law"
+            return self._law_net_s(shape, node_step_s), "default law"
         num = den = 0.0
         for m in pts:
             g = m.shape.gpus_per_node
             t_node = self.node_step_s(g)
-            x = self._net_shape_s(m.shape.nodes, t_node, self.inter_exposed_s(m.shape))
+            x = self._net_shape_s(m.shape, t_node)
             y = m.step_s - t_node - (self.exposed(m.shape).exposed_s - self.exposed(Shape(1, g)).exposed_s)
             num, den = num + x * y, den + x * x
         scale = max(0.0, num / den) if den > 0 else 0.0
         refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
-        return scale * self._net_shape_s(shape.nodes, node_step_s, inter), f"fitted on measured {refs}"
+        return scale * self._net_shape_s(shape, node_step_s), f"fitted on measured {refs}"
 
     # ------------------------------------------------------------------ prediction
 
@@ -252,7 +261,8 @@ class WorkloadModel:
             else:
                 basis = "from-1-gpu"
         t = self.t1_s + ov.exposed_s + o_node + o_net
-        floor = self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step) if self.host and n > 1 else 0.0
+        floor = (self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step)
+                 if self.host and (n > 1 or self.host.other_host) else 0.0)
         host_bound, t_model = floor > t, t
         if host_bound:
             notes = notes + [f"{shape.label}: the host input floor ({floor * 1e3:.1f} ms) is above the modelled "

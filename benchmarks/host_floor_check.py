@@ -1,0 +1,66 @@
+"""The host input floor of `dlscale predict` against 1-GPU runs on fewer cores (suite host-floor).
+
+    python benchmarks/host_floor_check.py DIR
+
+DIR holds one run of the host-floor suite's real-data case per host size, each under its own directory
+with a ``store`` (the whole host, and ``taskset`` runs on fewer cores). Every store's record is predicted
+from every other store's record with ``dlscale predict --shapes 1x1 --host-cores C`` (C: the cores the
+predicted run could use, from its record); the table prints measured, predicted, error and what limited the
+prediction. From a larger host the floor is the prediction; from a smaller one whose loaders were busy the
+record's step is itself input-bound, and ``predict`` says so (a lower bound, not a prediction).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dlscale.perfmodel.render import md_table  # noqa: E402
+from dlscale.report.data import Row, load_records  # noqa: E402
+
+
+def the_record(store: Path) -> dict:
+    recs = [r for r in load_records(store).records if r.get("kind") == "run" and r.get("status") == "ok"]
+    if len(recs) != 1:
+        raise SystemExit(f"{store}: expected one ok run record, found {len(recs)}")
+    return recs[0]
+
+
+def cores_of(rec: dict) -> int:
+    return int(rec["env"]["cpu_affinity_count"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", help="directory of host-floor runs, each with a store/")
+    args = ap.parse_args()
+    stores = sorted(Path(args.dir).glob("*/store"))
+    recs = {s: the_record(s) for s in stores}
+    body = []
+    for src in stores:
+        for dst in stores:
+            if src == dst:
+                continue
+            c = cores_of(recs[dst])
+            out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(src), "--model", "resnet50",
+                                  "--shapes", "1x1", "--host-cores", str(c), "--format", "json"],
+                                 capture_output=True, text=True, check=True, cwd=ROOT)
+            js = json.loads(out.stdout)
+            row = js["rows"][0]
+            meas = Row(recs[dst]).median or float("nan")
+            loaders = Row(recs[src]).loader_cores or 0.0
+            body.append([f"{cores_of(recs[src])} cores ({loaders:.2f} used by loaders)", f"{c} cores",
+                         f"{meas:,.1f}", f"{row['samples_per_s']:,.1f}",
+                         f"{(row['samples_per_s'] - meas) / meas * 100:+.1f} %", row["limiting"]])
+    print(md_table(["predicted from (record)", "predicted host", "measured img/s", "predicted img/s", "error",
+                    "limited by"], body))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
