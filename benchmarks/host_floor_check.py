@@ -25,9 +25,9 @@ from dlscale.report.data import Row, load_records  # noqa: E402
 
 
 def the_record(store: Path) -> dict:
-    recs = [r for r in load_records(store).records if r.get("kind") == "run" and r.get("status") == "ok"]
-    if len(recs) != 1:
-        raise SystemExit(f"{store}: expected one ok run record, found {len(recs)}")
+    recs = [r for r in load_records(store).records if r.get("kind") == "run" and Row(r).ok]
+    if len(recs) != 1:  # ok, or interrupted with finished repeats (flagged in the table)
+        raise SystemExit(f"{store}: expected one measured run record, found {len(recs)}")
     return recs[0]
 
 
@@ -54,10 +54,16 @@ def main() -> int:
             row = js["rows"][0]
             meas = Row(recs[dst]).median or float("nan")
             loaders = Row(recs[src]).loader_cores or 0.0
-            body.append([f"{cores_of(recs[src])} cores ({loaders:.2f} used by loaders)", f"{c} cores",
-                         f"{meas:,.1f}", f"{row['samples_per_s']:,.1f}",
+            spread = Row(recs[dst])
+            what = ("fewer cores: the floor" if c < cores_of(recs[src]) else
+                    "more cores: the record's own step, a lower bound"
+                    + (" (input-bound, says predict)" if "input-bound" in js["inputs"]["host_input_floor"] else ""))
+            body.append([what, f"{cores_of(recs[src])} cores ({loaders:.2f} used by loaders)", f"{c} cores",
+                         f"{meas:,.1f} ({spread.stat('min'):,.0f}-{spread.stat('max'):,.0f}, n {spread.stat('n'):.0f}"
+                         f"{', interrupted' if recs[dst].get('status') != 'ok' else ''})", f"{row['samples_per_s']:,.1f}",
                          f"{(row['samples_per_s'] - meas) / meas * 100:+.1f} %", row["limiting"]])
-    print(md_table(["predicted from (record)", "predicted host", "measured img/s", "predicted img/s", "error",
+    body.sort(key=lambda r: not r[0].startswith("fewer"))
+    print(md_table(["prediction", "predicted from (record)", "predicted host", "measured img/s (min-max, repeats)", "predicted img/s", "error",
                     "limited by"], body))
     return 0
 

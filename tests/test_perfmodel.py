@@ -193,6 +193,9 @@ def test_model_from_one_gpu_hand_computed():
     assert p24.step_s == pytest.approx(0.143 + o4 + 0.1 * math.log(2) * t_node)
     # 4 nodes: the tree (40 ms) beats the ring (60 ms)
     assert m.predict(Shape(4, 4)).overlap.inter_s == pytest.approx(0.040)
+    # the node's own losses across nodes (a candidate network term): 0.5 x o_node(4) x ln 2
+    nl = model(law=OverheadLaw({"ln_gpus": 0.05}, {"node_loss_ln_nodes": 0.5})).predict(Shape(2, 4))
+    assert nl.net_overhead_s == pytest.approx(0.5 * o4 * math.log(2))
     d = p24.to_dict()
     assert d["ideal_speedup"] == 8 and d["speedup"] == pytest.approx(p24.samples_per_s / 320.0)
     assert d["efficiency"] == pytest.approx(d["speedup"] / 8) and d["allreduce_inter_ms"] == pytest.approx(40.0)

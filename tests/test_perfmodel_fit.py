@@ -72,6 +72,10 @@ def test_term_scales_hand_computed():
     assert law.node_s(0.2, 8) == pytest.approx((0.05 * 0.2 + 0.002) * math.log(8))
     assert law.net_s(0.3, 2, 0.04) == pytest.approx(0.1 * 0.3 * math.log(2) + 0.25 * 0.04)
     assert "t_node x ln_nodes" in law.describe() and "s x abs_ln_gpus" in law.describe()
+    # the node's own losses across nodes: o_node x ln M, never below 0
+    assert net_features(["node_loss_ln_nodes"], 0.3, 4, 0.05, 0.02) == pytest.approx([0.02 * math.log(4)])
+    assert net_features(["node_loss_ln_nodes"], 0.3, 4, 0.05, -0.01) == [0.0]
+    assert OverheadLaw({}, {"node_loss_ln_nodes": 0.5}).net_s(0.3, 2, 0.0, 0.04) == pytest.approx(0.02 * math.log(2))
 
 
 def test_the_graph_split_term_counts_only_for_a_compiled_torch_workload(tmp_path):
