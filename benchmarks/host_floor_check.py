@@ -48,7 +48,7 @@ def main() -> int:
                 continue
             c = cores_of(recs[dst])
             out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(src), "--model", "resnet50",
-                                  "--shapes", "1x1", "--host-cores", str(c), "--format", "json"],
+                                  "--data", "imagefolder", "--shapes", "1x1", "--host-cores", str(c), "--format", "json"],
                                  capture_output=True, text=True, check=True, cwd=ROOT)
             js = json.loads(out.stdout)
             row = js["rows"][0]

@@ -372,6 +372,16 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert "--host-cores" in run_json(argv + ["--host-cores", "64"], capsys)["inputs"]["host_input_floor"]
     s2 = ResultStore(tmp_path / "syn")
     s2.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"))
+    both = ResultStore(tmp_path / "both")   # the real-data record beside its synthetic twin: --data tells them apart
+    both.append(run_record(1, 500.0, "single", "2025-01-01T00:00:00+00:00"))
+    both.append(dict(rec, config=dict(rec["config"], data="imagefolder:/d/imgs"), id="real",
+                     case_key=rec["case_key"] + "-imagefolder"))
+    assert main(["predict", str(tmp_path / "both"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "250"]) == 2
+    assert "--data" in capsys.readouterr().err
+    for data, sps in (("imagefolder", 320.0), ("imagefolder:/d/imgs", 320.0), ("synthetic", 500.0)):
+        got = run_json(["predict", str(tmp_path / "both"), "--model", "m", "--data", data, "--shapes", "1x2",
+                        "--intra-busbw", "250"], capsys)
+        assert got["inputs"]["step_ms"] == pytest.approx(32 / sps * 1e3)
     syn = run_json(["predict", str(tmp_path / "syn"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"],
                    capsys)
     assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0
@@ -382,6 +392,8 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert "input-bound" not in out["inputs"]["host_input_floor"]
     small = run_json(argv[:4] + ["--shapes", "1x1", "--host-cores", "2"], capsys)
     assert small["rows"][0]["samples_per_s"] == pytest.approx(100.0)   # 1 core left: 1 / 0.01 core-s a sample
+    assert small["rows"][0]["measured_samples_per_s"] is None        # measured on 16 cores: not this host's
+    assert any("the prediction is for 2 (--host-cores)" in n for n in small["notes"])
     assert "the record ran on 16: the floor bounds the 1-device step too" in small["inputs"]["host_input_floor"]
     with pytest.raises(SystemExit) as e:
         main(argv + ["--host-cores", "0"])

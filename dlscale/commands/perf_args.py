@@ -116,6 +116,9 @@ def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
     p.add_argument("--compile", dest="compile", action="store_const", const=True, default=None,
                    help="only torch.compile'd records")
     p.add_argument("--eager", dest="compile", action="store_const", const=False, help="only eager records")
+    p.add_argument("--data", default=None, metavar="SPEC",
+                   help="only records of this data source: synthetic, a source as `dlscale run --data` takes it, "
+                        "or its kind alone (imagefolder, tokens, ...)")
     p.add_argument("--label", default=None, help="only records with this label")
     p.add_argument("--source", default=None, metavar="TEXT",
                    help="only imported records whose source contains TEXT (measured records beat imported ones "
@@ -166,7 +169,7 @@ def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
 
 def query_from_args(args) -> Query:
     return Query(model=args.model, precision=args.precision, batch_size=args.batch_size, compile=args.compile,
-                 label=args.label, flavor=args.flavor, source=args.source)
+                 label=args.label, flavor=args.flavor, source=args.source, data=args.data)
 
 
 def options_from_args(args, strategy: str | None = None) -> ModelOptions:

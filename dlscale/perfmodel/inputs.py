@@ -37,10 +37,13 @@ class Query:
     label: str | None = None
     flavor: str | None = None
     source: str | None = None  # a part of an imported record's provenance source (case-insensitive)
+    data: str | None = None  # the data source as `run --data` takes it, or its kind alone (imagefolder, tokens)
 
     def matches(self, rec: dict[str, Any]) -> bool:
         cfg = rec_config(rec)
+        data = str(cfg.get("data") or "synthetic")
         return ((self.model is None or cfg.get("model") == self.model)
+                and (self.data is None or self.data in (data, data.split(":", 1)[0]))
                 and (self.precision is None or cfg.get("precision") == self.precision)
                 and (self.batch_size is None or cfg.get("batch_size") == self.batch_size)
                 and (self.compile is None or bool(cfg.get("compile")) == self.compile)
@@ -148,7 +151,7 @@ def only_one(keys: list[str], what: str) -> str:
     varying = sorted({k for d in dicts for k in d if len({freeze(x.get(k)) for x in dicts}) > 1})
     options = "; ".join(", ".join(f"{k}={d.get(k)}" for k in varying) for d in dicts)
     raise ConfigError(f"{len(keys)} workloads have {what} ({options}): narrow with --precision, --batch-size, "
-                      f"--compile/--eager, --flavor, --label or --source")
+                      f"--compile/--eager, --flavor, --data, --label or --source")
 
 
 def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the store") -> Workload:

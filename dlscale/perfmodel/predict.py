@@ -83,9 +83,10 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     check_shapes(shapes, m.links, built.limit, built.limit_why)
     measured = w.measured(opts.strategy)
     calib = {p.shape for p in m.measured}
+    other_host = m.host is not None and m.host.other_host  # the records ran on a host of other cores
     out = []
     for sh in [ONE] + [s for s in shapes if s != ONE]:
-        mr = built.base if sh == ONE else measured.get(sh)
+        mr = None if other_host else built.base if sh == ONE else measured.get(sh)
         out.append(PredictedRow(m.predict(sh), mr.median if mr else None,
                                 str(mr.record.get("id")) if mr else None, mr.record.get("kind") if mr else None,
                                 sh in calib))
@@ -104,7 +105,8 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
              "(docs/perfmodel.md); never above ideal",
              f"measured column: the newest ok {opts.strategy} record of each shape at the strategy's defaults "
              f"(a variant with strategy options or the optimizer graph only where no default run exists; 1x1: "
-             f"the baseline record)"]
+             f"the baseline record)" + (f"; empty: the records ran on {m.host.record_cores} cores a host, the "
+                                        f"prediction is for {m.host.cores} (--host-cores)" if other_host else "")]
     for r in out:
         notes += [n for n in r.prediction.notes if n not in notes]
     stated = [k for k in m.links.intra if k > 0]
