@@ -7,7 +7,8 @@ with a ``store`` (the whole host, and ``taskset`` runs on fewer cores). Every st
 from every other store's record with ``dlscale predict --shapes 1x1 --host-cores C`` (C: the cores the
 predicted run could use, from its record); the table prints measured, predicted, error and what limited the
 prediction. From a larger host the floor is the prediction; from a smaller one whose loaders were busy the
-record's step is itself input-bound, and ``predict`` says so (a lower bound, not a prediction).
+record's step is itself input-bound: with ``--synthetic STORE`` (the same case on synthetic batches) predict
+takes the GPU's own step from it and the floor adds the host, else the record's step stands (a lower bound).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +40,12 @@ def cores_of(rec: dict) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="directory of host-floor runs, each with a store/")
+    ap.add_argument("--synthetic", default=None, metavar="STORE",
+                    help="a store with the synthetic run of the same case (the GPU's own step): predict reads it "
+                         "beside each record, so that a record whose own step was input-bound predicts more cores")
     args = ap.parse_args()
+    extra = load_records(args.synthetic).records if args.synthetic else []
+    tmp = Path(tempfile.mkdtemp(prefix="host-floor-check-"))
     stores = sorted(Path(args.dir).glob("*/store"))
     recs = {s: the_record(s) for s in stores}
     body = []
@@ -47,7 +54,9 @@ def main() -> int:
             if src == dst:
                 continue
             c = cores_of(recs[dst])
-            out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(src), "--model", "resnet50",
+            both = tmp / f"{src.parent.name}.jsonl"  # the record, and the synthetic run where given
+            both.write_text("".join(json.dumps(r) + "\n" for r in load_records(src).records + extra))
+            out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(both), "--model", "resnet50",
                                   "--data", "imagefolder", "--shapes", "1x1", "--host-cores", str(c), "--format", "json"],
                                  capture_output=True, text=True, check=True, cwd=ROOT)
             js = json.loads(out.stdout)
@@ -55,9 +64,10 @@ def main() -> int:
             meas = Row(recs[dst]).median or float("nan")
             loaders = Row(recs[src]).loader_cores or 0.0
             spread = Row(recs[dst])
+            floor = js["inputs"]["host_input_floor"]
             what = ("fewer cores: the floor" if c < cores_of(recs[src]) else
-                    "more cores: the record's own step, a lower bound"
-                    + (" (input-bound, says predict)" if "input-bound" in js["inputs"]["host_input_floor"] else ""))
+                    "more cores: the synthetic run's step, bounded by the floor" if "synthetic run" in floor else
+                    "more cores: the record's own step, a lower bound")
             body.append([what, f"{cores_of(recs[src])} cores ({loaders:.2f} used by loaders)", f"{c} cores",
                          f"{meas:,.1f} ({spread.stat('min'):,.0f}-{spread.stat('max'):,.0f}, n {spread.stat('n'):.0f}"
                          f"{', interrupted' if recs[dst].get('status') != 'ok' else ''})", f"{row['samples_per_s']:,.1f}",

@@ -382,6 +382,22 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
         got = run_json(["predict", str(tmp_path / "both"), "--model", "m", "--data", data, "--shapes", "1x2",
                         "--intra-busbw", "250"], capsys)
         assert got["inputs"]["step_ms"] == pytest.approx(32 / sps * 1e3)
+    # an input-bound real-data record (loaders on 15 of the 15 cores left: 0.046875 core-s a sample): on 64 cores
+    # the GPU's own step is the synthetic twin's (64 ms, above the 32 x 0.046875 / 63 = 23.8 ms floor); on 8
+    # cores the floor, 32 x 0.046875 / 7 = 214 ms; without the twin the record's step stands (a lower bound)
+    bound = dict(rec, config=dict(rec["config"], data="imagefolder:/d/imgs"), id="bound",
+                 case_key=rec["case_key"] + "-bound", data={"loader_cpu_cores_total": 15.0})
+    ResultStore(tmp_path / "bound").append(run_record(1, 500.0, "single", "2025-01-01T00:00:00+00:00"))
+    ResultStore(tmp_path / "bound").append(bound)
+    q = ["predict", str(tmp_path / "bound"), "--model", "m", "--data", "imagefolder", "--shapes", "1x1",
+         "--intra-busbw", "250", "--host-cores"]
+    big = run_json(q + ["64"], capsys)
+    assert big["rows"][0]["samples_per_s"] == pytest.approx(500.0) and "synthetic run" in big["inputs"]["step_source"]
+    assert big["rows"][0]["basis"] == "from-1-gpu" and "synthetic run" in big["inputs"]["host_input_floor"]
+    assert run_json(q + ["8"], capsys)["rows"][0]["samples_per_s"] == pytest.approx(7 / 0.046875)
+    ResultStore(tmp_path / "alone").append(bound)
+    alone = run_json(["predict", str(tmp_path / "alone")] + q[2:] + ["64"], capsys)
+    assert alone["rows"][0]["samples_per_s"] == pytest.approx(320.0) and "lower bound" in alone["inputs"]["host_input_floor"]
     syn = run_json(["predict", str(tmp_path / "syn"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"],
                    capsys)
     assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0

@@ -179,6 +179,22 @@ def samples_per_device_step(row: Row) -> float:
     return float(int(cfg.get("batch_size") or 1) * int(cfg.get("grad_accum") or 1))
 
 
+def _without_data(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in baseline_fields(rec).items() if not k.startswith("data")}
+
+
+def synthetic_twin(base: Row, records: list[dict[str, Any]]) -> Row | None:
+    """The 1-device run on synthetic batches of the real-data ``base``'s workload (everything else equal): the
+    GPU's own step, without the host's input work."""
+    want = _without_data(base.record)
+    for w in group_workloads(r for r in usable(records) if r.get("kind") == "run").values():
+        b = w.baseline
+        if (b is not None and b.record is not base.record and str(rec_config(b.record).get("data") or "synthetic")
+                == "synthetic" and _without_data(b.record) == want):
+            return b
+    return None
+
+
 def host_input(base: Row, opts: ModelOptions) -> tuple[HostInput | None, str]:
     """The host input floor's inputs from the 1-device record: the core-seconds its data loaders spent per sample
     (real data only) and the host's cores (``opts.host_cores``, else what the record's process could use)."""
@@ -193,13 +209,29 @@ def host_input(base: Row, opts: ModelOptions) -> tuple[HostInput | None, str]:
     how = "--host-cores" if opts.host_cores else "the 1-device record's host"
     src = (f"the 1-device record's loaders used {cores_used:.2f} cores for {rate:,.1f} samples/s "
            f"({1e3 * cores_used / rate:.3f} core-ms a sample); {int(cores)} cores a host ({how})")
-    host = HostInput(cores_used / rate, int(cores), src, int(own) if own else None)
+    bound = bool(own) and cores_used >= 0.9 * max(own - 1, 1)  # its loaders took (nearly) every core left them
+    host = HostInput(cores_used / rate, int(cores), src, int(own) if own else None, bound)
     if own and host.other_host:
         src += f"; the record ran on {int(own)}: the floor bounds the 1-device step too"
-    if own and cores_used >= 0.9 * max(own - 1, 1):  # its loaders took (nearly) every core its loop left them
-        src += (f"; the record's loaders used {cores_used:.2f} of the {max(int(own) - 1, 1)} cores its loop left "
-                f"them: its own step may be input-bound, so more cores could run faster than predicted")
+    if bound:
+        src += (f"; the record's loaders used {cores_used:.2f} of the {max(int(own) - 1, 1)} cores its loop "
+                f"left them: its own step may be input-bound")
     return replace(host, source=src), src
+
+
+def gpu_step_on_other_host(base: Row, records: list[dict[str, Any]], host: HostInput | None
+                           ) -> tuple[Row | None, str]:
+    """Where the record's own step was input-bound and the predicted host has other cores, the GPU's own step
+    comes from the synthetic twin (the floor then adds the host's input work): (the twin or None, a note)."""
+    if host is None or not host.record_input_bound or not host.other_host:
+        return None, ""
+    twin = synthetic_twin(base, records)
+    if twin is None:
+        return None, ("; no synthetic run of the workload says what the GPU's own step is, so on more cores the "
+                      "prediction is a lower bound")
+    return twin, (f"; the GPU's own step from its synthetic run ({short_id(twin.record)}, {twin.median:,.1f} "
+                  f"samples/s), the host's input work from the floor (measured multi-device points, from the "
+                  f"record's host, are not fitted)")
 
 
 def rel_spread(row: Row) -> float | None:
@@ -490,6 +522,14 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
     points = [measured_point(r) for sh, r in sorted(measured_rows.items()) if sh in allowed and r is not exclude]
     usable_points = [p for p in points if (p.shape.gpus_per_node == 1 or links.intra_for(p.shape.gpus_per_node))
                      and (p.shape.nodes == 1 or links.inter is not None)]
+    host, host_src = host_input(base, opts)
+    twin, twin_note = gpu_step_on_other_host(base, records, host)
+    host_src += twin_note
+    spread = rel_spread(base)
+    if twin is not None:
+        step_s, step_src = base_step_s(twin)
+        step_src = f"the synthetic run's {step_src}"
+        compute, spread, usable_points = compute_terms(step_s, twin.breakdown), rel_spread(twin), []
     fixed = opts.overhead_ms / 1000.0 if opts.overhead_ms is not None else None
     if fixed is not None:
         oh_src = f"--overhead-ms {opts.overhead_ms:g}: fixed at every N > 1"
@@ -500,13 +540,12 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
         oh_src = f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
     cfg = rec_config(base.record)
     compiled = bool(cfg.get("compile")) and cfg.get("framework") in (None, "torch")
-    host, host_src = host_input(base, opts)
     model = WorkloadModel(compute, samples_per_device_step(base), grads.buckets, links, overlap, opts.law,
-                          rel_spread(base), usable_points, fixed, oh_src, compiled, host)
+                          spread, usable_points, fixed, oh_src, compiled, host)
     info = {
         "baseline_record": str(base.record.get("id")), "baseline_kind": base.record.get("kind"),
         "baseline_strategy": base.strategy, "step_ms": step_s * 1e3, "step_source": step_src,
-        "step_rel_spread": rel_spread(base), "compute_split": compute.split,
+        "step_rel_spread": spread, "compute_split": compute.split,
         "data_ms": compute.data_s * 1e3, "forward_ms": compute.forward_s * 1e3,
         "backward_ms": compute.backward_s * 1e3, "update_ms": compute.update_s * 1e3,
         "samples_per_device_step": model.samples_per_device_step, "params": grads.params,

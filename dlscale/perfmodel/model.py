@@ -44,6 +44,7 @@ class HostInput:
     cores: int
     source: str
     record_cores: int | None = None  # the cores the 1-device record's process could use (None: unknown)
+    record_input_bound: bool = False  # its loaders used (nearly) every core its loop left them
 
     @property
     def other_host(self) -> bool:
@@ -243,7 +244,9 @@ class WorkloadModel:
         rel_in = _rel(self.base_rel_spread)
         if n == 1:
             o_node = o_net = 0.0
-            basis, how = "measured", "1-device step"
+            # on a host of other cores the 1-device row is a prediction from the 1-device record
+            basis = "from-1-gpu" if self.host is not None and self.host.other_host else "measured"
+            how = "1-device step"
         elif self.fixed_overhead_s is not None:
             o_node, o_net = self.fixed_overhead_s, 0.0
             basis, how = "fixed overhead", self.overhead_source or "fixed overhead"
