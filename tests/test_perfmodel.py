@@ -377,7 +377,8 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     both.append(dict(rec, config=dict(rec["config"], data="imagefolder:/d/imgs"), id="real",
                      case_key=rec["case_key"] + "-imagefolder"))
     assert main(["predict", str(tmp_path / "both"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "250"]) == 2
-    assert "--data" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--data" in err and "data=synthetic; data=imagefolder:/d/imgs" in err
     for data, sps in (("imagefolder", 320.0), ("imagefolder:/d/imgs", 320.0), ("synthetic", 500.0)):
         got = run_json(["predict", str(tmp_path / "both"), "--model", "m", "--data", data, "--shapes", "1x2",
                         "--intra-busbw", "250"], capsys)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from dlscale import ConfigError, validity
+from dlscale.config import LATE_FIELD_DEFAULTS
 from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Links, Shape, bucket_sizes,
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
@@ -149,7 +150,8 @@ def only_one(keys: list[str], what: str) -> str:
         return keys[0]
     dicts = [json.loads(k) for k in keys]
     varying = sorted({k for d in dicts for k in d if len({freeze(x.get(k)) for x in dicts}) > 1})
-    options = "; ".join(", ".join(f"{k}={d.get(k)}" for k in varying) for d in dicts)
+    # a late field at its default is left out of the key: name the default
+    options = "; ".join(", ".join(f"{k}={d.get(k, LATE_FIELD_DEFAULTS.get(k))}" for k in varying) for d in dicts)
     raise ConfigError(f"{len(keys)} workloads have {what} ({options}): narrow with --precision, --batch-size, "
                       f"--compile/--eager, --flavor, --data, --label or --source")
 
