@@ -396,6 +396,13 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert big["rows"][0]["samples_per_s"] == pytest.approx(500.0) and "synthetic run" in big["inputs"]["step_source"]
     assert big["rows"][0]["basis"] == "from-1-gpu" and "synthetic run" in big["inputs"]["host_input_floor"]
     assert run_json(q + ["8"], capsys)["rows"][0]["samples_per_s"] == pytest.approx(7 / 0.046875)
+    pair = ResultStore(tmp_path / "pair")   # --validate on another host: nothing measured there to compare
+    pair.append(rec)
+    pair.append(run_record(2, 600.0, "ddp", "2025-01-01T01:00:00+00:00", env=dict(GPU_ENV, cpu_count=16,
+                                                                                   cpu_affinity_count=16)))
+    pair.append(comm_record())
+    main(["predict", "--validate", str(tmp_path / "pair"), "--host-cores", "4", "--format", "json"])
+    assert "asks about another host than the records' (16 cores)" in capsys.readouterr().out
     ResultStore(tmp_path / "alone").append(bound)
     alone = run_json(["predict", str(tmp_path / "alone")] + q[2:] + ["64"], capsys)
     assert alone["rows"][0]["samples_per_s"] == pytest.approx(320.0) and "lower bound" in alone["inputs"]["host_input_floor"]

@@ -163,6 +163,10 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
                 continue
             try:
                 built = build_model(w, records, opts, calibrate_on=calib, exclude=t)
+                host = built.model.host
+                if host is not None and host.other_host:
+                    raise ConfigError(f"--host-cores {host.cores} asks about another host than the records' "
+                                      f"({host.record_cores} cores): nothing measured there to compare")
                 if sh.nodes > 1 and built.model.links.inter is None:
                     raise ConfigError("needs the inter-node link (--inter-busbw, or the source's system.inter)")
                 if sh.gpus_per_node > 1 and built.model.links.intra_for(sh.gpus_per_node) is None:
