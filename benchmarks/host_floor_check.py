@@ -37,6 +37,20 @@ def cores_of(rec: dict) -> int:
     return int(rec["env"]["cpu_affinity_count"])
 
 
+def predict_1x1(store_file: Path, cores: int) -> dict:
+    """``dlscale predict`` of the 1-GPU step on a host of ``cores`` cores (its JSON)."""
+    out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(store_file), "--model", "resnet50",
+                          "--data", "imagefolder", "--shapes", "1x1", "--host-cores", str(cores), "--format", "json"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout)
+
+
+def measured_cell(rec: dict) -> str:
+    r = Row(rec)
+    late = ", interrupted" if rec.get("status") != "ok" else ""
+    return f"{r.median:,.1f} ({r.stat('min'):,.0f}-{r.stat('max'):,.0f}, n {r.stat('n'):.0f}{late})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="directory of host-floor runs, each with a store/")
@@ -50,31 +64,22 @@ def main() -> int:
     recs = {s: the_record(s) for s in stores}
     body = []
     for src in stores:
-        for dst in stores:
-            if src == dst:
-                continue
+        both = tmp / f"{src.parent.name}.jsonl"  # the record, and the synthetic run where given
+        both.write_text("".join(json.dumps(r) + "\n" for r in load_records(src).records + extra))
+        for dst in (d for d in stores if d != src):
             c = cores_of(recs[dst])
-            both = tmp / f"{src.parent.name}.jsonl"  # the record, and the synthetic run where given
-            both.write_text("".join(json.dumps(r) + "\n" for r in load_records(src).records + extra))
-            out = subprocess.run([sys.executable, "-m", "dlscale", "predict", str(both), "--model", "resnet50",
-                                  "--data", "imagefolder", "--shapes", "1x1", "--host-cores", str(c), "--format", "json"],
-                                 capture_output=True, text=True, check=True, cwd=ROOT)
-            js = json.loads(out.stdout)
-            row = js["rows"][0]
-            meas = Row(recs[dst]).median or float("nan")
-            loaders = Row(recs[src]).loader_cores or 0.0
-            spread = Row(recs[dst])
-            floor = js["inputs"]["host_input_floor"]
+            js = predict_1x1(both, c)
+            pred, meas = js["rows"][0]["samples_per_s"], Row(recs[dst]).median or float("nan")
             what = ("fewer cores: the floor" if c < cores_of(recs[src]) else
-                    "more cores: the synthetic run's step, bounded by the floor" if "synthetic run" in floor else
+                    "more cores: the synthetic run's step, bounded by the floor"
+                    if "synthetic run" in js["inputs"]["host_input_floor"] else
                     "more cores: the record's own step, a lower bound")
-            body.append([what, f"{cores_of(recs[src])} cores ({loaders:.2f} used by loaders)", f"{c} cores",
-                         f"{meas:,.1f} ({spread.stat('min'):,.0f}-{spread.stat('max'):,.0f}, n {spread.stat('n'):.0f}"
-                         f"{', interrupted' if recs[dst].get('status') != 'ok' else ''})", f"{row['samples_per_s']:,.1f}",
-                         f"{(row['samples_per_s'] - meas) / meas * 100:+.1f} %", row["limiting"]])
+            body.append([what, f"{cores_of(recs[src])} cores ({Row(recs[src]).loader_cores or 0.0:.2f} used by "
+                         f"loaders)", f"{c} cores", measured_cell(recs[dst]), f"{pred:,.1f}",
+                         f"{(pred - meas) / meas * 100:+.1f} %", js["rows"][0]["limiting"]])
     body.sort(key=lambda r: not r[0].startswith("fewer"))
-    print(md_table(["prediction", "predicted from (record)", "predicted host", "measured img/s (min-max, repeats)", "predicted img/s", "error",
-                    "limited by"], body))
+    print(md_table(["prediction", "predicted from (record)", "predicted host", "measured img/s (min-max, repeats)",
+                    "predicted img/s", "error", "limited by"], body))
     return 0
 
 

@@ -405,7 +405,8 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert "asks about another host than the records' (16 cores)" in capsys.readouterr().out
     ResultStore(tmp_path / "alone").append(bound)
     alone = run_json(["predict", str(tmp_path / "alone")] + q[2:] + ["64"], capsys)
-    assert alone["rows"][0]["samples_per_s"] == pytest.approx(320.0) and "lower bound" in alone["inputs"]["host_input_floor"]
+    assert alone["rows"][0]["samples_per_s"] == pytest.approx(320.0)
+    assert "lower bound" in alone["inputs"]["host_input_floor"]
     syn = run_json(["predict", str(tmp_path / "syn"), "--model", "m", "--shapes", "1x8", "--intra-busbw", "250"],
                    capsys)
     assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0
@@ -571,3 +572,21 @@ def test_ambiguous_workload(store, capsys):
     assert "--precision" in capsys.readouterr().err
     assert main(["predict", store, "--model", "m", "--precision", "amp-bf16", "--shapes", "1x2", "--format",
                  "json"]) == 0
+
+
+@pytest.mark.slow
+def test_host_floor_check_reproduces_the_measured_table():
+    """benchmarks/host_floor_check.py on the stored H200 runs (docs/bench-data/s24-gpu, call 3 and its synthetic
+    run) prints the errors docs/benchmarks.md gives for them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    data = root / "docs/bench-data/s24-gpu"
+    out = subprocess.run([sys.executable, "benchmarks/host_floor_check.py", str(data / "call3"), "--synthetic",
+                          str(data / "synthetic-call4/store")], capture_output=True, text=True, check=True,
+                         cwd=root).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| fewer") or line.startswith("| more")]
+    assert len(rows) == 6 and sum(r.startswith("| fewer") for r in rows) == 3
+    for err in ("-5.4 %", "+2.4 %", "-5.6 %", "+9.3 %", "+7.8 %", "+0.8 %"):
+        assert err in out

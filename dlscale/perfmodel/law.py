@@ -128,7 +128,8 @@ class OverheadLaw:
         return sum(self.net.values()) > 0
 
     def describe(self) -> str:
-        unit = {"onode": "o_node", "t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce", "tc": "compiled t_1"}
+        unit = {"t1": "t_1", "node": "t_node", "s": "s", "inter": "inter-node all-reduce", "tc": "compiled t_1",
+                "onode": "o_node"}
 
         def part(terms: dict[str, float], known: dict[str, Term]) -> str:
             return " + ".join(f"{c:.4g} x {unit[known[k].scale]} x {k}" for k, c in terms.items()) or "0"
