@@ -198,12 +198,18 @@ def band_from(val: Validation, q: float = 0.8) -> dict[str, list[float]]:
     out = {}
     for p in PROTOCOLS:
         rows = val.select(p)
-        if not rows:
-            continue
-        below = sorted(1.0 - r.measured / r.predicted for r in rows if r.predicted > r.measured)
-        above = sorted(r.measured / r.predicted - 1.0 for r in rows if r.predicted < r.measured)
-        out[p] = [round(_quantile(below, q), 4), round(_quantile(above, q), 4)]
+        if rows:
+            out[p] = band_sides([(r.predicted, r.measured) for r in rows], q)
     return out
+
+
+def band_sides(points: Iterable[tuple[float, float]], q: float = 0.8) -> list[float]:
+    """[below, above] over (predicted, measured) pairs: the ``q`` quantile of 1 - measured / predicted over the
+    over-predicted ones and of measured / predicted - 1 over the under-predicted ones."""
+    pts = list(points)
+    below = sorted(1.0 - m / p for p, m in pts if p > m)
+    above = sorted(m / p - 1.0 for p, m in pts if p < m)
+    return [round(_quantile(below, q), 4), round(_quantile(above, q), 4)]
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
