@@ -189,11 +189,10 @@ def synthetic_twin(base: Row, records: list[dict[str, Any]]) -> Row | None:
     """The 1-device run on synthetic batches of the real-data ``base``'s workload (everything else equal): the
     GPU's own step, without the host's input work."""
     want = _without_data(base.record)
-    for w in group_workloads(r for r in usable(records) if r.get("kind") == "run").values():
-        b = w.baseline
-        if (b is not None and b.record is not base.record and str(rec_config(b.record).get("data") or "synthetic")
-                == "synthetic" and _without_data(b.record) == want):
-            return b
+    runs = (r for r in usable(records, Query(data="synthetic")) if r.get("kind") == "run")
+    for w in group_workloads(runs).values():
+        if w.baseline is not None and _without_data(w.baseline.record) == want:
+            return w.baseline
     return None
 
 
