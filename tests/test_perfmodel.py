@@ -382,6 +382,8 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert main(["predict", str(tmp_path / "both"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "250"]) == 2
     err = capsys.readouterr().err
     assert "--data" in err and "data=synthetic; data=imagefolder:/d/imgs" in err
+    assert main(["predict", str(tmp_path / "both"), "--model", "m", "--data", "tokens", "--shapes", "1x2"]) == 2
+    assert "data there: imagefolder:/d/imgs, synthetic" in capsys.readouterr().err
     for data, sps in (("imagefolder", 320.0), ("imagefolder:/d/imgs", 320.0), ("synthetic", 500.0)):
         got = run_json(["predict", str(tmp_path / "both"), "--model", "m", "--data", data, "--shapes", "1x2",
                         "--intra-busbw", "250"], capsys)

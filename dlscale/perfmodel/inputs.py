@@ -162,8 +162,12 @@ def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the
     if not recs:
         models = sorted({str(rec_config(r).get("model")) for r in usable(records)})
         what = f"of model {query.model!r} " if query.model else ""
+        data = ""
+        if query.data is not None:  # what --data could have named
+            sources = sorted({str(rec_config(r).get("data") or "synthetic") for r in usable(records)})
+            data = f"; data there: {', '.join(sources) or 'none'}"
         raise ConfigError(f"no run or imported records {what}matching the filters in {store} "
-                          f"(models there: {', '.join(models) or 'none'})")
+                          f"(models there: {', '.join(models) or 'none'}{data})")
     workloads = group_workloads(recs)
     have = [k for k, w in workloads.items() if w.baseline is not None]
     measured = [k for k in have if workloads[k].baseline.record.get("kind") == "run"]  # type: ignore[union-attr]
