@@ -9,8 +9,8 @@ the CPU (seconds; --forms a few minutes); no GPU, nothing measured.
 What it prints (markdown, for docs/perfmodel.md):
 * ``--forms``: the candidate overhead laws compared by their held-out errors;
 * the default law's held-out validation (each table predicted with the law refitted without every table
-  of its source page, each store without itself): per protocol (from-1-gpu, from-node) the mean and
-  max |error|, over / under counts and the share inside the band, by subset, per table, and every point;
+  of its source page, each store without itself): per protocol (from-1-gpu, from-node, from-multinode) the
+  mean and max |error|, over / under counts and the share inside the band, by subset, per table, and every point;
 * ``--frameworks``: the same with every table of one framework held out together;
 * ``--node-sizes``: each single-node point predicted from the other node sizes of its series;
 * the project's own 2-GPU records predicted from their 1-GPU records (law fitted without them);
@@ -73,8 +73,8 @@ def per_table(val: Validation) -> str:
             cells += ([str(s.n), fmt(s.mean_abs_error_pct, 1, " %"), fmt(s.max_abs_error_pct, 1, " %"),
                        f"{s.over}/{s.under}"] if s.n else ["0", "-", "-", "-"])
         body.append(cells + [str(len(val.select(groups=[g], flagged=True)))])
-    return md_table(["table", "1-GPU n", "MAE", "max", "over/under", "node n", "MAE", "max", "over/under",
-                     "flagged (left out)"], body)
+    head = [h for p in PROTOCOLS for h in (f"{p.removeprefix('from-')} n", "MAE", "max", "over/under")]
+    return md_table(["table"] + head + ["flagged (left out)"], body)
 
 
 SUBSETS = {  # name -> row filter, for the subset table of docs/perfmodel.md
@@ -99,7 +99,7 @@ def subsets(val: Validation, pub: set[str]) -> str:
     for name, keep in SUBSETS.items():
         rows = [r for r in val.select(groups=pub) if keep(r)]
         body.append([name] + [cell(summarize_rows([r for r in rows if r.protocol == p])) for p in PROTOCOLS])
-    return md_table(["subset", "from-1-gpu: MAE / max (n)", "from-node: MAE / max (n)"], body)
+    return md_table(["subset"] + [f"{p}: MAE / max (n)" for p in PROTOCOLS], body)
 
 
 def points(val: Validation) -> str:
@@ -115,12 +115,13 @@ def forms(everything: dict, pub: dict, own: dict, opts: ModelOptions) -> str:
     for nt, mt in CANDIDATE_FORMS:
         law = fit_law(everything, opts, nt, mt)
         v = leave_one_out(everything, opts, nt, mt)
-        s1, s2, so = v.summary("from-1-gpu", pub), v.summary("from-node", pub), v.summary("from-1-gpu", own)
-        body.append([law.describe(), fmt(s1.mean_abs_error_pct, 1, " %"), fmt(s1.max_abs_error_pct, 1, " %"),
-                     f"{s1.over}/{s1.under}", fmt(s2.mean_abs_error_pct, 1, " %"), fmt(s2.max_abs_error_pct, 1, " %"),
-                     f"{s2.over}/{s2.under}", fmt(so.mean_abs_error_pct, 1, " %"), fmt(so.max_abs_error_pct, 1, " %")])
+        cells = [law.describe()]
+        for s in [v.summary(p, pub) for p in PROTOCOLS] + [v.summary("from-1-gpu", own)]:
+            cells += [fmt(s.mean_abs_error_pct, 1, " %"), fmt(s.max_abs_error_pct, 1, " %"), f"{s.over}/{s.under}"]
+        body.append(cells)
     return md_table(["law (fitted on all)", "tables from 1 GPU: MAE", "max", "over/under", "from node: MAE", "max",
-                     "over/under", "own 2-GPU: MAE", "max"], body)
+                     "over/under", "from multinode: MAE", "max", "over/under", "own 2-GPU: MAE", "max",
+                     "over/under"], body)
 
 
 def node_sizes(pub: dict, everything: dict, opts: ModelOptions) -> str:

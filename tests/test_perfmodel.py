@@ -165,7 +165,7 @@ def test_compute_terms_split():
 
 # ----------------------------------------------------------------------------- the step model
 
-LAW = OverheadLaw({"ln_gpus": 0.05}, {"ln_nodes": 0.1}, {"from-1-gpu": 0.2, "from-node": 0.1})
+LAW = OverheadLaw({"ln_gpus": 0.05}, {"ln_nodes": 0.1}, {"from-1-gpu": 0.2, "from-node": 0.1, "from-multinode": 0.05})
 
 
 def model(measured=(), law=LAW, **kw) -> WorkloadModel:
@@ -196,6 +196,9 @@ def test_model_from_one_gpu_hand_computed():
     # the node's own losses across nodes (a candidate network term): 0.5 x o_node(4) x ln 2
     nl = model(law=OverheadLaw({"ln_gpus": 0.05}, {"node_loss_ln_nodes": 0.5})).predict(Shape(2, 4))
     assert nl.net_overhead_s == pytest.approx(0.5 * o4 * math.log(2))
+    # the slowest of M nodes (the default's network term): 0.1 x t_node x sqrt(ln 4)
+    sq = model(law=OverheadLaw({"ln_gpus": 0.05}, {"sqrt_ln_nodes": 0.1})).predict(Shape(4, 4))
+    assert sq.net_overhead_s == pytest.approx(0.1 * math.sqrt(math.log(4)) * t_node)
     d = p24.to_dict()
     assert d["ideal_speedup"] == 8 and d["speedup"] == pytest.approx(p24.samples_per_s / 320.0)
     assert d["efficiency"] == pytest.approx(d["speedup"] / 8) and d["allreduce_inter_ms"] == pytest.approx(40.0)
@@ -216,9 +219,17 @@ def test_model_calibrated_on_measured_points():
     assert p24.basis == "from-node" and p24.band_pct == pytest.approx(100 * math.hypot(0.01, 0.02, 0.1))
     assert p24.step_s == pytest.approx(0.1 + 0.043 + 0.012 + 0.1 * math.log(2) * 0.115)
     # a measured multi-node point scales the law's network term: it is then reproduced exactly
-    m2 = model([node, Measured(Shape(2, 4), 0.170, None, "run 2x4")])
-    assert m2.predict(Shape(2, 4)).step_s == pytest.approx(0.170)
-    assert m2.predict(Shape(4, 4)).net_overhead_s == pytest.approx(0.015 * math.log(4) / math.log(2))
+    m2 = model([node, Measured(Shape(2, 4), 0.170, 0.03, "run 2x4")])
+    assert m2.predict(Shape(2, 4)).step_s == pytest.approx(0.170) and m2.predict(Shape(2, 4)).basis == "measured"
+    p44 = m2.predict(Shape(4, 4))
+    assert p44.net_overhead_s == pytest.approx(0.015 * math.log(4) / math.log(2))
+    # 4x4 rests on the node and a measured multi-node point: its band is that protocol's (5 %) with the spreads
+    # of the node (2 %) and of the multi-node point (3 %)
+    assert p44.basis == "from-multinode" and p44.band_pct == pytest.approx(100 * math.hypot(0.02, 0.03, 0.05))
+    # the law's shape carries the measured amplitude: sqrt(ln M) from 2 nodes to 4 is sqrt(2), ln M's is 2
+    m2s = model([node, Measured(Shape(2, 4), 0.170, None, "run 2x4")],
+                law=OverheadLaw({"ln_gpus": 0.05}, {"sqrt_ln_nodes": 0.1}))
+    assert m2s.predict(Shape(4, 4)).net_overhead_s == pytest.approx(0.015 * math.sqrt(2))
     # a fixed overhead replaces law and calibration
     m3 = model([node], fixed_overhead_s=0.005)
     assert m3.predict(Shape(2, 4)).step_s == pytest.approx(0.1 + 0.043 + 0.005)

@@ -132,7 +132,8 @@ def test_published_series_above_ideal_are_flagged():
 
 
 def test_predicted_points_never_inform_themselves(published):
-    """Changing every published multi-node figure changes no multi-node prediction (from the node)."""
+    """Changing every published multi-node figure changes no multi-node prediction (from the node); changing
+    the 4-node figures changes no 4-node prediction from the smaller node counts (from-multinode)."""
     a = validate(published, Query(), ModelOptions(param_sizes="uniform"), ["from-node"])
     changed = copy.deepcopy(published)
     for r in changed:
@@ -142,6 +143,14 @@ def test_predicted_points_never_inform_themselves(published):
     b = validate(changed, Query(), ModelOptions(param_sizes="uniform"), ["from-node"])
     assert [r.predicted for r in a.rows] == pytest.approx([r.predicted for r in b.rows])
     assert [r.measured for r in b.rows] == pytest.approx([r.measured * 0.5 for r in a.rows])
+    # from-multinode: the 4-node figures changed, no 4-node prediction moves (they rest on 1 and 2 nodes)
+    a = validate(published, Query(), ModelOptions(param_sizes="uniform"), ["from-multinode"])
+    for r in changed:
+        if r["config"]["nnodes"] == 2 and r["status"] == "ok":
+            r.update(copy.deepcopy(next(o for o in published if o["id"] == r["id"])))
+    b = validate(changed, Query(), ModelOptions(param_sizes="uniform"), ["from-multinode"])
+    assert a.rows and {r.shape for r in a.rows} == {"4x8"}
+    assert [r.predicted for r in a.rows] == pytest.approx([r.predicted for r in b.rows])
 
 
 def test_own_two_gpu_records_within_5_percent():
@@ -211,6 +220,25 @@ def test_validate_is_predict_with_the_point_held_out(vstore, capsys):
     g = 125_000_000 * 2
     assert rows[("1x2", "from-1-gpu")]["exposed_ms"] == pytest.approx(
         _pipelined(g, 50 * 1024 * 1024, 0.1 * 2 / 3, lambda s: s / 100e9) * 1e3)
+
+
+def test_validate_from_multinode_is_predict_from_the_smaller_node_counts(vstore, capsys):
+    """With 1x4, 2x4 and 4x4 measured, from-multinode predicts 4x4 from 1x4 and 2x4 (the network term's amplitude
+    measured at 2 nodes): the figure ``predict`` gives from a store without the 4x4 record. 2x4 has no smaller
+    multi-node point, so no from-multinode row."""
+    ResultStore(vstore).append(run_record(4, 4000.0, "ddp", "2025-01-01T04:00:00+00:00", nnodes=4))
+    flags = ["--inter-busbw", "12.5", "--param-sizes", "uniform"]
+    out = json.loads(_run(["predict", "--validate", vstore, "--format", "json"] + flags, capsys))
+    rows = {(r["shape"], r["protocol"]): r for r in out["rows"]}
+    assert {k for k in rows if k[1] == "from-multinode"} == {("4x4", "from-multinode")}
+    recs = [r for r in load_records(vstore).records
+            if not (r.get("kind") == "run" and r["config"]["nnodes"] == 4)]
+    pred = predict_workload(recs, Query(model="m", precision="amp-bf16"),
+                            ModelOptions(inter_busbw_gbps=12.5, param_sizes="uniform"), parse_shapes("4x4"))
+    p = pred.rows[-1].prediction
+    assert p.basis == "from-multinode"
+    assert rows[("4x4", "from-multinode")]["predicted"] == pytest.approx(p.samples_per_s)
+    assert rows[("4x4", "from-node")]["predicted"] != pytest.approx(p.samples_per_s)  # the 2x4 point moved it
 
 
 def _pipelined(total, cap, t_bwd, time_of):

@@ -236,4 +236,6 @@ CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("ln_gpus", "graph_split"), ("abs_ln_nodes",)),
     (("ln_gpus", "graph_split"), ("node_loss_ln_nodes",)),
     (("ln_gpus", "graph_split"), ("ln_nodes", "node_loss_ln_nodes")),
+    (("ln_gpus", "graph_split"), ("sqrt_ln_nodes",)),
+    (("ln_gpus", "graph_split"), ("sqrt_ln_nodes", "ln_nodes")),
 ]

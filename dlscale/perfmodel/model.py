@@ -85,7 +85,7 @@ class ShapePrediction:
     low: float
     high: float
     ideal_samples_per_s: float
-    basis: str  # measured | from-node | from-1-gpu | fixed overhead
+    basis: str  # measured | from-multinode | from-node | from-1-gpu | fixed overhead
     band_pct: float  # the wider side of the band, % of the prediction
     limiting: str
     evidence: str
@@ -220,8 +220,11 @@ class WorkloadModel:
         return self.law.net_s(node_step_s, shape.nodes, self.inter_exposed_s(shape), node_overhead)
 
     def _net_shape_s(self, shape: Shape, node_step_s: float) -> float:
-        """The law's network overhead as the shape measured points scale (t_node x ln M when it has none)."""
-        return self._law_net_s(shape, node_step_s) if self.law.has_net else node_step_s * math.log(shape.nodes)
+        """The law's network overhead as the shape measured points scale (when it has none, the default's shape:
+        t_node x sqrt(ln M))."""
+        if self.law.has_net:
+            return self._law_net_s(shape, node_step_s)
+        return node_step_s * math.sqrt(math.log(shape.nodes))
 
     def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str]:
         """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, and how it was obtained: the
@@ -269,6 +272,10 @@ class WorkloadModel:
             if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
                 rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
                 basis = "measured" if (shape.nodes == 1 or measured_here) else "from-node"
+                net_pts = [m for m in self.measured if m.shape.nodes > 1]
+                if basis == "from-node" and net_pts:  # the network term's amplitude is the workload's own
+                    basis = "from-multinode"
+                    rel_in = math.hypot(rel_in, max(_rel(m.rel_spread) for m in net_pts))
             else:
                 basis = "from-1-gpu"
         t = self.t1_s + ov.exposed_s + o_node + o_net

@@ -70,9 +70,10 @@ def render_prediction(pred: Prediction) -> str:
     out += ["", f"At {last.shape.label}: limited by {last.limiting}"
             + (f" ({last.evidence})" if last.evidence else "")
             + f"; band -{last.band_below_pct:.1f} % / +{last.band_above_pct:.1f} % ({last.basis}).",
-            "basis: measured (the shape or its node was measured), from-node (the node measured, the network "
-            "term from the law), from-1-gpu (only the 1-device step measured). error = (predicted - measured) / "
-            "measured.", "", "Model:"] + [f"* {n}" for n in pred.notes]
+            "basis: measured (the shape or its node was measured), from-multinode (the node and a multi-node "
+            "shape measured: the network term's amplitude measured, its growth from the law), from-node (the node "
+            "measured, the network term from the law), from-1-gpu (only the 1-device step measured). error = "
+            "(predicted - measured) / measured.", "", "Model:"] + [f"* {n}" for n in pred.notes]
     return "\n".join(out)
 
 
@@ -118,7 +119,8 @@ def render_validation(val: Validation, title: str) -> str:
     out.append(md_table(["series", "shape", "protocol", "measured", "predicted", "band", "error", "in band",
                          "overhead (ms)", "limited by", "flag"], body))
     out += ["", "error = (predicted - measured) / measured; over = predicted faster than measured. from-1-gpu: "
-                "only the 1-device point known; from-node: the series' single-node points known. flag: " + FLAGGED + "."]
+                "only the 1-device point known; from-node: the series' single-node points known; from-multinode: "
+                "those and its multi-node points of fewer nodes known. flag: " + FLAGGED + "."]
     if val.skipped:
         out += ["", "Skipped:"] + [f"* {s}" for s in val.skipped]
     return "\n".join(out)
@@ -182,7 +184,7 @@ def plot_validation(val: Validation, path: str) -> None:
     lo = min((min(r.measured, r.low) for r in val.rows), default=1.0)
     hi = max((max(r.measured, r.high) for r in val.rows), default=10.0)
     ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")
-    for proto, marker in zip(PROTOCOLS, ("o", "s")):
+    for proto, marker in zip(PROTOCOLS, ("o", "s", "^")):
         rows = [r for r in val.rows if r.protocol == proto]
         if rows:
             ax.errorbar([r.measured for r in rows], [r.predicted for r in rows],

@@ -1,9 +1,11 @@
 """Checking the model against measured or published multi-device points, through the same code path as
-``predict`` (the same inputs, buckets and options), under two protocols:
+``predict`` (the same inputs, buckets and options), under three protocols:
 
 * ``from-1-gpu``: only the 1-device point of the series is known; every multi-device point is predicted.
 * ``from-node``: the series' single-node points are known (one server measured); every multi-node point
   is predicted.
+* ``from-multinode``: the single-node points and the multi-node points of fewer nodes (same GPUs per node)
+  are known; every multi-node point that has such a smaller one is predicted (measure 2 nodes, predict 4).
 
 A predicted point never informs its own prediction (not its throughput, not its breakdown).
 
@@ -137,7 +139,23 @@ def targets(w: Workload, strategy: str, protocol: str) -> list:
     rows = w.measured(strategy)
     if protocol == "from-node":
         return [r for sh, r in sorted(rows.items()) if sh.nodes > 1]
+    if protocol == "from-multinode":
+        return [r for sh, r in sorted(rows.items())
+                if any(1 < s.nodes < sh.nodes and s.gpus_per_node == sh.gpus_per_node for s in rows)]
     return [r for _, r in sorted(rows.items())]
+
+
+def calibration(measured: Iterable[Shape], target: Shape, protocol: str) -> list[Shape]:
+    """The measured shapes a protocol may calibrate on when predicting ``target``: none (from-1-gpu), the
+    single-node ones (from-node), and those with the multi-node ones of fewer nodes at the target's GPUs per
+    node (from-multinode; the node first)."""
+    if protocol == "from-1-gpu":
+        return []
+    single = [s for s in measured if s.nodes == 1 and s != target]
+    if protocol == "from-node":
+        return single
+    return single + sorted(s for s in measured if 1 < s.nodes < target.nodes
+                           and s.gpus_per_node == target.gpus_per_node)
 
 
 def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOptions,
@@ -154,11 +172,10 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
         if base is None:
             skipped += [f"{name} {shape_of(t).label}: no 1-device baseline; skipped" for t in tgt]
             continue
-        single = [sh for sh in w.measured(opts.strategy) if sh.nodes == 1]
         for t in tgt:
             sh = shape_of(t)
-            calib: list[Shape] = [] if protocol == "from-1-gpu" else [s for s in single if s != sh]
-            if protocol == "from-node" and not any(s.gpus_per_node == sh.gpus_per_node for s in calib):
+            calib = calibration(w.measured(opts.strategy), sh, protocol)
+            if protocol != "from-1-gpu" and not any(s == Shape(1, sh.gpus_per_node) for s in calib):
                 skipped.append(f"{name} {sh.label}: no measured 1x{sh.gpus_per_node} point ({protocol}); skipped")
                 continue
             try:
