@@ -230,6 +230,10 @@ def test_model_calibrated_on_measured_points():
     m2s = model([node, Measured(Shape(2, 4), 0.170, None, "run 2x4")],
                 law=OverheadLaw({"ln_gpus": 0.05}, {"sqrt_ln_nodes": 0.1}))
     assert m2s.predict(Shape(4, 4)).net_overhead_s == pytest.approx(0.015 * math.sqrt(2))
+    # a multi-node step shorter than the node's step and the modelled inter-node all-reduce (115 + 40 ms):
+    # the network term is clamped at 0, with a note
+    short = model([node, Measured(Shape(2, 4), 0.150, None, "run 2x4")]).predict(Shape(4, 4))
+    assert short.net_overhead_s == 0.0 and any("network overhead" in n and "clamped at 0" in n for n in short.notes)
     # a fixed overhead replaces law and calibration
     m3 = model([node], fixed_overhead_s=0.005)
     assert m3.predict(Shape(2, 4)).step_s == pytest.approx(0.1 + 0.043 + 0.005)

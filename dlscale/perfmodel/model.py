@@ -226,12 +226,13 @@ class WorkloadModel:
             return self._law_net_s(shape, node_step_s)
         return node_step_s * math.sqrt(math.log(shape.nodes))
 
-    def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str]:
-        """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, and how it was obtained: the
-        law scaled to the workload's measured multi-node points (least squares, >= 0), else the law as it is."""
+    def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str, list[str]]:
+        """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, how it was obtained (the law
+        scaled to the workload's measured multi-node points: least squares, >= 0; else the law as it is) and
+        notes."""
         pts = [m for m in self.measured if m.shape.nodes > 1]
         if not pts:
-            return self._law_net_s(shape, node_step_s), "default law"
+            return self._law_net_s(shape, node_step_s), "default law", []
         num = den = 0.0
         for m in pts:
             g = m.shape.gpus_per_node
@@ -239,9 +240,14 @@ class WorkloadModel:
             x = self._net_shape_s(m.shape, t_node)
             y = m.step_s - t_node - (self.exposed(m.shape).exposed_s - self.exposed(Shape(1, g)).exposed_s)
             num, den = num + x * y, den + x * x
-        scale = max(0.0, num / den) if den > 0 else 0.0
         refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
-        return scale * self._net_shape_s(shape, node_step_s), f"fitted on measured {refs}"
+        notes = []
+        if den > 0 and num < 0:
+            notes.append(f"network overhead fitted on {refs} came out negative (the measured steps are shorter than "
+                         f"the node's step and the modelled inter-node all-reduce: an inter-node link figure too low, "
+                         f"or overlap the model does not assume); clamped at 0")
+        scale = max(0.0, num / den) if den > 0 else 0.0
+        return scale * self._net_shape_s(shape, node_step_s), f"fitted on measured {refs}", notes
 
     # ------------------------------------------------------------------ prediction
 
@@ -266,8 +272,8 @@ class WorkloadModel:
             o_net, how = 0.0, how_node
             if shape.nodes > 1:
                 t_node = self.t1_s + self.exposed(Shape(1, shape.gpus_per_node)).exposed_s + o_node
-                o_net, how_net = self.net_overhead(shape, t_node)
-                how = f"node: {how_node}; network: {how_net}"
+                o_net, how_net, net_notes = self.net_overhead(shape, t_node)
+                how, notes = f"node: {how_node}; network: {how_net}", notes + net_notes
             measured_here = any(m.shape == shape for m in self.measured)
             if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
                 rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
