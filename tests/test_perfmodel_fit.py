@@ -154,6 +154,14 @@ def test_tables_of_one_page_are_one_fold():
         r["provenance"]["source"] = "a page (https://example.org/page.md, commit 1)"
     assert page_folds({"a": a, "b": b, "c": _store(600.0, "other")}) == {
         "a": "https://example.org/page.md", "b": "https://example.org/page.md", "c": "c"}
+    # the shipped tables: PaddleFleetX's ResNet-50 and VGG16 pages (one campaign: one cluster, one method) cite
+    # their docs directory first, so they are one fold
+    from dlscale.importers.table import yaml_table_records
+    from dlscale.perfmodel.fit import datasets_by_source
+    tables = Path(__file__).resolve().parent / "fixtures" / "tables"
+    folds = page_folds(datasets_by_source(yaml_table_records([tables])))
+    assert folds["paddle-fleetx-resnet50-v100.yaml"] == folds["paddle-fleetx-vgg16-v100.yaml"]
+    assert folds["paddle-fleetx-resnet50-v100.yaml"] != folds["dlperf-paddle-resnet50-v100.yaml"]
 
 
 def test_a_series_above_ideal_is_flagged_left_out_of_the_summaries_and_the_fit():

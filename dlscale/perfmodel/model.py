@@ -10,13 +10,16 @@ the ranks leave (one each for its own loop), t >= g b c_s / (cores - g).
 
 o_node(g): measured where the workload has a 1 x g point (t_meas - t_1 - exposed), else the law's growth
 with g scaled to the overhead of the nearest measured node size, else the law. o_net: the law's network terms, scaled to
-the workload's measured multi-node points where it has any. Every overhead is clamped at 0 (with a note):
+the workload's measured multi-node points where it has any; where those are shorter than the node's step and the
+modelled inter-node all-reduce, o_net is 0 and the inter-node all-reduce is scaled down to them instead (a faster
+link than the figure given, or overlap the model does not assume). Every overhead is clamped at 0 (with a note):
 the model never predicts more than ideal scaling.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from dlscale import ConfigError
@@ -69,6 +72,17 @@ class HostInput:
         """The shortest step ``gpus`` ranks on one host can have: their samples' loader work over the cores
         they leave."""
         return gpus * samples_per_device_step * self.core_s_per_sample / self.free_cores(gpus)
+
+
+@dataclass(frozen=True)
+class NetCalibration:
+    """The network side of the measured multi-node points: the scale of the law's network term and the share of
+    the modelled inter-node all-reduce the steps pay (1: as modelled); ``how`` is empty without such points."""
+
+    scale: float = 0.0
+    inter_factor: float = 1.0
+    how: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -158,10 +172,24 @@ class WorkloadModel:
     def grad_bytes(self) -> float:
         return float(sum(self.buckets))
 
-    def exposed(self, shape: Shape) -> Overlap:
+    def modelled(self, shape: Shape) -> Overlap:
+        """The all-reduce of ``shape`` as the links and the overlap mode give it."""
         if shape.devices == 1:
             return NO_COMM
         return overlap_model(self.buckets, self.compute.backward_s, shape, self.links, self.overlap)
+
+    def exposed(self, shape: Shape) -> Overlap:
+        """The all-reduce of ``shape`` the step pays: the modelled one, its inter-node part scaled to measured
+        multi-node points that are shorter than it (``network``)."""
+        ov = self.modelled(shape)
+        if shape.nodes == 1 or ov.allreduce_s <= 0:
+            return ov
+        f = self.network.inter_factor
+        if f == 1.0:
+            return ov
+        cut = (1.0 - f) * ov.inter_s * ov.exposed_s / ov.allreduce_s
+        return replace(ov, allreduce_s=ov.allreduce_s - (1.0 - f) * ov.inter_s, exposed_s=ov.exposed_s - cut,
+                       inter_s=f * ov.inter_s)
 
     # ------------------------------------------------------------------ calibration
 
@@ -211,7 +239,7 @@ class WorkloadModel:
 
     def inter_exposed_s(self, shape: Shape) -> float:
         """The exposed part of the modelled inter-node all-reduce at ``shape`` (s)."""
-        ov = self.exposed(shape)
+        ov = self.modelled(shape)
         return ov.inter_s * ov.exposed_s / ov.allreduce_s if ov.allreduce_s > 0 else 0.0
 
     def _law_net_s(self, shape: Shape, node_step_s: float) -> float:
@@ -226,28 +254,41 @@ class WorkloadModel:
             return self._law_net_s(shape, node_step_s)
         return node_step_s * math.sqrt(math.log(shape.nodes))
 
-    def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str, list[str]]:
-        """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, how it was obtained (the law
-        scaled to the workload's measured multi-node points: least squares, >= 0; else the law as it is) and
-        notes."""
+    @cached_property
+    def network(self) -> NetCalibration:
+        """What the measured multi-node points say of the network: the law's network term scaled to them (least
+        squares, >= 0); where they are shorter than the node's step and the modelled inter-node all-reduce (the
+        scale would be negative), no network term and the inter-node all-reduce scaled to them (least squares,
+        0..1) instead."""
         pts = [m for m in self.measured if m.shape.nodes > 1]
         if not pts:
-            return self._law_net_s(shape, node_step_s), "default law", []
+            return NetCalibration()
         num = den = 0.0
+        rows = []
         for m in pts:
             g = m.shape.gpus_per_node
             t_node = self.node_step_s(g)
+            inter = self.modelled(m.shape).exposed_s - self.modelled(Shape(1, g)).exposed_s
             x = self._net_shape_s(m.shape, t_node)
-            y = m.step_s - t_node - (self.exposed(m.shape).exposed_s - self.exposed(Shape(1, g)).exposed_s)
-            num, den = num + x * y, den + x * x
+            num, den = num + x * (m.step_s - t_node - inter), den + x * x
+            rows.append((m.step_s - t_node, inter))
         refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
-        notes = []
-        if den > 0 and num < 0:
-            notes.append(f"network overhead fitted on {refs} came out negative (the measured steps are shorter than "
-                         f"the node's step and the modelled inter-node all-reduce: an inter-node link figure too low, "
-                         f"or overlap the model does not assume); clamped at 0")
-        scale = max(0.0, num / den) if den > 0 else 0.0
-        return scale * self._net_shape_s(shape, node_step_s), f"fitted on measured {refs}", notes
+        if den <= 0 or num >= 0:
+            return NetCalibration(num / den if den > 0 else 0.0, 1.0, f"fitted on measured {refs}", [])
+        dd = sum(d * d for _, d in rows)
+        f = min(1.0, max(0.0, sum(y * d for y, d in rows) / dd)) if dd > 0 else 1.0
+        note = (f"the measured {refs} {'is' if len(pts) == 1 else 'are'} shorter than the node's step and the modelled "
+                f"inter-node all-reduce (a faster link than the figure given, or overlap the model does not assume): "
+                f"no network overhead, and the inter-node all-reduce scaled to {f:.2f} of the modelled one")
+        return NetCalibration(0.0, f, f"fitted on measured {refs}: none, the inter-node all-reduce x {f:.2f}", [note])
+
+    def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str, list[str]]:
+        """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, how it was obtained (the law
+        scaled to the workload's measured multi-node points, ``network``; else the law as it is) and notes."""
+        cal = self.network
+        if cal.how == "":
+            return self._law_net_s(shape, node_step_s), "default law", []
+        return cal.scale * self._net_shape_s(shape, node_step_s), cal.how, cal.notes
 
     # ------------------------------------------------------------------ prediction
 
