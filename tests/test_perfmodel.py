@@ -239,6 +239,11 @@ def test_model_calibrated_on_measured_points():
     assert p.net_overhead_s == 0.0 and p.step_s == pytest.approx(0.150)
     assert p.overlap.inter_s == pytest.approx(0.035) and p.overlap.exposed_s == pytest.approx(0.003 + 0.035)
     assert any("scaled to 0.87 of the modelled one" in n for n in p.notes)  # 0.875
+    # a law whose network term is nothing for this workload (the node's own losses, here 0) cannot carry a
+    # measured multi-node point: the default's shape does, t_node x sqrt(ln M)
+    flat = model([Measured(Shape(1, 4), 0.103, None, "n4"), Measured(Shape(2, 4), 0.150, None, "2x4")],
+                 law=OverheadLaw({"ln_gpus": 0.05}, {"node_loss_ln_nodes": 0.5}))
+    assert flat.predict(Shape(4, 4)).net_overhead_s == pytest.approx(0.007 * math.sqrt(2))
     # never below the node's own step: a multi-node point faster than the node scales it to 0, no further
     fast = model([node, Measured(Shape(2, 4), 0.100, None, "run 2x4")]).predict(Shape(4, 4))
     assert fast.overlap.inter_s == 0.0 and fast.step_s == pytest.approx(0.115)

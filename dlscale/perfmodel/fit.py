@@ -238,4 +238,5 @@ CANDIDATE_FORMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("ln_gpus", "graph_split"), ("ln_nodes", "node_loss_ln_nodes")),
     (("ln_gpus", "graph_split"), ("sqrt_ln_nodes",)),
     (("ln_gpus", "graph_split"), ("sqrt_ln_nodes", "ln_nodes")),
+    (("ln_gpus", "graph_split"), ("node_loss_sqrt_ln_nodes",)),
 ]

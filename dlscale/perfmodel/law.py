@@ -57,6 +57,8 @@ NET_TERMS: dict[str, Term] = {
     "abs_ln_nodes": Term("s", lambda m: math.log(m), "a per-step synchronisation time growing with ln M (seconds)"),
     "node_loss_ln_nodes": Term("onode", lambda m: math.log(m), "the node's own losses (its overhead o_node: "
                                                                "stragglers, host) growing with ln M"),
+    "node_loss_sqrt_ln_nodes": Term("onode", lambda m: math.sqrt(math.log(m)), "the node's own losses as the "
+                                                                             "spread of the slowest of M nodes"),
     "inter_bw": Term("inter", lambda m: 1.0 if m > 1 else 0.0, "the inter-node all-reduce slower than the stated "
                                                                "link (1/efficiency - 1)"),
 }

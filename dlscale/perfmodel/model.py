@@ -248,11 +248,11 @@ class WorkloadModel:
         return self.law.net_s(node_step_s, shape.nodes, self.inter_exposed_s(shape), node_overhead)
 
     def _net_shape_s(self, shape: Shape, node_step_s: float) -> float:
-        """The law's network overhead as the shape measured points scale (when it has none, the default's shape:
-        t_node x sqrt(ln M))."""
-        if self.law.has_net:
-            return self._law_net_s(shape, node_step_s)
-        return node_step_s * math.sqrt(math.log(shape.nodes))
+        """The law's network overhead as the shape measured points scale (where it is nothing for this workload,
+        the default's shape: t_node x sqrt(ln M))."""
+        law = self._law_net_s(shape, node_step_s) if self.law.has_net else 0.0
+        # a rounding residue of a zero node overhead is nothing too
+        return law if law > 1e-9 * node_step_s else node_step_s * math.sqrt(math.log(shape.nodes))
 
     @cached_property
     def network(self) -> NetCalibration:
