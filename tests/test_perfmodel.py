@@ -295,8 +295,10 @@ def test_no_prediction_above_ideal_or_with_negative_overhead():
         t1 = rng.uniform(0.005, 2.0)
         law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2), "abs_ln_gpus": rng.choice([0.0, rng.uniform(0, 0.01)])},
                           {"ln_nodes": rng.uniform(0, 0.2), "abs_ln_nodes": rng.choice([0.0, rng.uniform(0, 0.01)]),
-                           "inter_bw": rng.choice([0.0, rng.uniform(0, 1.0)])},
-                          {"from-1-gpu": [rng.uniform(0, 0.9), rng.uniform(0, 0.5)], "from-node": rng.uniform(0, 0.5)})
+                           "inter_bw": rng.choice([0.0, rng.uniform(0, 1.0)]),
+                           "sqrt_ln_nodes": rng.choice([0.0, rng.uniform(0, 0.2)])},
+                          {"from-1-gpu": [rng.uniform(0, 0.9), rng.uniform(0, 0.5)], "from-node": rng.uniform(0, 0.5),
+                           "from-multinode": [rng.uniform(0, 0.5), rng.uniform(0, 0.5)]})
         links = Links({0: Link(rng.uniform(1e9, 900e9), rng.uniform(0, 2e-5))},
                       Link(rng.uniform(1e9, 400e9), rng.uniform(0, 2e-5)))
         meas = [Measured(Shape(rng.choice([1, 2]), g), t1 * rng.uniform(0.5, 1.5), rng.uniform(0, 0.3))
@@ -306,6 +308,7 @@ def test_no_prediction_above_ideal_or_with_negative_overhead():
         for sh in (Shape(1, 1), Shape(1, 2), Shape(1, 8), Shape(2, 8), Shape(16, 8), Shape(512, 8), Shape(4, 1)):
             p = m.predict(sh)
             assert p.node_overhead_s >= 0 and p.net_overhead_s >= 0
+            assert 0 <= p.overlap.exposed_s <= p.overlap.allreduce_s * (1 + 1e-12) and p.overlap.inter_s >= 0
             assert p.samples_per_s <= p.ideal_samples_per_s * (1 + 1e-12)
             assert p.high <= p.ideal_samples_per_s * (1 + 1e-12) and 0 <= p.low <= p.samples_per_s
             assert p.speedup <= sh.devices * (1 + 1e-12)

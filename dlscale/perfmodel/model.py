@@ -187,9 +187,8 @@ class WorkloadModel:
         f = self.network.inter_factor
         if f == 1.0:
             return ov
-        cut = (1.0 - f) * ov.inter_s * ov.exposed_s / ov.allreduce_s
-        return replace(ov, allreduce_s=ov.allreduce_s - (1.0 - f) * ov.inter_s, exposed_s=ov.exposed_s - cut,
-                       inter_s=f * ov.inter_s)
+        ar = ov.intra_s + f * ov.inter_s  # the exposed share stays what the overlap mode made it
+        return replace(ov, allreduce_s=ar, exposed_s=min(ar, ov.exposed_s * ar / ov.allreduce_s), inter_s=f * ov.inter_s)
 
     # ------------------------------------------------------------------ calibration
 
