@@ -22,10 +22,11 @@ def register(sub) -> None:
         "predict", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="predict data-parallel scaling over cluster shapes from a 1-device record and link bandwidths",
         description="t(N) = the measured 1-device step + the part of the gradient all-reduce not hidden behind "
-                    "backward + an overhead that grows with log(GPUs per node) and log(nodes), fitted on the "
+                    "backward + an overhead that grows with log(GPUs per node) and sqrt(log(nodes)), fitted on the "
                     "workload's measured multi-device points where there are any (never negative, never above "
                     "ideal). Every row carries a band. --validate STORE predicts every multi-device case of a "
-                    "store from its 1-device record (and multi-node ones from their node). See docs/perfmodel.md.")
+                    "store from its 1-device record (and multi-node ones from their node, and from fewer nodes). "
+                    "See docs/perfmodel.md.")
     add_workload_args(p, store_optional=True)
     p.add_argument("--strategy", default="ddp",
                    help="strategy of the measured multi-device records the model is fitted on and compared with")
@@ -40,7 +41,8 @@ def register(sub) -> None:
                    help="write predicted (with its band) vs ideal speedup, or with --validate predicted vs measured")
     p.add_argument("--validate", default=None, metavar="STORE",
                    help="predict every multi-device ok record of STORE (run or imported) from its 1-device record, "
-                        "and every multi-node one from its node, and print the errors")
+                        "every multi-node one from its node and from its measured shapes of fewer nodes "
+                        "(protocols from-1-gpu, from-node, from-multinode), and print the errors")
     p.set_defaults(func=cmd_predict)
 
 
