@@ -188,7 +188,8 @@ class WorkloadModel:
         if f == 1.0:
             return ov
         ar = ov.intra_s + f * ov.inter_s  # the exposed share stays what the overlap mode made it
-        return replace(ov, allreduce_s=ar, exposed_s=min(ar, ov.exposed_s * ar / ov.allreduce_s), inter_s=f * ov.inter_s)
+        return replace(ov, allreduce_s=ar, exposed_s=min(ar, ov.exposed_s * ar / ov.allreduce_s),
+                       inter_s=f * ov.inter_s)
 
     # ------------------------------------------------------------------ calibration
 
