@@ -24,7 +24,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import NO_COMM, Compute, Links, Overlap, Shape, overlap_model, positive
-from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS, OverheadLaw
+from dlscale.perfmodel.law import DEFAULT_LAW, NET_TERMS, PROTOCOLS, OverheadLaw
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,14 @@ class HostInput:
 
 @dataclass(frozen=True)
 class NetCalibration:
-    """The network side of the measured multi-node points: the scale of the law's network term and the share of
-    the modelled inter-node all-reduce the steps pay (1: as modelled); ``how`` is empty without such points."""
+    """The network side of the measured multi-node points (none: the law as it is): the scale of the law's network
+    term and the share of the modelled inter-node all-reduce the steps pay (1: as modelled)."""
 
+    points: tuple[Measured, ...] = ()
     scale: float = 0.0
     inter_factor: float = 1.0
     how: str = ""
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -252,7 +253,7 @@ class WorkloadModel:
         the default's shape: t_node x sqrt(ln M))."""
         law = self._law_net_s(shape, node_step_s) if self.law.has_net else 0.0
         # a rounding residue of a zero node overhead is nothing too
-        return law if law > 1e-9 * node_step_s else node_step_s * math.sqrt(math.log(shape.nodes))
+        return law if law > 1e-9 * node_step_s else node_step_s * NET_TERMS["sqrt_ln_nodes"].shape(shape.nodes)
 
     @cached_property
     def network(self) -> NetCalibration:
@@ -260,7 +261,7 @@ class WorkloadModel:
         squares, >= 0); where they are shorter than the node's step and the modelled inter-node all-reduce (the
         scale would be negative), no network term and the inter-node all-reduce scaled to them (least squares,
         0..1) instead."""
-        pts = [m for m in self.measured if m.shape.nodes > 1]
+        pts = tuple(m for m in self.measured if m.shape.nodes > 1)
         if not pts:
             return NetCalibration()
         num = den = 0.0
@@ -274,21 +275,22 @@ class WorkloadModel:
             rows.append((m.step_s - t_node, inter))
         refs = ", ".join(f"{m.shape.label} ({m.ref})" for m in pts)
         if den <= 0 or num >= 0:
-            return NetCalibration(num / den if den > 0 else 0.0, 1.0, f"fitted on measured {refs}", [])
+            return NetCalibration(pts, num / den if den > 0 else 0.0, 1.0, f"fitted on measured {refs}")
         dd = sum(d * d for _, d in rows)
         f = min(1.0, max(0.0, sum(y * d for y, d in rows) / dd)) if dd > 0 else 1.0
         note = (f"the measured {refs} {'is' if len(pts) == 1 else 'are'} shorter than the node's step and the modelled "
                 f"inter-node all-reduce (a faster link than the figure given, or overlap the model does not assume): "
                 f"no network overhead, and the inter-node all-reduce scaled to {f:.2f} of the modelled one")
-        return NetCalibration(0.0, f, f"fitted on measured {refs}: none, the inter-node all-reduce x {f:.2f}", [note])
+        return NetCalibration(pts, 0.0, f, f"fitted on measured {refs}: none, the inter-node all-reduce x {f:.2f}",
+                              (note,))
 
     def net_overhead(self, shape: Shape, node_step_s: float) -> tuple[float, str, list[str]]:
         """The network overhead at ``shape`` (s) on a node step of ``node_step_s``, how it was obtained (the law
         scaled to the workload's measured multi-node points, ``network``; else the law as it is) and notes."""
         cal = self.network
-        if cal.how == "":
+        if not cal.points:
             return self._law_net_s(shape, node_step_s), "default law", []
-        return cal.scale * self._net_shape_s(shape, node_step_s), cal.how, cal.notes
+        return cal.scale * self._net_shape_s(shape, node_step_s), cal.how, list(cal.notes)
 
     # ------------------------------------------------------------------ prediction
 
@@ -319,7 +321,7 @@ class WorkloadModel:
             if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
                 rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
                 basis = "measured" if (shape.nodes == 1 or measured_here) else "from-node"
-                net_pts = [m for m in self.measured if m.shape.nodes > 1]
+                net_pts = self.network.points
                 if basis == "from-node" and net_pts:  # the network term's amplitude is the workload's own
                     basis = "from-multinode"
                     rel_in = math.hypot(rel_in, max(_rel(m.rel_spread) for m in net_pts))

@@ -139,9 +139,8 @@ def targets(w: Workload, strategy: str, protocol: str) -> list:
     rows = w.measured(strategy)
     if protocol == "from-node":
         return [r for sh, r in sorted(rows.items()) if sh.nodes > 1]
-    if protocol == "from-multinode":
-        return [r for sh, r in sorted(rows.items())
-                if any(1 < s.nodes < sh.nodes and s.gpus_per_node == sh.gpus_per_node for s in rows)]
+    if protocol == "from-multinode":  # those with a smaller multi-node shape to calibrate on
+        return [r for sh, r in sorted(rows.items()) if any(s.nodes > 1 for s in calibration(rows, sh, protocol))]
     return [r for _, r in sorted(rows.items())]
 
 
@@ -165,6 +164,7 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
     name = series_name(w)
     base = w.baseline
     flags = series_flags(w, opts.strategy)
+    measured = w.measured(opts.strategy)
     for protocol in protocols:
         tgt = targets(w, opts.strategy, protocol)
         if not tgt:
@@ -174,8 +174,8 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
             continue
         for t in tgt:
             sh = shape_of(t)
-            calib = calibration(w.measured(opts.strategy), sh, protocol)
-            if protocol != "from-1-gpu" and not any(s == Shape(1, sh.gpus_per_node) for s in calib):
+            calib = calibration(measured, sh, protocol)
+            if protocol != "from-1-gpu" and Shape(1, sh.gpus_per_node) not in calib:
                 skipped.append(f"{name} {sh.label}: no measured 1x{sh.gpus_per_node} point ({protocol}); skipped")
                 continue
             try:
