@@ -40,10 +40,11 @@ def test_tables_are_cited_and_keep_out_what_they_must():
         t = yaml.safe_load(f.read_text())
         assert t["format"] == "dlscale-table/1" and t["source"] and t["tool"] and t["rows"], f.name
         assert "https://" in t["source"] and t["unit"] in ("img", "seq", "tok")
-        # kept out: OneFlow and NGC PyTorch tables (DLPerf), NVIDIA's A100 ResNet-50 PyTorch table
-        text = f.read_text().lower()
-        assert t["framework"] not in ("oneflow", "pytorch", "pytorch-ngc"), f.name
-        assert "/pytorch/" not in text and "oneflow/" not in text.replace("oneflow-inc/dlperf", ""), f.name
+        # kept out: OneFlow and NGC PyTorch tables (DLPerf), NVIDIA's A100 ResNet-50 PyTorch table (its page)
+        text, src = f.read_text().lower(), t["source"].lower()
+        assert t["framework"] != "oneflow" and "oneflow/" not in text.replace("oneflow-inc/dlperf", ""), f.name
+        assert not ("dlperf" in text and ("pytorch" in t["framework"] or "/pytorch/" in text)), f.name
+        assert "pytorch/classification" not in src, f.name
         for row in t["rows"]:
             assert row.get("status") == "oom" or ("throughput" in row) != ("runs" in row), (f.name, row)
 
@@ -86,22 +87,26 @@ def test_reader_gives_the_imported_record_shape():
 # ----------------------------------------------------------------------------- the model on them
 
 def test_no_published_prediction_above_ideal_or_with_negative_overhead(published):
-    """Over every published point and both protocols: no overhead below 0, no prediction (or band edge)
-    above ideal scaling of its series' 1-device figure."""
+    """Over every published point and every protocol: no overhead below 0, no prediction (or band edge)
+    above ideal scaling of its series' 1-device figure (of its node's, where the series has no 1-device one)."""
     val = validate(published, Query(), ModelOptions(param_sizes="uniform"))
     assert len(val.rows) > 240
-    base = {}
+
+    def key(c):
+        return c["precision"], c["batch_size"], c["compile"]
+
+    base = {}  # series -> (devices, job throughput) of its smallest single-node point
     for rec in published:
-        c = rec["config"]
-        if rec["status"] == "ok" and c["nnodes"] * c["nproc_per_node"] == 1:
-            base[(rec["provenance"]["file"].split("#")[0], rec["provenance"]["file"], c["precision"],
-                  c["batch_size"], c["compile"])] = rec["summary"]["samples_per_s"]["median"]
+        c, file = rec["config"], rec["provenance"]["file"]
+        if rec["status"] == "ok" and c["nnodes"] == 1:
+            n = c["nproc_per_node"]
+            if (file, *key(c)) not in base or n < base[(file, *key(c))][0]:
+                base[(file, *key(c))] = (n, rec["summary"]["samples_per_s"]["median"])
     series_base = {}
     for rec in published:
-        c = rec["config"]
-        key = (rec["provenance"]["file"].split("#")[0], rec["provenance"]["file"], c["precision"], c["batch_size"],
-               c["compile"])
-        series_base[rec["id"][:8]] = base.get(key)
+        if (rec["provenance"]["file"], *key(rec["config"])) in base:
+            n, sps = base[(rec["provenance"]["file"], *key(rec["config"]))]
+            series_base[rec["id"][:8]] = sps / n
     for r in val.rows:
         assert r.overhead_ms >= 0
         ideal = r.devices * series_base[r.record]
@@ -149,8 +154,9 @@ def test_predicted_points_never_inform_themselves(published):
         if r["config"]["nnodes"] == 2 and r["status"] == "ok":
             r.update(copy.deepcopy(next(o for o in published if o["id"] == r["id"])))
     b = validate(changed, Query(), ModelOptions(param_sizes="uniform"), ["from-multinode"])
-    assert a.rows and {r.shape for r in a.rows} == {"4x8"}
-    assert [r.predicted for r in a.rows] == pytest.approx([r.predicted for r in b.rows])
+    assert {r.shape for r in a.rows} == {"4x8", "4x16", "8x16"}  # 8x16 rests on 4x16 too
+    four = [i for i, r in enumerate(a.rows) if r.shape.startswith("4x")]
+    assert [a.rows[i].predicted for i in four] == pytest.approx([b.rows[i].predicted for i in four])
 
 
 def test_own_two_gpu_records_within_5_percent():

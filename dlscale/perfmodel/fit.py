@@ -119,7 +119,9 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
         grp = page_of(name, records)
         for w in group_workloads(usable(records, Query())).values():
             measured = w.measured(opts.strategy)
-            if w.baseline is None or not measured or series_flags(w, opts.strategy):
+            inferred = w.baseline is None  # t_1 inferred from the node: its node point says nothing of the law
+            if ((inferred and w.node_reference(opts.strategy) is None) or not measured
+                    or series_flags(w, opts.strategy)):
                 continue  # a series above ideal scaling is a measurement problem, not evidence for the law
             try:
                 m = build_model(w, records, opts, calibrate_on=[]).model
@@ -130,6 +132,8 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                 p = measured_point(row)
                 try:
                     if sh.nodes == 1:
+                        if inferred:
+                            continue
                         r = (p.step_s - t1 - m.exposed(sh).exposed_s) / p.step_s
                         feats = node_features(node_terms, t1, sh.gpus_per_node, m.compiled)
                         node.append(([f / p.step_s for f in feats], r, grp))

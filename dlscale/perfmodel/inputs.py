@@ -20,7 +20,7 @@ from dlscale.config import LATE_FIELD_DEFAULTS
 from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Links, Shape, bucket_sizes,
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw
-from dlscale.perfmodel.model import HostInput, Measured, WorkloadModel
+from dlscale.perfmodel.model import HostInput, Measured, WorkloadModel, infer_t1_s
 from dlscale.report.data import (BASELINE_STRATEGY_PREFERENCE, VARIANT_FIELDS, Row, baseline_fields, freeze, num,
                                  rec_config, rec_created, rec_device_type, select_cases)
 
@@ -92,6 +92,14 @@ class Workload:
         return min(cands, key=lambda r: (prefs.index(r.strategy) if r.strategy in prefs else len(prefs),
                                          -rec_created(r.record)))
 
+    def node_reference(self, strategy: str) -> Row | None:
+        """Where the workload has no 1-device record: its measured single-node point of the most GPUs, from
+        which the model infers the 1-device step (``model.infer_t1_s``); else None."""
+        if self.baseline is not None:
+            return None
+        nodes = [(sh.gpus_per_node, r) for sh, r in self.measured(strategy).items() if sh.nodes == 1]
+        return max(nodes, key=lambda gr: gr[0])[1] if nodes else None
+
     def measured(self, strategy: str) -> dict[Shape, Row]:
         """The ok multi-device row of ``strategy`` per shape: the strategy at its defaults (no
         ``strategy_options``, no optimizer graph: what the model describes) before a variant of it,
@@ -156,8 +164,10 @@ def only_one(keys: list[str], what: str) -> str:
                       f"--compile/--eager, --flavor, --data, --label or --source")
 
 
-def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the store") -> Workload:
-    """The one workload matching ``query`` that has a 1-device ok record; one-line errors otherwise."""
+def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the store",
+                  strategy: str = "ddp") -> Workload:
+    """The one workload matching ``query`` that has a 1-device ok record (else, where none has, the one with a
+    single-node ``strategy`` record: its 1-device step is then inferred); one-line errors otherwise."""
     recs = usable(records, query)
     if not recs:
         models = sorted({str(rec_config(r).get("model")) for r in usable(records)})
@@ -172,17 +182,31 @@ def pick_workload(records: list[dict[str, Any]], query: Query, store: str = "the
     have = [k for k, w in workloads.items() if w.baseline is not None]
     measured = [k for k in have if workloads[k].baseline.record.get("kind") == "run"]  # type: ignore[union-attr]
     have = measured or have  # measured beats imported
-    if not have:
-        raise ConfigError(f"no ok 1-device record of model {query.model!r} matching the filters: the model needs "
-                          f"the measured 1-device step (dlscale run --model {query.model} --nproc-per-node 1)")
-    return workloads[only_one(have, "a 1-device ok record")]
+    if have:
+        return workloads[only_one(have, "a 1-device ok record")]
+    nodes = [k for k, w in workloads.items() if w.node_reference(strategy) is not None]
+    if not nodes:
+        raise ConfigError(f"no ok 1-device record of model {query.model!r} matching the filters, nor an ok "
+                          f"single-node {strategy} record: the model needs the measured 1-device step (dlscale run "
+                          f"--model {query.model} --nproc-per-node 1) or one node's")
+    return workloads[only_one(nodes, f"a single-node {strategy} record and no 1-device one")]
 
 
 # ----------------------------------------------------------------------------- measured points
 
 def samples_per_device_step(row: Row) -> float:
+    """What one device processes per optimizer step, in the unit of the record's throughput: samples, or
+    tokens (batch x sequence length) where the throughput is in tokens/s."""
     cfg = rec_config(row.record)
-    return float(int(cfg.get("batch_size") or 1) * int(cfg.get("grad_accum") or 1))
+    n = float(int(cfg.get("batch_size") or 1) * int(cfg.get("grad_accum") or 1))
+    info = row.record.get("model") or {}
+    if info.get("unit") == "tok":
+        seq = num(info.get("seq_len"))
+        if not seq or seq <= 0:
+            raise ConfigError(f"record {short_id(row.record)} counts tokens/s and states no sequence length, so its "
+                              f"step time is unknown: import it with --seq-len (a table: seq_len)")
+        n *= seq
+    return n
 
 
 def _without_data(rec: dict[str, Any]) -> dict[str, Any]:
@@ -498,6 +522,22 @@ def overlap_for(workload: Workload, base: Row, opts: ModelOptions,
 
 # ----------------------------------------------------------------------------- the model of a workload
 
+def _inferred_one_device(model: WorkloadModel, node: Row) -> tuple[WorkloadModel, str]:
+    """``model`` with the 1-device step inferred from the measured step of ``node`` (one node, no 1-device
+    record), and where that step comes from."""
+    g, t_node = shape_of(node).gpus_per_node, measured_point(node).step_s
+    if not model.links.intra_for(g):
+        raise ConfigError(f"inferring the 1-device step from the 1x{g} record needs the intra-node link "
+                          f"(--intra-busbw, a micro comm record, or the source's system.intra)")
+    t1 = infer_t1_s(t_node, g, model)
+    if t1 <= 0:
+        raise ConfigError(f"the modelled intra-node all-reduce alone is longer than the measured 1x{g} step: "
+                          f"no 1-device step is left to infer (check the intra-node link figure)")
+    return replace(model, compute=compute_terms(t1), t1_inferred=True), (
+        f"inferred from the measured 1x{g} step ({t_node * 1e3:.2f} ms, record {short_id(node.record)}) less its "
+        f"modelled all-reduce and the law's node overhead (no 1-device record)")
+
+
 @dataclass
 class BuiltModel:
     model: WorkloadModel
@@ -514,27 +554,34 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
     every measured multi-device shape of ``opts.strategy``); ``exclude``: a row that must not inform the
     model (the one being predicted in a validation)."""
     base = workload.baseline
-    if base is None:
-        raise ConfigError("the workload has no ok 1-device record")
-    step_s, step_src = base_step_s(base)
-    compute = compute_terms(step_s, base.breakdown)
-    links, micro = links_for(base, records, opts)
+    node = workload.node_reference(opts.strategy)
+    ref = base or node
+    if ref is None:
+        raise ConfigError(f"the workload has no ok 1-device record and no ok single-node {opts.strategy} record")
+    links, micro = links_for(ref, records, opts)
     limit, why = node_limit(opts, links, [r.record for r in workload.rows], micro)
-    grads = gradients(base, workload, opts)
-    overlap, ov_src = overlap_for(workload, base, opts, exclude)
+    grads = gradients(ref, workload, opts)
+    overlap, ov_src = overlap_for(workload, ref, opts, exclude)
     measured_rows = workload.measured(opts.strategy)
     allowed = set(measured_rows) if calibrate_on is None else set(calibrate_on)
     points = [measured_point(r) for sh, r in sorted(measured_rows.items()) if sh in allowed and r is not exclude]
     usable_points = [p for p in points if (p.shape.gpus_per_node == 1 or links.intra_for(p.shape.gpus_per_node))
                      and (p.shape.nodes == 1 or links.inter is not None)]
-    host, host_src = host_input(base, opts)
-    twin, twin_note = gpu_step_on_other_host(base, records, host)
-    host_src += twin_note
-    spread = rel_spread(base)
-    if twin is not None:
-        step_s, step_src = base_step_s(twin)
-        step_src = f"the synthetic run's {step_src}"
-        compute, spread, usable_points = compute_terms(step_s, twin.breakdown), rel_spread(twin), []
+    if base is not None:
+        step_s, step_src = base_step_s(base)
+        compute = compute_terms(step_s, base.breakdown)
+        host, host_src = host_input(base, opts)
+        twin, twin_note = gpu_step_on_other_host(base, records, host)
+        host_src += twin_note
+        spread = rel_spread(base)
+        if twin is not None:
+            step_s, step_src = base_step_s(twin)
+            step_src = f"the synthetic run's {step_src}"
+            compute, spread, usable_points = compute_terms(step_s, twin.breakdown), rel_spread(twin), []
+    else:  # the 1-device step is inferred below, from the node's
+        step_s, step_src = measured_point(ref).step_s, ""
+        compute, twin, spread = compute_terms(step_s), None, rel_spread(ref)
+        host, host_src = None, "none: no 1-device record to measure the loaders' CPU time on"
     fixed = opts.overhead_ms / 1000.0 if opts.overhead_ms is not None else None
     if fixed is not None:
         oh_src = f"--overhead-ms {opts.overhead_ms:g}: fixed at every N > 1"
@@ -543,13 +590,17 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
                   + f"; elsewhere the law: {opts.law.describe()}")
     else:
         oh_src = f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
-    cfg = rec_config(base.record)
+    cfg = rec_config(ref.record)
     compiled = bool(cfg.get("compile")) and cfg.get("framework") in (None, "torch")
-    model = WorkloadModel(compute, samples_per_device_step(base), grads.buckets, links, overlap, opts.law,
+    model = WorkloadModel(compute, samples_per_device_step(ref), grads.buckets, links, overlap, opts.law,
                           spread, usable_points, fixed, oh_src, compiled, host)
+    if base is None:
+        model, step_src = _inferred_one_device(model, ref)
+        compute, step_s = model.compute, model.t1_s
     info = {
-        "baseline_record": str(base.record.get("id")), "baseline_kind": base.record.get("kind"),
-        "baseline_strategy": base.strategy, "step_ms": step_s * 1e3, "step_source": step_src,
+        "baseline_record": str(ref.record.get("id")), "baseline_kind": ref.record.get("kind"),
+        "baseline_strategy": ref.strategy, "one_device_inferred": base is None, "step_ms": step_s * 1e3,
+        "step_source": step_src,
         "step_rel_spread": spread, "compute_split": compute.split,
         "data_ms": compute.data_s * 1e3, "forward_ms": compute.forward_s * 1e3,
         "backward_ms": compute.backward_s * 1e3, "update_ms": compute.update_s * 1e3,
@@ -566,4 +617,4 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
         "overhead_law": opts.law.describe(), "calibration_points": [p.shape.label for p in usable_points],
         "host_input_floor": host_src,
     }
-    return BuiltModel(model, base, workload, info, limit, why)
+    return BuiltModel(model, ref, workload, info, limit, why)

@@ -23,7 +23,8 @@ from functools import cached_property
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.perfmodel.core import NO_COMM, Compute, Links, Overlap, Shape, overlap_model, positive
+from dlscale.perfmodel.core import (NO_COMM, Compute, Links, Overlap, Shape, compute_terms, overlap_model,
+                                   positive)
 from dlscale.perfmodel.law import DEFAULT_LAW, NET_TERMS, PROTOCOLS, OverheadLaw
 
 
@@ -157,6 +158,7 @@ class WorkloadModel:
     overhead_source: str = ""
     compiled: bool = False  # a torch.compile'd torch workload (the law's graph_split term)
     host: HostInput | None = None  # the host input floor; None: synthetic data, or no core count
+    t1_inferred: bool = False  # no 1-device record: t_1 inferred from a measured node step (``infer_t1_s``)
 
     def __post_init__(self) -> None:
         positive("samples per device and step", self.samples_per_device_step)
@@ -302,11 +304,14 @@ class WorkloadModel:
         ov = self.exposed(shape)
         notes: list[str] = []
         rel_in = _rel(self.base_rel_spread)
+        anchor: Measured | None = None
         if n == 1:
             o_node = o_net = 0.0
             # on a host of other cores the 1-device row is a prediction from the 1-device record
             basis = "from-1-gpu" if self.host is not None and self.host.other_host else "measured"
             how = "1-device step"
+            if self.t1_inferred:
+                basis, how = "from-node", "1-device step inferred from the measured node step"
         elif self.fixed_overhead_s is not None:
             o_node, o_net = self.fixed_overhead_s, 0.0
             basis, how = "fixed overhead", self.overhead_source or "fixed overhead"
@@ -336,13 +341,18 @@ class WorkloadModel:
                              f"step ({t * 1e3:.1f} ms): the step is the floor"]
             t = floor
         sps = n * self.samples_per_device_step / t
-        sps = min(sps, ideal)  # t >= t_1 holds by construction; this guards rounding only
+        cap = ideal
+        if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
+            # resting on a measured node, nothing beats that node's throughput times the nodes (t >= t_node by
+            # construction), the band's upper edge neither; where t_1 is inferred this is below n x sps1
+            cap = min(ideal, n * self.samples_per_device_step / anchor.step_s)
+        sps = min(sps, cap)  # t >= t_1 and t >= t_node hold by construction; this guards rounding only
         fit_basis = "from-1-gpu" if basis == "fixed overhead" else basis
         below, above = self.law.band_for(fit_basis) if fit_basis in PROTOCOLS else (0.0, 0.0)
         if host_bound:
             below, above = HOST_FLOOR_BAND
         down, up = math.hypot(rel_in, below), math.hypot(rel_in, above)
-        low, high = sps * (1.0 - down), min(ideal, sps * (1.0 + up))
+        low, high = sps * (1.0 - down), min(cap, sps * (1.0 + up))
         limiting, evidence = self._limiting(shape, ov, o_node + o_net, t, how, basis)
         if host_bound and self.host is not None:
             g = shape.gpus_per_node
@@ -372,3 +382,23 @@ class WorkloadModel:
             return "overhead", how
         src = self.links.sources.get("intra" if name.startswith("intra") else "inter", "")
         return name, src
+
+
+def infer_t1_s(node_step_s: float, gpus: int, model: WorkloadModel) -> float:
+    """The 1-device step that the model (its links, buckets, overlap and law) turns into the measured step of one
+    node of ``gpus`` GPUs: t_node = t_1 + exposed all-reduce(1 x g) + o_node(t_1, g) (the law's, or a fixed one),
+    solved for t_1 by bisection (the right side grows with t_1: the exposed all-reduce shrinks by at most the
+    backward's growth). 0 where the modelled all-reduce alone takes the node's whole step."""
+    def node_step(t1: float) -> float:
+        m = replace(model, compute=compute_terms(t1), measured=[])  # no breakdown: the FLOPs split
+        o = (model.fixed_overhead_s if model.fixed_overhead_s is not None
+             else model.law.node_s(t1, gpus, model.compiled))
+        return t1 + m.modelled(Shape(1, gpus)).exposed_s + o
+
+    lo, hi = 0.0, node_step_s
+    if node_step(1e-9 * node_step_s) >= node_step_s:
+        return 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if node_step(mid) < node_step_s else (lo, mid)
+    return 0.5 * (lo + hi)

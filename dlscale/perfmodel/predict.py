@@ -76,7 +76,7 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
                      shapes: list[Shape] | None = None, nodes: list[int] | None = None,
                      store: str = "the store") -> Prediction:
     """Everything ``dlscale predict`` shows: inputs with their sources, one row per shape (1x1 first)."""
-    w = pick_workload(records, query, store)
+    w = pick_workload(records, query, store, opts.strategy)
     built = build_model(w, records, opts)
     m = built.model
     shapes = list(shapes) if shapes else default_shapes(built.limit, m.links.inter is not None, nodes)
@@ -86,7 +86,7 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     other_host = m.host is not None and m.host.other_host  # the records ran on a host of other cores
     out = []
     for sh in [ONE] + [s for s in shapes if s != ONE]:
-        mr = None if other_host else built.base if sh == ONE else measured.get(sh)
+        mr = None if other_host else (None if m.t1_inferred else built.base) if sh == ONE else measured.get(sh)
         out.append(PredictedRow(m.predict(sh), mr.median if mr else None,
                                 str(mr.record.get("id")) if mr else None, mr.record.get("kind") if mr else None,
                                 sh in calib))

@@ -122,15 +122,18 @@ def series_name(w: Workload) -> str:
 
 def series_flags(w: Workload, strategy: str) -> str:
     """"above_ideal" where a multi-device point of the series scales above ideal past the noise of it and of
-    the 1-device point (the check ``dlscale report`` and ``compare`` apply), else ""."""
-    base = w.baseline
-    if base is None or not base.median:
+    the 1-device point (the check ``dlscale report`` and ``compare`` apply; without one, the node's point against
+    the points of several nodes), else ""."""
+    base, node = w.baseline, w.node_reference(strategy)
+    ref = base or node
+    if ref is None or not ref.median:
         return ""
+    per = ref.devices  # without a 1-device point: the node's, against its multi-node points
     for sh, row in w.measured(strategy).items():
-        if not row.median:
+        if not row.median or row is ref or sh.devices % per:
             continue
-        eff = float(row.median) / (sh.devices * float(base.median))
-        if any(f.check == "above_ideal" for f in validity.compare_flags(row.record, base.record, eff)):
+        eff = float(row.median) * per / (sh.devices * float(ref.median))
+        if any(f.check == "above_ideal" for f in validity.compare_flags(row.record, ref.record, eff)):
             return "above_ideal"
     return ""
 
@@ -169,8 +172,8 @@ def validate_workload(w: Workload, records: list[dict[str, Any]], opts: ModelOpt
         tgt = targets(w, opts.strategy, protocol)
         if not tgt:
             continue
-        if base is None:
-            skipped += [f"{name} {shape_of(t).label}: no 1-device baseline; skipped" for t in tgt]
+        if base is None and (protocol == "from-1-gpu" or w.node_reference(opts.strategy) is None):
+            skipped += [f"{name} {shape_of(t).label}: no 1-device baseline ({protocol}); skipped" for t in tgt]
             continue
         for t in tgt:
             sh = shape_of(t)

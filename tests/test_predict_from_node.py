@@ -1,0 +1,90 @@
+"""Predicting from a node record alone (no 1-device figure), and step times of tables counted in tokens."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from dlscale import ConfigError
+from dlscale.importers.table import yaml_table_records
+from dlscale.perfmodel.core import parse_shapes
+from dlscale.perfmodel.inputs import ModelOptions, Query
+from dlscale.perfmodel.law import OverheadLaw
+from dlscale.perfmodel.predict import predict_workload
+from dlscale.perfmodel.validate import validate
+
+LAW = OverheadLaw({"ln_gpus": 0.02}, {"sqrt_ln_nodes": 0.04}, {"from-node": [0.1, 0.05]})
+OPTS = ModelOptions(law=LAW, param_sizes="uniform")
+T1 = 0.100  # the 1-device step the node rows below are built from (s)
+AR8 = 2 * 7 / 8 * 4e8 / 100e9  # the node's all-reduce: 1e8 fp32 gradients over 8 GPUs at 100 GB/s, no latency
+
+
+def table(tmp_path, rows, **top) -> list[dict]:
+    doc = {"format": "dlscale-table/1", "source": "hand-made (tests)", "tool": "test", "model": "m", "unit": "seq",
+           "params": 100_000_000, "hardware": {"gpu": "Test GPU", "gpus_per_node": 8},
+           "system": {"intra": {"busbw_gbps": 100, "latency_us": 0, "source": "stated"},
+                      "inter": {"busbw_gbps": 12.5, "latency_us": 0, "source": "stated"},
+                      "overlap": "none", "grad_bytes_per_param": 4},
+           "defaults": {"precision": "fp32"}, "rows": rows, **top}
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return yaml_table_records([p])
+
+
+def node_rows(extra=()):
+    t_node = T1 * (1 + 0.02 * math.log(8)) + AR8
+    return [{"batch_size": 4, "nodes": 1, "gpus_per_node": 8, "throughput": 8 * 4 / t_node}, *extra]
+
+
+def test_one_device_step_inferred_from_the_node(tmp_path):
+    """Without a 1-device row the 1-device step is what the model turns into the node's measured step:
+    t_node = t_1 (1 + 0.02 ln 8) + the all-reduce, solved for t_1 (100 ms, by construction)."""
+    pred = predict_workload(table(tmp_path, node_rows()), Query(), OPTS, parse_shapes("1x8,2x8"))
+    assert pred.inputs["step_ms"] == pytest.approx(T1 * 1e3, rel=1e-9)
+    assert pred.inputs["one_device_inferred"] is True
+    assert "inferred from the measured 1x8 step" in pred.inputs["step_source"]
+    one, node, two = pred.rows
+    assert one.measured_samples_per_s is None and one.prediction.basis == "from-node"  # no measured 1x1
+    assert one.prediction.samples_per_s == pytest.approx(4 / T1)
+    assert node.prediction.basis == "measured" and node.prediction.node_overhead_s == pytest.approx(
+        0.02 * T1 * math.log(8))
+    # two nodes: the node's step, the inter-node all-reduce's share, the law's sqrt(ln 2) term on it
+    p = two.prediction
+    assert p.basis == "from-node"
+    t_node = T1 * (1 + 0.02 * math.log(8)) + AR8
+    assert p.net_overhead_s == pytest.approx(0.04 * t_node * math.sqrt(math.log(2)))
+    # nothing above two nodes scaling ideally from the measured one: not the prediction, not its band
+    assert p.samples_per_s < p.high <= 2 * 8 * 4 / t_node * (1 + 1e-12) < p.ideal_samples_per_s
+
+
+def test_node_only_series_validated_from_the_node_not_from_one_gpu(tmp_path):
+    recs = table(tmp_path, node_rows([{"batch_size": 4, "nodes": 2, "gpus_per_node": 8, "throughput": 500.0}]))
+    val = validate(recs, Query(), OPTS)
+    assert [(r.shape, r.protocol) for r in val.rows] == [("2x8", "from-node")]
+    pred = predict_workload([r for r in recs if r["config"]["nnodes"] == 1], Query(), OPTS, parse_shapes("2x8"))
+    assert val.rows[0].predicted == pytest.approx(pred.rows[-1].prediction.samples_per_s)
+    assert any("no 1-device baseline (from-1-gpu)" in s for s in val.skipped)
+
+
+def test_node_only_series_above_ideal_across_nodes_is_flagged(tmp_path):
+    t_node = T1 * (1 + 0.02 * math.log(8)) + AR8
+    recs = table(tmp_path, node_rows([{"batch_size": 4, "nodes": 2, "gpus_per_node": 8,
+                                       "throughput": 2 * 8 * 4 / t_node * 1.05}]))
+    assert {r.flags for r in validate(recs, Query(), OPTS).rows} == {"above_ideal"}
+
+
+def test_a_node_step_shorter_than_its_all_reduce_is_refused(tmp_path):
+    rows = [{"batch_size": 4, "nodes": 1, "gpus_per_node": 8, "throughput": 8 * 4 / (0.5 * AR8)}]
+    with pytest.raises(ConfigError, match="all-reduce alone is longer than the measured 1x8 step"):
+        predict_workload(table(tmp_path, rows), Query(), OPTS, parse_shapes("1x8"))
+
+
+def test_token_throughput_steps_count_tokens(tmp_path):
+    """A table in tokens/s: one step is batch x seq_len tokens (4 x 100 at 10,000 tok/s: 40 ms), not 4 of them."""
+    rows = [{"batch_size": 4, "nodes": 1, "gpus_per_node": 1, "throughput": 10_000.0}]
+    pred = predict_workload(table(tmp_path, rows, unit="tok", seq_len=100), Query(), OPTS, parse_shapes("1x2"))
+    assert pred.inputs["step_ms"] == pytest.approx(40.0)
+    assert pred.inputs["samples_per_device_step"] == 400
+    with pytest.raises(ConfigError, match="states no sequence length"):
+        predict_workload(table(tmp_path, rows, unit="tok"), Query(), OPTS, parse_shapes("1x2"))
