@@ -154,7 +154,7 @@ def test_predicted_points_never_inform_themselves(published):
         if r["config"]["nnodes"] == 2 and r["status"] == "ok":
             r.update(copy.deepcopy(next(o for o in published if o["id"] == r["id"])))
     b = validate(changed, Query(), ModelOptions(param_sizes="uniform"), ["from-multinode"])
-    assert {r.shape for r in a.rows} == {"4x8", "4x16", "8x16"}  # 8x16 rests on 4x16 too
+    assert {r.shape for r in a.rows} >= {"4x8", "4x16", "8x16"}  # 8x16 rests on 4x16 too
     four = [i for i, r in enumerate(a.rows) if r.shape.startswith("4x")]
     assert [a.rows[i].predicted for i in four] == pytest.approx([b.rows[i].predicted for i in four])
 

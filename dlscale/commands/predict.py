@@ -24,7 +24,8 @@ def register(sub) -> None:
         description="t(N) = the measured 1-device step + the part of the gradient all-reduce not hidden behind "
                     "backward + an overhead that grows with log(GPUs per node) and sqrt(log(nodes)), fitted on the "
                     "workload's measured multi-device points where there are any (never negative, never above "
-                    "ideal). Every row carries a band. --validate STORE predicts every multi-device case of a "
+                    "ideal). Without a 1-device record, the 1-device step is inferred from a measured node's. "
+                    "Every row carries a band. --validate STORE predicts every multi-device case of a "
                     "store from its 1-device record (and multi-node ones from their node, and from fewer nodes). "
                     "See docs/perfmodel.md.")
     add_workload_args(p, store_optional=True)
