@@ -1,6 +1,7 @@
 """Predicting from a node record alone (no 1-device figure), and step times of tables counted in tokens."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -88,3 +89,25 @@ def test_token_throughput_steps_count_tokens(tmp_path):
     assert pred.inputs["samples_per_device_step"] == 400
     with pytest.raises(ConfigError, match="states no sequence length"):
         predict_workload(table(tmp_path, rows, unit="tok"), Query(), OPTS, parse_shapes("1x2"))
+
+
+def test_cost_of_a_token_table_from_its_node(tmp_path, capsys):
+    """A tokens/s table: --tokens is the amount as it is (1e9 tokens at the node's rate), and the prediction
+    beside the node's own record is not that record (nothing else to infer t_1 from: none)."""
+    from dlscale.cli import main
+    from dlscale.store import ResultStore
+
+    recs = table(tmp_path, [{"batch_size": 4, "nodes": 1, "gpus_per_node": 8, "throughput": 100_000.0},
+                            {"batch_size": 4, "nodes": 2, "gpus_per_node": 8, "throughput": 190_000.0}],
+                 unit="tok", seq_len=100)
+    store = ResultStore(tmp_path / "s")
+    for r in recs:
+        store.append(r)
+    argv = ["cost", str(tmp_path / "s"), "--model", "m", "--tokens", "1e9", "--price-per-gpu-hour", "2",
+            "--deadline-hours", "100", "--predicted", "--shapes", "1x8,2x8,4x8", "--format", "json"]
+    assert main(argv) == 0
+    rows = {r["shape"]: r for r in json.loads(capsys.readouterr().out)["options"]}
+    assert rows["1x8"]["hours"] == pytest.approx(1e9 / 100_000.0 / 3600)
+    assert rows["1x8"].get("predicted_hours") is None            # held out, the node leaves nothing to infer from
+    assert rows["2x8"]["predicted_hours"] == pytest.approx(1e9 / rows["2x8"]["predicted_samples_per_s"] / 3600)
+    assert rows["4x8"]["kind"] == "predicted"

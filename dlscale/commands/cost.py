@@ -110,6 +110,8 @@ def cmd_cost(args) -> int:
     options, w, pred = plan_options(loaded.records, query, opts, args.strategy, shapes, args.predicted)
     ref = (w.baseline or w.rows[0]).record
     unit, seq_len, qual = workload_unit(w), workload_seq_len(w), _qualifier(ref)
+    if unit == "tok":  # the throughput counts tokens already: --tokens is the amount as it is
+        seq_len = 1
     if args.tokens is not None and not seq_len:
         raise ConfigError(f"model {args.model!r} has no sequence length in its records; give --samples or --epochs")
     price = pick_price(gpu_name(ref), args.price_per_gpu_hour, args.price_file, args.price_name)
@@ -140,7 +142,8 @@ def _single(args, shape: Shape, options: list[CostOption], price, seq_len, unit:
         rows.append(["predicted (beside)", f"{o.predicted_samples_per_s:,.1f} {unit}/s "
                                            f"({cost['predicted_hours']:,.2f} h); the measured figure is used"])
     rows += [["samples", f"{cost['samples']:,.0f} {unit}"
-              + (f" (= {cost['tokens']:,.0f} tokens / {cost['seq_len']} per {unit})" if cost["tokens"] else "")],
+              + (f" (= {cost['tokens']:,.0f} tokens / {cost['seq_len']} per {unit})"
+                 if cost["tokens"] and unit != "tok" else "")],
              ["GPUs", f"{o.shape.devices} ({o.shape.label})"],
              ["wall time", f"{cost['hours']:,.2f} h ({cost['hours'] / 24:,.2f} days)"],
              ["GPU-hours", f"{cost['gpu_hours']:,.1f} GPU-h"],

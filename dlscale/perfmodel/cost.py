@@ -252,8 +252,9 @@ def plan_options(records: list[dict[str, Any]], query: Query, opts: ModelOptions
     if predicted:
         pred = predict_workload(records, query, opts, shapes)
         p1 = None
-        if pred.built is not None:
+        if pred.built is not None:  # per device: the base is a node's record where t_1 was inferred from it
             p1, _ = record_power_w(pred.built.base)
+            p1 = p1 / pred.built.base.devices if p1 is not None else None
         for sh, o in opts_by_shape.items():
             if sh.devices > 1 and pred.built is not None:  # what the model says there without that record
                 held = held_out_prediction(records, pred, opts, sh)

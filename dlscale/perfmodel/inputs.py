@@ -92,12 +92,13 @@ class Workload:
         return min(cands, key=lambda r: (prefs.index(r.strategy) if r.strategy in prefs else len(prefs),
                                          -rec_created(r.record)))
 
-    def node_reference(self, strategy: str) -> Row | None:
-        """Where the workload has no 1-device record: its measured single-node point of the most GPUs, from
-        which the model infers the 1-device step (``model.infer_t1_s``); else None."""
+    def node_reference(self, strategy: str, exclude: Row | None = None) -> Row | None:
+        """Where the workload has no 1-device record: its measured single-node point of the most GPUs (never
+        ``exclude``), from which the model infers the 1-device step (``model.infer_t1_s``); else None."""
         if self.baseline is not None:
             return None
-        nodes = [(sh.gpus_per_node, r) for sh, r in self.measured(strategy).items() if sh.nodes == 1]
+        nodes = [(sh.gpus_per_node, r) for sh, r in self.measured(strategy).items()
+                 if sh.nodes == 1 and r is not exclude]
         return max(nodes, key=lambda gr: gr[0])[1] if nodes else None
 
     def measured(self, strategy: str) -> dict[Shape, Row]:
@@ -554,7 +555,7 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
     every measured multi-device shape of ``opts.strategy``); ``exclude``: a row that must not inform the
     model (the one being predicted in a validation)."""
     base = workload.baseline
-    node = workload.node_reference(opts.strategy)
+    node = workload.node_reference(opts.strategy, exclude)
     ref = base or node
     if ref is None:
         raise ConfigError(f"the workload has no ok 1-device record and no ok single-node {opts.strategy} record")
