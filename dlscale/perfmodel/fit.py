@@ -134,7 +134,7 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                     if sh.nodes == 1:
                         if inferred:
                             continue
-                        r = (p.step_s - t1 - m.exposed(sh).exposed_s) / p.step_s
+                        r = m.node_loss_s(p.step_s, sh.gpus_per_node) / p.step_s
                         feats = node_features(node_terms, t1, sh.gpus_per_node, m.compiled)
                         node.append(([f / p.step_s for f in feats], r, grp))
                     elif Shape(1, sh.gpus_per_node) in measured or sh.gpus_per_node == 1:
@@ -143,7 +143,7 @@ def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], 
                         node_ex = m.exposed(Shape(1, sh.gpus_per_node)).exposed_s
                         r = (p.step_s - t_node - (m.exposed(sh).exposed_s - node_ex)) / p.step_s
                         feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh),
-                                             t_node - t1 - node_ex)
+                                             m.node_loss_s(t_node, sh.gpus_per_node))
                         net.append(([f / p.step_s for f in feats], r, grp))
                 except ConfigError:  # a missing link: the point adds nothing
                     continue

@@ -199,8 +199,9 @@ class WorkloadModel:
     def _single_node(self) -> dict[int, Measured]:
         return {m.shape.gpus_per_node: m for m in self.measured if m.shape.nodes == 1 and m.shape.devices > 1}
 
-    def _measured_node_overhead(self, m: Measured) -> float:
-        return m.step_s - self.t1_s - self.exposed(m.shape).exposed_s
+    def node_loss_s(self, node_step_s: float, gpus: int) -> float:
+        """What a node step of ``gpus`` GPUs loses beyond t_1 and its exposed all-reduce (s; may be < 0)."""
+        return node_step_s - self.t1_s - self.exposed(Shape(1, gpus)).exposed_s
 
     def _node_shape_s(self, gpus: int) -> float:
         """The law's node overhead at g GPUs as the shape measured points scale (t_1 x ln g when it has none)."""
@@ -227,7 +228,7 @@ class WorkloadModel:
         else:
             return (self.law.node_s(self.t1_s, gpus, self.compiled), "default law (no measured multi-GPU point)",
                     None, notes)
-        o = self._measured_node_overhead(anchor)
+        o = self.node_loss_s(anchor.step_s, g0)
         if o < 0:
             notes.append(f"node overhead at 1x{g0} came out {o * 1e3:.2f} ms (the measured step is shorter than the "
                          f"modelled communication: a link figure too low, or overlap the model does not assume); "
@@ -247,8 +248,8 @@ class WorkloadModel:
 
     def _law_net_s(self, shape: Shape, node_step_s: float) -> float:
         """The law's network overhead (s) at ``shape`` on a node step of ``node_step_s``."""
-        node_overhead = node_step_s - self.t1_s - self.exposed(Shape(1, shape.gpus_per_node)).exposed_s
-        return self.law.net_s(node_step_s, shape.nodes, self.inter_exposed_s(shape), node_overhead)
+        return self.law.net_s(node_step_s, shape.nodes, self.inter_exposed_s(shape),
+                              self.node_loss_s(node_step_s, shape.gpus_per_node))
 
     def _net_shape_s(self, shape: Shape, node_step_s: float) -> float:
         """The law's network overhead as the shape measured points scale (where it is nothing for this workload,
