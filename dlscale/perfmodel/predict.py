@@ -105,8 +105,9 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
              "(docs/perfmodel.md); never above ideal",
              f"measured column: the newest ok {opts.strategy} record of each shape at the strategy's defaults "
              f"(a variant with strategy options or the optimizer graph only where no default run exists; 1x1: "
-             + ("none, the 1-device step is inferred from the node's)" if m.t1_inferred else "the baseline record)") + (f"; empty: the records ran on {m.host.record_cores} cores a host, the "
-                                        f"prediction is for {m.host.cores} (--host-cores)" if other_host else "")]
+             + ("none, the 1-device step is inferred from the node's)" if m.t1_inferred else "the baseline record)")
+             + (f"; empty: the records ran on {m.host.record_cores} cores a host, the prediction is for "
+                f"{m.host.cores} (--host-cores)" if other_host else "")]
     for r in out:
         notes += [n for n in r.prediction.notes if n not in notes]
     stated = [k for k in m.links.intra if k > 0]
