@@ -111,3 +111,25 @@ def test_cost_of_a_token_table_from_its_node(tmp_path, capsys):
     assert rows["1x8"].get("predicted_hours") is None            # held out, the node leaves nothing to infer from
     assert rows["2x8"]["predicted_hours"] == pytest.approx(1e9 / rows["2x8"]["predicted_samples_per_s"] / 3600)
     assert rows["4x8"]["kind"] == "predicted"
+
+
+def test_inferred_one_device_step_inverts_the_node_model():
+    """Random links, buckets, overlap modes and laws: the node step the model makes of t_1 gives t_1 back."""
+    import random
+
+    from dlscale.perfmodel.core import Link, Links, Shape, compute_terms
+    from dlscale.perfmodel.model import WorkloadModel, infer_t1_s
+
+    rng = random.Random(11)
+    for _ in range(200):
+        t1, g = rng.uniform(0.005, 2.0), rng.choice([2, 4, 8, 16])
+        law = OverheadLaw({"ln_gpus": rng.uniform(0, 0.2), "abs_ln_gpus": rng.choice([0.0, rng.uniform(0, 0.01)]),
+                           "graph_split": rng.uniform(0, 0.1)})
+        m = WorkloadModel(compute_terms(t1), 8, [rng.uniform(1e6, 3e8) for _ in range(rng.randint(1, 6))],
+                          Links({0: Link(rng.uniform(1e9, 900e9), rng.uniform(0, 2e-5))}),
+                          rng.choice(["none", "buckets", 0.5]), law, compiled=rng.random() < 0.5,
+                          fixed_overhead_s=rng.choice([None, rng.uniform(0, 0.05)]))
+        t_node = m.predict(Shape(1, g)).step_s
+        guess = WorkloadModel(compute_terms(t_node), 8, m.buckets, m.links, m.overlap, law, compiled=m.compiled,
+                              fixed_overhead_s=m.fixed_overhead_s)
+        assert infer_t1_s(t_node, g, guess) == pytest.approx(t1, rel=1e-9, abs=1e-12)
