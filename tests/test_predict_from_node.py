@@ -41,11 +41,12 @@ def node_rows(extra=()):
 def test_one_device_step_inferred_from_the_node(tmp_path):
     """Without a 1-device row the 1-device step is what the model turns into the node's measured step:
     t_node = t_1 (1 + 0.02 ln 8) + the all-reduce, solved for t_1 (100 ms, by construction)."""
-    pred = predict_workload(table(tmp_path, node_rows()), Query(), OPTS, parse_shapes("1x8,2x8"))
+    pred = predict_workload(table(tmp_path, node_rows()), Query(), OPTS, parse_shapes("1x4,1x8,2x8"))
     assert pred.inputs["step_ms"] == pytest.approx(T1 * 1e3, rel=1e-9)
     assert pred.inputs["one_device_inferred"] is True
     assert "inferred from the measured 1x8 step" in pred.inputs["step_source"]
-    one, node, two = pred.rows
+    one, four, node, two = pred.rows
+    assert four.prediction.basis == "from-node"  # the node's overhead scaled down by the law, not one GPU's
     assert one.measured_samples_per_s is None and one.prediction.basis == "from-node"  # no measured 1x1
     assert one.prediction.samples_per_s == pytest.approx(4 / T1)
     assert node.prediction.basis == "measured" and node.prediction.node_overhead_s == pytest.approx(

@@ -331,8 +331,8 @@ class WorkloadModel:
                 if basis == "from-node" and net_pts:  # the network term's amplitude is the workload's own
                     basis = "from-multinode"
                     rel_in = math.hypot(rel_in, max(_rel(m.rel_spread) for m in net_pts))
-            else:
-                basis = "from-1-gpu"
+            else:  # another node size: from the 1-device step, or from the node that step was inferred from
+                basis = "from-node" if self.t1_inferred else "from-1-gpu"
         t = self.t1_s + ov.exposed_s + o_node + o_net
         floor = (self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step)
                  if self.host and (n > 1 or self.host.other_host) else 0.0)
