@@ -84,9 +84,10 @@ def predict_workload(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     measured = w.measured(opts.strategy)
     calib = {p.shape for p in m.measured}
     other_host = m.host is not None and m.host.other_host  # the records ran on a host of other cores
+    one = None if m.t1_inferred else built.base  # the 1x1 record; none where t_1 was inferred from the node
     out = []
     for sh in [ONE] + [s for s in shapes if s != ONE]:
-        mr = None if other_host else (None if m.t1_inferred else built.base) if sh == ONE else measured.get(sh)
+        mr = None if other_host else one if sh == ONE else measured.get(sh)
         out.append(PredictedRow(m.predict(sh), mr.median if mr else None,
                                 str(mr.record.get("id")) if mr else None, mr.record.get("kind") if mr else None,
                                 sh in calib))
