@@ -94,7 +94,7 @@ class StrategyInfo:
     cudagraph_safe: bool = False
     # the precisions it trains in (None: every one); others are recorded unsupported
     precisions: tuple[str, ...] | None = None
-    # memory_layout(world, nnodes, options) -> dlscale.memplan.Layout: how it spreads the model
+    # memory_layout(world, nnodes, options) -> dlscale.layout.Layout: how it spreads the model
     # state over devices (the memory planner and the plan's check against a run)
     memory_layout: Callable[[int, int, dict], Any] | None = None
 
