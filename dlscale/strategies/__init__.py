@@ -23,7 +23,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dlscale import ConfigError
 from dlscale.registry import Registry
 
 
@@ -37,10 +36,6 @@ class DistEnv:
     local_world_size: int
     device: torch.device
     backend: str  # "nccl" or "gloo"
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
 
 
 @dataclass
