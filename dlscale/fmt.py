@@ -49,12 +49,6 @@ def fmt_stdev(stdev: Any, n: Any, digits: int = 2, *, group: bool = False, missi
     return fmt_num(stdev, digits, group=group, missing=missing)
 
 
-def fmt_pct(fraction: Any, digits: int = 1, *, missing: str = MISSING) -> str:
-    """A fraction as a percentage number (0.953 -> "95.3"), no % sign (headers carry the unit)."""
-    x = finite(fraction)
-    return missing if x is None else fmt_num(x * 100.0, digits)
-
-
 def fmt_bytes(n: Any, *, missing: str = MISSING) -> str:
     """Bytes in binary units: "1.50 GiB", "2 MiB" (whole values without decimals), "512 B"."""
     x = finite(n)
@@ -132,16 +126,3 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from
            "|" + "|".join("---:" if numeric_from <= i < end else "---" for i in range(len(headers))) + "|"]
     out += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 0) -> str:
-    """A plain aligned table for terminals: the first ``left`` columns left-aligned, the rest right."""
-    cols = len(headers)
-    cells = [[str(c) for c in r] for r in rows]
-    width = [max([len(headers[i])] + [len(r[i]) for r in cells if i < len(r)]) for i in range(cols)]
-
-    def line(r: Sequence[str]) -> str:
-        return "  ".join(f"{c:<{width[i]}}" if i < left else f"{c:>{width[i]}}" for i, c in enumerate(r)).rstrip()
-
-    head = line(list(headers))
-    return "\n".join([head, "-" * len(head)] + [line(r) for r in cells])

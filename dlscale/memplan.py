@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.layout import Layout, split_blocks
 
 # fp32 optimizer state per parameter: AdamW two moments, SGD one momentum buffer
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
@@ -169,36 +170,6 @@ def head_bytes(arch, regime: str, width: int, r: int, low: int) -> tuple[float, 
 
 # ------------------------------------------------------------------ how a strategy places the model
 
-@dataclass(frozen=True)
-class Layout:
-    """How one device holds the model: degrees, ZeRO stage, pipeline schedule."""
-
-    name: str
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0  # 0 replica, 1 optimizer sharded (zero1), 2 / 3 FSDP (over dp_shard)
-    sequence_parallel: bool = False
-    microbatches: int = 1  # the pipeline cuts --batch-size into this many
-    schedule: str = "1f1b"
-    persistent_grads: bool = False  # DDP's buckets hold the gradients through the whole step
-    fsdp_params_bf16: bool = False  # FSDP's mixed precision: gathered bf16 parameters
-    options: dict = field(default_factory=dict, compare=False)  # the -o options that run it
-
-    @property
-    def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    def describe(self) -> str:
-        parts = [f"{k} {v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if v > 1]
-        return " x ".join(parts) or "1 device"
-
-
 @dataclass
 class MemoryPlan:
     """Predicted bytes per device (the largest device) and the terms they come from."""
@@ -263,8 +234,6 @@ class Workload:
 def _stage_parts(arch, pp: int) -> list[dict[str, float]]:
     """Parameters of each pipeline stage (blocks split evenly, earlier stages take the remainder):
     blocks, embedding (first), final norm and output projection (last; tied: a copy of the embedding)."""
-    from dlscale.strategies.pipeline import split_blocks
-
     emb = arch.embedding_params()
     final = arch.norm_params if arch.final_norm else 0
     head = arch.head_params() if not arch.tied_embeddings else arch.rows * arch.hidden

@@ -343,14 +343,14 @@ def no_dali(monkeypatch):
 def test_missing_dali_is_one_line_naming_the_wheel(no_dali, monkeypatch, cuda, package):
     monkeypatch.setattr(torch.version, "cuda", cuda)
     with pytest.raises(ConfigError) as e:
-        images.check_gpu_decoder("dali")
+        no_dali.check_launcher()
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("data-decoder dali: NVIDIA DALI is not installed; ")
     assert f"pip install {package} (DALI for CUDA {cuda.split('.')[0]}" in msg
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU torch: both wheels named
     no_dali._LAUNCHER.clear()
     with pytest.raises(ConfigError, match="nvidia-dali-cuda130 .CUDA 13. or nvidia-dali-cuda120"):
-        images.check_gpu_decoder("dali")
+        no_dali.check_launcher()
 
 
 def test_run_cli_missing_dali_exits_2_before_anything(tmp_path, monkeypatch, capsys, colours, no_dali):

@@ -85,9 +85,6 @@ def cmd_run(args) -> int:
             with interrupts():  # SIGTERM/SIGHUP end the command's processes as Ctrl-C does
                 return cmd_run_external(args)
         except KeyboardInterrupt as e:
-            from dlscale import launch
-            from dlscale.store import ResultStore
-
             by = f" by {e.args[0]}" if e.args else ""
             print(f"dlscale: run of the external command interrupted{by}: its processes were ended; "
                   f"{launch.keep_interrupted(e, ResultStore(args.store))} (the repeats' logs stay in its logs/)",

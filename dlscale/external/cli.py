@@ -66,7 +66,7 @@ def _check_native_only(args: argparse.Namespace) -> None:
 
 
 def case_from_args(args: argparse.Namespace):
-    from dlscale.external.parsers import parse_key_values as parse_options
+    from dlscale.caseargs import parse_options
     from dlscale.external.case import ExternalCase
 
     _check_native_only(args)

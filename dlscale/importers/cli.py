@@ -54,7 +54,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from dlscale.external.parsers import parse_key_values as parse_options
+    from dlscale.caseargs import parse_options
     from dlscale.importers import ImportOptions
 
     for name in ("batch_size", "nproc_per_node", "nnodes", "gpus_per_node", "seq_len", "params"):

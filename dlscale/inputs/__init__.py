@@ -131,9 +131,14 @@ def check_machine(cfg, device_type: str) -> None:
         return
     if device_type != "cuda":
         raise ConfigError("data-decode gpu needs a CUDA device; use --data-decode cpu")
-    from dlscale.inputs.images import check_gpu_decoder
+    if cfg.data_decoder == "dali":
+        from dlscale.inputs import dali
 
-    check_gpu_decoder(cfg.data_decoder)
+        dali.check_launcher()
+    else:
+        from dlscale.inputs.images import check_gpu_decoder
+
+        check_gpu_decoder(cfg.data_decoder)
     if cfg.data_decode_process:
         from dlscale.envinfo import mps_daemon
 

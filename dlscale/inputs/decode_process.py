@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import torch
 
+PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
+
 SLOTS_AHEAD = 2  # batches finished ahead of the step, as the input thread's DEVICE_DEPTH
 POLL_S = 0.5  # how often a waiting side looks at the other's liveness
 START_TIMEOUT_S = 300.0  # first batch: the process imports torch, starts its workers, builds the decoder
@@ -105,10 +107,17 @@ def _take_free(free, idle: collections.deque, parent: int) -> bool:
         idle.append(s)
 
 
+def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
+    """The DataLoader of a rank's source (here, or in its decode process): ``workers`` processes,
+    pinned memory on CUDA, ``PREFETCH_FACTOR`` batches each, persistent workers."""
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+                                       pin_memory=cuda, prefetch_factor=PREFETCH_FACTOR if workers else None,
+                                       persistent_workers=workers > 0)
+
+
 def _serve(job: _Job, ready, free) -> None:
     """The decode process: DataLoader -> GpuDecoder -> slots, until told to stop or orphaned."""
     from dlscale import procs
-    from dlscale.inputs.source import data_loader
 
     procs.die_with_parent()
     os.environ.update(job.spec.mps_env())  # before any CUDA call of this process

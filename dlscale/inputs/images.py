@@ -415,14 +415,10 @@ def _launcher_nvimgcodec_why() -> str | None:
 
 
 def check_gpu_decoder(choice: str) -> None:
-    """The launcher's check of ``--data-decoder`` (no CUDA context is made: nvImageCodec and DALI are
-    imported in a child interpreter): the chosen library imports, or ConfigError (one line) naming
-    what is missing and how to install it."""
-    if choice == "dali":
-        from dlscale.inputs import dali
-
-        dali.check_launcher()
-        return
+    """The launcher's check of ``--data-decoder`` (no CUDA context is made: nvImageCodec is imported
+    in a child interpreter): the chosen library imports, or ConfigError (one line) naming what is
+    missing and how to install it. DALI's check is ``dali.check_launcher``, called by
+    ``inputs.check_machine``: dali builds on this module, so this module does not import it."""
     if choice == "torchvision":
         torchvision_decoder(torch.device("cuda"))
         return

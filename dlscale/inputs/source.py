@@ -33,11 +33,10 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
-from dlscale.inputs.decode_process import DecodeProcess, DecoderSpec
+from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, data_loader
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
 
-PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
 # The interpreter's switch interval while the input thread runs (CPython's default is 5 ms). The
 # training thread gives the GIL up around every kernel launch; when it wants it back while the
@@ -529,14 +528,6 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
 
     return Reader(ds, tokens.collate_batch, finish_tokens, f"numpy.memmap {spec.dtype}", "device thread",
                   [spec.path], kind)
-
-
-def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
-    """The DataLoader of a rank's source (here, or in its decode process): ``workers`` processes,
-    pinned memory on CUDA, ``PREFETCH_FACTOR`` batches each, persistent workers."""
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
-                                       pin_memory=cuda, prefetch_factor=PREFETCH_FACTOR if workers else None,
-                                       persistent_workers=workers > 0)
 
 
 def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, workers: int, decode: str,

@@ -79,16 +79,6 @@ def parse_data(text: str) -> DataSpec:
     return DataSpec("tokens", path, dtype)
 
 
-def workers_arg(text: str) -> int | None:
-    """argparse type of --data-workers: "auto" -> None, else an integer (checked by RunConfig)."""
-    if str(text).lower() == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"data-workers must be an integer >= 0 or auto, got {text!r}") from None
-
-
 def check_split(decoder: str, cpu_share: float) -> None:
     """A host share of GPU decode (``--data-cpu-share``) is for the decoders dlscale drives itself."""
     if cpu_share and decoder == "dali":

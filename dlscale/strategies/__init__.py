@@ -23,7 +23,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dlscale import ConfigError
 from dlscale.registry import Registry
 
 
@@ -37,10 +36,6 @@ class DistEnv:
     local_world_size: int
     device: torch.device
     backend: str  # "nccl" or "gloo"
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
 
 
 @dataclass
@@ -94,7 +89,7 @@ class StrategyInfo:
     cudagraph_safe: bool = False
     # the precisions it trains in (None: every one); others are recorded unsupported
     precisions: tuple[str, ...] | None = None
-    # memory_layout(world, nnodes, options) -> dlscale.memplan.Layout: how it spreads the model
+    # memory_layout(world, nnodes, options) -> dlscale.layout.Layout: how it spreads the model
     # state over devices (the memory planner and the plan's check against a run)
     memory_layout: Callable[[int, int, dict], Any] | None = None
 

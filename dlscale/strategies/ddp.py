@@ -34,6 +34,7 @@ from torch.optim.sgd import sgd
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
+from dlscale.layout import Layout
 
 OPTIONS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
            "static_graph": False, "comm_hook": "none", "compiled_autograd": False, "optimizer_in_backward": False}
@@ -81,8 +82,6 @@ def check(cfg, env) -> str | None:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("ddp", dp_replicate=world, persistent_grads=True)  # the buckets hold the gradients
 
 

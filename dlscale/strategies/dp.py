@@ -23,6 +23,7 @@ from torch import nn
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
+from dlscale.layout import Layout
 
 
 def _validate(cfg) -> None:
@@ -50,8 +51,6 @@ class _MeanLoss(nn.Module):
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("dp", dp_replicate=world)
 
 

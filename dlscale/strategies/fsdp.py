@@ -41,6 +41,7 @@ from dlscale import ConfigError
 from dlscale.precision import compute_dtype
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
+from dlscale.layout import Layout
 
 OPTIONS = {"shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1, "optimizer_on_shards": True}
 CHOICES = {"shard": ("zero3", "zero2")}
@@ -115,8 +116,6 @@ def fsdp_no_sync(module):
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("fsdp", dp_shard=world, zero=2 if opts.get("shard") == "zero2" else 3,
                   fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)
 

@@ -17,6 +17,7 @@ from dlscale.strategies import Parallelized, register_strategy
 from dlscale.strategies._common import require_divides
 from dlscale.strategies._mesh import ParallelDims
 from dlscale.strategies.fsdp import apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
+from dlscale.layout import Layout
 
 OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1,
            "optimizer_on_shards": True}
@@ -31,8 +32,6 @@ def options(cfg) -> dict:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     rep = int(opts.get("replicate") or nnodes)
     return Layout("hsdp", dp_replicate=rep, dp_shard=world // rep, zero=2 if opts.get("shard") == "zero2" else 3,
                   fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)

@@ -44,6 +44,7 @@ from dlscale.strategies._mesh import ParallelDims
 from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, apply_fsdp, fsdp_no_sync
 from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, validate_pipeline
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
+from dlscale.layout import Layout
 
 OPTIONS = {"dp": None, "tp": 1, "pp": 1, "dp_shard": "ddp", "shard": "zero3", "mixed_precision": True,
            "sequence_parallel": False, "schedule": "1f1b", "microbatches": 4, "virtual": 2,
@@ -126,8 +127,6 @@ def _grad_allreduce_hooks(params, group, n: int):
 
 
 def memory_layout(world: int, nnodes: int, o: dict):
-    from dlscale.memplan import Layout
-
     tp, pp = int(o.get("tp", 1)), int(o.get("pp", 1))
     dp = int(o.get("dp") or world // (tp * pp))
     fsdp = o.get("dp_shard") == "fsdp"

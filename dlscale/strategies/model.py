@@ -14,6 +14,7 @@ from dlscale.models import get_model
 from dlscale.strategies import register_strategy
 from dlscale.strategies._common import parse_options
 from dlscale.strategies.pipeline import build_pipeline, validate_pipeline
+from dlscale.layout import Layout
 
 
 def options(cfg) -> dict:
@@ -23,8 +24,6 @@ def options(cfg) -> dict:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("model", pp=world, microbatches=1, schedule="gpipe", options=opts)
 
 

@@ -60,6 +60,7 @@ from dlscale import ConfigError
 from dlscale.precision import needs_grad_scaler
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import autocast, parse_options, unique_params
+from dlscale.layout import Layout, split_blocks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2, "balance": "time"}
@@ -170,17 +171,6 @@ class _StageScaler:
 
     def get_growth_interval(self) -> int:
         return self.growth_interval
-
-
-def split_blocks(n_blocks: int, n_stages: int) -> list[list[int]]:
-    """Contiguous runs of block indices, as even as possible (earlier stages take the extra)."""
-    base, extra = divmod(n_blocks, n_stages)
-    out, start = [], 0
-    for s in range(n_stages):
-        size = base + (1 if s < extra else 0)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
 
 
 def split_by_cost(block_costs: list[float], n_stages: int, first_extra: float = 0.0,
@@ -700,8 +690,6 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("pipeline", pp=world, microbatches=int(opts.get("microbatches", 4)),
                   schedule=opts.get("schedule", "1f1b"), options=opts)
 

@@ -2,6 +2,7 @@
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
+from dlscale.layout import Layout
 
 
 def _validate(cfg) -> None:
@@ -12,8 +13,6 @@ def _validate(cfg) -> None:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("single")
 
 

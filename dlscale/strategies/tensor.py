@@ -43,6 +43,7 @@ from dlscale import ConfigError
 from dlscale.strategies import Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
 from dlscale.strategies._mesh import ParallelDims
+from dlscale.layout import Layout
 
 OPTIONS = {"sequence_parallel": False}
 
@@ -240,8 +241,6 @@ def replicate_rest(model: nn.Module, mesh) -> int:
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("tensor", tp=world, sequence_parallel=bool(opts.get("sequence_parallel")), options=opts)
 
 

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dlscale import ConfigError
 from dlscale.strategies import Parallelized, register_strategy
 from dlscale.strategies._common import optimizer_recipe, parse_options
+from dlscale.layout import Layout
 
 OPTIONS = {"overlap_with_ddp": False, "parameters_as_bucket_view": False, "bucket_cap_mb": 25.0,
            "gradient_as_bucket_view": True, "broadcast_buffers": True}
@@ -59,8 +60,6 @@ class _NoopStepOptimizer(torch.optim.Optimizer):
 
 
 def memory_layout(world: int, nnodes: int, opts: dict):
-    from dlscale.memplan import Layout
-
     return Layout("zero1", dp_replicate=world, zero=1, persistent_grads=True)
 
 

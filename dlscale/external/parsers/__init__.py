@@ -291,15 +291,3 @@ def parse_file(parser: Parser, path: str, opts: ParseOptions) -> ParseResult:
         return parser.parse(read_log(path), opts)
     except ParseError as e:
         raise e.with_path(path) from None
-
-
-def parse_key_values(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
-    """Parser options ``-o KEY=VALUE`` -> dict, values read as JSON where they parse (numbers, bools).
-
-    The same reading as the case options' (dlscale's KEY=VALUE options); imported from there when present.
-    """
-    try:
-        from dlscale.caseargs import parse_options  # type: ignore[import-not-found]
-    except ImportError:
-        from dlscale.commands.run import parse_options
-    return parse_options(items, flag)

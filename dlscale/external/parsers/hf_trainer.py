@@ -50,12 +50,6 @@ FINAL_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_seco
 DECIMALS = {"train_runtime": 4, "train_samples_per_second": 3, "train_steps_per_second": 3}
 
 
-def log_dict(text: str) -> dict[str, float] | None:
-    """The numeric items of a printed log dict (never evaluated: matched key by key)."""
-    raw = _log_raw(text)
-    return {k: float(v) for k, (v, _) in raw.items()} if raw else None
-
-
 def _log_raw(text: str) -> dict[str, tuple[str, bool]]:
     """The numeric items of a printed log dict as printed: (number, printed as a string)."""
     m = DICT.search(text)
