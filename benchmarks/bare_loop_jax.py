@@ -17,7 +17,7 @@ the gradients' all-reduce (``--batch-size`` per device, each process its own bat
 formulations dlscale's JAX layers used before: matmuls and convolutions with
 ``preferred_element_type=float32`` then a cast (which makes every backward matmul mix float32
 with bfloat16), and the cross-entropy through ``take_along_axis`` on the float32 log-softmax; an
-A/B of each against the default measures what it cost (docs/benchmarks.md, issue 21).
+A/B of each against the default measures what it cost.
 
 Prints one JSON line: {"bench": "bare_loop_jax", "model", "samples_per_s", "mfu", "compile_s", ...}.
 With --out DIR it also writes DIR/rank0.json in the shape dlscale's worker writes, so that

@@ -1,17 +1,15 @@
 """Where a data-parallel step loses time after its backward: read a torch.profiler (Kineto) trace
 of one rank and, for each profiled step, print the GPU's idle gap between the last backward
 kernel and the optimizer's first kernel, the collective kernels running in that gap, and when
-the host began the optimizer step (issue 26: GPT-2's DDP step at 2 GPUs grows by more than its
-all-reduce).
+the host began the optimizer step (GPT-2's DDP step at 2 GPUs grows by more than its all-reduce).
 
-    python benchmarks/ddp_tail.py docs/bench-data/s9-gpu/ddp2/trace-ddp-default-rank0.json.gz
+    python benchmarks/ddp_tail.py OUT/store/traces/TRACE.json.gz   # a profiled record's trace (suite two-gpu-ddp)
 
 With ``--against BASE`` (the 1-GPU trace of the same model), where the data-parallel step's extra
 GPU time goes: each part of the step against the base's, and the kernel classes whose time differs
-most in one step (docs/benchmarks.md, tenth session: GPT-2's DDP step at two H200s):
+most in one step (suite two-gpu-account: the 1-GPU and 2-GPU steps, each profiled):
 
-    python benchmarks/ddp_tail.py docs/bench-data/s17-gpu/og/store/traces/3965f534f0744b8b8f4c053a98744cc7.json.gz \
-        --against docs/bench-data/s17-gpu/ddp2/store/traces/909a54f9aa0c40b59513e3b542930dcb.json.gz
+    python benchmarks/ddp_tail.py OUT/store/traces/TWO_GPU.json.gz --against OUT/store/traces/ONE_GPU.json.gz
 
 Read it only where the host runs ahead of the GPU in both traces (the last column of the first
 table negative): a host that the profiler slows makes gaps of its own, and a rank it slows makes

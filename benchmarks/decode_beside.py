@@ -1,9 +1,9 @@
-"""GPU decode beside a training model, part by part, in one process (issue 23): what costs the step.
+"""GPU decode beside a training model, part by part, in one process: what costs the step.
 
 dlscale's GPU-decode path (``Prefetcher`` + ``GpuDecoder``: a thread decoding each next batch on
 its own CUDA stream while the training thread trains on the current one) reached 0.87 (eager) and
-0.75 (compiled) of synthetic throughput for ResNet-50 on one H200 (docs/benchmarks.md, sixth
-session), with the decoder alone 2-3x faster than the model consumes. This runs the same model
+0.75 (compiled) of synthetic throughput for ResNet-50 on one H200 (before the Triton crop kernel),
+with the decoder alone 2-3x faster than the model consumes. This runs the same model
 and loop under variants that each take one part away or change one thing, so the cost can be
 split:
 

@@ -1,4 +1,4 @@
-"""embedding-shard's collectives and host time per training step, on the CPU (issue 25).
+"""embedding-shard's collectives and host time per training step, on the CPU.
 
 On one H100 wide-deep's sharded path at degree 1 ran at 0.86-0.87 of the plain loop: ~0.7 ms of
 host work per ~4.7 ms step (collectives over one rank cost tens of µs each, plus their
@@ -26,7 +26,7 @@ bookkeeping). Host work does not depend on tensor sizes, so this counts and time
 Prints one JSON line per (flavour, strategy) and the tables.
 
 Measured on the CPU (op counts, torch 2.13 CPU, gloo; not GPU timings), full flavour, batch 64 per
-rank, per training step, before and after the sharded path's bookkeeping was cut (issue 25: at
+rank, per training step, before and after the sharded path's bookkeeping was cut (at
 degree 1 the step is bound by the host's launches on an H100). Degree 1 is this process alone,
 degree 2 two gloo processes. "ops": every aten op; "compute": those neither views, allocations nor
 collectives; "reads": host reads of device values in forward and backward (row-wise at degree 2:

@@ -1,5 +1,5 @@
 """The fault drill: dlscale under killed, stopped, hung and starved processes, broken stores and hostile
-or absurd input, tried the way a demanding user would (issue 17). CPU only, tiny models, gloo.
+or absurd input, tried the way a demanding user would. CPU only, tiny models, gloo.
 
     python benchmarks/fault_drill.py                 # every scenario, ~5 minutes on 2 cores
     python benchmarks/fault_drill.py --only input    # groups: procs, records, input, values

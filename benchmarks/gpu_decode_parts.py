@@ -1,4 +1,4 @@
-"""Where the GPU-decode path spends its time, with no model beside it (issue 23): images/s of
+"""Where the GPU-decode path spends its time, with no model beside it: images/s of
 each GPU decoder's batched decode alone (torchvision's nvJPEG CUDA kernels; nvImageCodec on the
 hardware JPEG decoders, or its CUDA backend where the GPU has none), of dlscale's crop + resize +
 flip alone on decoded images, and of the whole ``GpuDecoder`` (both, plus normalisation), on

@@ -1,7 +1,7 @@
 """Is a profiled step bound by its host? Read a torch.profiler (Kineto) trace of one rank and, for
-each profiled step, set the host's time beside the GPU's (issue 26: FSDP at two GPUs).
+each profiled step, set the host's time beside the GPU's (FSDP at two GPUs, tensor parallelism).
 
-    python benchmarks/host_trace.py docs/bench-data/s11-gpu/fsdph/store/traces/TRACE.json.gz [--top 8]
+    python benchmarks/host_trace.py OUT/store/traces/TRACE.json.gz [--top 8]   # a profiled record's trace
 
 Per step (the host's ``ProfilerStep#N`` range): its host duration; the GPU's busy time on the
 compute streams (kernels, memcpy and memset whose name has no ``nccl``) and on the collective

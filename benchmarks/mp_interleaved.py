@@ -1,7 +1,7 @@
 """dlscale's training step of one-device cases against the plain loop of the same model, interleaved in one process.
 
 A host-bound step (wide-deep at one GPU: ~4.4 ms, bound by its kernel launches) moves by 5-10 %
-from one process to the next on the same machine (docs/benchmarks.md, sixth session): more than
+from one process to the next on the same machine (docs/results/h200.md): more than
 the 2 % a sharded path at degree 1 must stay within of the plain loop, so separate processes
 cannot show it. Here every side lives in one process and they take turns: R rounds, each a window
 of N steps of each side (the order rotating between rounds, so each side takes each place as often),

@@ -3,7 +3,7 @@
     python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms] [--frameworks] [--node-sizes] [--points]
 
 Inputs: every table in tests/fixtures/tables (format dlscale-table/1), and the H200 pair stores
-docs/bench-data/*h200x2*.jsonl and the later sessions' suite stores (with their micro comm record). Runs on
+of docs/results/stores that its manifest.json lists under "fit" (with their micro comm record). Runs on
 the CPU (seconds; --forms a few minutes); no GPU, nothing measured.
 
 What it prints (markdown, for docs/perfmodel.md):
@@ -40,12 +40,11 @@ from dlscale.perfmodel.validate import Validation, series_flags, summarize_rows 
 from dlscale.report.data import load_records  # noqa: E402
 
 TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
-OWN = sorted(p for p in (ROOT / "docs/bench-data").glob("*h200x2*.jsonl")
-             if "bare" not in p.name and "micro" not in p.name) + [ROOT / "docs/bench-data/dlperf-h200x2/results.jsonl"]
-# the later sessions' stores (one directory per suite run): those on H200s, since COMM is an H200
-# pair's; a store without a 1-GPU and a 2-GPU record of one workload adds no pair
-OWN += sorted(p for p in (ROOT / "docs/bench-data").glob("s*-gpu/*/store/results.jsonl") if "H200" in p.read_text()[:20000])
-COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"
+STORES = ROOT / "docs/results/stores"
+# the H200 stores the fit rests on, as the manifest lists them (COMM is an H200 pair's); a store without
+# a 1-GPU and a 2-GPU record of one workload adds no pair
+OWN = [STORES / p for p in json.loads((STORES / "manifest.json").read_text())["fit"]]
+COMM = STORES / "h200x2-2026-11-22/micro-comm.jsonl"
 
 
 def published_records() -> list[dict]:
@@ -58,7 +57,7 @@ def own_stores() -> dict[str, list[dict]]:
     out = {}
     for p in OWN:
         try:
-            out[p.relative_to(ROOT / "docs/bench-data").as_posix()] = load_records(p).records + comm
+            out[p.relative_to(STORES).as_posix()] = load_records(p).records + comm
         except ConfigError:  # a file of bare-loop lines, not dlscale records
             continue
     return out

@@ -275,7 +275,7 @@ def _dot_dtypes(fn, *args) -> set[tuple[str, ...]]:
 def test_bf16_backward_matmuls_and_convs_run_in_bf16():
     """Every matmul and convolution of the forward AND backward pass takes and gives bfloat16 (as
     torch autocast's): a float32 output cast down would make the gradient ones float32 x bfloat16
-    (run in fp32/TF32 on GPUs), the cause of the JAX GPT-2's 1.8x deficit (docs/benchmarks.md)."""
+    (run in fp32/TF32 on GPUs), the cause of the JAX GPT-2's 1.8x deficit (docs/frameworks.md)."""
     import jax.numpy as jnp
 
     from dlscale.frameworks.jax import layers as L

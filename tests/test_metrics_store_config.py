@@ -233,10 +233,10 @@ def test_process_phases_by_hand():
 
 
 def test_stored_records_keep_their_case_keys():
-    """The restructured RunConfig gives every record in docs/bench-data the key it was stored with."""
+    """The restructured RunConfig gives every curated record (docs/results/stores) the key it was stored with."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "docs" / "bench-data"
+    root = Path(__file__).resolve().parent.parent / "docs" / "results" / "stores"
     checked = 0
     for f in sorted(root.rglob("*.jsonl")):
         for line in f.read_text().splitlines():

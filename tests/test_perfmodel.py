@@ -612,16 +612,16 @@ def test_ambiguous_workload(store, capsys):
 
 @pytest.mark.slow
 def test_host_floor_check_reproduces_the_measured_table_and_the_floor_band():
-    """benchmarks/host_floor_check.py on the stored H200 runs (docs/bench-data/s24-gpu, three calls with their
-    synthetic runs; s25-gpu, three rounds of 4, 8 and 16 cores in one call) prints the errors docs/benchmarks.md
-    gives and the band model.HOST_FLOOR_BAND holds."""
+    """benchmarks/host_floor_check.py on the stored H200 runs (docs/results/stores/h200-2026-11-29/host-floor:
+    call1-3, three calls with their synthetic runs; r1-r3, three rounds of 4, 8 and 16 cores in one call) prints the
+    errors docs/results/h200.md gives and the band model.HOST_FLOOR_BAND holds."""
     import subprocess
     import sys
     from pathlib import Path
 
     from dlscale.perfmodel.model import HOST_FLOOR_BAND
     root = Path(__file__).resolve().parent.parent
-    d = root / "docs/bench-data/s24-gpu"
+    d = root / "docs/results/stores/h200-2026-11-29/host-floor"
     runs = [f"{d / 'call1'},{d / 'synthetic-call1/store'}", f"{d / 'call2'},{d / 'synthetic-call1/store'}",
             f"{d / 'call3'},{d / 'synthetic-call4/store'}"]
     out = subprocess.run([sys.executable, "benchmarks/host_floor_check.py", *runs], capture_output=True, text=True,
@@ -631,7 +631,7 @@ def test_host_floor_check_reproduces_the_measured_table_and_the_floor_band():
     for err in ("-7.4 %", "+7.9 %", "-21.1 %", "-5.4 %", "+2.4 %", "+22.3 %", "+0.8 %"):
         assert err in out
     assert "22 floor-bound prediction(s)" in out
-    e = root / "docs/bench-data/s25-gpu"
+    e = d
     runs += [f"{e / r},{d / 'synthetic-call4/store'}" for r in ("r1", "r2", "r3")]
     out = subprocess.run([sys.executable, "benchmarks/host_floor_check.py", *runs], capture_output=True, text=True,
                          check=True, cwd=root).stdout

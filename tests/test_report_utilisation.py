@@ -279,7 +279,7 @@ def test_html_with_over_time_plot_renders_in_chromium(store, tmp_path, capsys):
 
 
 def test_an_archived_store_with_gzipped_series_and_trace_reports_as_before(store, tmp_path, capsys):
-    """docs/bench-data keeps series and traces gzipped (NAME.gz beside no NAME): the report reads them."""
+    """An archived store keeps series and traces gzipped (NAME.gz beside no NAME): the report reads them."""
     html = tmp_path / "r.html"
     assert cli(capsys, "report", str(store), "--model", "gpt2", "--format", "html", "-o", str(html))[0] == 0
     plain = _img_count(html.read_text())

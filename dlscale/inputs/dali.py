@@ -43,7 +43,7 @@ from dlscale.inputs import images
 # Share of the JPEGs DALI sends to the GPU's JPEG engines (NVJPG), the rest to nvJPEG's hybrid
 # decoder: Huffman decoding on DALI's host threads, IDCT on the SMs, both beside the training. The
 # engines are far from full at the rate ResNet-50 trains (torchvision's hardware decode: 15,076
-# img/s with NVJPG 24 % busy on an H200, against 6,700 img/s trained compiled; docs/benchmarks.md),
+# img/s with NVJPG 24 % busy on an H200, against 6,700 img/s trained compiled; docs/data.md),
 # while DALI's default 0.65 would put ~2,300 img/s of Huffman decoding on THREADS host cores, more
 # than they decode. 0.9 is the default DALI's nvImageCodec decoder shipped with, +1.8 % end to end
 # over 0.65 in NVIDIA's EfficientNet run (NVIDIA/DALI#6366).

@@ -388,7 +388,7 @@ def resolve_workers(requested: int | None, kind: str, decode: str, local_world: 
     of it decoded on the host (--data-cpu-share) half the rank's cores, since the GPU decode's input
     thread and the training's launches need host time beside them (ResNet-50 compiled on one H200,
     16 cores, share 0.25: 15 workers ran 0.93 of GPU-only decode, 8 workers 1.01, 4 left the step
-    waiting for data 54 % of the time; docs/benchmarks.md); token batches are cheap (1, or 2 with
+    waiting for data 54 % of the time; docs/data.md); token batches are cheap (1, or 2 with
     4+ cores per rank)."""
     if requested is not None:
         return requested

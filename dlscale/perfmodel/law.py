@@ -148,7 +148,7 @@ class OverheadLaw:
 
 # The form that predicted the held-out tables best (docs/perfmodel.md compares the candidates) and its
 # coefficients fitted on every published table in tests/fixtures/tables and the project's H200 pair stores
-# in docs/bench-data, each source page (its tables) or store weighing the same; the band is, per protocol,
+# in docs/results/stores, each source page (its tables) or store weighing the same; the band is, per protocol,
 # the 80th percentile of how far below / above their prediction the held-out published points fell.
 # ``python benchmarks/perfmodel_validate.py --fit`` reproduces the figures; tests/test_perfmodel_fit.py
 # checks that it does.
@@ -157,5 +157,5 @@ DEFAULT_LAW = OverheadLaw(
     net={"sqrt_ln_nodes": 0.03959},
     band={"from-1-gpu": [0.1861, 0.076], "from-node": [0.1566, 0.1118], "from-multinode": [0.035, 0.0859]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
-           "pair stores (docs/bench-data, the later sessions' suite stores among them)",
+           "pair stores (docs/results/stores/manifest.json, its fit list)",
 )

@@ -43,7 +43,7 @@ class Measured:
 # each side over 37 floor-bound predictions of ResNet-50 CPU-decode runs on one H200 under `taskset` (16 to 4
 # cores; docs/benchmarks.md, seventeenth and eighteenth sessions). The floor's error is the host's per-core
 # decode rate, not the law's, so a floor-bound row takes this band instead of the law's.
-# `python benchmarks/host_floor_check.py` over docs/bench-data/s24-gpu and s25-gpu reproduces it.
+# `python benchmarks/host_floor_check.py` over docs/results/stores/h200-2026-11-29/host-floor reproduces it.
 HOST_FLOOR_BAND = (0.1279, 0.1598)
 
 

@@ -174,7 +174,7 @@ def series_paths(rec: dict[str, Any]) -> list[str]:
 
 def resolve_store_path(store_dir: str | Path | None, rel: str) -> Path:
     """A path the record gives relative to the store directory (absolute paths stay as they are); its
-    gzipped copy (``NAME.gz``) where only that is there: an archived store (docs/bench-data) keeps its
+    gzipped copy (``NAME.gz``) where only that is there: an archived store may keep its
     traces and series gzipped."""
     path = Path(rel) if store_dir is None else Path(store_dir) / rel
     gz = path.with_name(path.name + ".gz")

@@ -113,7 +113,7 @@ class ShardLocalOptimizer:
     call through DTensor's dispatch and sharding propagation, tens of microseconds of host time
     per parameter and step. FSDP's host work already sits close to a 124M model's GPU step, and
     when the host slows (BERT-base on an H200 VM: 6.6 ms for the optimizer in such a spell, 0.9 ms
-    otherwise; docs/benchmarks.md) the step stretches; less host work is more headroom. AdamW
+    otherwise; docs/results/h200.md) the step stretches; less host work is more headroom. AdamW
     and SGD update every element from that element's own gradient and state, so updating the
     local shards in place is the same update. The outer ``param_groups`` keep the DTensors, so global-norm clipping and
     GradScaler's unscale still see (and reduce over) the whole model; their in-place changes to

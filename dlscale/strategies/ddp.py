@@ -17,8 +17,8 @@ AdamW/SGD over the bucket's parameters, one fused call per bucket on CUDA as the
 would make), so nothing is left between the backward's last kernel and the next forward but the last
 bucket's update; the step's ``optimizer.step()`` does nothing. The update runs on the streams
 torch gives a CUDA future's callback (from its pool, made to wait for the bucket's all-reduce),
-beside the backward's kernels. Measured slower, not faster (GPT-2, 2 H200s: 0.965 of default,
-docs/benchmarks.md; not profiled). Not with gradient accumulation, gradient clipping, amp-fp16's
+beside the backward's kernels. Measured slower, not faster (GPT-2, 2 H200s: 0.965 of default;
+not profiled). Not with gradient accumulation, gradient clipping, amp-fp16's
 loss scaling, a comm_hook or compiled_autograd.)
 """
 import contextlib

@@ -19,7 +19,7 @@ Options:
   communication and lets autocast alone do the casting (as DDP does). Ignored for fp32.
 * ``blocks_per_unit`` (default 1): blocks per ``fully_shard`` unit. FSDP2's hooks cost host time
   per unit (all-gather copy-in/out, reduce-scatter, bookkeeping: about 2 ms per unit and step in
-  a profile of BERT-base on an H200 host, docs/benchmarks.md), which a 124M-parameter model at a
+  a profile of BERT-base on an H200; docs/results/h200.md), which a 124M-parameter model at a
   40 ms step only partly hides; larger units pay it fewer times, and with ``zero3`` hold more
   gathered parameters at once.
 * ``optimizer_on_shards`` (default true): the optimizer steps each rank's local shards as plain
