@@ -113,3 +113,21 @@ def test_manifest_lists_exactly_the_curated_files():
 def test_every_store_a_page_links_exists(page):
     for link in re.findall(r"\]\((stores/[^)#]+)\)", page.read_text()):
         assert (page.parent / link).exists(), (page.name, link)
+
+
+CORE_1GPU = ("h200-2026-12-01/core.jsonl", "h200-2026-12-01/core-bare.jsonl")
+CORE_LABELS = {"resnet50": "ResNet-50 b256", "bert-base": "BERT-base b128", "gpt2": "GPT-2 124M b16"}
+
+
+def test_one_h200_core_table_is_the_records():
+    """Each row of the one-H200 core table: dlscale's median, the bare loop's and their ratio."""
+    page = (ROOT / "docs" / "results" / "h200.md").read_text()
+    section = page[page.index("## The core table on the current code"):]
+    rows = _table_rows(section[:section.index("\n## ", 1)])
+    store, bare = CORE_1GPU
+    for model, label in CORE_LABELS.items():
+        for compiled in (False, True):
+            got = rows[(label, "compiled" if compiled else "eager")]
+            rec = _dlscale(store, model, compiled, 1)
+            d, b = rec["summary"]["samples_per_s"]["median"], _bare(bare, model, compiled, 1)
+            assert got[:4] == [f"{d:,.1f}", f"{b:,.1f}", f"{d / b:.3f}", f"{100 * rec['summary']['mfu']:.1f} %"], label
