@@ -195,6 +195,7 @@ def resolve_suite(name: str) -> Path:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Everything validated before anything runs: suite, overrides, filters, output directory."""
     from dlscale import ConfigError, benchsuite
+    from dlscale.suite import load_bench_suite
     from dlscale.suite import case_fields, filter_suite, matches, parse_filters
 
     if not args.suite:
@@ -203,7 +204,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.time_budget is not None and args.time_budget < 60:
         raise ConfigError(f"--time-budget must be at least 60 seconds, got {args.time_budget:g}")
     path = resolve_suite(args.suite)
-    suite = benchsuite.load(path)
+    suite = load_bench_suite(path)
     for cmd in suite.bench.commands:
         if cmd.script and not (BENCH_DIR / cmd.argv[0]).is_file():
             raise ConfigError(f"suite {suite.name}: command {cmd.name}: no script benchmarks/{cmd.argv[0]}")
@@ -764,11 +765,12 @@ def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
 
 
 def list_suites() -> int:
-    from dlscale import ConfigError, benchsuite
+    from dlscale import ConfigError
+    from dlscale.suite import load_bench_suite
 
     for p in sorted(SUITES_DIR.glob("*.yaml")):
         try:
-            s = benchsuite.load(p)
+            s = load_bench_suite(p)
         except ConfigError as e:  # e.g. a JAX suite where JAX is not installed
             print(f"{p.stem:20s} cannot load here: {e}")
             continue

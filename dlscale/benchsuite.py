@@ -36,7 +36,6 @@ micro-benchmark into the store; ``gpus: N`` skips it where fewer GPUs are visibl
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -44,6 +43,7 @@ from typing import Any, Callable, Iterable, Sequence
 from dlscale import ConfigError
 from dlscale.caseargs import option_args
 from dlscale.config import FIELDS, PROCEDURE_FIELDS, RunConfig, check_value
+from dlscale.external.suite import _PLACE, PLACES, SETTINGS, parse_external, resolve_args
 
 SECTIONS = ("bare", "compare", "commands", "external")
 SGD_CHOICES = ("auto", "foreach", "fused")
@@ -135,11 +135,6 @@ class Command:
         return resolve_args(self.argv, places)
 
 
-def resolve_args(argv: Sequence[str], places: dict[str, str]) -> list[str]:
-    """Arguments with ``{out}``, ``{store}``, ``{bare}``, ``{variants}``, ``{python}`` replaced."""
-    return [_PLACE.sub(lambda m: places[m.group(1)], a) for a in argv]
-
-
 @dataclass
 class BenchSections:
     bare: list[BareRun] = field(default_factory=list)
@@ -187,8 +182,6 @@ def parse_sections(data: dict[str, Any], ctx: Context) -> BenchSections:
 
 
 def _external(data: dict[str, Any], ctx: Context) -> list[Any]:
-    from dlscale.external.suite import SETTINGS, parse_external
-
     # the suite's settings were checked by its loader; an external case takes them as its defaults
     settings = {k: data[k] for k in SETTINGS if k in data}
     return parse_external(data["external"], ctx.error, ctx.unknown_keys, lambda key, v: _argv(ctx, key, v), settings)
@@ -512,8 +505,6 @@ COMMAND_KEYS = ("name", "when", "dlscale", "script", "creates", "gpus", "time_li
 # (or as a load while they run), read-only views of the stores as tables
 DLSCALE_COMMANDS = {"before": ("data", "micro"), "after": ("data", "micro"), "during": ("micro",),
                     "table": ("report", "compare", "predict", "parity", "plan")}
-PLACES = ("out", "store", "bare", "variants", "python")
-_PLACE = re.compile(r"\{(" + "|".join(PLACES) + r")\}")
 _SCRIPT = re.compile(r"^[a-z0-9_]+\.py$")
 # file stems the driver writes itself (a table command writes NAME.md and NAME.json)
 RESERVED = ("report", "by-label", "bare", "variants", "vs-bare", "index", "env", "commands", "sweep", "store")
@@ -583,24 +574,3 @@ def _commands(value: Any, ctx: Context) -> list[Command]:
         raise ctx.error("commands", f"expected a list of commands (name, when, dlscale or script), got {value!r}")
     taken: set[str] = set()
     return [_command(ctx, f"commands[{i}]", entry, taken) for i, entry in enumerate(value)]
-
-
-def load(name_or_path) -> Any:
-    """A benchmark suite, loaded and validated as `dlscale sweep` does, except that the data sets its
-    ``before`` commands are still to make (their ``creates`` paths) are checked against the models
-    only: their files do not exist before the driver has run those commands."""
-    import yaml
-
-    from dlscale.inputs import files_pending
-    from dlscale.suite import load_suite, resolve_suite_path
-
-    try:
-        raw = yaml.safe_load(resolve_suite_path(name_or_path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        raw = None  # load_suite names the problem
-    commands = raw.get("commands") if isinstance(raw, dict) else None
-    creates = [c.get("creates") for c in commands if isinstance(c, dict) and c.get("when") == "before"] \
-        if isinstance(commands, list) else []
-    pending = [p for p in creates if isinstance(p, str) and p.strip() and not os.path.exists(p)]
-    with files_pending(pending):
-        return load_suite(name_or_path)

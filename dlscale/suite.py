@@ -519,3 +519,23 @@ def filter_suite(suite: Suite, filters: list[dict[str, list[Any]]]) -> list[int]
         have = "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items())
         raise ConfigError(f"no case of suite {suite.name} matches --filter {desc} (the suite has {have})")
     return idx
+
+
+def load_bench_suite(name_or_path: str | os.PathLike) -> Suite:
+    """A benchmark suite (benchmarks/run.py), loaded and validated as `dlscale sweep` does, except that the data sets its
+    ``before`` commands are still to make (their ``creates`` paths) are checked against the models
+    only: their files do not exist before the driver has run those commands."""
+    import yaml
+
+    from dlscale.inputs import files_pending
+
+    try:
+        raw = yaml.safe_load(resolve_suite_path(name_or_path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = None  # load_suite names the problem
+    commands = raw.get("commands") if isinstance(raw, dict) else None
+    creates = [c.get("creates") for c in commands if isinstance(c, dict) and c.get("when") == "before"] \
+        if isinstance(commands, list) else []
+    pending = [p for p in creates if isinstance(p, str) and p.strip() and not os.path.exists(p)]
+    with files_pending(pending):
+        return load_suite(name_or_path)

@@ -25,7 +25,7 @@ from dlscale import ConfigError, benchsuite, frameworks
 from dlscale.benchsuite import BareRun, Command, bare_args
 from dlscale.cli import main as dlscale_main
 from dlscale.config import RunConfig
-from dlscale.suite import load_suite, parse_suite
+from dlscale.suite import load_bench_suite, load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -77,7 +77,7 @@ def driver(*argv: str) -> subprocess.CompletedProcess:
 def test_every_benchmark_suite_loads(path):
     if "framework: jax" in path.read_text() and not HAVE_JAX:
         pytest.skip("JAX is not installed (pip install -e '.[jax]')")
-    suite = benchsuite.load(path)  # data sets its before commands make are checked when made
+    suite = load_bench_suite(path)  # data sets its before commands make are checked when made
     assert suite.cases and suite.description
     for run in suite.bench.bare:  # each bare run is the case of the same key, where one exists
         twins = [c for c in suite.cases if c.case_key() == run.cfg.case_key()]
@@ -96,12 +96,12 @@ def test_before_commands_defer_the_data_checks_of_what_they_make(tmp_path):
                       "dlscale": ["data", "make", "tokens", "--out", str(tok.parent), "--size", "2k"]}]}))
     with pytest.raises(ConfigError, match="no such file|does not exist|not found"):
         load_suite(path)
-    suite = benchsuite.load(path)  # the file is the command's to make: only the model is checked now
+    suite = load_bench_suite(path)  # the file is the command's to make: only the model is checked now
     assert [c.name for c in suite.bench.when("before")] == ["tokens"] and suite.bench.commands[0].creates == str(tok)
     bad = tmp_path / "bad.yaml"  # a model that cannot read tokens is still refused
     bad.write_text(path.read_text().replace("model: gpt2", "model: resnet50"))
     with pytest.raises(ConfigError, match="trains on images"):
-        benchsuite.load(bad)
+        load_bench_suite(bad)
 
 
 def test_bare_each_takes_the_cases_keys_and_overrides_follow():

@@ -13,9 +13,10 @@ when the suite is loaded; the program itself is looked up when the driver runs i
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from dlscale import ConfigError
 from dlscale.external.case import ExternalCase
@@ -36,6 +37,16 @@ _TYPES: dict[str, tuple[type, ...]] = {"parser": (str,), "stack": (str,), "model
                                        "parser_options": (dict,), "time_limit": (int, float)}
 
 
+# the benchmark driver's placeholders in a command's arguments (benchmarks/run.py fills them)
+PLACES = ("out", "store", "bare", "variants", "python")
+_PLACE = re.compile(r"\{(" + "|".join(PLACES) + r")\}")
+
+
+def resolve_args(argv: Sequence[str], places: dict[str, str]) -> list[str]:
+    """Arguments with ``{out}``, ``{store}``, ``{bare}``, ``{variants}``, ``{python}`` replaced."""
+    return [_PLACE.sub(lambda m: places[m.group(1)], a) for a in argv]
+
+
 @dataclass(frozen=True)
 class ExternalRun:
     """One external case of a suite; its command still holds the driver's placeholders."""
@@ -45,8 +56,6 @@ class ExternalRun:
 
     def resolved(self, places: dict[str, str], bench_dir: Path, python: str) -> ExternalCase:
         """The case as it runs: placeholders replaced, a script as ``python benchmarks/NAME.py``."""
-        from dlscale.benchsuite import resolve_args
-
         argv = resolve_args(self.case.command, {**places, "python": python})
         if self.script:
             argv = [python, str(bench_dir / argv[0]), *argv[1:]]
