@@ -114,11 +114,13 @@ def default_axes(axes: Axes, device_type: str, world: int) -> Axes:
     device), all checkpointing modes; eager fp32 on the CPU, eager and compiled amp-bf16 and fp8
     on GPUs (fp8 is then dropped where the GPU or torchao cannot)."""
     cpu = device_type == "cpu"
+    # a compile mode asked for means compiled candidates (a mode needs --compile)
+    compiled = (True,) if any(m != "default" for m in axes.compile_mode) else ((False,) if cpu else (False, True))
     strategies = axes.strategy or (("single",) if world == 1 else tuple(choices_of("strategy")[1:]))
     return dataclasses.replace(
         axes, strategy=strategies,
         activation_checkpointing=axes.activation_checkpointing or tuple(choices_of("activation_checkpointing")),
-        compile=axes.compile or ((False,) if cpu else (False, True)),
+        compile=axes.compile or compiled,
         compile_mode=axes.compile_mode or ("default",),
         precision=axes.precision or (("fp32",) if cpu else ("amp-bf16", "fp8")))
 
