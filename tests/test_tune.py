@@ -300,17 +300,38 @@ def test_a_runner_up_gets_compares_verdict_and_gap():
     assert result.to_markdown(res).count(res.best["command"]) == 1
 
 
-def test_target_shapes_say_why_when_a_finalist_cannot_be_predicted():
+def test_target_shapes_predict_data_parallel_finalists_with_a_band_and_say_why_for_others():
     from dlscale.perfmodel.core import parse_shapes
 
     s = _search(n=4)
     by = {r.candidate.cfg.strategy: r for r in s.ranked}
-    targets = result.Targets(parse_shapes("8x8"), None, 50.0)
+    targets = result.Targets(parse_shapes("8x8"), 100.0, 50.0, price_per_gpu_hour=2.0)
     zero1 = search.Measurement(by["zero1"], _record(by["zero1"].candidate.cfg, [5.0, 6.0]))
     assert result.predict_targets(zero1, [], targets)["note"].startswith("no prediction")
-    ddp = search.Measurement(by["ddp"], _record(by["ddp"].candidate.cfg, [5.0, 6.0]))
-    out = result.predict_targets(ddp, [ddp.record], targets)  # no link figure for the node: a note, not a crash
-    assert out["rows"] or out["note"]
+    rec = _record(by["ddp"].candidate.cfg, [5.0, 6.0])
+    ddp = search.Measurement(by["ddp"], rec)
+    assert result.predict_targets(ddp, [rec], targets)["note"]  # no parameter count: no gradient bytes
+    rec["model"]["params"] = 100_000
+    out = result.predict_targets(ddp, [rec], targets)
+    row = next(x for x in out["rows"] if x["shape"] == "8x8")
+    assert out["note"] is None and row["basis"]
+    assert row["samples_per_s_low"] <= row["samples_per_s"] <= row["samples_per_s_high"]
+    assert row["samples_per_s"] <= 64 * 5.5 / 2  # never above ideal scaling of the measured node
+    assert row["cost_per_million_samples"] == pytest.approx(1e6 * 64 * 2.0 / (row["samples_per_s"] * 3600))
+
+
+def test_the_html_report_has_a_table_per_tune_fastest_first():
+    from dlscale.tune.report import html_section, tune_rows
+
+    s = _search(n=2)
+    a, b = (r.candidate.cfg for r in s.ranked)
+    recs = [_record(b, [10.0, 11.0]), _record(a, [20.0, 21.0]), _record(dataclasses.replace(a, label=None), [5.0])]
+    rows = tune_rows(recs[:2])
+    assert [r["best"] for r in rows] == [True, False] and rows[0]["median"] == pytest.approx(20.5)
+    assert rows[1]["gap_pct"] == pytest.approx((10.5 / 20.5 - 1) * 100)
+    html = "".join(html_section(recs))
+    assert html.count("<table>") == 1 and s.label in html  # the unlabelled record is no tune's
+    assert html_section([recs[2]]) == []
 
 
 # ---------------------------------------------------------------- the command line: bad input
@@ -388,7 +409,9 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
     res = json.loads(done.stdout)
     ok = [r for r in _tune_records(store) if r["status"] == "ok"]
     keys = [r["case_key"] for r in ok]
-    assert len(set(keys)) == len(keys) == 4  # two strategies x two batches, each measured once
+    seen = [(r["case_key"], r["config"]["strategy"], r["config"]["batch_size"], r["created"], r["label"])
+            for r in _tune_records(store)]
+    assert len(set(keys)) == len(keys) == 4, (seen, err[-3000:], done.stderr[-3000:])  # each measured once
     assert {r["case_key"] for r in before} <= {m["case_key"] for m in res["measured"] if m["resumed"]}
     medians = {m["case_key"]: m["median"] for m in res["measured"]}
     assert res["best"]["median"] == max(medians.values())

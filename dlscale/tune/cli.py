@@ -82,6 +82,8 @@ def register(sub) -> None:
                    help="with --target-shapes: intra-node all-reduce bus bandwidth (default: a micro comm record)")
     p.add_argument("--inter-busbw", type=positive_float, default=None, metavar="GBPS",
                    help="with --target-shapes: inter-node bus bandwidth per node (needed for shapes of >1 node)")
+    p.add_argument("--price-per-gpu-hour", type=positive_float, default=None, metavar="PRICE",
+                   help="with --target-shapes: each shape's cost per million samples at this price (dlscale cost)")
     p.add_argument("--store", default="results", help="result store directory (JSONL files)")
     p.add_argument("--format", choices=("md", "json"), default="md", help="result as a table or JSON")
     p.add_argument("--dry-run", action="store_true",
@@ -232,7 +234,8 @@ def _targets(args):
     from dlscale.tune.result import Targets
 
     if not args.target_shapes:
-        if args.intra_busbw or args.inter_busbw:
-            raise ConfigError("--intra-busbw/--inter-busbw describe --target-shapes; give the shapes too")
+        if args.intra_busbw or args.inter_busbw or args.price_per_gpu_hour:
+            raise ConfigError("--intra-busbw, --inter-busbw and --price-per-gpu-hour describe --target-shapes; "
+                              "give the shapes too")
         return None
-    return Targets(list(args.target_shapes), args.intra_busbw, args.inter_busbw)
+    return Targets(list(args.target_shapes), args.intra_busbw, args.inter_busbw, args.price_per_gpu_hour)

@@ -21,6 +21,7 @@ class Targets:
     shapes: list = field(default_factory=list)  # perfmodel.core.Shape
     intra_busbw_gbps: float | None = None
     inter_busbw_gbps: float | None = None
+    price_per_gpu_hour: float | None = None  # dlscale cost's figure: each shape's cost per million samples
 
 
 @dataclass
@@ -138,8 +139,15 @@ def predict_targets(m, records: list[dict[str, Any]], targets: Targets) -> dict[
         out["note"] = f"no prediction: {e}"
         return out
     for row in pred.to_dict()["rows"]:
-        out["rows"].append({k: row.get(k) for k in ("shape", "samples_per_s", "samples_per_s_low",
-                                                   "samples_per_s_high", "efficiency", "basis")})
+        cell = {k: row.get(k) for k in ("shape", "devices", "samples_per_s", "samples_per_s_low",
+                                        "samples_per_s_high", "efficiency", "basis")}
+        if targets.price_per_gpu_hour and row.get("samples_per_s"):
+            from dlscale.perfmodel.cost import training_cost
+
+            cell["cost_per_million_samples"] = training_cost(row["samples_per_s"], int(row["devices"]),
+                                                             targets.price_per_gpu_hour,
+                                                             samples=1e6)["cost_per_million_samples"]
+        out["rows"].append(cell)
     return out
 
 
@@ -221,11 +229,11 @@ def _target_lines(res: TuneResult) -> list[str]:
             out.append(f"- {t['case']}: {t['note']}")
             continue
         cells = [[x["shape"], _num(x["samples_per_s"]), f"{_num(x['samples_per_s_low'])}–{_num(x['samples_per_s_high'])}",
-                  _num(100 * x["efficiency"]) if x.get("efficiency") is not None else "-", x["basis"]]
-                 for x in t["rows"]]
+                  _num(100 * x["efficiency"]) if x.get("efficiency") is not None else "-",
+                  _num(x.get("cost_per_million_samples"), 2), x["basis"]] for x in t["rows"]]
         out += [f"{t['case']} (record {str(t['record'])[:12]}):", "",
-                md_table(["shape", "predicted samples/s", "band", "efficiency %", "basis"], cells, numeric_from=1,
-                         numeric_to=4), ""]
+                md_table(["shape", "predicted samples/s", "band", "efficiency %", "cost per 1e6 samples", "basis"],
+                         cells, numeric_from=1, numeric_to=5), ""]
     return out + [""]
 
 
