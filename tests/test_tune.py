@@ -27,7 +27,8 @@ TINY = dict(model="gpt2", flavor="tiny", device="cpu", nproc_per_node=2, precisi
 def _cands(axes: space.Axes, **kw) -> list[space.Candidate]:
     base = RunConfig(**{**TINY, **kw})
     full = space.default_axes(axes, "cpu", base.world_size)
-    return space.generate(base, full, "cpu", prune.default_batches("cpu", True))
+    label = space.LABEL_PREFIX + space.tune_id(base, axes)
+    return space.generate(base, full, "cpu", prune.default_batches("cpu", True), label)
 
 
 def _runnable(cands):
@@ -124,6 +125,18 @@ def test_the_compile_option_alone_means_on(tmp_path):
     assert axes_from_args(ns).compile == (True,)
     ns = build_parser().parse_args(["tune", "--model", "gpt2", "--compile", "on,off"])
     assert axes_from_args(ns).compile == (True, False)
+
+
+def test_every_candidate_carries_the_label_a_rerun_looks_for():
+    from dlscale.cli import build_parser
+    from dlscale.tune.cli import plan_candidates
+
+    argv = ["tune", "--model", "gpt2", "--device", "cpu", "--nproc-per-node", "2", "--strategy", "ddp,zero1",
+            "--batch-size", "2,8"]
+    label, cands, ranked, _, _ = plan_candidates(build_parser().parse_args(argv))
+    assert {c.cfg.label for c in cands} == {label} and ranked
+    assert plan_candidates(build_parser().parse_args(argv + ["--budget", "1h", "--top", "1"]))[0] == label
+    assert plan_candidates(build_parser().parse_args(argv + ["--steps", "7"]))[0] != label
 
 
 # ---------------------------------------------------------------- memory

@@ -151,8 +151,8 @@ def plan_candidates(args):
     if device_type == "cpu":
         check_cpu_processes(base.nproc_per_node)
     axes = space.default_axes(given, device_type, base.world_size)
-    planned = _has_plan(base)
-    cands = space.generate(base, axes, device_type, prune.default_batches(device_type, planned))
+    label = space.LABEL_PREFIX + space.tune_id(base, given)  # the inputs as given name the tune
+    cands = space.generate(base, axes, device_type, prune.default_batches(device_type, _has_plan(base)), label)
     space.check_given(cands, given)
     machine = machine_of(args, base, device_type, axes.precision[0])
     headroom = prune.Headroom(machine.memory_bytes, args.headroom)
@@ -161,7 +161,6 @@ def plan_candidates(args):
     if not any(c.pruned is None for c in cands):
         first = next((c.pruned for c in cands if c.pruned_by == "memory"), None) or cands[0].pruned
         raise ConfigError(f"no configuration fits: {first} (see --gpu-memory, --headroom, --batch-size)")
-    label = space.LABEL_PREFIX + space.tune_id(base, given)
     return label, cands, rank([c for c in cands if c.pruned is None], machine), headroom, given
 
 

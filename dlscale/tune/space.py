@@ -205,12 +205,11 @@ def _variants(axes: Axes) -> list[dict[str, Any]]:
     return out
 
 
-def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tuple) -> list[Candidate]:
-    """Every candidate of the (defaulted) axes, the ones that cannot run marked with why."""
+def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tuple, label: str) -> list[Candidate]:
+    """Every candidate of the (defaulted) axes, labelled ``label``, the ones that cannot run marked with why."""
     from dlscale.models import get_model
 
     spec = get_model(base.model, base.flavor)
-    label = LABEL_PREFIX + tune_id(base, axes)
     out: list[Candidate] = []
     seen: set[str] = set()
     for strategy in axes.strategy:
