@@ -48,7 +48,8 @@ def _add_axes(p: argparse.ArgumentParser) -> None:
         o = FIELDS[name]
         kw = {"nargs": "?", "const": "on"} if name == "compile" else {}
         g.add_argument(o.option(name), dest=f"axis_{name}", action="append", metavar="V[,V...]", default=None,
-                       help=f"{o.help}" + ("; on, off or on,off" if name == "compile" else ""), **kw)
+                       help=f"{o.help}" + ("; on, off or on,off" if name == "compile" else "")
+                       + " (default: searched; docs/tune.md)", **kw)
     g.add_argument("--global-batch", type=_positive_int, default=None, metavar="B",
                    help="keep this global batch: per-device batch x gradient accumulation x data-parallel degree")
 

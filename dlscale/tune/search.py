@@ -141,6 +141,7 @@ def _walk(search: Search, todo: list, done: dict[str, dict[str, Any]], measure_c
         if c.key in done:
             m = Measurement(r, done[c.key], resumed=True, global_batch=search.global_batch)
             search.measured.append(m)
+            _check_headroom(search, m)  # a stored OOM or peak widens the plan as a fresh one does
             say(progress_line(search, m, len(todo) - i - 1))
             continue
         if len(search.valid()) >= search.top and not search.could_win(r):
