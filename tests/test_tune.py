@@ -280,6 +280,42 @@ def test_after_the_top_only_candidates_that_could_still_win_are_measured():
     assert s.could_win(other)
 
 
+def test_after_the_top_a_candidate_that_cannot_win_is_not_measured():
+    s = _search(n=2, top=1)
+    first, second = s.ranked
+    first.predicted_samples_per_s, second.predicted_samples_per_s = 100.0, 10.0
+    calls = []
+
+    def measure(cfg):
+        calls.append(cfg.case_key())
+        return _record(cfg, [100.0, 100.0])
+
+    search.run(s, {}, measure, lambda line: None)
+    assert calls == [first.candidate.key] and "could not win" in s.skipped[second.candidate.key]
+
+
+def test_an_oom_during_the_search_widens_the_plan_and_prunes_what_no_longer_fits():
+    cands = _runnable(_cands(space.Axes(strategy=("ddp",), activation_checkpointing=("none",), batch_size=(2, 8))))
+    room = prune.Headroom(2**40)
+    prune.prune_memory(cands, room)
+    ranked = rank.rank(cands, _machine())
+    big, small = ranked  # the larger batch first
+    s = search.Search(cands[0].cfg.label, ranked, room, 2, 1e9)
+    calls = []
+
+    def measure(cfg):
+        calls.append(cfg.batch_size)
+        return _record(cfg, [], status="oom") if cfg.batch_size == 8 else _record(cfg, [1.0, 1.0])
+
+    search.run(s, {}, measure, lambda line: None)
+    assert calls == [8, 2] and room.events and not room.fits(big.candidate.planned_peak)
+    assert room.fits(small.candidate.planned_peak) and [m.ranked for m in s.valid()] == [small]
+    # a candidate planned as high as the one that ran out of memory is no longer run
+    fresh = space.Candidate(small.candidate.cfg, small.candidate.layout, planned_peak=big.candidate.planned_peak)
+    prune.prune_memory([fresh], room)
+    assert fresh.pruned_by == "memory"
+
+
 def test_an_invalid_measurement_cannot_win():
     s = _search(n=2)
     a, b = s.ranked

@@ -183,9 +183,12 @@ def _dry_run(label: str, cands, ranked) -> int:
         c = r.candidate
         print(f"{r.rank:>4}  {c.describe()}  predicted {fmt_num(r.predicted_samples_per_s, 1, group=True)} "
               f"samples/s  planned {fmt_bytes(c.planned_peak)}")
-    for c in cands:
-        if c.pruned is not None:
-            print(f"   -  {c.describe()}  pruned ({c.pruned_by}): {c.pruned}")
+    from dlscale.tune.result import pruned_groups
+
+    for g in pruned_groups(cands):
+        cases = g["cases"]
+        more = f" and {len(cases) - 3} more" if len(cases) > 3 else ""
+        print(f"   -  pruned ({g['by']}): {g['reason']}: {', '.join(cases[:3])}{more}")
     return 0
 
 

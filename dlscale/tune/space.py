@@ -53,7 +53,7 @@ class Candidate:
     planned_peak: float | None = None  # bytes per device, the plan's (None: not planned)
     pruned: str | None = None  # why it is not run
     pruned_by: str | None = None  # "invalid", "memory", "oom", "global batch"
-    notes: list[str] = field(default_factory=list)
+    whole: bool = False  # stands for the strategy (and its options) as a whole, not one case
 
     @property
     def key(self) -> str:
@@ -64,6 +64,8 @@ class Candidate:
         parts = [c.strategy]
         if c.strategy_options:
             parts.append(",".join(f"{k}={v}" for k, v in sorted(c.strategy_options.items())))
+        if self.whole:
+            return " ".join(parts)
         parts.append(f"b{c.batch_size}")
         if c.grad_accum > 1:
             parts.append(f"accum {c.grad_accum}")
@@ -216,14 +218,16 @@ def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tup
         probe = dataclasses.replace(base, strategy=strategy, strategy_options={}, label=label)
         ways = layouts_for(spec, strategy, probe)
         if not ways:
-            out.append(Candidate(probe, None, pruned=f"{strategy} has no layout on {base.nnodes} node(s) x "
-                                 f"{base.nproc_per_node} that another strategy does not already run", pruned_by="invalid"))
+            why = runnable_reason(probe, device_type) or (
+                f"{strategy} has no layout on {base.nnodes} node(s) x {base.nproc_per_node} that another "
+                f"strategy does not already run")
+            out.append(Candidate(probe, None, pruned=why, pruned_by="invalid", whole=True))
         for layout, options in ways:
             pairs, why = batch_choices(axes, layout, base.world_size, default_batches)
             opts = {**options, **base.strategy_options}
             if not pairs:
                 out.append(Candidate(dataclasses.replace(probe, strategy_options=opts), layout, pruned=why,
-                                     pruned_by="global batch"))
+                                     pruned_by="global batch", whole=True))
                 continue
             for var in _variants(axes):
                 for b, accum in pairs:
