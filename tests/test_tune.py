@@ -108,6 +108,14 @@ def test_strategies_that_cannot_run_here_are_pruned_with_a_reason_not_dropped():
     assert [c.cfg.strategy for c in _runnable(cands)] == ["ddp"]
 
 
+def test_a_mesh_strategy_at_another_strategys_degrees_is_not_run_twice():
+    cands = _cands(space.Axes(strategy=("ddp", "hybrid", "fsdp", "hsdp"), activation_checkpointing=("none",),
+                              batch_size=(8,)), model="resnet50")
+    assert sorted(c.cfg.strategy for c in _runnable(cands)) == ["ddp", "fsdp"]
+    whole = {c.cfg.strategy: c.pruned for c in cands if c.whole}
+    assert set(whole) == {"hybrid", "hsdp"} and "ddp" in whole["hybrid"] and "fsdp" in whole["hsdp"]
+
+
 def test_defaults_fill_only_the_axes_not_given_and_a_compile_mode_means_compiled():
     d = space.default_axes(space.Axes(strategy=("ddp",)), "cpu", 2)
     assert d.strategy == ("ddp",) and d.compile == (False,) and d.precision == ("fp32",)

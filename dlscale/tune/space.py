@@ -22,6 +22,8 @@ AXIS_FIELDS = ("strategy", "batch_size", "grad_accum", "activation_checkpointing
                "precision")
 ACCUM_CHOICES = (1, 2, 4, 8, 16, 32, 64)  # gradient accumulation tried to keep a global batch
 LABEL_PREFIX = "tune:"
+# strategies that generalise others: at degrees another strategy already runs, they are that strategy
+MESH_STRATEGIES = ("hybrid", "hsdp")
 # the strategies the memory planner enumerates with their degrees (memplan.candidate_layouts)
 PLANNED_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "hsdp", "tensor", "pipeline", "hybrid")
 _BOOL = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
@@ -214,9 +216,13 @@ def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tup
     spec = get_model(base.model, base.flavor)
     out: list[Candidate] = []
     seen: set[str] = set()
+    placed: dict[Any, str] = {}  # how a layout holds the model -> the first strategy that does it so
     for strategy in axes.strategy:
         probe = dataclasses.replace(base, strategy=strategy, strategy_options={}, label=label)
-        ways = layouts_for(spec, strategy, probe)
+        ways = _new_ways(layouts_for(spec, strategy, probe), strategy, placed)
+        if isinstance(ways, str):  # the strategy spreads the model here exactly as another one does
+            out.append(Candidate(probe, None, pruned=ways, pruned_by="invalid", whole=True))
+            continue
         if not ways:
             why = runnable_reason(probe, device_type) or (
                 f"{strategy} has no layout on {base.nnodes} node(s) x {base.nproc_per_node} that another "
@@ -242,6 +248,23 @@ def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tup
                     why_not = runnable_reason(cfg, device_type)
                     out.append(Candidate(cfg, layout, pruned=why_not, pruned_by="invalid" if why_not else None))
     return out
+
+
+def _new_ways(ways: list, strategy: str, placed: dict) -> list | str:
+    """The ways not already taken by another strategy, or why none is left (a hybrid at its default
+    degrees on a non-transformer model is ddp; hsdp on one node is fsdp)."""
+    fresh = []
+    for layout, options in ways:
+        key = dataclasses.replace(layout, name="") if layout is not None else None
+        other = placed.get(key) if key is not None else None
+        if other is not None and other != strategy and strategy in MESH_STRATEGIES:
+            continue
+        if key is not None:
+            placed[key] = strategy
+        fresh.append((layout, options))
+    if ways and not fresh:
+        return f"{strategy} holds the model here as {placed[dataclasses.replace(ways[0][0], name='')]} does"
+    return fresh
 
 
 def check_given(cands: list[Candidate], axes: Axes) -> None:
