@@ -375,6 +375,11 @@ def test_target_shapes_predict_data_parallel_finalists_with_a_band_and_say_why_f
     assert row["samples_per_s_low"] <= row["samples_per_s"] <= row["samples_per_s_high"]
     assert row["samples_per_s"] <= 64 * 5.5 / 2  # never above ideal scaling of the measured node
     assert row["cost_per_million_samples"] == pytest.approx(1e6 * 64 * 2.0 / (row["samples_per_s"] * 3600))
+    s.measured = [ddp, zero1]
+    res = result.build(s, [r.candidate for r in s.ranked], [rec], targets)
+    assert [t["case"] for t in res.targets] == [ddp.ranked.candidate.describe(), zero1.ranked.candidate.describe()]
+    text = result.to_markdown(res)
+    assert "| 8x8 |" in text and text.count("no prediction") == 1
 
 
 def test_the_html_report_has_a_table_per_tune_fastest_first():
