@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -271,6 +270,10 @@ def test_an_interrupt_keeps_what_was_measured():
     search.run(s, {}, measure, lambda line: None)
     assert s.stopped == "interrupted" and isinstance(s.interrupt, KeyboardInterrupt)
     assert len(s.measured) == 1 and s.valid()
+    late = _record(calls[1], [9.0, 9.0])  # stored as the signal came: read back, not lost
+    search.adopt_stored(s, [late])
+    assert len(s.measured) == 2 and s.valid()[0].record is late and calls[1].case_key() not in s.skipped
+    s.measured.pop()
     res = result.build(s, [r.candidate for r in s.ranked], [], None)
     assert res.best is not None and res.best["median"] == pytest.approx(3.5)
 

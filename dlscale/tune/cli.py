@@ -225,7 +225,10 @@ def cmd_tune(args) -> int:
     if s.interrupt is not None:
         search.stderr_say(f"dlscale: tune interrupted: {launch.keep_interrupted(s.interrupt, store)}; "
                           f"the same command carries on (best so far below)")
-    res = result.build(s, cands, store.load().records, targets)
+    records = store.load().records
+    if s.interrupt is not None:
+        search.adopt_stored(s, records)
+    res = result.build(s, cands, records, targets)
     print(result.to_json(res) if args.format == "json" else result.to_markdown(res), end="")
     if s.interrupt is not None:
         from dlscale.procs import EXIT_INTERRUPTED

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dlscale import DlscaleError
+from dlscale.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
 RESUMED_STATUSES = ("ok", "oom", "unsupported")  # results; interrupted, failed and timeout cases run again
@@ -156,11 +157,25 @@ def _walk(search: Search, todo: list, done: dict[str, dict[str, Any]], measure_c
             say(progress_line(search, m, len(todo) - i - 1))
 
 
+def adopt_stored(search: Search, records: list[dict[str, Any]]) -> None:
+    """After an interrupt: a case whose record reached the store just before the signal (the signal
+    came as it was being returned) counts as measured, as a rerun would read it back."""
+    done = resumable(records, search.label)
+    have = {m.ranked.candidate.key for m in search.measured}
+    for r in search.ranked:
+        k = r.candidate.key
+        if k in done and k not in have:
+            search.measured.append(Measurement(r, done[k], resumed=True, global_batch=search.global_batch))
+            search.skipped.pop(k, None)
+
+
 def _measure(search: Search, r, measure_case: Callable) -> Measurement | None:
     c = r.candidate
     t = time.monotonic()
     try:
         rec = measure_case(c.cfg)
+    except StoreError:  # the store stopped taking records: the next ones would be lost too
+        raise
     except DlscaleError as e:  # cannot start here after all: next candidate
         c.pruned, c.pruned_by = f"could not start: {e}", "invalid"
         return None
