@@ -226,7 +226,7 @@ def _target_lines(res: TuneResult) -> list[str]:
     out = ["## At the target shapes", ""]
     for t in res.targets:
         if t["note"]:
-            out.append(f"- {t['case']}: {t['note']}")
+            out += [f"- {t['case']}: {t['note']}", ""]
             continue
         cells = [[x["shape"], _num(x["samples_per_s"]), f"{_num(x['samples_per_s_low'])}–{_num(x['samples_per_s_high'])}",
                   _num(100 * x["efficiency"]) if x.get("efficiency") is not None else "-",
@@ -234,7 +234,7 @@ def _target_lines(res: TuneResult) -> list[str]:
         out += [f"{t['case']} (record {str(t['record'])[:12]}):", "",
                 md_table(["shape", "predicted samples/s", "band", "efficiency %", "cost per 1e6 samples", "basis"],
                          cells, numeric_from=1, numeric_to=5), ""]
-    return out + [""]
+    return out
 
 
 def to_markdown(res: TuneResult) -> str:
