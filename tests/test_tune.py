@@ -89,7 +89,7 @@ def test_the_tune_id_follows_its_inputs_not_the_order_of_calls():
 
 def test_an_axis_value_the_model_cannot_take_is_bad_input():
     axes = space.Axes(strategy=("ddp",), activation_checkpointing=("selective",), batch_size=(8,))
-    cands = _cands(axes, model="resnet50")
+    cands = _cands(axes, model="wide-deep")
     with pytest.raises(ConfigError, match="activation-checkpointing"):
         space.check_given(cands, axes)
 
@@ -139,7 +139,7 @@ def test_every_candidate_carries_the_label_a_rerun_looks_for():
     from dlscale.tune.cli import plan_candidates
 
     argv = ["tune", "--model", "gpt2", "--device", "cpu", "--nproc-per-node", "2", "--strategy", "ddp,zero1",
-            "--batch-size", "2,8"]
+            "--batch-size", "2,8", "--activation-checkpointing", "none"]
     label, cands, ranked, _, _ = plan_candidates(build_parser().parse_args(argv))
     assert {c.cfg.label for c in cands} == {label} and ranked
     assert plan_candidates(build_parser().parse_args(argv + ["--budget", "1h", "--top", "1"]))[0] == label
@@ -410,7 +410,7 @@ def test_durations():
 
 @pytest.mark.parametrize("model,extra", [
     ("gpt2", ["--budget", "0"]), ("gpt2", ["--strategy", "nosuch"]), ("gpt2", ["--global-batch", "7"]),
-    ("gpt2", ["--repeats", "1"]), ("resnet50", ["--activation-checkpointing", "full"]),
+    ("gpt2", ["--repeats", "1"]), ("wide-deep", ["--activation-checkpointing", "full"]),
     ("gpt2", ["--compile", "sometimes"]), ("gpt2", ["--target-shapes", "0x8"]), ("gpt2", ["--inter-busbw", "50"]),
     ("gpt2", ["--strategy", "single"]), ("nosuch", [])])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(model, extra, tmp_path, capsys):

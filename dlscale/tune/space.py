@@ -183,14 +183,27 @@ def batch_choices(axes: Axes, layout, world: int, default_batches: tuple) -> tup
     return kept, ""
 
 
-def runnable_reason(cfg: RunConfig, device_type: str) -> str | None:
-    """Why this case cannot run here (as `dlscale run` would refuse or record it unsupported), or None."""
-    from dlscale import fp8, frameworks
+def runnable_reason(cfg: RunConfig, device_type: str, memo: dict | None = None) -> str | None:
+    """Why this case cannot run here (as `dlscale run` would refuse or record it unsupported), or None.
+    ``memo``: the checkpointing check by (strategy, mode), made once: it builds the model on the meta
+    device (seconds for an 8B model), and nothing else of the case changes its answer."""
+    from dlscale import checkpointing, fp8, frameworks
     from dlscale.config import validate_case
+    from dlscale.models import get_model
     from dlscale.strategies import get_strategy
 
+    memo = {} if memo is None else memo
+    key = (cfg.strategy, cfg.activation_checkpointing)
     try:
-        validate_case(cfg)
+        validate_case(dataclasses.replace(cfg, activation_checkpointing="none"))
+        if key not in memo:
+            try:
+                checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
+                memo[key] = None
+            except ConfigError as e:
+                memo[key] = str(e)
+        if memo[key]:
+            return memo[key]
     except ConfigError as e:
         return str(e)
     env = {"device_type": device_type}
@@ -217,6 +230,7 @@ def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tup
     out: list[Candidate] = []
     seen: set[str] = set()
     placed: dict[Any, str] = {}  # how a layout holds the model -> the first strategy that does it so
+    memo: dict = {}
     for strategy in axes.strategy:
         probe = dataclasses.replace(base, strategy=strategy, strategy_options={}, label=label)
         ways = _new_ways(layouts_for(spec, strategy, probe), strategy, placed)
@@ -245,7 +259,7 @@ def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tup
                     if cfg.case_key() in seen:
                         continue
                     seen.add(cfg.case_key())
-                    why_not = runnable_reason(cfg, device_type)
+                    why_not = runnable_reason(cfg, device_type, memo)
                     out.append(Candidate(cfg, layout, pruned=why_not, pruned_by="invalid" if why_not else None))
     return out
 
