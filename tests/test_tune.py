@@ -247,13 +247,19 @@ def test_the_budget_stops_the_search_before_a_case_that_would_not_fit(monkeypatc
     clock = [0.0]
     monkeypatch.setattr(search.time, "monotonic", lambda: clock[0])
     s = _search(budget=10.0)
+    limits = []
 
     def measure(cfg):
+        limits.append(cfg.time_limit)
         clock[0] += 6.0
         return _record(cfg, [1.0, 1.0])
 
     search.run(s, {}, measure, lambda line: None)
     assert len(s.measured) == 1 and s.stopped == "budget"
+    assert limits == [search.MIN_CASE_LIMIT_S]  # a hung case gets at most its share of the budget
+    big = _search(n=1, budget=1000.0)
+    search.run(big, {}, measure, lambda line: None)
+    assert limits[-1] == pytest.approx(1000.0 / big.ranked[0].candidate.cfg.repeats)
     assert all("budget" in why for why in s.skipped.values()) and len(s.skipped) == len(s.ranked) - 1
 
 

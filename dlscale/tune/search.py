@@ -11,6 +11,7 @@ Before each case, the mean duration of the cases measured so far must fit in the
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from dlscale import DlscaleError
 from dlscale.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
+MIN_CASE_LIMIT_S = 60.0  # the shortest per-repeat time limit the budget gives a case (starting alone takes seconds)
 RESUMED_STATUSES = ("ok", "oom", "unsupported")  # results; interrupted, failed and timeout cases run again
 # flags that make a measurement no answer (not just a noisy one): the loss broke, steps were skipped,
 # fewer repeats than asked for
@@ -172,8 +174,11 @@ def adopt_stored(search: Search, records: list[dict[str, Any]]) -> None:
 def _measure(search: Search, r, measure_case: Callable) -> Measurement | None:
     c = r.candidate
     t = time.monotonic()
+    # a case that hangs must not take more than the budget left: each repeat gets its share of it
+    share = max(MIN_CASE_LIMIT_S, (search.budget_s - search.spent_s) / c.cfg.repeats)
+    cfg = dataclasses.replace(c.cfg, time_limit=min(c.cfg.time_limit, share))
     try:
-        rec = measure_case(c.cfg)
+        rec = measure_case(cfg)
     except StoreError:  # the store stopped taking records: the next ones would be lost too
         raise
     except DlscaleError as e:  # cannot start here after all: next candidate
