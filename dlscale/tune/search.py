@@ -78,7 +78,6 @@ class Search:
     measured: list[Measurement] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # case key -> why it was not measured
     stopped: str | None = None  # "budget", "interrupted" or None (every contender measured)
-    started: float = field(default_factory=time.monotonic)
     spent_s: float = 0.0  # seconds of the cases measured by this invocation
     interrupt: BaseException | None = None  # the signal that stopped it (launch.Interrupted keeps a record)
 
@@ -94,7 +93,7 @@ class Search:
         ratios = [m.median / m.ranked.predicted_samples_per_s for m in best if m.ranked.predicted_samples_per_s]
         if not ratios:
             return True
-        stats = top.record.get("summary", {}).get("samples_per_s") or {}
+        stats = (top.record.get("summary") or {}).get("samples_per_s") or {}
         spread = ((stats.get("max") or top.median) - (stats.get("min") or top.median)) / top.median
         return r.predicted_samples_per_s * max(ratios) >= top.median * (1 - spread)
 
