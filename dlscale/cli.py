@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "dlscale.importers.cli",     # import
     "dlscale.commands.parity",   # parity
     "dlscale.commands.plan",     # plan
+    "dlscale.tune.cli",          # tune
 )
 
 # Exit codes (README and docs/metrics.md list them too)

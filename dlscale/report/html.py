@@ -156,6 +156,9 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     body += frameworks.html(report)
     body.append(sources.html_section(report))
     body += _side_by_side(side)
+    from dlscale.tune.report import html_section as tune_section  # the store's `dlscale tune` results
+
+    body += tune_section(report.records)
     body += _parity(par)
     body += _micro_sections(report, by_key)
     body += _environment_section(report)
