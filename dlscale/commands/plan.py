@@ -40,7 +40,9 @@ def register(sub) -> None:
                        description="For each strategy and degree the job allows (ddp, zero1, fsdp zero2/zero3, "
                        "hsdp, tensor, pipeline, hybrid dp x tp x pp), the predicted memory per device (parameters, "
                        "gradients, optimizer state, activations, weight copies, head), whether it fits, the largest "
-                       "batch that fits and a first-order throughput. Formulas: docs/plan.md. With --check STORE "
+                       "batch that fits and the throughput of the performance model (docs/perfmodel.md: compute from the "
+                       "store's measurements where --store has them, else the assumed --mfu; each row says which). "
+                       "Formulas: docs/plan.md. With --check STORE "
                        "instead: the plan of each stored case beside its measured peak (exit 1 when one is outside "
                        "--tolerance).")
     p.add_argument("--model", default=None,
@@ -62,9 +64,14 @@ def register(sub) -> None:
     p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/metrics.py)")
     p.add_argument("--peak-tflops", type=_positive(float), default=None, help="peak dense TFLOP/s (overrides --gpu)")
     p.add_argument("--mfu", type=_positive(float), default=0.40,
-                   help="fraction of the peak one device reaches on this model (measure it with dlscale run)")
+                   help="compute rate (fraction of the peak) assumed where the store has no measurement of the model")
+    p.add_argument("--store", default=None, metavar="STORE",
+                   help="result store whose measured records of the model (any strategy, any device count) and "
+                        "micro layer records set the compute rate (default: none, the assumed --mfu)")
     p.add_argument("--intra-busbw", type=_positive(float), default=300.0, help="GB/s bus bandwidth within a node")
-    p.add_argument("--inter-busbw", type=_positive(float), default=50.0, help="GB/s bus bandwidth per GPU across nodes")
+    p.add_argument("--inter-busbw", type=_positive(float), default=None,
+                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
+                        "required with --nodes > 1")
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
@@ -94,8 +101,39 @@ def _machine(args):
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
     return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,
-                   efficiency=args.mfu, intra_busbw=args.intra_busbw * 1e9, inter_busbw=args.inter_busbw * 1e9,
-                   headroom=args.headroom)
+                   efficiency=args.mfu, intra_busbw=args.intra_busbw * 1e9,
+                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None, headroom=args.headroom)
+
+
+def _evidence(args, spec, machine):
+    """The store's measurements of the model (--store), or only the assumed MFU."""
+    from dlscale.perfmodel.strategies import Evidence
+
+    if args.store is None:
+        return Evidence(assumed_mfu=args.mfu)
+    from dlscale.perfmodel.evidence import evidence_from_records
+    from dlscale.report.cli import _warn
+    from dlscale.report.data import load_records
+
+    loaded = load_records(args.store)
+    _warn(loaded.warnings())
+    return evidence_from_records(loaded.records, spec.name, spec.flavor, machine.peak_flops, machine.links,
+                                 args.batch_size, args.mfu)
+
+
+def _visible_gpus() -> int:
+    """NVIDIA GPUs this machine has (the driver's list, narrowed by CUDA_VISIBLE_DEVICES): which rows dlscale can
+    run here. Read without importing torch, so that planning stays quick."""
+    import os
+
+    try:
+        n = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip() and not v.strip().startswith("-")]))
+    return n
 
 
 def cmd_check(args) -> int:
@@ -143,7 +181,7 @@ def cmd_plan(args) -> int:
     work = Workload(spec, args.precision, args.activation_checkpointing, compiled=not args.eager)
     machine = _machine(args)
     rows = plan_rows(work, machine, args.batch_size, args.microbatches, args.schedule, args.sequence_parallel,
-                     set(args.strategy) if args.strategy else None)
+                     set(args.strategy) if args.strategy else None, _evidence(args, spec, machine), _visible_gpus())
     if args.format == "json":
         print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
                           "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
@@ -157,20 +195,27 @@ def cmd_plan(args) -> int:
 def render(spec, args, machine, rows) -> str:
     from dlscale.plan import gib
 
+    assumed = any(r["basis"] == "assumed-mfu" for r in rows)
     head = (f"# plan: {spec.name} {spec.flavor} ({spec.arch.param_count() / 1e9:.2f} B parameters), {args.gpus} GPU(s) "
             f"on {args.nodes} node(s), {gib(machine.memory_bytes):.0f} GiB each ({gib(machine.capacity):.1f} GiB usable), "
             f"{args.precision}, {'eager' if args.eager else 'compiled'}, checkpointing {args.activation_checkpointing}, "
-            f"--batch-size {args.batch_size}\n# throughput: first-order model at {args.mfu:.0%} of "
-            f"{machine.peak_flops / 1e12:.0f} TFLOP/s per GPU (docs/plan.md)\n")
+            f"--batch-size {args.batch_size}\n# throughput: the strategy model (docs/perfmodel.md) at "
+            f"{machine.peak_flops / 1e12:.0f} TFLOP/s peak per GPU, links {machine.intra_busbw / 1e9:g} GB/s in a node"
+            + (f", {machine.inter_busbw / 1e9:g} GB/s per node across" if machine.inter_busbw else "")
+            + (f"; basis 'assumed-mfu': compute at an assumed {args.mfu:.0%} of peak, nothing of this model measured"
+               + (" in the store" if args.store else " (give --store)") if assumed else "") + "\n")
     cols = ("strategy", "options", "dp x tp x pp", "params GiB", "grads GiB", "optim GiB", "activ GiB", "copies GiB",
-            "head GiB", "peak GiB", "fits", "max batch", "tokens/s/GPU", "MFU %")
+            "head GiB", "peak GiB", "fits", "max batch", "tokens/s/GPU", "band", "MFU %", "limited by", "basis",
+            "runs here")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         opts = " ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+        band = f"{r['tokens_per_s_per_gpu_low']:,.0f}-{r['tokens_per_s_per_gpu_high']:,.0f}"
         lines.append("| " + " | ".join([
             r["strategy"], opts, r["layout"], f"{gib(r['params_bytes']):.2f}", f"{gib(r['grads_bytes']):.2f}",
             f"{gib(r['optimizer_bytes']):.2f}", f"{gib(r['activations_bytes']):.2f}",
             f"{gib(r['weight_copies_bytes']):.2f}", f"{gib(r['head_bytes']):.2f}", f"{gib(r['peak_bytes']):.2f}",
             "yes" if r["fits"] else "no", str(r["max_batch_size"] or "-"),
-            f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.1f}"]) + " |")
+            f"{r['tokens_per_s_per_gpu']:,.0f}", band, f"{100 * r['mfu']:.1f}", r["limited_by"], r["basis"],
+            r["runs_here"]]) + " |")
     return head + "\n".join(lines)

@@ -140,10 +140,10 @@ class Reference:
 
 @dataclass(frozen=True)
 class LayerTiming:
-    """A ``micro layer`` record: forward + backward seconds of one block at ``tokens`` tokens."""
+    """A ``micro layer`` record of the model's block shape: forward + backward seconds and the FLOPs they ran."""
 
     seconds: float
-    tokens: int
+    flops: float
     ref: str = ""
 
 
@@ -623,9 +623,9 @@ def compute_rate(c: Candidate, arch: Any, machine: Machine, evidence: Evidence) 
         return Rate(eff, basis, what, ref.rel_spread or 0.0, tuple(notes))
     if evidence.layer is not None:
         lt = evidence.layer
-        eff = block_flops_per_token(arch) * lt.tokens / lt.seconds / machine.peak_flops
+        eff = lt.flops / lt.seconds / machine.peak_flops
         return Rate(eff, "micro-layer", f"compute rate {100 * eff:.1f} % of peak from a micro layer record "
-                                        f"({lt.seconds * 1e3:.2f} ms fwd+bwd a block at {lt.tokens} tokens; {lt.ref})")
+                                        f"({lt.seconds * 1e3:.2f} ms fwd+bwd of the block; {lt.ref})")
     return Rate(evidence.assumed_mfu, "assumed-mfu",
                 f"assumed: compute at {100 * evidence.assumed_mfu:.0f} % of peak (nothing of this model measured)")
 
