@@ -12,6 +12,8 @@ from dlscale import ConfigError
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, int_list, options_from_args,
                                         query_from_args, shapes_type)
 from dlscale.perfmodel.predict import predict_workload
+from dlscale.perfmodel.predict_strategy import SHARDED
+from dlscale.perfmodel.strategies import FAMILIES
 from dlscale.perfmodel.render import plot_prediction, plot_validation, render_prediction, render_validation
 from dlscale.perfmodel.validate import validate
 from dlscale.report.data import load_records
@@ -30,7 +32,13 @@ def register(sub) -> None:
                     "See docs/perfmodel.md.")
     add_workload_args(p, store_optional=True)
     p.add_argument("--strategy", default="ddp",
-                   help="strategy of the measured multi-device records the model is fitted on and compared with")
+                   help="ddp (and zero1): the data-parallel scaling model fitted on the measured records of that "
+                        "strategy; fsdp, hsdp, tensor, pipeline, hybrid: the strategy model (docs/perfmodel.md), "
+                        "its configuration from -o, compute from the workload's measured records")
+    p.add_argument("-o", "--option", dest="options", action="append", default=None, metavar="KEY=VALUE",
+                   help="with --strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy's options as dlscale run "
+                        "takes them (-o tp=2 -o pp=2 -o dp_shard=fsdp, -o shard=zero2, -o microbatches=8); "
+                        "default: the strategy's defaults")
     p.add_argument("--shapes", dest="shapes", type=shapes_type(), default=None, metavar="LIST",
                    help="cluster shapes NODESxGPUS (or N: one node of N GPUs), comma list, e.g. 1x2,1x8,4x8,125x8; "
                         "default: powers of two up to the node (--nproc-per-node), then --nnodes of that node")
@@ -47,6 +55,22 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_predict)
 
 
+def _predict_strategy(args, query, opts) -> int:
+    """--strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy model over the shapes."""
+    from dlscale.caseargs import parse_options
+    from dlscale.perfmodel.predict_strategy import predict_strategy, render_strategy
+
+    if args.plot:
+        raise ConfigError(f"--plot draws the data-parallel model; not with --strategy {args.strategy}")
+    if not args.shapes:
+        raise ConfigError(f"--strategy {args.strategy} needs --shapes (e.g. --shapes 1x2,1x8,4x8)")
+    options = parse_options(args.options, "-o")
+    loaded = load_records(args.store)
+    pred = predict_strategy(loaded.records, query, opts, options, args.shapes, str(loaded.store))
+    print(json.dumps(pred.to_dict(), indent=2, sort_keys=True) if args.format == "json" else render_strategy(pred))
+    return 0
+
+
 def cmd_predict(args) -> int:
     query, opts = query_from_args(args), options_from_args(args, args.strategy)
     if args.validate is not None:
@@ -61,6 +85,12 @@ def cmd_predict(args) -> int:
         return 0
     if args.store is None or args.model is None:
         raise ConfigError("predict needs STORE and --model (or --validate STORE)")
+    if args.strategy in SHARDED:
+        return _predict_strategy(args, query, opts)
+    if args.options:
+        raise ConfigError(f"-o applies to --strategy {', '.join(SHARDED)}; {args.strategy} takes none here")
+    if args.strategy not in FAMILIES:
+        raise ConfigError(f"the performance model has no strategy {args.strategy!r}; it models {', '.join(FAMILIES)}")
     loaded = load_records(args.store)
     pred = predict_workload(loaded.records, query, opts, args.shapes, args.nnodes, str(loaded.store))
     out = pred.to_dict()
