@@ -394,7 +394,7 @@ def stage_blocks(n_layers: int, pp: int, head_blocks: float, balance: str) -> tu
         cand = (cost, rest if rest >= k_last + head_blocks else k_last, rest < k_last + head_blocks)
         if best is None or cand[0] < best[0]:
             best = cand
-    return best[1], best[2]
+    return (best[1], best[2]) if best else (-(-n_layers // pp), False)
 
 
 # ----------------------------------------------------------------------------- the step
