@@ -193,3 +193,44 @@ def test_predict_strategy_bad_input(args, name):
     rc, out, err = _cli(["predict", STORE, "--model", "gpt2", "--intra-busbw", "300", *args])
     assert rc == 2, (out, err)
     assert len(err.strip().splitlines()) == 1 and name in err and out == ""
+
+
+# ---------------------------------------------------------------- on the published tables
+
+TABLES = "tests/fixtures/tables"
+RESERVED = ("ultra-scale", "ultrascale", "nanotron", "mlperf", "2407.21783", "llama 3 herd")
+
+
+def test_sharded_tables_cite_their_page_and_none_of_the_reserved_sources():
+    from pathlib import Path
+
+    import yaml
+
+    files = [p for p in sorted(Path(TABLES).glob("*.yaml")) if "x-model" in yaml.safe_load(p.read_text())]
+    assert files
+    for p in files:
+        t = yaml.safe_load(p.read_text())
+        assert "https://" in t["source"] and all(r.get("x-parallel") for r in t["rows"]), p.name
+        assert not any(k in p.read_text().lower() for k in RESERVED), p.name
+
+
+def test_published_points_from_the_node_and_the_ranking():
+    """Every published point with the same configuration at fewer devices in its source, predicted from there:
+    within 10 % on average and 25 % at most; where a source publishes several configurations of one model on one
+    GPU count, the fastest is in the model's top three."""
+    from pathlib import Path
+
+    from dlscale.perfmodel import validate_strategies as vs
+
+    cases = vs.published_cases([Path(TABLES)])
+    rows = vs.from_smaller(cases)
+    assert rows and {r.protocol for r in rows} <= {"from-node", "from-multinode"}
+    errs = [abs(r.error_pct) for r in rows]
+    assert sum(errs) / len(errs) <= 10.0 and max(errs) <= 25.0
+    # the points predicted never inform themselves: halving a predicted point's figure moves no prediction
+    predicted = {id(r.case) for r in rows}
+    refs = {id(c) for c in cases if id(c) not in predicted}
+    halved = [c if id(c) in refs else replace(c, measured=c.measured / 2) for c in cases]
+    assert [r.predicted for r in vs.from_smaller(halved)] == pytest.approx([r.predicted for r in rows])
+    ranked = vs.ranking(cases)
+    assert ranked and all(ok for _, _, ok in ranked)
