@@ -4,7 +4,7 @@
                                             [--strategies-only]
 
 Inputs: every table in tests/fixtures/tables (format dlscale-table/1), and the H200 pair stores
-docs/bench-data/*h200x2*.jsonl and the later sessions' suite stores (with their micro comm record). Runs on
+docs/bench-data/*h200x2*.jsonl and the suite stores under docs/bench-data (with their micro comm record). Runs on
 the CPU (seconds; --forms a few minutes); no GPU, nothing measured.
 
 What it prints (markdown, for docs/perfmodel.md):
@@ -48,7 +48,7 @@ from dlscale.perfmodel import validate_strategies as vs  # noqa: E402
 TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
 OWN = sorted(p for p in (ROOT / "docs/bench-data").glob("*h200x2*.jsonl")
              if "bare" not in p.name and "micro" not in p.name) + [ROOT / "docs/bench-data/dlperf-h200x2/results.jsonl"]
-# the later sessions' stores (one directory per suite run): those on H200s, since COMM is an H200
+# the suite stores (one directory per suite run): those on H200s, since COMM is an H200
 # pair's; a store without a 1-GPU and a 2-GPU record of one workload adds no pair
 OWN += sorted(p for p in (ROOT / "docs/bench-data").glob("s*-gpu/*/store/results.jsonl") if "H200" in p.read_text()[:20000])
 COMM = ROOT / "docs/bench-data/micro-comm-h200x2.jsonl"

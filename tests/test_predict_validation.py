@@ -171,7 +171,7 @@ def _ddp_pairs(records) -> int:
 
 
 def test_own_two_gpu_records_within_5_percent():
-    """The H200 pair stores (the later sessions' two-GPU suites too, JAX among them): every 2-GPU ddp record
+    """The H200 pair stores (the suite stores' two-GPU runs too, JAX among them): every 2-GPU ddp record
     predicted from its 1-GPU record within 5 %."""
     comm = load_records(BENCH / "micro-comm-h200x2.jsonl").records
     rows, expected = [], 0

@@ -42,7 +42,7 @@ NODE_TERMS: dict[str, Term] = {
     # torch.compile of a DDP model cuts the graph at the gradient buckets (DDPOptimizer) so that each
     # bucket's all-reduce can start: fusions across the cuts are lost, and the data-parallel graph runs
     # more, smaller kernels than the 1-GPU graph (compiled GPT-2 on two H200s: 1,000 against 826
-    # kernels, +1.21 ms on a 32.5 ms step; docs/benchmarks.md, eleventh session)
+    # kernels, +1.21 ms on a 32.5 ms step; docs/benchmarks.md)
     "graph_split": Term("tc", lambda g: 1.0 if g > 1 else 0.0, "torch.compile's data-parallel graph cut at the "
                                                                "gradient buckets, a share of a compiled t_1"),
 }
@@ -157,5 +157,5 @@ DEFAULT_LAW = OverheadLaw(
     net={"sqrt_ln_nodes": 0.03959},
     band={"from-1-gpu": [0.1861, 0.076], "from-node": [0.1566, 0.1118], "from-multinode": [0.035, 0.0859]},
     source="benchmarks/perfmodel_validate.py --fit: published tables (tests/fixtures/tables) and the H200 "
-           "pair stores (docs/bench-data, the later sessions' suite stores among them)",
+           "pair stores (docs/bench-data, the suite stores among them)",
 )
