@@ -234,3 +234,20 @@ def test_published_points_from_the_node_and_the_ranking():
     assert [r.predicted for r in vs.from_smaller(halved)] == pytest.approx([r.predicted for r in rows])
     ranked = vs.ranking(cases)
     assert ranked and all(ok for _, _, ok in ranked)
+
+
+def test_plan_takes_its_compute_rate_from_the_store():
+    """With --store, a row of a measured configuration reproduces its record (basis measured), another
+    configuration rests on the 1-GPU record (from-1-gpu); none is an assumption."""
+    rc, out, err = _cli(["plan", "--model", "gpt2", "--gpus", "2", "--gpu-memory", "80GiB", "--batch-size", "16",
+                         "--eager", "--store", STORE, "--format", "json"])
+    assert rc == 0, err
+    rows = {(r["strategy"], r["options"].get("shard"), r["options"].get("microbatches")): r
+            for r in json.loads(out)["rows"]}
+    recs = [json.loads(line) for line in open(STORE)]
+    ddp = next(r for r in recs if r["config"]["strategy"] == "ddp" and r["config"]["model"] == "gpt2")
+    measured = ddp["summary"]["samples_per_s_per_device"] * get_model("gpt2").arch.seq_len
+    assert rows[("ddp", None, None)]["basis"] == "measured"
+    assert rows[("ddp", None, None)]["tokens_per_s_per_gpu"] == pytest.approx(measured, rel=1e-6)
+    assert rows[("pipeline", None, 4)]["basis"] == "from-1-gpu"  # the stored pipeline ran 8 micro-batches
+    assert "assumed-mfu" not in {r["basis"] for r in rows.values()}
