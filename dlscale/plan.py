@@ -61,11 +61,22 @@ def runs_here(layout, machine: Machine, visible_gpus: int) -> str:
     return "yes"
 
 
-def plan_rows(work: Workload, machine: Machine, batch: int, microbatches: int = 4, schedule: str = "1f1b",
-              sequence_parallel: bool = False, strategies: set[str] | None = None,
-              evidence: Evidence | None = None, visible_gpus: int = 0) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Grid:
+    """Which layouts the plan enumerates: pipeline micro-batches and schedule, sequence parallelism, and only
+    these strategies (None: all)."""
+
+    microbatches: int = 4
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    strategies: frozenset[str] | None = None
+
+
+def plan_rows(work: Workload, machine: Machine, batch: int, grid: Grid = Grid(), evidence: Evidence | None = None,
+              visible_gpus: int = 0) -> list[dict[str, Any]]:
     """One row per layout: memory terms, fit, largest batch, the model's predicted step (fitting rows first,
-    fastest first)."""
+    fastest first). ``evidence``: the measurements the compute rate comes from (None: the assumed MFU);
+    ``visible_gpus``: the GPUs of this machine, for the ``runs_here`` column."""
     if machine.nodes < 1 or machine.gpus % machine.nodes:
         raise ConfigError(f"--nodes {machine.nodes} must divide --gpus {machine.gpus}")
     if machine.nodes > 1 and not machine.inter_busbw:
@@ -74,9 +85,9 @@ def plan_rows(work: Workload, machine: Machine, batch: int, microbatches: int = 
     ev = evidence or Evidence(assumed_mfu=machine.efficiency)
     perf = machine.perf()
     rows = []
-    for layout in candidate_layouts(work.spec, machine.gpus, machine.per_node, machine.nodes, microbatches,
-                                    schedule, sequence_parallel):
-        if strategies and layout.name not in strategies:
+    for layout in candidate_layouts(work.spec, machine.gpus, machine.per_node, machine.nodes, grid.microbatches,
+                                    grid.schedule, grid.sequence_parallel):
+        if grid.strategies and layout.name not in grid.strategies:
             continue
         b = batch if layout.microbatches == 1 else -(-batch // layout.microbatches) * layout.microbatches
         mem = plan_memory(work, layout, b)

@@ -163,7 +163,7 @@ def cmd_check(args) -> int:
 def cmd_plan(args) -> int:
     from dlscale.memplan import Workload
     from dlscale.models import default_flavor, get_model
-    from dlscale.plan import plan_rows
+    from dlscale.plan import Grid, plan_rows
     from dlscale.strategies import strategy_names
 
     if args.check is not None:
@@ -180,8 +180,9 @@ def cmd_plan(args) -> int:
     spec = get_model(args.model, args.flavor or default_flavor(args.model))
     work = Workload(spec, args.precision, args.activation_checkpointing, compiled=not args.eager)
     machine = _machine(args)
-    rows = plan_rows(work, machine, args.batch_size, args.microbatches, args.schedule, args.sequence_parallel,
-                     set(args.strategy) if args.strategy else None, _evidence(args, spec, machine), _visible_gpus())
+    grid = Grid(args.microbatches, args.schedule, args.sequence_parallel,
+                frozenset(args.strategy) if args.strategy else None)
+    rows = plan_rows(work, machine, args.batch_size, grid, _evidence(args, spec, machine), _visible_gpus())
     if args.format == "json":
         print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
                           "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
