@@ -192,7 +192,7 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for validation.json and validation.png")
     ap.add_argument("--fit", action="store_true", help="print the law fitted on everything (DEFAULT_LAW)")
@@ -204,7 +204,11 @@ def main() -> int:
                     help="also predict each single-node point from the series' other node sizes")
     ap.add_argument("--strategies-only", action="store_true",
                     help="print only the strategy model's validation (fsdp, hsdp, tensor, pipeline, hybrid)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.strategies_only:
         print(strategies_section(own_stores()))
         return 0
