@@ -29,11 +29,12 @@ class Machine:
     memory_bytes: float
     peak_flops: float  # dense bf16 (fp32: tf32) FLOP/s of one device
     efficiency: float = DEFAULT_MFU  # the compute rate assumed where nothing is measured
-    intra_busbw: float = 300e9
+    intra_busbw: float = 300e9  # an NVLink-class figure, where nothing else is given
     inter_busbw: float | None = None
     headroom: float = 0.10  # of the memory kept free: CUDA context, allocator cache and fragmentation
     intra_latency_s: float = 0.0
     inter_latency_s: float = 0.0
+    intra_source: str = ""
 
     @property
     def per_node(self) -> int:

@@ -68,7 +68,9 @@ def register(sub) -> None:
     p.add_argument("--store", default=None, metavar="STORE",
                    help="result store whose measured records of the model (any strategy, any device count) and "
                         "micro layer records set the compute rate (default: none, the assumed --mfu)")
-    p.add_argument("--intra-busbw", type=_positive(float), default=300.0, help="GB/s bus bandwidth within a node")
+    p.add_argument("--intra-busbw", type=_positive(float), default=None,
+                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
+                        "--store, else an assumed 300, NVLink class; the header says which)")
     p.add_argument("--inter-busbw", type=_positive(float), default=None,
                    help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
                         "required with --nodes > 1")
@@ -84,7 +86,32 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-def _machine(args):
+def _store_records(args) -> list:
+    """The records of --store (none without it)."""
+    if args.store is None:
+        return []
+    from dlscale.report.cli import _warn
+    from dlscale.report.data import load_records
+
+    loaded = load_records(args.store)
+    _warn(loaded.warnings())
+    return loaded.records
+
+
+def _intra_link(args, records) -> tuple[float, float, str]:
+    """(bus bandwidth B/s, latency s, where it came from) of the intra-node link."""
+    if args.intra_busbw is not None:
+        return args.intra_busbw * 1e9, 0.0, f"--intra-busbw {args.intra_busbw:g} GB/s"
+    from dlscale.perfmodel.inputs import _comm_micro, _micro_link
+
+    micro = _comm_micro(records, "cuda")
+    if micro is not None:
+        _, link, src = _micro_link(micro, None)
+        return link.busbw_bps, link.latency_s, src
+    return 300e9, 0.0, "assumed 300 GB/s (no --intra-busbw, no micro comm record in --store)"
+
+
+def _machine(args, records=()):
     from dlscale import metrics
     from dlscale.plan import Machine
 
@@ -100,24 +127,22 @@ def _machine(args):
         peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda"))
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
+    bw, lat, src = _intra_link(args, list(records))
     return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,
-                   efficiency=args.mfu, intra_busbw=args.intra_busbw * 1e9,
-                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None, headroom=args.headroom)
+                   efficiency=args.mfu, intra_busbw=bw, intra_latency_s=lat,
+                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None, headroom=args.headroom,
+                   intra_source=src)
 
 
-def _evidence(args, spec, machine):
+def _evidence(args, spec, machine, records):
     """The store's measurements of the model (--store), or only the assumed MFU."""
     from dlscale.perfmodel.strategies import Evidence
 
     if args.store is None:
         return Evidence(assumed_mfu=args.mfu)
     from dlscale.perfmodel.evidence import evidence_from_records
-    from dlscale.report.cli import _warn
-    from dlscale.report.data import load_records
 
-    loaded = load_records(args.store)
-    _warn(loaded.warnings())
-    return evidence_from_records(loaded.records, spec.name, spec.flavor, machine.peak_flops, machine.links,
+    return evidence_from_records(records, spec.name, spec.flavor, machine.peak_flops, machine.links,
                                  args.batch_size, args.mfu)
 
 
@@ -179,15 +204,18 @@ def cmd_plan(args) -> int:
             raise ConfigError(f"unknown strategy {s!r}; choose one of: {', '.join(strategy_names())}")
     spec = get_model(args.model, args.flavor or default_flavor(args.model))
     work = Workload(spec, args.precision, args.activation_checkpointing, compiled=not args.eager)
-    machine = _machine(args)
+    records = _store_records(args)
+    machine = _machine(args, records)
     grid = Grid(args.microbatches, args.schedule, args.sequence_parallel,
                 frozenset(args.strategy) if args.strategy else None)
-    rows = plan_rows(work, machine, args.batch_size, grid, _evidence(args, spec, machine), _visible_gpus())
+    rows = plan_rows(work, machine, args.batch_size, grid, _evidence(args, spec, machine, records), _visible_gpus())
     if args.format == "json":
         print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
                           "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
                           "compiled": not args.eager, "gpus": args.gpus, "nodes": args.nodes,
-                          "gpu_memory_bytes": args.gpu_memory, "rows": rows}, indent=1, default=str))
+                          "gpu_memory_bytes": args.gpu_memory, "peak_flops": machine.peak_flops,
+                          "intra_busbw": machine.intra_busbw, "intra_source": machine.intra_source,
+                          "inter_busbw": machine.inter_busbw, "rows": rows}, indent=1, default=str))
         return 0
     print(render(spec, args, machine, rows))
     return 0
@@ -201,7 +229,8 @@ def render(spec, args, machine, rows) -> str:
             f"on {args.nodes} node(s), {gib(machine.memory_bytes):.0f} GiB each ({gib(machine.capacity):.1f} GiB usable), "
             f"{args.precision}, {'eager' if args.eager else 'compiled'}, checkpointing {args.activation_checkpointing}, "
             f"--batch-size {args.batch_size}\n# throughput: the strategy model (docs/perfmodel.md) at "
-            f"{machine.peak_flops / 1e12:.0f} TFLOP/s peak per GPU, links {machine.intra_busbw / 1e9:g} GB/s in a node"
+            f"{machine.peak_flops / 1e12:.0f} TFLOP/s peak per GPU, in a node {machine.intra_busbw / 1e9:.0f} GB/s "
+            f"({machine.intra_source})"
             + (f", {machine.inter_busbw / 1e9:g} GB/s per node across" if machine.inter_busbw else "")
             + (f"; basis 'assumed-mfu': compute at an assumed {args.mfu:.0%} of peak, nothing of this model measured"
                + (" in the store" if args.store else " (give --store)") if assumed else "") + "\n")
