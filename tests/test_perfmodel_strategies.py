@@ -251,3 +251,20 @@ def test_plan_takes_its_compute_rate_from_the_store():
     assert rows[("ddp", None, None)]["tokens_per_s_per_gpu"] == pytest.approx(measured, rel=1e-6)
     assert rows[("pipeline", None, 4)]["basis"] == "from-1-gpu"  # the stored pipeline ran 8 micro-batches
     assert "assumed-mfu" not in {r["basis"] for r in rows.values()}
+
+
+def test_a_block_never_runs_faster_than_its_host_floor():
+    """Micro-batches so small that a block's FLOPs take less than the floor: each block takes the floor; a large
+    batch's blocks are unaffected. The floor is read from a pipeline record's timed pieces (their median)."""
+    from dlscale.perfmodel.evidence import block_floor
+
+    c = Candidate("pipeline", pp=2, batch_size=4, microbatches=4)
+    free = step_terms(c, ARCH, _machine(2), 0.5)
+    floored = step_terms(c, ARCH, replace(_machine(2), block_floor_s=1.0), 0.5)
+    per_stage_blocks = ARCH.n_layers // 2
+    # 4 micro-batches + 1 of fill, each slot at least one block's floor on the busiest stage
+    assert floored.step_s >= (4 + 1) * per_stage_blocks * 1.0 > free.step_s
+    rec = {"status": "ok", "config": {"model": "gpt2", "flavor": "full", "compile": False},
+           "strategy_info": {"piece_cost_ms": {"blocks": [3.0, 1.0, 2.0], "head": 9.0}}, "id": "abc"}
+    assert block_floor([rec], "gpt2", "full", False)[0] == pytest.approx(2e-3)
+    assert block_floor([rec], "gpt2", "full", True) == (0.0, "")

@@ -50,9 +50,30 @@ def record_tokens_per_s(rec: dict[str, Any], seq_len: int) -> float | None:
     return sps * seq_len if sps else None
 
 
+def block_floor(records: Iterable[dict[str, Any]], model: str, flavor: str, compiled: bool,
+                device_name: str | None = None) -> tuple[float, str]:
+    """The shortest measured forward + backward of one block of ``model`` (s) and where it is from: the median
+    block of each pipeline record's timed pieces (``strategy_info.piece_cost_ms``, balance=time: one
+    micro-batch each), the smallest of those medians over the records of that compile setting (and GPU);
+    (0, '') where none is stored."""
+    best: tuple[float, str] | None = None
+    for rec in records:
+        cfg = rec.get("config") or {}
+        pieces = ((rec.get("strategy_info") or {}).get("piece_cost_ms") or {}).get("blocks")
+        if (rec.get("status") != "ok" or cfg.get("model") != model or str(cfg.get("flavor") or "full") != flavor
+                or bool(cfg.get("compile")) != compiled or not pieces
+                or (device_name and (rec.get("summary") or {}).get("device_name") != device_name)):
+            continue
+        med = sorted(pieces)[len(pieces) // 2] * 1e-3
+        if best is None or med < best[0]:
+            best = (med, f"the median timed block of pipeline record {str(rec.get('id'))[:8]}")
+    return best or (0.0, "")
+
+
 def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,
-               device_type: str = "cuda") -> list[Reference]:
-    """Every ok measured record of ``model``/``flavor`` on ``device_type`` as a Reference (newest per case)."""
+               device_type: str = "cuda", floors: dict[bool, float] | None = None) -> list[Reference]:
+    """Every ok measured record of ``model``/``flavor`` on ``device_type`` as a Reference (newest per case);
+    ``floors``: the block floor of each compile setting (``block_floor``), set on each reference's machine."""
     from dlscale.models import get_model
 
     arch = get_model(model, flavor).arch
@@ -69,7 +90,8 @@ def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_
             continue
         gpn = int(cfg.get("nproc_per_node") or 1)
         peak = _num((rec.get("summary") or {}).get("peak_flops")) or peak_flops
-        machine = Machine(cand.devices, gpn, peak, links, str((rec.get("summary") or {}).get("device_name") or ""))
+        machine = Machine(cand.devices, gpn, peak, links, str((rec.get("summary") or {}).get("device_name") or ""),
+                          (floors or {}).get(cand.compiled, 0.0))
         out[(cand, gpn)] = Reference(cand, machine, tps, f"record {str(rec.get('id'))[:8]}")
     return list(out.values())
 
@@ -99,5 +121,6 @@ def evidence_from_records(records: list[dict[str, Any]], model: str, flavor: str
     from dlscale.models import get_model
 
     arch = get_model(model, flavor).arch
-    return Evidence(tuple(references(records, model, flavor, peak_flops, links)), layer_timing(records, arch, batch),
-                    assumed_mfu)
+    floors = {c: block_floor(records, model, flavor, c)[0] for c in (False, True)}
+    return Evidence(tuple(references(records, model, flavor, peak_flops, links, floors=floors)),
+                    layer_timing(records, arch, batch), assumed_mfu, floors)

@@ -8,7 +8,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Shape, error_pct
-from dlscale.perfmodel.evidence import layer_timing, record_candidate, references
+from dlscale.perfmodel.evidence import block_floor, layer_timing, record_candidate, references
 from dlscale.perfmodel.inputs import ModelOptions, Query, links_for, pick_workload
 from dlscale.perfmodel.strategies import FAMILIES, Candidate, Evidence, Machine, StepPrediction, predict
 
@@ -100,13 +100,14 @@ def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     if not peak:
         raise ConfigError(f"no peak FLOP/s known for {summ.get('device_name')!r}: the strategy model needs it")
     mine = [r.record for r in w.rows]
-    refs = references(mine, spec.name, spec.flavor, float(peak), links, str(cfg.get("device") or "cuda"))
+    floors = {c: block_floor(mine, spec.name, spec.flavor, c)[0] for c in (False, True)}
+    refs = references(mine, spec.name, spec.flavor, float(peak), links, str(cfg.get("device") or "cuda"), floors)
     out = StrategyPrediction(spec.name, spec.flavor, opts.strategy, dict(options), dict(links.sources))
     for sh in shapes:
         cand = shape_candidate(spec, opts.strategy, options, sh, cfg)
         machine = Machine(sh.devices, sh.gpus_per_node, float(peak), links)
         own = [r for r in refs if not (r.candidate == cand and r.machine.gpus_per_node == sh.gpus_per_node)]
-        ev = Evidence(tuple(own), layer_timing(records, spec.arch, cand.batch_size))
+        ev = Evidence(tuple(own), layer_timing(records, spec.arch, cand.batch_size), block_floors=floors)
         pred = predict(cand, spec.arch, machine, ev)
         meas = _measured(mine, cand, sh, spec.arch.seq_len)
         out.rows.append(StrategyRow(sh, pred, meas[0] if meas else None, meas[1] if meas else None))

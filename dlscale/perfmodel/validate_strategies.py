@@ -144,8 +144,22 @@ def own_cases(stores: dict[str, list[dict[str, Any]]], links: Links) -> list[tup
             elif cand.strategy in ("fsdp", "hsdp", "tensor", "pipeline", "hybrid") and tps:
                 multi.append((key, Case(name, name, arch, cand, machine, tps, f"{cfg['model']} {cand.label}")))
     # a store without the 1-GPU record of its workload takes the newest of another store on the same GPU model
-    return [(case, (ones.get((case.source, *key)) or ones[key])[1]) for key, case in multi
-            if key in ones or (case.source, *key) in ones]
+    pairs = [(key, case, (ones.get((case.source, *key)) or ones[key])[1]) for key, case in multi
+             if key in ones or (case.source, *key) in ones]
+    return [_with_floor(stores, key, case, ref) for key, case, ref in pairs]
+
+
+def _with_floor(stores: dict[str, list[dict[str, Any]]], key: tuple, case: Case, ref: Reference
+                ) -> tuple[Case, Reference]:
+    """The case and its reference on a machine with the block floor measured in the other stores (never its own:
+    a pipeline record's timed pieces are part of the run predicted)."""
+    from dlscale.perfmodel.evidence import block_floor
+
+    others = [r for name, recs in stores.items() if name != case.source for r in recs]
+    model, flavor, _, _, compiled, _, device = key
+    floor, _ = block_floor(others, model, flavor or "full", compiled, device)
+    return (replace(case, machine=replace(case.machine, block_floor_s=floor)),
+            replace(ref, machine=replace(ref.machine, block_floor_s=floor)))
 
 
 # ----------------------------------------------------------------------------- protocols
