@@ -73,10 +73,13 @@ def _arch(model: dict[str, Any], seq_len: int) -> Any:
     from dlscale.models import BlockLayout, TransformerArch
 
     layout = BlockLayout(attention="attn", mlp="mlp", colwise=(), rowwise=(), norms=(), fused_qkv=None)
+    # Llama-style unless the table says otherwise (GPT-3: GELU, LayerNorm, biases, tied, learned positions)
     return TransformerArch(n_layers=model["n_layers"], hidden=model["hidden"], n_heads=model["n_heads"],
                            ffn_hidden=model["ffn_hidden"], vocab=model["vocab"], seq_len=seq_len, layout=layout,
-                           n_kv_heads=model.get("n_kv_heads"), mlp="swiglu", norm="rmsnorm", bias=False,
-                           tied_embeddings=False, position_table=0)
+                           n_kv_heads=model.get("n_kv_heads"), mlp=model.get("mlp", "swiglu"),
+                           norm=model.get("norm", "rmsnorm"), bias=bool(model.get("bias", False)),
+                           tied_embeddings=bool(model.get("tied_embeddings", False)),
+                           position_table=int(model.get("position_table", 0)))
 
 
 def _links(system: dict[str, Any]) -> Links:
@@ -169,17 +172,24 @@ def _row(case: Case, protocol: str, evidence: Evidence) -> Row:
     return Row(case, protocol, p.tokens_per_s_per_device, p.evidence, p.limited_by)
 
 
+def _same_but_dp(a: Candidate, b: Candidate) -> bool:
+    return replace(a, dp_shard=1, dp_replicate=1) == replace(b, dp_shard=1, dp_replicate=1)
+
+
 def from_smaller(cases: list[Case]) -> list[Row]:
-    """Each case predicted from the same configuration of its source at the fewest devices."""
+    """Each case predicted from the same configuration of its source at the fewest devices (from-node,
+    from-multinode); where the source has the model only in another configuration at fewer devices, from that
+    (other-strategy)."""
     rows = []
     for c in cases:
         smaller = [o for o in cases if o.source == c.source and o.arch == c.arch and o.candidate.devices < c.candidate.devices
-                   and replace(o.candidate, dp_shard=1, dp_replicate=1) == replace(c.candidate, dp_shard=1,
-                                                                                    dp_replicate=1)]
+                   and o.precision_class == c.precision_class]
+        same = [o for o in smaller if _same_but_dp(o.candidate, c.candidate)]
         if not smaller:
             continue
-        ref = min(smaller, key=lambda o: o.candidate.devices)
-        protocol = "from-node" if ref.candidate.devices <= ref.machine.gpus_per_node else "from-multinode"
+        ref = min(same or smaller, key=lambda o: o.candidate.devices)
+        protocol = ("other-strategy" if not same else
+                    "from-node" if ref.candidate.devices <= ref.machine.gpus_per_node else "from-multinode")
         evidence = Evidence((Reference(ref.candidate, ref.machine, ref.measured, ref.table),))
         rows.append(replace(_row(c, protocol, evidence), protocol=protocol))
     return rows
