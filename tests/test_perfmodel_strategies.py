@@ -70,10 +70,15 @@ def test_stage_split():
 @pytest.mark.parametrize("pp, m, schedule, v", [(2, 4, "1f1b", 1), (2, 8, "gpipe", 1), (2, 4, "interleaved", 1)])
 def test_pipeline_bubble_share(pp, m, schedule, v):
     c = Candidate("pipeline", pp=pp, batch_size=m, microbatches=m, schedule=schedule, virtual=v)
-    t = step_terms(c, ARCH, _machine(pp), 0.5)
+    untied = replace(ARCH, tied_embeddings=False)
+    t = step_terms(c, untied, _machine(pp), 0.5)
     fill = (pp - 1) / v
     assert t.bubble_s / t.step_s == pytest.approx(fill / (m + fill))
     assert t.p2p_s > 0 and t.dp_exposed_s == 0
+    # tied embeddings: the first and last stage all-reduce the embedding's fp32 gradient after the schedule
+    tied = step_terms(c, ARCH, _machine(pp), 0.5)
+    one = 2 * A + 2 * 4.0 * ARCH.embedding_params() * (1 / 2) / B_INTRA
+    assert tied.step_s - t.step_s == pytest.approx(one, rel=1e-6)
 
 
 def test_tensor_parallel_collectives_by_hand():

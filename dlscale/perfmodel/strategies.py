@@ -536,7 +536,8 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     """A pipeline of ``pp`` stages, ``m`` micro-batches: every slot (one micro-batch's forward and backward on
     the busiest stage, its tensor-parallel collectives and two sends) repeated m + (pp - 1)/v times (GPipe and
     1F1B: v = 1; interleaved: v virtual stages a rank, v times the sends); the bubble is the (pp - 1)/v extra
-    slots, (pp - 1)/(m + pp - 1) of the step for v = 1. Data-parallel traffic over the stage's parameters once
+    slots, (pp - 1)/(m + pp - 1) of the step for v = 1; tied embeddings add the first and last stage's
+    all-reduce of their gradient (counted with the sends). Data-parallel traffic over the stage's parameters once
     a step, behind the schedule but for one unit's gather and reduction (dlscale's hybrid with replicas
     averages after the schedule, not overlapped)."""
     m = c.microbatches
@@ -548,8 +549,14 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     mb_p2p = 2 * v * p2p_s(nbytes, groups(c, machine.gpus_per_node)["pp"], machine.links)
     slot = mb_compute + mb_tp + mb_p2p
     fill = (c.pp - 1) / v
-    t_pipe = (m + fill) * slot
-    terms = Terms(m * mb_compute, m * mb_tp, m * mb_p2p, fill * slot, step_s=t_pipe)
+    # tied embeddings live on the first and the last stage: their fp32 gradients are summed between the two
+    # after the schedule (pipeline.py, as Megatron-LM), not overlapped
+    tied = 0.0
+    if arch.tied_embeddings:
+        pair = mesh_group(c.tp * (c.pp - 1), 2, machine.gpus_per_node)
+        tied = allreduce_group_s(4.0 * arch.embedding_params() / (c.tp if c.head_sharded else 1), pair, machine.links)
+    t_pipe = (m + fill) * slot + tied
+    terms = Terms(m * mb_compute, m * mb_tp, m * mb_p2p + tied, fill * slot, step_s=t_pipe)
     if c.dp == 1:
         return terms
     stage_params = p.blocks * p.block_params + p.root_params
