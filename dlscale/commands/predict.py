@@ -1,4 +1,5 @@
-"""``dlscale predict``: the data-parallel scaling model over cluster shapes, and ``--validate``.
+"""``dlscale predict``: the data-parallel scaling model over cluster shapes, ``--validate``, and
+``--strategy fsdp|hsdp|tensor|pipeline|hybrid``: the strategy model (``perfmodel.strategies``).
 
 The model, its inputs and the validation are in :mod:`dlscale.perfmodel`; docs/perfmodel.md has the
 usage and docs/metrics.md ("Performance model") the formulas. This module only parses and prints.
@@ -22,14 +23,17 @@ from dlscale.report.data import load_records
 def register(sub) -> None:
     p = sub.add_parser(
         "predict", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="predict data-parallel scaling over cluster shapes from a 1-device record and link bandwidths",
+        help="predict scaling over cluster shapes from measured records and link bandwidths (data parallel; "
+             "--strategy fsdp|hsdp|tensor|pipeline|hybrid: any sharded configuration)",
         description="t(N) = the measured 1-device step + the part of the gradient all-reduce not hidden behind "
                     "backward + an overhead that grows with log(GPUs per node) and sqrt(log(nodes)), fitted on the "
                     "workload's measured multi-device points where there are any (never negative, never above "
                     "ideal). Without a 1-device record, the 1-device step is inferred from a measured node's. "
                     "Every row carries a band. --validate STORE predicts every multi-device case of a "
                     "store from its 1-device record (and multi-node ones from their node, and from fewer nodes). "
-                    "See docs/perfmodel.md.")
+                    "With --strategy fsdp|hsdp|tensor|pipeline|hybrid and -o KEY=VALUE: the strategy model (compute at a rate "
+                    "inferred from the workload's measured records, each strategy's collectives on the links, "
+                    "the pipeline bubble; each row with its basis). See docs/perfmodel.md.")
     add_workload_args(p, store_optional=True)
     p.add_argument("--strategy", default="ddp",
                    help="ddp (and zero1): the data-parallel scaling model fitted on the measured records of that "

@@ -673,6 +673,11 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     * ``evidence`` (``Evidence``): measured ``Reference`` points of the model, a ``LayerTiming`` from
       ``micro layer``, the MFU assumed where neither exists.
 
+    Ranking configurations on N GPUs (what a tuner does): build one ``Machine`` and one ``Evidence`` (from a
+    store: ``evidence.evidence_from_records(records, model, flavor, peak, links, batch, assumed_mfu)``), then
+    ``sorted(cands, key=lambda c: -predict(c, arch, machine, ev).tokens_per_s_per_device)``; a candidate that
+    raises ``ConfigError`` cannot run on that machine.
+
     Returns a ``StepPrediction``: ``step_s``, ``tokens_per_s_per_device`` with its band (``low``, ``high``),
     ``mfu``, ``basis`` (one of ``BASES``) with its ``evidence`` text, ``limited_by`` and every term
     (``terms``). Raises ``ConfigError`` (one line) for a configuration the model cannot price: degrees that do
