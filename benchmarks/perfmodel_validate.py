@@ -1,6 +1,7 @@
 """Validate (and fit) the performance model on the published tables and the project's own 2-GPU records.
 
     python benchmarks/perfmodel_validate.py [--out DIR] [--fit] [--forms] [--frameworks] [--node-sizes] [--points]
+                                            [--strategies-only]
 
 Inputs: every table in tests/fixtures/tables (format dlscale-table/1), and the H200 pair stores
 of docs/results/stores that its manifest.json lists under "fit" (with their micro comm record). Runs on
@@ -14,7 +15,11 @@ What it prints (markdown, for docs/perfmodel.md):
 * ``--frameworks``: the same with every table of one framework held out together;
 * ``--node-sizes``: each single-node point predicted from the other node sizes of its series;
 * the project's own 2-GPU records predicted from their 1-GPU records (law fitted without them);
-* ``--fit``: the law fitted on everything, with its band, as the Python literal of ``DEFAULT_LAW``.
+* ``--fit``: the law fitted on everything, with its band, as the Python literal of ``DEFAULT_LAW``;
+* the strategy model (fsdp, hsdp, tensor, pipeline, hybrid; dlscale/perfmodel/validate_strategies.py) on the
+  published sharded-training tables (those with ``x-model``/``x-parallel``) and the project's own multi-GPU records:
+  errors by source, strategy family and protocol, every point, and the ranking of configurations
+  (``--strategies-only``: this section alone).
 
 Published tables are read by the importer of ``dlscale import --format table`` (the same records it stores).
 """
@@ -38,6 +43,7 @@ from dlscale.perfmodel.law import DEFAULT_LAW, PROTOCOLS  # noqa: E402
 from dlscale.perfmodel.render import fmt, md_table, plot_validation, summary_table  # noqa: E402
 from dlscale.perfmodel.validate import Validation, series_flags, summarize_rows  # noqa: E402
 from dlscale.report.data import load_records  # noqa: E402
+from dlscale.perfmodel import validate_strategies as vs  # noqa: E402
 
 TABLES = [ROOT / "tests/fixtures/tables"]  # each published page once
 STORES = ROOT / "docs/results/stores"
@@ -153,7 +159,39 @@ def node_sizes(pub: dict, everything: dict, opts: ModelOptions) -> str:
     return md_table(["single-node point predicted from", "points", "MAE", "max", "over/under"], body)
 
 
-def main() -> int:
+def comm_links():
+    """The intra-node link of the project's H200 pair (its micro comm record), for its own records."""
+    from dlscale.perfmodel.core import Links
+    from dlscale.perfmodel.inputs import _micro_link
+
+    n, link, _ = _micro_link(load_records(COMM).records[0], None)
+    return Links(intra={n: link})
+
+
+def strategies_section(own: dict[str, list[dict]]) -> str:
+    cases = vs.published_cases(TABLES)
+    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()))
+    out = ["## The strategy model: published sharded-training tables and the project's own records\n",
+           md_table(["source", "family", "protocol", "n", "mean |error|", "max |error|"],
+                    [[src, fam, proto, str(n), fmt(mae, 1, " %"), fmt(mx, 1, " %")]
+                     for src, fam, proto, n, mae, mx in vs.summary(rows)]), ""]
+    for proto in ("from-node", "from-multinode", "fitted-rate", "from-1-gpu"):
+        errs = [abs(r.error_pct) for r in rows if r.protocol == proto]
+        if errs:
+            out.append(f"- {proto}: {len(errs)} point(s), mean |error| {sum(errs) / len(errs):.1f} %, "
+                       f"max {max(errs):.1f} %")
+    out += ["", md_table(["table", "configuration", "GPUs", "protocol", "measured tok/s/GPU", "predicted", "error",
+                          "limited by"],
+                         [[r.case.table, r.case.candidate.label, str(r.case.candidate.devices), r.protocol,
+                           fmt(r.case.measured, 0), fmt(r.predicted, 0), fmt(r.error_pct, 1, " %"), r.limited_by]
+                          for r in rows]), ""]
+    for what, ranked, ok in vs.ranking(cases):
+        order = "; ".join(f"{label}: predicted {p:,.0f}, measured {m:,.0f}" for label, p, m in ranked)
+        out.append(f"- ranking, {what}: {order} -> the fastest published {'is' if ok else 'is NOT'} in the top three")
+    return "\n".join(out)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for validation.json and validation.png")
     ap.add_argument("--fit", action="store_true", help="print the law fitted on everything (DEFAULT_LAW)")
@@ -163,7 +201,16 @@ def main() -> int:
     ap.add_argument("--points", action="store_true", help="print every predicted point")
     ap.add_argument("--node-sizes", action="store_true",
                     help="also predict each single-node point from the series' other node sizes")
-    args = ap.parse_args()
+    ap.add_argument("--strategies-only", action="store_true",
+                    help="print only the strategy model's validation (fsdp, hsdp, tensor, pipeline, hybrid)")
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if args.strategies_only:
+        print(strategies_section(own_stores()))
+        return 0
     opts = ModelOptions()
     pub = datasets_by_source(published_records())
     own = own_stores()
@@ -212,6 +259,8 @@ def main() -> int:
                       source="benchmarks/perfmodel_validate.py --fit")
         print("\n## Fitted on everything (paste into dlscale/perfmodel/law.py)\n")
         print(f"node={law.node!r}, net={law.net!r}, band={law.band!r}")
+    print()
+    print(strategies_section(own))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

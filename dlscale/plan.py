@@ -1,25 +1,12 @@
 """``dlscale plan``: for each strategy and degree a job allows, the predicted memory per device
-(``memplan``), whether it fits, the largest batch that fits, and a first-order throughput.
+(``memplan``), whether it fits, the largest batch that fits, and the predicted throughput.
 
-Throughput model (until the performance-model package, ``dlscale.perfmodel``, offers a stable entry
-point for non-DDP strategies; connect it in ``predict_step``): per optimizer step on each device,
-
-    compute   = training FLOPs of its share of the global batch x recompute / (peak x efficiency)
-                recompute: full checkpointing runs the blocks' forward twice (+1/3 of their
-                FLOPs), selective recomputes the even-numbered matmuls (their share of a third)
-    tensor    = 4 all-reduces per block and micro-batch (2 forward, 2 backward) of the block's
-                activations (bf16), ring time 2 (tp-1)/tp x bytes / bus bandwidth, not overlapped
-    pipeline  = (compute + tensor) x (m + pp - 1) / m  (the 1F1B/GPipe bubble)
-    data      = ddp: all-reduce of the fp32 gradients, hidden behind the backward (2/3 of compute)
-                as far as it fits; zero1: the same plus an all-gather of the updated parameters;
-                fsdp: all-gathers of the bf16 parameters (forward, and backward for zero3) and a
-                reduce-scatter of the fp32 gradients, hidden behind the whole compute
-    step      = pipeline + exposed data time;  tokens/s/GPU = global batch x seq / step / GPUs
-
-``efficiency`` is the fraction of the peak one device reaches on this model (``--mfu``, default
-0.40: dlscale's Llama-style 1B/3B target region on one H200; measure yours with ``dlscale run``).
-Bus bandwidths: within a node (``--intra-busbw``, NVLink class) and per GPU across nodes
-(``--inter-busbw``); a group that spans nodes runs at the inter-node figure.
+Throughput comes from the performance model of the parallel strategies
+(``dlscale.perfmodel.strategies.predict``, the same entry point as ``dlscale predict --strategy``):
+compute at a rate taken from a measurement where the store has one (the same configuration at
+fewer devices, another strategy of the model, a ``micro layer`` record of its block), else at the
+assumed ``--mfu`` (and the row says so), plus each strategy's communication on the alpha-beta link
+model, minus what it hides. Each row carries its basis, band and what limits it.
 """
 from __future__ import annotations
 
@@ -27,21 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.memplan import _MATMULS, GiB, Layout, Workload, candidate_layouts, family, largest_batch, plan_memory
+from dlscale.memplan import GiB, Workload, candidate_layouts, largest_batch, plan_memory
+from dlscale.perfmodel.core import Link, Links
+from dlscale.perfmodel.strategies import DEFAULT_MFU, Candidate, Evidence, Machine as PerfMachine, predict
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the plan assumes about the devices and their links."""
+    """What the plan assumes about the devices and their links (bus bandwidths in B/s; the inter-node figure
+    per node, shared by its GPUs, as ``dlscale predict``'s; None: not given)."""
 
     gpus: int
     nodes: int
     memory_bytes: float
     peak_flops: float  # dense bf16 (fp32: tf32) FLOP/s of one device
-    efficiency: float = 0.40
-    intra_busbw: float = 300e9  # bytes/s
-    inter_busbw: float = 50e9  # bytes/s per GPU across nodes
+    efficiency: float = DEFAULT_MFU  # the compute rate assumed where nothing is measured
+    intra_busbw: float = 300e9  # an NVLink-class figure, where nothing else is given
+    inter_busbw: float | None = None
     headroom: float = 0.10  # of the memory kept free: CUDA context, allocator cache and fragmentation
+    intra_latency_s: float = 0.0
+    inter_latency_s: float = 0.0
+    intra_source: str = ""
 
     @property
     def per_node(self) -> int:
@@ -51,71 +44,60 @@ class Machine:
     def capacity(self) -> float:
         return self.memory_bytes * (1 - self.headroom)
 
+    @property
+    def links(self) -> Links:
+        inter = Link(self.inter_busbw, self.inter_latency_s) if self.inter_busbw else None
+        return Links(intra={0: Link(self.intra_busbw, self.intra_latency_s)}, inter=inter)
 
-def recompute_factor(arch, checkpointing: str) -> float:
-    """Training FLOPs with recomputation / without (block matmuls only; attention is kept)."""
-    if checkpointing == "none":
-        return 1.0
-    if checkpointing == "full":
-        return 1 + 1 / 3
-    mms = _MATMULS[family(arch)]
-    dims = {"h": arch.hidden, "A": arch.attn_dim, "kv": arch.kv_dim, "f": arch.ffn_hidden}
-    sizes = [sum(n * dims[d] for d, n in out.items()) for out in mms]
-    return 1 + (sum(sizes[1::2]) / sum(sizes)) / 3
+    def perf(self) -> PerfMachine:
+        return PerfMachine(self.gpus, self.per_node, self.peak_flops, self.links)
 
 
-def _ring(nbytes: float, n: int, busbw: float, factor: float) -> float:
-    return 0.0 if n <= 1 else factor * (n - 1) / n * nbytes / busbw
+def runs_here(layout, machine: Machine, visible_gpus: int) -> str:
+    """'yes', or why dlscale cannot run this row on this machine (too few GPUs visible, several nodes)."""
+    if machine.nodes > 1:
+        return f"no: {machine.nodes} nodes (dlscale slurm / multi-node launch)"
+    if layout.world > visible_gpus:
+        return f"no: {layout.world} GPUs, {visible_gpus} visible"
+    return "yes"
 
 
-def predict_step(work: Workload, layout: Layout, batch: int, machine: Machine, params_dev: float) -> dict[str, float]:
-    """Seconds of one step and tokens/s per GPU for ``batch`` (dlscale's --batch-size) on ``layout``."""
-    arch = work.spec.arch
-    world = layout.world
-    global_batch = batch * layout.dp  # model-parallel ranks share their batch
-    flops_dev = work.spec.flops_per_sample * global_batch / world * recompute_factor(arch, work.checkpointing)
-    compute = flops_dev / (machine.peak_flops * machine.efficiency)
-    tp_link = machine.intra_busbw if layout.tp <= machine.per_node else machine.inter_busbw
-    act_bytes = 2 * batch / layout.microbatches * arch.seq_len * arch.hidden
-    blocks_dev = -(-arch.n_layers // layout.pp)
-    tensor = 4 * blocks_dev * layout.microbatches * _ring(act_bytes, layout.tp, tp_link, 2)
-    pipeline = (compute + tensor) * (layout.microbatches + layout.pp - 1) / layout.microbatches
-    spans = layout.world > machine.per_node and layout.dp > 1
-    dp_link = machine.inter_busbw if spans else machine.intra_busbw
-    if layout.zero >= 2:
-        gathers = 2 if layout.zero == 3 else 1
-        comm = (gathers * _ring(2 * params_dev, layout.dp_shard, dp_link, 1)  # bf16 parameters gathered
-                + _ring(4 * params_dev, layout.dp_shard, dp_link, 1))  # fp32 gradients reduce-scattered
-        comm += _ring(4 * params_dev / layout.dp_shard, layout.dp_replicate, machine.inter_busbw, 2)  # hsdp
-        exposed = max(0.0, comm - compute)
-    else:
-        comm = _ring(4 * params_dev, layout.dp, dp_link, 2)
-        exposed = max(0.0, comm - 2 / 3 * compute)
-        if layout.zero == 1:
-            exposed += _ring(4 * params_dev, layout.dp, dp_link, 1)
-    step = pipeline + exposed
-    tokens = global_batch * arch.seq_len / step / world
-    return {"step_s": step, "compute_s": compute, "tensor_s": tensor, "bubble_s": pipeline - compute - tensor,
-            "data_comm_s": comm, "exposed_s": exposed, "tokens_per_s_per_gpu": tokens,
-            "mfu": work.spec.flops_per_sample / arch.seq_len * tokens / machine.peak_flops}
+@dataclass(frozen=True)
+class Grid:
+    """Which layouts the plan enumerates: pipeline micro-batches and schedule, sequence parallelism, and only
+    these strategies (None: all)."""
+
+    microbatches: int = 4
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    strategies: frozenset[str] | None = None
 
 
-def plan_rows(work: Workload, machine: Machine, batch: int, microbatches: int = 4, schedule: str = "1f1b",
-              sequence_parallel: bool = False, strategies: set[str] | None = None) -> list[dict[str, Any]]:
-    """One row per layout: memory terms, fit, largest batch, predicted throughput (best first)."""
+def plan_rows(work: Workload, machine: Machine, batch: int, grid: Grid = Grid(), evidence: Evidence | None = None,
+              visible_gpus: int = 0) -> list[dict[str, Any]]:
+    """One row per layout: memory terms, fit, largest batch, the model's predicted step (fitting rows first,
+    fastest first). ``evidence``: the measurements the compute rate comes from (None: the assumed MFU);
+    ``visible_gpus``: the GPUs of this machine, for the ``runs_here`` column."""
     if machine.nodes < 1 or machine.gpus % machine.nodes:
         raise ConfigError(f"--nodes {machine.nodes} must divide --gpus {machine.gpus}")
+    if machine.nodes > 1 and not machine.inter_busbw:
+        raise ConfigError(f"{machine.gpus} GPUs on {machine.nodes} nodes need the inter-node link: give "
+                          f"--inter-busbw GBPS (per node)")
+    ev = evidence or Evidence(assumed_mfu=machine.efficiency)
+    perf = machine.perf()
     rows = []
-    for layout in candidate_layouts(work.spec, machine.gpus, machine.per_node, machine.nodes, microbatches,
-                                    schedule, sequence_parallel):
-        if strategies and layout.name not in strategies:
+    for layout in candidate_layouts(work.spec, machine.gpus, machine.per_node, machine.nodes, grid.microbatches,
+                                    grid.schedule, grid.sequence_parallel):
+        if grid.strategies and layout.name not in grid.strategies:
             continue
         b = batch if layout.microbatches == 1 else -(-batch // layout.microbatches) * layout.microbatches
         mem = plan_memory(work, layout, b)
         best = largest_batch(work, layout, machine.capacity)
-        perf = predict_step(work, layout, b, machine, mem.detail["params_on_device"])
+        cand = Candidate.from_layout(layout, b, work.checkpointing, work.precision, work.compiled)
+        p = predict(cand, work.spec.arch, perf, ev)
         rows.append({**mem.as_dict(), "fits": mem.peak <= machine.capacity, "max_batch_size": best,
-                     "capacity_bytes": machine.capacity, **perf})
+                     "capacity_bytes": machine.capacity, **p.to_dict(), "step_s": p.step_s,
+                     "runs_here": runs_here(layout, machine, visible_gpus)})
     rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"]))
     return rows
 

@@ -1,5 +1,5 @@
-"""Fitting the overhead law: the solvers against hand-made data, and the shipped DEFAULT_LAW reproduced from
-the published tables and the project's H200 pair stores (benchmarks/perfmodel_validate.py --fit)."""
+"""Fitting the overhead law: the solvers against hand-made data, and the held-out error of the fit on the
+published tables and the project's H200 pair stores (benchmarks/perfmodel_validate.py)."""
 from __future__ import annotations
 
 import math
@@ -40,24 +40,27 @@ def test_l1_fit_ignores_an_outlier():
     assert FitRows.weights(rows) == pytest.approx([0.1] * 10 + [1.0])
 
 
-@pytest.mark.slow  # builds three registered models on the meta device: ~20 s on a 2-core machine
-def test_default_law_is_what_the_fit_gives():
-    """Refitting on the shipped tables and stores reproduces DEFAULT_LAW's coefficients."""
+@pytest.mark.slow  # builds three registered models on the meta device and refits once a page: ~1 min on 2 cores
+def test_the_fit_predicts_held_out_tables():
+    """The law's form, refitted without each table's source page (and each store), predicts the held-out
+    published points: from the node within 12 % on average, from a multi-node point within 5 %, from one GPU
+    within 15 % (docs/perfmodel.md gives the figures); the shipped band is a pair of fractions per protocol."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import perfmodel_validate as pv
 
-    from dlscale.perfmodel.fit import datasets_by_source, fit_law
-    from dlscale.perfmodel.inputs import ModelOptions
+    from dlscale.perfmodel.fit import datasets_by_source
 
-    everything = {**datasets_by_source(pv.published_records()), **pv.own_stores()}
-    law = fit_law(everything, ModelOptions(), tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net))
-    assert law.node == pytest.approx(DEFAULT_LAW.node, abs=2e-5) and law.net == pytest.approx(DEFAULT_LAW.net, abs=2e-5)
+    pub = datasets_by_source(pv.published_records())
+    everything = {**pub, **pv.own_stores()}
+    val = leave_one_out(everything, ModelOptions(), tuple(DEFAULT_LAW.node), tuple(DEFAULT_LAW.net))
+    bounds = {"from-1-gpu": 15.0, "from-node": 12.0, "from-multinode": 5.0}
+    for p, bound in bounds.items():
+        s = val.summary(p, list(pub))
+        assert s.n > 0 and s.mean_abs_error_pct < bound, (p, s.mean_abs_error_pct)
     assert set(DEFAULT_LAW.band) == set(PROTOCOLS)
     for p in PROTOCOLS:
         below, above = DEFAULT_LAW.band_for(p)
         assert 0 < below < 1 and 0 < above < 1
-    # a limit the model cannot see only slows a step: the held-out points fell further below than above
-    assert DEFAULT_LAW.band_for("from-1-gpu")[0] > DEFAULT_LAW.band_for("from-1-gpu")[1]
 
 
 def test_term_scales_hand_computed():

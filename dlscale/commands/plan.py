@@ -40,7 +40,9 @@ def register(sub) -> None:
                        description="For each strategy and degree the job allows (ddp, zero1, fsdp zero2/zero3, "
                        "hsdp, tensor, pipeline, hybrid dp x tp x pp), the predicted memory per device (parameters, "
                        "gradients, optimizer state, activations, weight copies, head), whether it fits, the largest "
-                       "batch that fits and a first-order throughput. Formulas: docs/plan.md. With --check STORE "
+                       "batch that fits and the throughput of the performance model (docs/perfmodel.md: compute from the "
+                       "store's measurements where --store has them, else the assumed --mfu; each row says which). "
+                       "Formulas: docs/plan.md. With --check STORE "
                        "instead: the plan of each stored case beside its measured peak (exit 1 when one is outside "
                        "--tolerance).")
     p.add_argument("--model", default=None,
@@ -62,9 +64,16 @@ def register(sub) -> None:
     p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/metrics.py)")
     p.add_argument("--peak-tflops", type=_positive(float), default=None, help="peak dense TFLOP/s (overrides --gpu)")
     p.add_argument("--mfu", type=_positive(float), default=0.40,
-                   help="fraction of the peak one device reaches on this model (measure it with dlscale run)")
-    p.add_argument("--intra-busbw", type=_positive(float), default=300.0, help="GB/s bus bandwidth within a node")
-    p.add_argument("--inter-busbw", type=_positive(float), default=50.0, help="GB/s bus bandwidth per GPU across nodes")
+                   help="compute rate (fraction of the peak) assumed where the store has no measurement of the model")
+    p.add_argument("--store", default=None, metavar="STORE",
+                   help="result store whose measured records of the model (any strategy, any device count) and "
+                        "micro layer records set the compute rate (default: none, the assumed --mfu)")
+    p.add_argument("--intra-busbw", type=_positive(float), default=None,
+                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
+                        "--store, else an assumed 300, NVLink class; the header says which)")
+    p.add_argument("--inter-busbw", type=_positive(float), default=None,
+                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
+                        "required with --nodes > 1")
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
@@ -77,7 +86,32 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-def _machine(args):
+def _store_records(args) -> list:
+    """The records of --store (none without it)."""
+    if args.store is None:
+        return []
+    from dlscale.report.cli import _warn
+    from dlscale.report.data import load_records
+
+    loaded = load_records(args.store)
+    _warn(loaded.warnings())
+    return loaded.records
+
+
+def _intra_link(args, records) -> tuple[float, float, str]:
+    """(bus bandwidth B/s, latency s, where it came from) of the intra-node link."""
+    if args.intra_busbw is not None:
+        return args.intra_busbw * 1e9, 0.0, f"--intra-busbw {args.intra_busbw:g} GB/s"
+    from dlscale.perfmodel.inputs import _comm_micro, _micro_link
+
+    micro = _comm_micro(records, "cuda")
+    if micro is not None:
+        _, link, src = _micro_link(micro, None)
+        return link.busbw_bps, link.latency_s, src
+    return 300e9, 0.0, "assumed 300 GB/s (no --intra-busbw, no micro comm record in --store)"
+
+
+def _machine(args, records=()):
     from dlscale import metrics
     from dlscale.plan import Machine
 
@@ -93,9 +127,38 @@ def _machine(args):
         peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda"))
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
+    bw, lat, src = _intra_link(args, list(records))
     return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,
-                   efficiency=args.mfu, intra_busbw=args.intra_busbw * 1e9, inter_busbw=args.inter_busbw * 1e9,
-                   headroom=args.headroom)
+                   efficiency=args.mfu, intra_busbw=bw, intra_latency_s=lat,
+                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None, headroom=args.headroom,
+                   intra_source=src)
+
+
+def _evidence(args, spec, machine, records):
+    """The store's measurements of the model (--store), or only the assumed MFU."""
+    from dlscale.perfmodel.strategies import Evidence
+
+    if args.store is None:
+        return Evidence(assumed_mfu=args.mfu)
+    from dlscale.perfmodel.evidence import evidence_from_records
+
+    return evidence_from_records(records, spec.name, spec.flavor, machine.peak_flops, machine.links,
+                                 args.batch_size, args.mfu)
+
+
+def _visible_gpus() -> int:
+    """NVIDIA GPUs this machine has (the driver's list, narrowed by CUDA_VISIBLE_DEVICES): which rows dlscale can
+    run here. Read without importing torch, so that planning stays quick."""
+    import os
+
+    try:
+        n = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip() and not v.strip().startswith("-")]))
+    return n
 
 
 def cmd_check(args) -> int:
@@ -125,7 +188,7 @@ def cmd_check(args) -> int:
 def cmd_plan(args) -> int:
     from dlscale.memplan import Workload
     from dlscale.models import default_flavor, get_model
-    from dlscale.plan import plan_rows
+    from dlscale.plan import Grid, plan_rows
     from dlscale.strategies import strategy_names
 
     if args.check is not None:
@@ -141,14 +204,18 @@ def cmd_plan(args) -> int:
             raise ConfigError(f"unknown strategy {s!r}; choose one of: {', '.join(strategy_names())}")
     spec = get_model(args.model, args.flavor or default_flavor(args.model))
     work = Workload(spec, args.precision, args.activation_checkpointing, compiled=not args.eager)
-    machine = _machine(args)
-    rows = plan_rows(work, machine, args.batch_size, args.microbatches, args.schedule, args.sequence_parallel,
-                     set(args.strategy) if args.strategy else None)
+    records = _store_records(args)
+    machine = _machine(args, records)
+    grid = Grid(args.microbatches, args.schedule, args.sequence_parallel,
+                frozenset(args.strategy) if args.strategy else None)
+    rows = plan_rows(work, machine, args.batch_size, grid, _evidence(args, spec, machine, records), _visible_gpus())
     if args.format == "json":
         print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
                           "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
                           "compiled": not args.eager, "gpus": args.gpus, "nodes": args.nodes,
-                          "gpu_memory_bytes": args.gpu_memory, "rows": rows}, indent=1, default=str))
+                          "gpu_memory_bytes": args.gpu_memory, "peak_flops": machine.peak_flops,
+                          "intra_busbw": machine.intra_busbw, "intra_source": machine.intra_source,
+                          "inter_busbw": machine.inter_busbw, "rows": rows}, indent=1, default=str))
         return 0
     print(render(spec, args, machine, rows))
     return 0
@@ -157,20 +224,28 @@ def cmd_plan(args) -> int:
 def render(spec, args, machine, rows) -> str:
     from dlscale.plan import gib
 
+    assumed = any(r["basis"] == "assumed-mfu" for r in rows)
     head = (f"# plan: {spec.name} {spec.flavor} ({spec.arch.param_count() / 1e9:.2f} B parameters), {args.gpus} GPU(s) "
             f"on {args.nodes} node(s), {gib(machine.memory_bytes):.0f} GiB each ({gib(machine.capacity):.1f} GiB usable), "
             f"{args.precision}, {'eager' if args.eager else 'compiled'}, checkpointing {args.activation_checkpointing}, "
-            f"--batch-size {args.batch_size}\n# throughput: first-order model at {args.mfu:.0%} of "
-            f"{machine.peak_flops / 1e12:.0f} TFLOP/s per GPU (docs/plan.md)\n")
+            f"--batch-size {args.batch_size}\n# throughput: the strategy model (docs/perfmodel.md) at "
+            f"{machine.peak_flops / 1e12:.0f} TFLOP/s peak per GPU, in a node {machine.intra_busbw / 1e9:.0f} GB/s "
+            f"({machine.intra_source})"
+            + (f", {machine.inter_busbw / 1e9:g} GB/s per node across" if machine.inter_busbw else "")
+            + (f"; basis 'assumed-mfu': compute at an assumed {args.mfu:.0%} of peak, nothing of this model measured"
+               + (" in the store" if args.store else " (give --store)") if assumed else "") + "\n")
     cols = ("strategy", "options", "dp x tp x pp", "params GiB", "grads GiB", "optim GiB", "activ GiB", "copies GiB",
-            "head GiB", "peak GiB", "fits", "max batch", "tokens/s/GPU", "MFU %")
+            "head GiB", "peak GiB", "fits", "max batch", "tokens/s/GPU", "band", "MFU %", "limited by", "basis",
+            "runs here")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         opts = " ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+        band = f"{r['tokens_per_s_per_gpu_low']:,.0f}-{r['tokens_per_s_per_gpu_high']:,.0f}"
         lines.append("| " + " | ".join([
             r["strategy"], opts, r["layout"], f"{gib(r['params_bytes']):.2f}", f"{gib(r['grads_bytes']):.2f}",
             f"{gib(r['optimizer_bytes']):.2f}", f"{gib(r['activations_bytes']):.2f}",
             f"{gib(r['weight_copies_bytes']):.2f}", f"{gib(r['head_bytes']):.2f}", f"{gib(r['peak_bytes']):.2f}",
             "yes" if r["fits"] else "no", str(r["max_batch_size"] or "-"),
-            f"{r['tokens_per_s_per_gpu']:,.0f}", f"{100 * r['mfu']:.1f}"]) + " |")
+            f"{r['tokens_per_s_per_gpu']:,.0f}", band, f"{100 * r['mfu']:.1f}", r["limited_by"], r["basis"],
+            r["runs_here"]]) + " |")
     return head + "\n".join(lines)

@@ -1,4 +1,5 @@
-"""``dlscale predict``: the data-parallel scaling model over cluster shapes, and ``--validate``.
+"""``dlscale predict``: the data-parallel scaling model over cluster shapes, ``--validate``, and
+``--strategy fsdp|hsdp|tensor|pipeline|hybrid``: the strategy model (``perfmodel.strategies``).
 
 The model, its inputs and the validation are in :mod:`dlscale.perfmodel`; docs/perfmodel.md has the
 usage and docs/metrics.md ("Performance model") the formulas. This module only parses and prints.
@@ -12,6 +13,8 @@ from dlscale import ConfigError
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, int_list, options_from_args,
                                         query_from_args, shapes_type)
 from dlscale.perfmodel.predict import predict_workload
+from dlscale.perfmodel.predict_strategy import SHARDED
+from dlscale.perfmodel.strategies import FAMILIES
 from dlscale.perfmodel.render import plot_prediction, plot_validation, render_prediction, render_validation
 from dlscale.perfmodel.validate import validate
 from dlscale.report.data import load_records
@@ -20,17 +23,26 @@ from dlscale.report.data import load_records
 def register(sub) -> None:
     p = sub.add_parser(
         "predict", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="predict data-parallel scaling over cluster shapes from a 1-device record and link bandwidths",
+        help="predict scaling over cluster shapes from measured records and link bandwidths (data parallel; "
+             "--strategy fsdp|hsdp|tensor|pipeline|hybrid: any sharded configuration)",
         description="t(N) = the measured 1-device step + the part of the gradient all-reduce not hidden behind "
                     "backward + an overhead that grows with log(GPUs per node) and sqrt(log(nodes)), fitted on the "
                     "workload's measured multi-device points where there are any (never negative, never above "
                     "ideal). Without a 1-device record, the 1-device step is inferred from a measured node's. "
                     "Every row carries a band. --validate STORE predicts every multi-device case of a "
                     "store from its 1-device record (and multi-node ones from their node, and from fewer nodes). "
-                    "See docs/perfmodel.md.")
+                    "With --strategy fsdp|hsdp|tensor|pipeline|hybrid and -o KEY=VALUE: the strategy model (compute at a rate "
+                    "inferred from the workload's measured records, each strategy's collectives on the links, "
+                    "the pipeline bubble; each row with its basis). See docs/perfmodel.md.")
     add_workload_args(p, store_optional=True)
     p.add_argument("--strategy", default="ddp",
-                   help="strategy of the measured multi-device records the model is fitted on and compared with")
+                   help="ddp (and zero1): the data-parallel scaling model fitted on the measured records of that "
+                        "strategy; fsdp, hsdp, tensor, pipeline, hybrid: the strategy model (docs/perfmodel.md), "
+                        "its configuration from -o, compute from the workload's measured records")
+    p.add_argument("-o", "--option", dest="options", action="append", default=None, metavar="KEY=VALUE",
+                   help="with --strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy's options as dlscale run "
+                        "takes them (-o tp=2 -o pp=2 -o dp_shard=fsdp, -o shard=zero2, -o microbatches=8); "
+                        "default: the strategy's defaults")
     p.add_argument("--shapes", dest="shapes", type=shapes_type(), default=None, metavar="LIST",
                    help="cluster shapes NODESxGPUS (or N: one node of N GPUs), comma list, e.g. 1x2,1x8,4x8,125x8; "
                         "default: powers of two up to the node (--nproc-per-node), then --nnodes of that node")
@@ -47,6 +59,22 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_predict)
 
 
+def _predict_strategy(args, query, opts) -> int:
+    """--strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy model over the shapes."""
+    from dlscale.caseargs import parse_options
+    from dlscale.perfmodel.predict_strategy import predict_strategy, render_strategy
+
+    if args.plot:
+        raise ConfigError(f"--plot draws the data-parallel model; not with --strategy {args.strategy}")
+    if not args.shapes:
+        raise ConfigError(f"--strategy {args.strategy} needs --shapes (e.g. --shapes 1x2,1x8,4x8)")
+    options = parse_options(args.options, "-o")
+    loaded = load_records(args.store)
+    pred = predict_strategy(loaded.records, query, opts, options, args.shapes, str(loaded.store))
+    print(json.dumps(pred.to_dict(), indent=2, sort_keys=True) if args.format == "json" else render_strategy(pred))
+    return 0
+
+
 def cmd_predict(args) -> int:
     query, opts = query_from_args(args), options_from_args(args, args.strategy)
     if args.validate is not None:
@@ -61,6 +89,12 @@ def cmd_predict(args) -> int:
         return 0
     if args.store is None or args.model is None:
         raise ConfigError("predict needs STORE and --model (or --validate STORE)")
+    if args.strategy in SHARDED:
+        return _predict_strategy(args, query, opts)
+    if args.options:
+        raise ConfigError(f"-o applies to --strategy {', '.join(SHARDED)}; {args.strategy} takes none here")
+    if args.strategy not in FAMILIES:
+        raise ConfigError(f"the performance model has no strategy {args.strategy!r}; it models {', '.join(FAMILIES)}")
     loaded = load_records(args.store)
     pred = predict_workload(loaded.records, query, opts, args.shapes, args.nnodes, str(loaded.store))
     out = pred.to_dict()

@@ -138,6 +138,9 @@ class TransformerArch:
         """Training FLOPs of one sequence: 6 N T + 12 L A T^2 (forward + backward)."""
         return transformer_flops_per_sample(self.flops_params(), self.n_layers, self.attn_dim, self.seq_len)
 
+    def flops_per_token(self) -> float:
+        return self.flops_per_sample() / self.seq_len
+
 
 def transformer_flops_per_sample(n_params: int, n_layers: int, attn_dim: int, seq: int) -> float:
     """Training FLOPs per sequence: 6*N*T + 12*L*A*T^2 (PaLM appendix B, as in nanoGPT).

@@ -41,8 +41,8 @@ class Measured:
 
 # How far below and above the floor the measured throughput of floor-bound runs fell: the 80th percentile of
 # each side over 37 floor-bound predictions of ResNet-50 CPU-decode runs on one H200 under `taskset` (16 to 4
-# cores; docs/benchmarks.md, seventeenth and eighteenth sessions). The floor's error is the host's per-core
-# decode rate, not the law's, so a floor-bound row takes this band instead of the law's.
+# cores; docs/results/h200.md). The floor's error is the host's per-core decode rate, not the law's, so a
+# floor-bound row takes this band instead of the law's.
 # `python benchmarks/host_floor_check.py` over docs/results/stores/h200-2026-11-29/host-floor reproduces it.
 HOST_FLOOR_BAND = (0.1279, 0.1598)
 

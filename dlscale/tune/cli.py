@@ -144,7 +144,7 @@ def plan_candidates(args):
     """Everything before a measurement: axes, candidates, pruning, ranking (ConfigError: bad input)."""
     from dlscale.config import check_cpu_processes, resolve_device
     from dlscale.tune import prune, space
-    from dlscale.tune.rank import rank
+    from dlscale.tune.rank import evidence_for, rank
 
     given = axes_from_args(args)
     base = base_config(args)
@@ -162,7 +162,20 @@ def plan_candidates(args):
     if not any(c.pruned is None for c in cands):
         first = next((c.pruned for c in cands if c.pruned_by == "memory"), None) or cands[0].pruned
         raise ConfigError(f"no configuration fits: {first} (see --gpu-memory, --headroom, --batch-size)")
-    return label, cands, rank([c for c in cands if c.pruned is None], machine), headroom, given
+    evidence = evidence_for(_other_records(args.store, label), base, machine)
+    return label, cands, rank([c for c in cands if c.pruned is None], machine, evidence), headroom, given
+
+
+def _other_records(store_dir, label: str) -> list:
+    """The store's records other than this tune's own: the model ranks from what was measured before
+    (its ranking against the measured one would mean nothing if it read this tune's results)."""
+    import os
+
+    from dlscale.store import ResultStore
+
+    if not store_dir or not os.path.isdir(store_dir):
+        return []
+    return [r for r in ResultStore(store_dir).load().records if (r.get("config") or {}).get("label") != label]
 
 
 def _has_plan(cfg) -> bool:

@@ -1,10 +1,10 @@
 """The order in which candidates are measured: the performance model's predicted throughput.
 
-``rank`` is the one entry point the search calls. Today it uses the first-order step model of
-``dlscale plan`` (dlscale/plan.py ``predict_step``: compute at a fraction of the peak, tensor and
-pipeline terms, the exposed data-parallel communication), evaluated at the micro-batch times the
-accumulation (the gradients are exchanged once per optimizer step). A step model for every
-strategy (dlscale/perfmodel) replaces it here, behind the same signature.
+``rank`` is the one entry point the search calls. It asks the strategy model of dlscale/perfmodel
+(``predict_step``: compute from the best evidence the store holds, plus each strategy's
+communication, minus what it hides) at the micro-batch times the accumulation (the gradients are
+exchanged once per optimizer step). Each prediction says its basis: a measured record of the model,
+a ``micro layer`` timing, or the assumed MFU where the store holds nothing of it.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from dlscale import ConfigError
 
 CPU_NOMINAL_FLOPS = 1e11  # no peak is known for a CPU: the ranking needs an order, not the figure
-BASIS = "first-order step model (dlscale/plan.py predict_step)"
 
 
 @dataclass(frozen=True)
@@ -38,26 +37,41 @@ class Ranked:
     rank: int = 0  # 1 = the model's first
 
 
-def predict(cand, machine: TuneMachine) -> float | None:
-    """Predicted samples/s of the whole job for one candidate, None where there is no model."""
-    from dlscale.memplan import plan_memory
-    from dlscale.plan import Machine, predict_step
-    from dlscale.tune.prune import workload_of
+def predict(cand, machine: TuneMachine, evidence=None) -> tuple[float, str] | None:
+    """Predicted samples/s of the whole job for one candidate and the basis of its compute, None where
+    the model cannot price it (no transformer architecture, no memory layout, a configuration it refuses)."""
+    from dlscale.models import get_model
+    from dlscale.perfmodel import strategies as sm
+    from dlscale.perfmodel.core import Link, Links
 
-    if cand.layout is None:
-        return None
     cfg = cand.cfg
+    arch = getattr(get_model(cfg.model, cfg.flavor), "arch", None)
+    if cand.layout is None or arch is None:
+        return None
+    links = Links(intra={0: Link(machine.intra_busbw)}, inter=Link(machine.inter_busbw) if machine.nodes > 1 else None)
+    m = sm.Machine(gpus=machine.world, gpus_per_node=max(1, machine.world // machine.nodes),
+                   peak_flops=machine.peak_flops or CPU_NOMINAL_FLOPS, links=links)
+    per_step = cfg.batch_size * cfg.grad_accum  # one optimizer step's samples on a data-parallel rank
+    c = sm.Candidate.from_layout(cand.layout, per_step, cfg.activation_checkpointing, cfg.precision, cfg.compile)
     try:
-        work = workload_of(cfg)
-        m = Machine(gpus=machine.world, nodes=machine.nodes, memory_bytes=machine.memory_bytes,
-                    peak_flops=machine.peak_flops or CPU_NOMINAL_FLOPS, efficiency=machine.efficiency,
-                    intra_busbw=machine.intra_busbw, inter_busbw=machine.inter_busbw)
-        params_dev = plan_memory(work, cand.layout, cfg.batch_size).detail["params_on_device"]
-        per_step = cfg.batch_size * cfg.grad_accum  # one optimizer step's samples on a data-parallel rank
-        step = predict_step(work, cand.layout, per_step, m, params_dev)["step_s"]
+        p = sm.predict(c, arch, m, evidence or sm.Evidence(assumed_mfu=machine.efficiency))
     except (ConfigError, KeyError, ValueError, ZeroDivisionError):
         return None
-    return per_step * cand.layout.dp / step if step > 0 else None
+    return p.tokens_per_s_per_device * c.devices / arch.seq_len, p.basis
+
+
+def evidence_for(records: list, cfg, machine: TuneMachine):
+    """What the store holds for the model (measured records, micro layer timings), as the model's
+    evidence; the assumed MFU where it holds nothing."""
+    from dlscale.perfmodel.core import Link, Links
+    from dlscale.perfmodel.evidence import evidence_from_records
+
+    links = Links(intra={0: Link(machine.intra_busbw)}, inter=Link(machine.inter_busbw))
+    try:
+        return evidence_from_records(records, cfg.model, cfg.flavor, machine.peak_flops or CPU_NOMINAL_FLOPS,
+                                     links, cfg.batch_size, machine.efficiency)
+    except (ConfigError, KeyError, ValueError, ZeroDivisionError, AttributeError):
+        return None
 
 
 def _order(r: Ranked) -> tuple:
@@ -67,13 +81,14 @@ def _order(r: Ranked) -> tuple:
             c.activation_checkpointing != "none", c.compile)
 
 
-def rank(candidates: list, machine: TuneMachine) -> list[Ranked]:
+def rank(candidates: list, machine: TuneMachine, evidence=None) -> list[Ranked]:
     """The candidates best first by predicted throughput; those the model cannot predict last
     (largest batch first). The single place the tune asks the performance model."""
     out = []
     for c in candidates:
-        p = predict(c, machine)
-        out.append(Ranked(c, p, BASIS if p is not None else "no model (no memory layout or architecture)"))
+        p = predict(c, machine, evidence)
+        out.append(Ranked(c, p[0], f"strategy model ({p[1]})") if p is not None
+                   else Ranked(c, None, "no model (no memory layout or architecture)"))
     out.sort(key=_order)
     for i, r in enumerate(out, 1):
         r.rank = i

@@ -1,0 +1,126 @@
+"""Stored records as the strategy model's evidence: measured runs of a model as ``Reference`` points (their
+configuration read the way the strategy declares its memory layout), ``micro layer`` records of its block
+shape as ``LayerTiming``; ``micro comm`` records as the links (``inputs.links_for``'s rule)."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from dlscale import ConfigError
+from dlscale.perfmodel.core import Links
+from dlscale.perfmodel.strategies import Candidate, Evidence, LayerTiming, Machine, Reference
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else None
+
+
+def record_candidate(rec: dict[str, Any]) -> Candidate | None:
+    """The Candidate of a stored run (or imported) record, None where its strategy has no layout or the model
+    no transformer architecture."""
+    from dlscale.memplan import layout_for_run
+    from dlscale.models import get_model
+
+    cfg = rec.get("config") or {}
+    try:
+        spec = get_model(cfg.get("model"), cfg.get("flavor") or "full")
+        world = int(cfg.get("nproc_per_node") or 1) * int(cfg.get("nnodes") or 1)
+        name = "single" if world == 1 else str(cfg.get("strategy"))
+        if name == "single":
+            from dlscale.memplan import Layout
+            layout = Layout("single")
+        else:
+            layout = layout_for_run(spec, name, world, int(cfg.get("nnodes") or 1), dict(cfg.get("strategy_options") or {}))
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return None
+    if getattr(spec, "arch", None) is None or not hasattr(spec.arch, "attn_dim"):
+        return None
+    return Candidate.from_layout(layout, int(cfg.get("batch_size") or 1), str(cfg.get("activation_checkpointing")
+                                                                               or "none"),
+                                 str(cfg.get("precision") or "fp32"), bool(cfg.get("compile")))
+
+
+def record_tokens_per_s(rec: dict[str, Any], seq_len: int) -> float | None:
+    """Measured tokens/s per device of a record (samples/s per device x sequence length)."""
+    s = rec.get("summary") or {}
+    sps = _num(s.get("samples_per_s_per_device"))
+    if sps is None:
+        total, cfg = _num(s.get("samples_per_s")), rec.get("config") or {}
+        world = int(cfg.get("nproc_per_node") or 1) * int(cfg.get("nnodes") or 1)
+        sps = total / world if total else None
+    return sps * seq_len if sps else None
+
+
+def block_floor(records: Iterable[dict[str, Any]], model: str, flavor: str, compiled: bool,
+                device_name: str | None = None) -> tuple[float, str]:
+    """The shortest measured forward + backward of one block of ``model`` (s) and where it is from: the median
+    block of each pipeline record's timed pieces (``strategy_info.piece_cost_ms``, balance=time: one
+    micro-batch each), the smallest of those medians over the records of that compile setting (and GPU);
+    (0, '') where none is stored."""
+    best: tuple[float, str] | None = None
+    for rec in records:
+        cfg = rec.get("config") or {}
+        pieces = ((rec.get("strategy_info") or {}).get("piece_cost_ms") or {}).get("blocks")
+        if (rec.get("status") != "ok" or cfg.get("model") != model or str(cfg.get("flavor") or "full") != flavor
+                or bool(cfg.get("compile")) != compiled or not pieces
+                or (device_name and (rec.get("summary") or {}).get("device_name") != device_name)):
+            continue
+        med = sorted(pieces)[len(pieces) // 2] * 1e-3
+        if best is None or med < best[0]:
+            best = (med, f"the median timed block of pipeline record {str(rec.get('id'))[:8]}")
+    return best or (0.0, "")
+
+
+def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,
+               device_type: str = "cuda", floors: dict[bool, float] | None = None) -> list[Reference]:
+    """Every ok measured record of ``model``/``flavor`` on ``device_type`` as a Reference (newest per case);
+    ``floors``: the block floor of each compile setting (``block_floor``), set on each reference's machine."""
+    from dlscale.models import get_model
+
+    arch = get_model(model, flavor).arch
+    out: dict[tuple, Reference] = {}
+    for rec in sorted(records, key=lambda r: str(r.get("created") or "")):
+        cfg = rec.get("config") or {}
+        if (rec.get("kind", "run") not in ("run", "imported") or rec.get("status") != "ok"
+                or cfg.get("model") != model or str(cfg.get("flavor") or "full") != flavor
+                or str(cfg.get("device") or "cuda") not in (device_type, "auto")):
+            continue
+        cand = record_candidate(rec)
+        tps = record_tokens_per_s(rec, arch.seq_len)
+        if cand is None or tps is None:
+            continue
+        gpn = int(cfg.get("nproc_per_node") or 1)
+        peak = _num((rec.get("summary") or {}).get("peak_flops")) or peak_flops
+        machine = Machine(cand.devices, gpn, peak, links, str((rec.get("summary") or {}).get("device_name") or ""),
+                          (floors or {}).get(cand.compiled, 0.0))
+        out[(cand, gpn)] = Reference(cand, machine, tps, f"record {str(rec.get('id'))[:8]}")
+    return list(out.values())
+
+
+def layer_timing(records: Iterable[dict[str, Any]], arch: Any, batch: int) -> LayerTiming | None:
+    """The newest ``micro layer`` forward+backward row of the model's block shape (hidden, MLP width, heads, the
+    sequence length), at the batch nearest ``batch``."""
+    best = None
+    for rec in records:
+        if rec.get("kind") != "micro" or rec.get("micro") != "layer":
+            continue
+        for row in rec.get("results") or []:
+            if (row.get("status") == "ok" and row.get("pass") == "forward+backward"
+                    and row.get("d_model") == arch.hidden and row.get("d_ff") == arch.ffn_hidden
+                    and row.get("heads") == arch.n_heads and row.get("seq") == arch.seq_len
+                    and _num(row.get("time_us")) and _num(row.get("flops"))):
+                key = (-abs((row.get("batch") or 0) - batch), str(rec.get("created") or ""))
+                if best is None or key > best[0]:
+                    best = (key, LayerTiming(row["time_us"] * 1e-6, float(row["flops"]),
+                                             f"micro layer {str(rec.get('id'))[:8]}, batch {row.get('batch')}"))
+    return best[1] if best else None
+
+
+def evidence_from_records(records: list[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,
+                          batch: int, assumed_mfu: float) -> Evidence:
+    """Everything a store holds for the strategy model of ``model``/``flavor``."""
+    from dlscale.models import get_model
+
+    arch = get_model(model, flavor).arch
+    floors = {c: block_floor(records, model, flavor, c)[0] for c in (False, True)}
+    return Evidence(tuple(references(records, model, flavor, peak_flops, links, floors=floors)),
+                    layer_timing(records, arch, batch), assumed_mfu, floors)
