@@ -41,11 +41,17 @@ MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any mode
 CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
 
 
+INJECTIONS = ("crash", "oom", "hang", "oom-above", "slow")
+# kinds whose number is not a step
+_NOT_A_STEP = ("oom-above", "slow")
+
+
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
     """Parse "kind@step[:rank]" (kind: crash, oom, hang) used by tests to simulate failures.
 
     For kind "oom-above" the number is a batch size, not a step: "oom-above@N" makes the worker
-    run out of memory at step 0 whenever the per-device batch size is larger than N.
+    run out of memory at step 0 whenever the per-device batch size is larger than N. For kind
+    "slow" it is milliseconds: "slow@MS:RANK" sleeps that long before every step of the rank.
     """
     try:
         kind, rest = spec.split("@", 1)
@@ -54,8 +60,8 @@ def parse_injection(spec: str) -> tuple[str, int, int | None]:
         rank = int(rank_s) if rank_s else None
     except ValueError:
         raise ConfigError(f"inject-failure must look like crash@STEP[:RANK], got {spec!r}") from None
-    if kind not in ("crash", "oom", "hang", "oom-above"):
-        raise ConfigError(f"inject-failure kind must be crash, oom, hang or oom-above, got {kind!r}")
+    if kind not in INJECTIONS:
+        raise ConfigError(f"inject-failure kind must be one of {', '.join(INJECTIONS)}, got {kind!r}")
     if step < 0 or (rank is not None and rank < 0):
         raise ConfigError(f"inject-failure step and rank must be >= 0, got {spec!r}")
     return kind, step, rank
@@ -269,7 +275,8 @@ class RunConfig:
     inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
                                     validator=parse_injection,
                                     help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
-                                         "or oom-above@N: run out of memory whenever the batch size exceeds N")
+                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
+                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -484,7 +491,7 @@ def validate_case(cfg: RunConfig) -> None:
         if rank is not None and rank >= cfg.world_size:
             raise ConfigError(f"inject-failure rank {rank} does not exist (world size {cfg.world_size})")
         kind = cfg.inject_failure.split("@")[0]
-        if kind != "oom-above" and step >= cfg.warmup + cfg.steps:
+        if kind not in _NOT_A_STEP and step >= cfg.warmup + cfg.steps:
             raise ConfigError(f"inject-failure step {step} is never reached (warm-up {cfg.warmup} + steps "
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:

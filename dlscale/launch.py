@@ -215,6 +215,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
+        if r0.get("rank_steps"):  # every rank's window and solo steps, gathered after the window (ranktimes)
+            entry["rank_steps"] = r0["rank_steps"]
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
             entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps"),
                           "loss_scale_tracker": r0.get("loss_scale_tracker")})

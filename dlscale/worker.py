@@ -33,7 +33,7 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, fp8, metrics, multinode, parity, precision, progress, stacks  # noqa: E402
+from dlscale import checkpointing, fp8, metrics, multinode, parity, precision, progress, ranktimes, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -86,7 +86,8 @@ def dist_env_from_environ(device_type: str) -> DistEnv:
 
 
 class _Injected:
-    """Test hook: raise/hang at a given global step on a given rank (config.inject_failure)."""
+    """Test hook: raise/hang at a given global step on a given rank (config.inject_failure); "slow@MS"
+    sleeps MS milliseconds before every step of the rank (a straggler)."""
 
     def __init__(self, spec: str | None, rank: int, batch_size: int | None = None):
         self.kind = None
@@ -97,7 +98,13 @@ class _Injected:
             if target is None or target == rank:
                 self.kind, self.step = kind, step
 
+    def slow(self) -> None:
+        if self.kind == "slow":
+            time.sleep(self.step / 1e3)
+
     def check(self, step: int) -> None:
+        if self.kind == "slow":
+            return self.slow()
         if self.kind is None or step != self.step:
             return
         if self.kind == "oom":
@@ -392,7 +399,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         result["data"] = source.summary(waits, window, step_ms, idle_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
-    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject)
 
 
 def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
@@ -425,7 +432,7 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
     result["warmup_losses"] = losses
 
 
-def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch) -> None:
+def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject=None) -> None:
     """Extra measurements, all after the window and after the memory peak was read. The loss of the
     trained model first: the breakdown and the profile train further steps, which would otherwise
     make ``loss_after`` depend on them (and a parity check of a case with --breakdown against one
@@ -433,6 +440,7 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     device = denv.device
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
+    ranktimes.measure(cfg, denv, result, par, batches, _autocast(cfg, device), getattr(inject, "slow", None))
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 

@@ -9,7 +9,7 @@ import re
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from dlscale import validity
+from dlscale import ranktimes, validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, parity, sidebyside, sources
@@ -85,6 +85,7 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("step p50 / p90 (ms)", lambda r: (r.summary("step_ms_p50"), r.summary("step_ms_p90")) if r.unit == "sample"
      else (None, None)),
     ("exchange (MB/step/rank)", lambda r: (_scaled(r.exchange_bytes, MB),)),
+    ("slowest rank vs rest (%)", lambda r: (ranktimes.gap_pct(r.record),)),
 )
 DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
              "(host clock around each fetch; the slowest rank's); GPU idle for data = the share of it the GPU "
