@@ -75,3 +75,32 @@ def test_two_ranks_one_slowed_is_named_straggler(tmp_path):
     flags = [f for f in rec["validity"]["flags"] if f["check"] == "straggler"]
     assert len(flags) == 1 and "rank 1 " in flags[0]["reason"], rec["validity"]
     assert ranktimes.record_slowest(rec)["rank"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- goodput
+
+def test_training_shares_of_the_wall_time():
+    from dlscale import goodput
+
+    phases = {"launch": 1.0, "import": 2.0, "init": 0.5, "build": 0.5, "warmup": 2.0, "window": 3.0, "after": 0.5,
+              "exit": 0.5}  # 10 s in all
+    assert goodput.shares(phases) == pytest.approx({"window": 0.3, "with_warmup": 0.5})
+    assert goodput.shares({"launch": 1.0}) is None and goodput.shares(None) is None
+    assert goodput.shares({"window": 1.0, "exit": float("nan"), "after": True}) == {"window": 1.0, "with_warmup": 1.0}
+    rec = {"median_repeat": 1, "repeats": [{"repeat": 0, "status": "ok", "phases_s": {"window": 1.0, "exit": 1.0}},
+                                           {"repeat": 1, "status": "ok", "phases_s": phases}]}
+    assert goodput.pct_pair(rec) == pytest.approx((30.0, 50.0))  # the median repeat's
+
+
+def test_report_columns_show_the_slowest_rank_and_the_window_share():
+    from types import SimpleNamespace
+
+    from dlscale.report import lostcols, render
+
+    rec = _record([_rank(0, [10.0] * 3), _rank(1, [13.0] * 3, host="b")])
+    rec["repeats"][0]["phases_s"] = {"build": 3.0, "window": 1.0}
+    got = lostcols.fields(SimpleNamespace(record=rec))
+    assert (got["slowest_rank"], got["slowest_rank_host"]) == (1, "b")
+    assert got["slowest_rank_gap"] == pytest.approx(0.3) and got["wall_share_window"] == pytest.approx(0.25)
+    headers = [h for h, _ in render.EXTRA_COLUMNS]
+    assert all(h in headers for h, _ in lostcols.COLUMNS)

@@ -1,0 +1,42 @@
+"""Goodput: the share of a repeat's wall time that was training, from its ``phases_s``.
+
+``phases_s`` (dlscale/launch.py ``process_phases``) splits a repeat's process time into launch, import,
+init, build, warmup, window, after and exit; they sum to the repeat's wall time. The timed window is
+the steady training; the warm-up trains too, but holds the first step's compilation, autotuning and
+allocator growth. Both shares are given: the window's, and the window's with the warm-up.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+TRAINING = ("window",)
+WITH_WARMUP = ("warmup", "window")
+
+
+def shares(phases: dict[str, Any] | None) -> dict[str, float] | None:
+    """{"window": share, "with_warmup": share} of the phases' total; None without phases or a window."""
+    if not isinstance(phases, dict):
+        return None
+    vals = {k: float(v) for k, v in phases.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0}
+    total = sum(vals.values())
+    if total <= 0 or "window" not in vals:
+        return None
+    return {"window": sum(vals.get(k, 0.0) for k in TRAINING) / total,
+            "with_warmup": sum(vals.get(k, 0.0) for k in WITH_WARMUP) / total}
+
+
+def record_shares(rec: dict[str, Any]) -> dict[str, float] | None:
+    """``shares`` of the record's median repeat (else its first ok repeat with phases)."""
+    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"
+            and isinstance(r.get("phases_s"), dict)]
+    med = rec.get("median_repeat")
+    rep = next((r for r in reps if r.get("repeat") == med), reps[0] if reps else None)
+    return shares(rep.get("phases_s")) if rep else None
+
+
+def pct_pair(rec: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(window %, window + warm-up %) of the wall time, for the report's column."""
+    s = record_shares(rec)
+    return (None, None) if s is None else (s["window"] * 100.0, s["with_warmup"] * 100.0)
