@@ -33,7 +33,8 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, fp8, metrics, multinode, parity, precision, progress, ranktimes, stacks  # noqa: E402
+from dlscale import checkpointing, energy, fp8, metrics, multinode, parity, precision, progress  # noqa: E402
+from dlscale import ranktimes, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -320,6 +321,18 @@ def _window_times(events, fetched, host_marks: list[float], n: int) -> tuple[lis
     return steps, ([events[i].elapsed_time(fetched[i]) for i in range(n)] if fetched is not None else None)
 
 
+def _window_counters(source, denv: DistEnv):
+    """Counters read at the window's start: real data's loader CPU and reads, and the node's energy
+    (local rank 0; dlscale/energy.py); returns the energy meter for ``energy.stop`` after the window."""
+    source.window_start()
+    return energy.start(denv, _local_gpu_uuids(denv))
+
+
+def _window_counters_end(source, meter, result: dict[str, Any]) -> None:
+    source.window_end()
+    energy.stop(meter, result)  # the node's energy over the window, where a counter was read
+
+
 def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
     device = denv.device
     fetch = None if source.static else source.next  # real data: refills ``batches`` each step
@@ -334,7 +347,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
 
     scale_before = _loss_scale(par, step)  # amp-fp16: skipped steps are the window's halvings of the scale
-    source.window_start()  # real data: the loader's CPU and read counters (before the barrier)
+    meter = _window_counters(source, denv)  # loader and energy counters, read before the barrier
     _sync(device)
     pg_barrier()
     # ---- timed window: nothing but training steps between here and the closing sync ----
@@ -377,7 +390,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     t1 = time.perf_counter()
     wall_end = time.time()
     # ---- end of timed window ----
-    source.window_end()
+    _window_counters_end(source, meter, result)
 
     window = t1 - t0
     result.setdefault("marks", {})["window_done"] = time.time()

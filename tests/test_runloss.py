@@ -75,6 +75,9 @@ def test_two_ranks_one_slowed_is_named_straggler(tmp_path):
     flags = [f for f in rec["validity"]["flags"] if f["check"] == "straggler"]
     assert len(flags) == 1 and "rank 1 " in flags[0]["reason"], rec["validity"]
     assert ranktimes.record_slowest(rec)["rank"] == 1
+    from dlscale import energy
+
+    assert ("energy" in rec["repeats"][0]) == bool(energy.rapl_domains())  # only where a counter was read
 
 
 # ---------------------------------------------------------------------------------------------- goodput
@@ -104,3 +107,99 @@ def test_report_columns_show_the_slowest_rank_and_the_window_share():
     assert got["slowest_rank_gap"] == pytest.approx(0.3) and got["wall_share_window"] == pytest.approx(0.25)
     headers = [h for h, _ in render.EXTRA_COLUMNS]
     assert all(h in headers for h, _ in lostcols.COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------- energy
+
+class _FakeNvml:
+    """NVML's energy call on fake handles: a handle's next counter value (mJ), or NotSupported."""
+
+    def __init__(self, counters):
+        self.counters = {h: None if v is None else iter(v) for h, v in counters.items()}
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        vals = self.counters[h]
+        if vals is None:
+            raise RuntimeError("NVMLError_NotSupported")
+        return next(vals)
+
+
+def _rapl(root, name, uj, rng=None):
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "energy_uj").write_text(f"{uj}\n")
+    if rng is not None:
+        (d / "max_energy_range_uj").write_text(f"{rng}\n")
+    return d
+
+
+def test_counter_delta_undoes_one_wrap_and_refuses_a_reset():
+    from dlscale.energy import counter_delta
+
+    assert counter_delta(100, 350) == 250
+    assert counter_delta(900, 100, wrap=1000) == 200  # 900 -> 1000 (wrap) -> 100
+    assert counter_delta(900, 100) is None  # went back without a known range: no figure
+    assert counter_delta(None, 5) is None and counter_delta(5, None) is None
+
+
+def test_meter_sums_the_gpus_that_have_a_counter(tmp_path):
+    from dlscale import energy
+
+    nvml = _FakeNvml({"a": [1_000_000, 1_250_000], "b": [500, 2500], "c": None})
+    m = energy.Meter(nvml, ["a", "b", "c"], energy.rapl_domains(str(tmp_path)))
+    m.start()
+    got = m.stop()
+    assert got["gpu_j"] == pytest.approx(250.0 + 2.0)  # mJ -> J
+    assert (got["gpus_read"], got["gpus_unsupported"], got["cpu_j"]) == (2, 1, None)
+    assert got["read_s"] >= 0
+    # nothing read at both ends: no energy at all
+    assert energy.Meter(_FakeNvml({"c": None}), ["c"]).stop() is None
+    m = energy.Meter(_FakeNvml({"c": None}), ["c"])
+    m.start()
+    assert m.stop() is None
+
+
+def test_rapl_packages_only_with_their_wrap(tmp_path):
+    from dlscale import energy
+
+    pkg = _rapl(tmp_path, "intel-rapl:0", 9_000_000, rng=10_000_000)
+    _rapl(tmp_path, "intel-rapl:0:0", 1)  # a sub-domain (core) is part of the package: not summed again
+    assert energy.rapl_domains(str(tmp_path)) == [str(pkg)]
+    m = energy.Meter(None, [], energy.rapl_domains(str(tmp_path)))
+    m.start()
+    (pkg / "energy_uj").write_text("1000000\n")  # wrapped: 9 J -> 10 J -> 1 J
+    got = m.stop()
+    assert got["cpu_j"] == pytest.approx(2.0) and got["gpu_j"] is None and got["cpu_packages_read"] == 1
+    assert energy.rapl_domains(str(tmp_path / "none")) == []
+
+
+def test_repeat_and_summary_energy_per_sample_and_token():
+    from dlscale import energy
+
+    ranks = [{"rank": 0, "device": "cuda:0", "energy": {"gpu_j": 300.0, "gpus_read": 2, "gpus_unsupported": 0,
+                                                        "cpu_j": None, "cpu_packages_read": 0, "read_s": 2.0}},
+             {"rank": 1, "device": "cuda:1"},
+             {"rank": 2, "device": "cuda:0", "energy": {"gpu_j": 100.0, "gpus_read": 2, "gpus_unsupported": 0,
+                                                        "cpu_j": 5.0, "cpu_packages_read": 1, "read_s": 2.5}}]
+    e = energy.merge_nodes(ranks, samples=200)
+    assert (e["gpu_j"], e["nodes"], e["source"], e["read_s"]) == (400.0, 2, "nvml", 2.5)
+    assert e["j_per_sample"] == pytest.approx(2.0)  # the GPUs', not the CPU package's
+    assert energy.merge_nodes([{"rank": 0, "device": "cpu"}], 10) is None
+    reps = [{"status": "ok", "energy": {"j_per_sample": x}} for x in (1.0, 3.0, 2.0)] + [{"status": "ok"}]
+    assert energy.summary_fields(reps, seq_len=100) == pytest.approx({"joules_per_sample": 2.0,
+                                                                      "joules_per_token": 0.02})
+    assert energy.summary_fields([{"status": "ok"}], 100) == {}
+
+
+def test_cost_takes_the_measured_energy_where_the_record_has_it():
+    from dlscale import energy
+    from dlscale.perfmodel.core import Shape
+    from dlscale.perfmodel.cost import CostOption
+
+    rec = {"id": "r1", "median_repeat": 0,
+           "repeats": [{"repeat": 0, "status": "ok", "energy": {"gpu_j": 1200.0, "gpus_read": 1, "read_s": 2.0}}]}
+    sampled = CostOption(Shape(1, 1), "single", 100.0, "run", "r1", 500.0, "mean GPU power, node 0")
+    other = CostOption(Shape(1, 2), "ddp", 190.0, "run", "r2", 900.0, "mean GPU power, node 0")
+    got = energy.prefer_measured([sampled, other], [rec, {"id": "r2", "repeats": []}])
+    assert got[0].power_w == pytest.approx(600.0) and "measured" in got[0].power_source
+    assert got[1] == other  # no counter in its record: the sampled power stays

@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from dlscale import ConfigError
+from dlscale import ConfigError, energy
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, arg_type, options_from_args,
                                         positive_float, positive_int, query_from_args, shapes_type)
 from dlscale.perfmodel.core import Shape, parse_shapes
@@ -108,6 +108,7 @@ def cmd_cost(args) -> int:
     shape = args.shape or (Shape(args.nnodes, args.gpus_per_node_max) if args.nnodes else None)
     shapes = args.shapes if args.deadline_hours is not None else ([shape] if shape else None)
     options, w, pred = plan_options(loaded.records, query, opts, args.strategy, shapes, args.predicted)
+    options = energy.prefer_measured(options, loaded.records)  # the energy counter's power where a record read it
     ref = (w.baseline or w.rows[0]).record
     unit, seq_len, qual = workload_unit(w), workload_seq_len(w), _qualifier(ref)
     if unit == "tok":  # the throughput counts tokens already: --tokens is the amount as it is

@@ -7,17 +7,32 @@ from typing import Any, Callable
 
 from dlscale import goodput, ranktimes
 
+def _summary(row, key: str) -> float | None:
+    summ = row.record.get("summary")
+    v = summ.get(key) if isinstance(summ, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _milli(v: float | None) -> float | None:
+    return None if v is None else v * 1e3
+
+
 # (header, the row's value(s)): appended to render.EXTRA_COLUMNS
 COLUMNS: tuple[tuple[str, Callable[[Any], tuple[float | None, ...]]], ...] = (
     ("slowest rank vs rest (%)", lambda r: (ranktimes.gap_pct(r.record),)),
     ("wall in window / +warm-up (%)", lambda r: goodput.pct_pair(r.record)),
+    ("energy (J/sample)", lambda r: (_summary(r, "joules_per_sample"),)),
+    ("energy (mJ/token)", lambda r: (_milli(_summary(r, "joules_per_token")),)),
 )
 
 NOTE = ("slowest rank vs rest: its median step over the other ranks' median, from their solo steps after the "
         "window where the strategy has them (docs/metrics.md, Slow ranks); wall in window / +warm-up: the share "
-        "of the median repeat's wall time (phases_s) in the timed window, and with the warm-up")
+        "of the median repeat's wall time (phases_s) in the timed window, and with the warm-up; energy: the "
+        "window's joules from the energy counters (NVML on GPUs, RAPL packages on CPUs), median over the repeats "
+        "that read one, per sample and per token (docs/utilisation.md, Energy)")
 
-CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_gap", "wall_share_window", "wall_share_with_warmup"]
+CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_gap", "wall_share_window", "wall_share_with_warmup",
+               "joules_per_sample", "joules_per_token"]
 
 
 def fields(row) -> dict[str, Any]:
@@ -25,4 +40,5 @@ def fields(row) -> dict[str, Any]:
     s = ranktimes.record_slowest(row.record) or {}
     g = goodput.record_shares(row.record) or {}
     return {"slowest_rank": s.get("rank"), "slowest_rank_host": s.get("host"), "slowest_rank_gap": s.get("gap"),
-            "wall_share_window": g.get("window"), "wall_share_with_warmup": g.get("with_warmup")}
+            "wall_share_window": g.get("window"), "wall_share_with_warmup": g.get("with_warmup"),
+            "joules_per_sample": _summary(row, "joules_per_sample"), "joules_per_token": _summary(row, "joules_per_token")}
