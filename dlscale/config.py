@@ -24,6 +24,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale import compiling
+from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
@@ -262,6 +263,18 @@ class RunConfig:
     profile: bool = _f(False, type=bool, kind="flag", procedure=True,
                        help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
                             "the median repeat's trace is kept in STORE/traces/")
+    # after the window: a checkpoint phase (dlscale/checkpoint_timing.py); procedure fields, out of the case key
+    checkpoint_every: int | None = _f(None, type=int, minimum=1, maximum=10**7, optional=True, procedure=True,
+                                      setting=True,
+                                      help="after the window, time saving the model and optimizer state with "
+                                           "torch.distributed.checkpoint: N steps, a save, N steps, a save, N steps "
+                                           "(default: no checkpoint phase; docs/metrics.md)")
+    checkpoint_mode: str = _f("sync", choices=CHECKPOINT_MODES, procedure=True, setting=True,
+                              help="with --checkpoint-every: sync (dcp.save: training waits for the write) or "
+                                   "async (dcp.async_save: it waits for the staging only)")
+    checkpoint_dir: str | None = _f(None, optional=True, procedure=True, setting=True, metavar="DIR",
+                                    help="with --checkpoint-every: an existing folder the saves are written to "
+                                         "and removed from (default: the case's temporary folder)")
     # the largest-batch search (batch_size max): first probe and largest batch tried
     max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
                                      setting=True, limit="samples per device; no device holds more",
@@ -503,6 +516,9 @@ def validate_case(cfg: RunConfig) -> None:
 
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
     checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
+    from dlscale import checkpoint_timing
+
+    checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model
@@ -541,4 +557,7 @@ def validate_for_launch(cfg: RunConfig) -> str:
     from dlscale.inputs import check_machine
 
     check_machine(cfg, device)
+    from dlscale import checkpoint_timing
+
+    checkpoint_timing.check_machine(cfg)  # the checkpoint folder: writable, with room for the saves
     return device

@@ -218,6 +218,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
         used = energy.merge_nodes(ranks, cfg.steps * global_batch)
         if used is not None:  # only where a counter was read at both ends of the window
             entry["energy"] = used
+        if r0.get("checkpoint"):  # --checkpoint-every: the saves timed after the window (checkpoint_timing)
+            entry["checkpoint"] = r0["checkpoint"]
         if r0.get("rank_steps"):  # every rank's window and solo steps, gathered after the window (ranktimes)
             entry["rank_steps"] = r0["rank_steps"]
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's

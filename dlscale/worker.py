@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dlscale import checkpointing, energy, fp8, metrics, multinode, parity, precision, progress  # noqa: E402
-from dlscale import ranktimes, stacks  # noqa: E402
+from dlscale import checkpoint_timing, ranktimes, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -454,6 +454,11 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
     ranktimes.measure(cfg, denv, result, par, batches, _autocast(cfg, device), getattr(inject, "slow", None))
+    if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/checkpoint_timing.py)
+        progress.phase("checkpoint", "start", denv.rank)
+        result["checkpoint"] = checkpoint_timing.run_phase(cfg, denv, par, step, out_dir, fetch is None,
+                                                           lambda: _sync(device))
+        progress.phase("checkpoint", "end", denv.rank)
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 

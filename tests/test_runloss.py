@@ -107,6 +107,12 @@ def test_report_columns_show_the_slowest_rank_and_the_window_share():
     assert got["slowest_rank_gap"] == pytest.approx(0.3) and got["wall_share_window"] == pytest.approx(0.25)
     headers = [h for h, _ in render.EXTRA_COLUMNS]
     assert all(h in headers for h, _ in lostcols.COLUMNS)
+    assert set(got) == set(lostcols.CSV_COLUMNS) and got["checkpoint_blocking_s"] is None
+    rec["repeats"][0]["checkpoint"] = {"saves": [{"blocking_s": 0.5, "durable_s": 2.0, "write_bytes_per_s": 3e9}],
+                                       "step_effect": 0.25}
+    cells = {h: f(SimpleNamespace(record=rec)) for h, f in lostcols.COLUMNS}
+    assert cells["checkpoint block / durable (s)"] == (0.5, 2.0)
+    assert cells["checkpoint write (GB/s)"] == (3.0,) and cells["steps after checkpoint (%)"] == (25.0,)
 
 
 # ---------------------------------------------------------------------------------------------- energy
@@ -203,3 +209,89 @@ def test_cost_takes_the_measured_energy_where_the_record_has_it():
     got = energy.prefer_measured([sampled, other], [rec, {"id": "r2", "repeats": []}])
     assert got[0].power_w == pytest.approx(600.0) and "measured" in got[0].power_source
     assert got[1] == other  # no counter in its record: the sampled power stays
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+def _ckpt_cfg(**kw):
+    base = dict(model="gpt2", flavor="tiny", device="cpu", nproc_per_node=2, strategy="ddp", warmup=1, steps=2)
+    return RunConfig(**{**base, **kw})
+
+
+def test_checkpoint_options_are_checked_before_anything_runs(tmp_path):
+    from dlscale import checkpoint_timing as ct
+    from dlscale.config import validate_case
+
+    with pytest.raises(ConfigError, match="checkpoint-every"):
+        _ckpt_cfg(checkpoint_every=0)
+    for bad in (dict(checkpoint_mode="async"), dict(checkpoint_dir=str(tmp_path)),
+                dict(checkpoint_every=2, strategy="pipeline"), dict(checkpoint_every=2, nnodes=2)):
+        with pytest.raises(ConfigError):
+            ct.check_case(_ckpt_cfg(**bad))
+    with pytest.raises(ConfigError, match="checkpoint-mode"):
+        _ckpt_cfg(checkpoint_every=2, checkpoint_mode="lazy")
+    validate_case(_ckpt_cfg(checkpoint_every=2, checkpoint_mode="async"))
+
+
+def test_checkpoint_dir_must_exist_be_writable_and_have_room(tmp_path, monkeypatch):
+    import shutil
+
+    from dlscale import checkpoint_timing as ct
+
+    ct.check_dir(str(tmp_path), need_bytes=1000)
+    afile = tmp_path / "f"
+    afile.write_text("")
+    for bad in (tmp_path / "missing", afile):
+        with pytest.raises(ConfigError, match="checkpoint-dir"):
+            ct.check_dir(str(bad), 1000)
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(ConfigError, match="GB free"):
+        ct.check_dir(str(tmp_path), need_bytes=free)  # SAVES saves of it do not fit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # the write test left nothing behind
+    assert ct.state_bytes(10) == ct.STATE_BYTES_PER_PARAM * 10
+
+
+def test_bad_checkpoint_option_is_one_line_exit_2_and_nothing_written(tmp_path):
+    store = tmp_path / "store"
+    p = helpers_cli.dlscale("run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--steps", "2",
+                            "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "nope"), "--store", str(store))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "checkpoint-dir" in p.stderr
+    assert not store.exists() or not any(store.iterdir())
+
+
+def test_checkpoint_summary_per_save_and_the_steps_around():
+    from dlscale import checkpoint_timing as ct
+
+    got = ct.summarise([[10.0, 12.0, 11.0], [15.0, 13.0, 14.0], [12.0, 12.0, 13.0]], worst=[0.5, 2.0, 0.4, 1.0],
+                       written=[4e9, 4e9])
+    assert [s["write_bytes_per_s"] for s in got["saves"]] == [2e9, 4e9]  # bytes / durable seconds
+    assert (got["saves"][1]["blocking_s"], got["saves"][1]["durable_s"]) == (0.4, 1.0)
+    assert got["step_ms_before"] == 11.0 and got["step_ms_after"] == 13.0  # median of 15,13,14,12,12,13
+    assert got["step_effect"] == pytest.approx(13 / 11 - 1)
+    rec = {"median_repeat": 0, "repeats": [{"repeat": 0, "status": "ok", "checkpoint": got}]}
+    v = ct.report_values(rec)
+    assert v["blocking_s"] == pytest.approx(0.45) and v["write_bytes_per_s"] == pytest.approx(3e9)
+
+
+@pytest.mark.slow  # tiny GPT-2 at two gloo processes: ddp saved sync, fsdp (its shards) async; both restored
+def test_checkpoint_phase_times_saves_and_restores_the_losses(tmp_path):
+    common = ["run", "--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+              "--nproc-per-node", "2", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
+              "--no-monitor", "--checkpoint-every", "2", "--collective-timeout", "60"]
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    runs = {"ddp": ["--strategy", "ddp", "--checkpoint-mode", "sync", "--checkpoint-dir", str(ckdir)],
+            "fsdp": ["--strategy", "fsdp", "--checkpoint-mode", "async"]}
+    got = helpers_cli.dlscale_many([common + extra + ["--store", str(tmp_path / name)]
+                                    for name, extra in runs.items()])
+    for (name, extra), p in zip(runs.items(), got):
+        assert not isinstance(p, BaseException) and p.returncode == 0, (name, p)
+        rec = ResultStore(tmp_path / name).load().records[0]
+        c = rec["repeats"][0]["checkpoint"]
+        assert c["mode"] == extra[3] and len(c["saves"]) == 2
+        for s in c["saves"]:
+            assert 0 < s["blocking_s"] <= s["durable_s"] and s["bytes"] > 0
+            assert s["write_bytes_per_s"] == pytest.approx(s["bytes"] / s["durable_s"])
+        assert c["restore_matches"] is True and c["losses_restored"] == pytest.approx(c["losses_trained"])
+        assert len(c["steps_ms"]) == 3 and c["step_effect"] is not None
+    assert list(ckdir.iterdir()) == []  # the saves are removed after the phase
