@@ -63,7 +63,8 @@ def solo_steps(par, batches, autocast, device, n: int = SOLO_STEPS, before_step=
             for b in batches:
                 with autocast():
                     loss = module(*b)
-                loss.backward()
+                with par.backward_context():
+                    loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i:

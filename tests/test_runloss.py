@@ -295,3 +295,21 @@ def test_checkpoint_phase_times_saves_and_restores_the_losses(tmp_path):
         assert c["restore_matches"] is True and c["losses_restored"] == pytest.approx(c["losses_trained"])
         assert len(c["steps_ms"]) == 3 and c["step_effect"] is not None
     assert list(ckdir.iterdir()) == []  # the saves are removed after the phase
+
+
+def test_long_run_counts_the_start_up_once_and_each_checkpoint():
+    from dlscale import goodput
+
+    rec = {"median_repeat": 0, "repeats": [{"repeat": 0, "status": "ok",
+                                            "phases_s": {"launch": 100.0, "import": 200.0, "init": 100.0,
+                                                         "build": 200.0, "warmup": 120.0, "window": 50.0},
+                                            "checkpoint": {"saves": [{"blocking_s": 3.0}, {"blocking_s": 5.0}]}}]}
+    o = goodput.long_run(10.0, rec, interval_min=30.0)  # 20 checkpoints x 4 s (median) + 720 s start-up
+    assert (o["startup_s"], o["checkpoints"], o["checkpoint_blocking_s"]) == (720.0, 20, 4.0)
+    assert o["hours_with_overheads"] == pytest.approx(10.0 + 800.0 / 3600.0)
+    assert o["goodput"] == pytest.approx(10.0 / (10.0 + 800.0 / 3600.0))
+    assert goodput.long_run(10.0, rec, None)["hours_with_overheads"] == pytest.approx(10.2)
+    del rec["repeats"][0]["checkpoint"]
+    missing = goodput.long_run(10.0, rec, 30.0)
+    assert "reason" in missing and "hours_with_overheads" not in missing
+    assert goodput.long_run(1.0, {"repeats": []}, 30.0) is None
