@@ -288,3 +288,13 @@ def report_values(rec: dict[str, Any]) -> dict[str, float | None]:
     return {"blocking_s": _median_save(c, "blocking_s"), "durable_s": _median_save(c, "durable_s"),
             "write_bytes_per_s": _median_save(c, "write_bytes_per_s"),
             "step_effect": eff if isinstance(eff, (int, float)) else None}
+
+
+def plan_estimate(params: int, nodes: int, write_bytes_per_s: float | None) -> dict[str, Any]:
+    """``plan``'s checkpoint estimate: the state's bytes (``state_bytes``), the share of it each node writes
+    (DCP spreads a save over every rank, replicated tensors included), and with a measured per-node write
+    bandwidth (``micro io --write-dir``) the seconds a synchronous save blocks."""
+    total = state_bytes(params)
+    per_node = total / max(1, nodes)
+    return {"state_bytes": total, "bytes_per_node": per_node, "write_bytes_per_s": write_bytes_per_s,
+            "sync_save_s": per_node / write_bytes_per_s if write_bytes_per_s else None}

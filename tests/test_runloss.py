@@ -313,3 +313,25 @@ def test_long_run_counts_the_start_up_once_and_each_checkpoint():
     missing = goodput.long_run(10.0, rec, 30.0)
     assert "reason" in missing and "hours_with_overheads" not in missing
     assert goodput.long_run(1.0, {"repeats": []}, 30.0) is None
+
+
+def test_write_test_times_a_durable_write_and_leaves_nothing(tmp_path):
+    from dlscale.micro import diskwrite
+
+    row = diskwrite.measure_write(str(tmp_path), 3 << 20, chunk=1 << 20)
+    assert row["status"] == "ok" and row["bytes"] == 3 << 20
+    assert row["write_mb_s"] == pytest.approx(row["bytes"] / row["seconds"] / 1e6)
+    assert list(tmp_path.iterdir()) == []
+    for bad in ((str(tmp_path / "nope"), 10.0), (str(tmp_path), 0.0)):
+        with pytest.raises(ConfigError):
+            diskwrite.check(*bad)
+
+
+def test_plan_estimates_a_save_from_the_state_and_the_bandwidth():
+    from dlscale import checkpoint_timing as ct
+
+    e = ct.plan_estimate(params=1_000_000_000, nodes=4, write_bytes_per_s=1.5e9)
+    assert e["state_bytes"] == ct.STATE_BYTES_PER_PARAM * 1e9
+    assert e["bytes_per_node"] == e["state_bytes"] / 4
+    assert e["sync_save_s"] == pytest.approx(e["bytes_per_node"] / 1.5e9)
+    assert ct.plan_estimate(10, 1, None)["sync_save_s"] is None
