@@ -53,6 +53,9 @@ def check_case(cfg) -> None:
     if cfg.nnodes > 1 and cfg.checkpoint_dir is None:
         raise ConfigError("checkpoint-every on several nodes needs --checkpoint-dir on a file system every node "
                           "shares (each node's temporary folder is its own)")
+    if getattr(cfg, "optimizer_graph", False):
+        raise ConfigError("checkpoint-every does not run with --optimizer-graph: the restore replaces the optimizer "
+                          "state the captured graph points at")
     if cfg.strategy not in STRATEGIES:
         raise ConfigError(f"checkpoint-every: strategy {cfg.strategy} is not saved by dlscale's checkpoint phase; "
                           f"use one of {', '.join(STRATEGIES)}")

@@ -46,14 +46,16 @@ def summarise(rank: int, host: str, device: str, window_ms: list[float], solo_ms
                      percentile(window_ms, 90) if window_ms else None, solo_ms)
 
 
-def solo_steps(par, batches, autocast, device, n: int = SOLO_STEPS, before_step=None) -> list[float] | None:
-    """``n`` forward/backward steps under ``par.no_sync`` (no optimizer step), each timed to a device
-    sync (ms); the gradients are dropped after. None where the strategy runs its own step."""
+def solo_steps(par, batches, autocast, device, n: int = SOLO_STEPS, before_step=None,
+               module=None) -> list[float] | None:
+    """``n`` forward/backward steps of ``module`` (default the strategy's) under ``par.no_sync`` (no optimizer
+    step), each timed to a device sync (ms); the gradients are dropped after. None where the strategy runs its
+    own step."""
     import torch
 
     if par.step is not None:
         return None
-    module, opt = par.module, par.optimizer
+    module, opt = module if module is not None else par.module, par.optimizer
     out = []
     for i in range(n + 1):  # the first: no_sync's own first-use costs, untimed
         t = time.perf_counter()
@@ -128,14 +130,16 @@ def gap_pct(rec: dict[str, Any]) -> float | None:
     return None if s is None or s.get("gap") is None else s["gap"] * 100.0
 
 
-def measure(cfg, denv, result: dict[str, Any], par, batches, autocast, before_step=None) -> None:
+def measure(cfg, denv, result: dict[str, Any], par, batches, autocast, before_step=None, eager=None) -> None:
     """Worker hook after the window: time the solo steps where they run alone, gather every rank's steps,
-    and keep them in rank 0's result (``rank_steps``). Single-process cases have no other rank."""
+    and keep them in rank 0's result (``rank_steps``). Single-process cases have no other rank. ``eager``:
+    the module before torch.compile, which the solo steps run (no_sync would make a compiled one
+    recompile); every rank runs the same, so the ranks compare alike."""
     if denv.world_size < 2:
         return
     solo = None
     if cfg.strategy in SOLO_STRATEGIES:
-        solo = solo_steps(par, batches, autocast, denv.device, before_step=before_step)
+        solo = solo_steps(par, batches, autocast, denv.device, before_step=before_step, module=eager)
     mine = summarise(denv.rank, str(result.get("host")), str(denv.device), list(result.get("step_times_ms") or []),
                      solo)
     got = gather(mine)
