@@ -301,3 +301,18 @@ def plan_estimate(params: int, nodes: int, write_bytes_per_s: float | None) -> d
     per_node = total / max(1, nodes)
     return {"state_bytes": total, "bytes_per_node": per_node, "write_bytes_per_s": write_bytes_per_s,
             "sync_save_s": per_node / write_bytes_per_s if write_bytes_per_s else None}
+
+
+def console_line(rec: dict[str, Any]) -> str | None:
+    """``run``'s line for the checkpoint phase of the median repeat; None without one."""
+    c = record_checkpoint(rec)
+    if not c:
+        return None
+    v = report_values(rec)
+    eff = f"{v['step_effect'] * 100:+.0f} %" if v["step_effect"] is not None else "-"
+    restore = {True: "restored to the same losses", False: "RESTORE DIFFERS", None: "restore not checked"}
+    nbytes = statistics.median(s["bytes"] for s in c["saves"]) if c.get("saves") else 0
+    return (f"# checkpoint ({c.get('mode')}, every {c.get('every')} steps, median of {len(c.get('saves') or [])} "
+            f"saves): blocking {v['blocking_s']:.3g} s, durable {v['durable_s']:.3g} s, {nbytes / 1e6:.3g} MB at "
+            f"{(v['write_bytes_per_s'] or 0) / 1e6:.3g} MB/s; steps after it {eff}; "
+            f"{restore.get(c.get('restore_matches'), 'restore not checked')}")

@@ -113,6 +113,11 @@ def test_report_columns_show_the_slowest_rank_and_the_window_share():
     cells = {h: f(SimpleNamespace(record=rec)) for h, f in lostcols.COLUMNS}
     assert cells["checkpoint block / durable (s)"] == (0.5, 2.0)
     assert cells["checkpoint write (GB/s)"] == (3.0,) and cells["steps after checkpoint (%)"] == (25.0,)
+    rec["repeats"][0]["checkpoint"].update(mode="async", every=3, restore_matches=True)
+    rec["repeats"][0]["checkpoint"]["saves"][0]["bytes"] = 6e9
+    from dlscale import checkpoint_timing
+
+    assert "async" in checkpoint_timing.console_line(rec) and checkpoint_timing.console_line({"repeats": []}) is None
 
 
 # ---------------------------------------------------------------------------------------------- energy
