@@ -238,6 +238,13 @@ def test_checkpoint_options_are_checked_before_anything_runs(tmp_path):
     validate_case(_ckpt_cfg(checkpoint_every=2, checkpoint_mode="async"))
 
 
+def test_checkpoint_options_leave_the_case_key_as_it_was(tmp_path):
+    plain = _ckpt_cfg()
+    timed = _ckpt_cfg(checkpoint_every=3, checkpoint_mode="async", checkpoint_dir=str(tmp_path))
+    assert timed.case_key() == plain.case_key()
+    assert _ckpt_cfg(inject_failure="slow@20:1").case_key() == plain.case_key()
+
+
 def test_checkpoint_dir_must_exist_be_writable_and_have_room(tmp_path, monkeypatch):
     import shutil
 
