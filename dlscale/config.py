@@ -265,7 +265,7 @@ class RunConfig:
                             "the median repeat's trace is kept in STORE/traces/")
     # after the window: a checkpoint phase (dlscale/checkpoint_timing.py); procedure fields, out of the case key
     checkpoint_every: int | None = _f(None, type=int, minimum=1, maximum=10**7, optional=True, procedure=True,
-                                      setting=True,
+                                      setting=True, metavar="N",
                                       help="after the window, time saving the model and optimizer state with "
                                            "torch.distributed.checkpoint: N steps, a save, N steps, a save, N steps "
                                            "(default: no checkpoint phase; docs/metrics.md)")

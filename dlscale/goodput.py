@@ -50,7 +50,8 @@ def long_run(hours: float, rec: dict[str, Any] | None, interval_min: float | Non
     before the window) and, with ``interval_min``, one checkpoint per that many minutes of training, each
     blocking the median seconds the record's checkpoint phase measured (``--checkpoint-every``). ``goodput``:
     the training hours' share of the total. None without a record with phases."""
-    reps = [r for r in (rec or {}).get("repeats") or [] if isinstance(r, dict) and isinstance(r.get("phases_s"), dict)]
+    reps = [r for r in (rec or {}).get("repeats") or []
+            if isinstance(r, dict) and isinstance(r.get("phases_s"), dict)]
     rep = next((r for r in reps if r.get("repeat") == (rec or {}).get("median_repeat")), reps[0] if reps else None)
     if rep is None:
         return None
@@ -77,4 +78,5 @@ def long_run_line(o: dict[str, Any] | None) -> str:
         return f"- ({o['reason']})"
     ck = (f", {o['checkpoints']} checkpoint(s) x {o['checkpoint_blocking_s']:.3g} s blocking"
           if o["checkpoints"] else "")
-    return f"{o['hours_with_overheads']:,.2f} h (goodput {o['goodput'] * 100:.1f} %: start-up {o['startup_s']:.0f} s{ck})"
+    return (f"{o['hours_with_overheads']:,.2f} h (goodput {o['goodput'] * 100:.1f} %: start-up "
+            f"{o['startup_s']:.0f} s{ck})")

@@ -266,7 +266,8 @@ def test_checkpoint_dir_must_exist_be_writable_and_have_room(tmp_path, monkeypat
 def test_bad_checkpoint_option_is_one_line_exit_2_and_nothing_written(tmp_path):
     store = tmp_path / "store"
     p = helpers_cli.dlscale("run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--steps", "2",
-                            "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "nope"), "--store", str(store))
+                            "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "nope"),
+                            "--store", str(store))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "checkpoint-dir" in p.stderr
     assert not store.exists() or not any(store.iterdir())
 

@@ -49,7 +49,8 @@ NOTE = ("slowest rank vs rest: its median step over the other ranks' median, fro
         "bytes ÷ durable seconds (GB = 10^9 B), the steps after the saves against those before, % "
         "(docs/metrics.md, Checkpoints)")
 
-CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "wall_share_window", "wall_share_with_warmup",
+CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "wall_share_window",
+               "wall_share_with_warmup",
                "joules_per_sample", "joules_per_token", "checkpoint_blocking_s", "checkpoint_durable_s",
                "checkpoint_write_bytes_per_s", "checkpoint_step_effect"]
 
@@ -61,5 +62,6 @@ def fields(row) -> dict[str, Any]:
     return {"slowest_rank": s.get("rank"), "slowest_rank_host": s.get("host"), "slowest_rank_device": s.get("device"),
             "slowest_rank_gap": s.get("gap"),
             "wall_share_window": g.get("window"), "wall_share_with_warmup": g.get("with_warmup"),
-            "joules_per_sample": _summary(row, "joules_per_sample"), "joules_per_token": _summary(row, "joules_per_token"),
+            "joules_per_sample": _summary(row, "joules_per_sample"),
+            "joules_per_token": _summary(row, "joules_per_token"),
             **{f"checkpoint_{k}": v for k, v in checkpoint_timing.report_values(row.record).items()}}
