@@ -159,9 +159,10 @@ def stop(meter: Meter | None, result: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- records
 
-def merge_nodes(ranks: list[dict[str, Any]], samples: float | None) -> dict[str, Any] | None:
+def merge_nodes(ranks: list[dict[str, Any]], samples: float | None, nnodes: int = 1) -> dict[str, Any] | None:
     """A repeat's energy from its nodes' readings: the sums, and joules per sample of the device that
-    trained (GPUs on CUDA, CPU packages on the CPU). None where no node read a counter."""
+    trained (GPUs on CUDA, CPU packages on the CPU), only where all ``nnodes`` nodes read theirs (part of
+    the job's energy over all its samples would be too low). None where no node read a counter."""
     nodes = [r["energy"] for r in ranks if isinstance(r.get("energy"), dict)]
     if not nodes:
         return None
@@ -176,7 +177,8 @@ def merge_nodes(ranks: list[dict[str, Any]], samples: float | None) -> dict[str,
            "gpus_unsupported": total("gpus_unsupported"), "cpu_packages_read": total("cpu_packages_read"),
            "nodes": len(nodes), "read_s": max(reads) if reads else None, "source": "nvml" if cuda else "rapl"}
     joules = out["gpu_j"] if cuda else out["cpu_j"]
-    out["j_per_sample"] = joules / samples if joules is not None and samples else None
+    whole = len(nodes) >= nnodes
+    out["j_per_sample"] = joules / samples if joules is not None and samples and whole else None
     return out
 
 

@@ -195,6 +195,7 @@ def test_repeat_and_summary_energy_per_sample_and_token():
     e = energy.merge_nodes(ranks, samples=200)
     assert (e["gpu_j"], e["nodes"], e["source"], e["read_s"]) == (400.0, 2, "nvml", 2.5)
     assert e["j_per_sample"] == pytest.approx(2.0)  # the GPUs', not the CPU package's
+    assert energy.merge_nodes(ranks, samples=200, nnodes=3)["j_per_sample"] is None  # a node's reading missing
     assert energy.merge_nodes([{"rank": 0, "device": "cpu"}], 10) is None
     reps = [{"status": "ok", "energy": {"j_per_sample": x}} for x in (1.0, 3.0, 2.0)] + [{"status": "ok"}]
     assert energy.summary_fields(reps, seq_len=100) == pytest.approx({"joules_per_sample": 2.0,
