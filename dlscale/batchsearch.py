@@ -102,10 +102,10 @@ def search_max_batch(probe: Callable[[int], tuple[str, str | None, float]], star
 
 
 def probe_config(cfg: RunConfig, batch: int) -> RunConfig:
-    """A short run at ``batch``; no utilisation sampling, breakdown or trace."""
+    """A short run at ``batch``; no utilisation sampling, breakdown, trace or checkpoint phase."""
     return dataclasses.replace(cfg, batch_size=batch, warmup=PROBE_WARMUP, steps=PROBE_STEPS, repeats=1,
                                monitor=False, breakdown=False, profile=False, max_batch_start=None,
-                               max_batch_cap=None)
+                               max_batch_cap=None, checkpoint_every=None, checkpoint_mode="sync", checkpoint_dir=None)
 
 
 def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str | None = None,

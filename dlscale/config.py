@@ -24,6 +24,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale import compiling
+from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
@@ -41,11 +42,17 @@ MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any mode
 CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
 
 
+INJECTIONS = ("crash", "oom", "hang", "oom-above", "slow")
+# kinds whose number is not a step
+_NOT_A_STEP = ("oom-above", "slow")
+
+
 def parse_injection(spec: str) -> tuple[str, int, int | None]:
     """Parse "kind@step[:rank]" (kind: crash, oom, hang) used by tests to simulate failures.
 
     For kind "oom-above" the number is a batch size, not a step: "oom-above@N" makes the worker
-    run out of memory at step 0 whenever the per-device batch size is larger than N.
+    run out of memory at step 0 whenever the per-device batch size is larger than N. For kind
+    "slow" it is milliseconds: "slow@MS:RANK" sleeps that long before every step of the rank.
     """
     try:
         kind, rest = spec.split("@", 1)
@@ -54,8 +61,8 @@ def parse_injection(spec: str) -> tuple[str, int, int | None]:
         rank = int(rank_s) if rank_s else None
     except ValueError:
         raise ConfigError(f"inject-failure must look like crash@STEP[:RANK], got {spec!r}") from None
-    if kind not in ("crash", "oom", "hang", "oom-above"):
-        raise ConfigError(f"inject-failure kind must be crash, oom, hang or oom-above, got {kind!r}")
+    if kind not in INJECTIONS:
+        raise ConfigError(f"inject-failure kind must be one of {', '.join(INJECTIONS)}, got {kind!r}")
     if step < 0 or (rank is not None and rank < 0):
         raise ConfigError(f"inject-failure step and rank must be >= 0, got {spec!r}")
     return kind, step, rank
@@ -256,6 +263,18 @@ class RunConfig:
     profile: bool = _f(False, type=bool, kind="flag", procedure=True,
                        help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
                             "the median repeat's trace is kept in STORE/traces/")
+    # after the window: a checkpoint phase (dlscale/checkpoint_timing.py); procedure fields, out of the case key
+    checkpoint_every: int | None = _f(None, type=int, minimum=1, maximum=10**7, optional=True, procedure=True,
+                                      setting=True, metavar="N",
+                                      help="after the window, time saving the model and optimizer state with "
+                                           "torch.distributed.checkpoint: N steps, a save, N steps, a save, N steps "
+                                           "(default: no checkpoint phase; docs/metrics.md)")
+    checkpoint_mode: str = _f("sync", choices=CHECKPOINT_MODES, procedure=True, setting=True,
+                              help="with --checkpoint-every: sync (dcp.save: training waits for the write) or "
+                                   "async (dcp.async_save: it waits for the staging only)")
+    checkpoint_dir: str | None = _f(None, optional=True, procedure=True, setting=True, metavar="DIR",
+                                    help="with --checkpoint-every: an existing folder the saves are written to "
+                                         "and removed from (default: the case's temporary folder)")
     # the largest-batch search (batch_size max): first probe and largest batch tried
     max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
                                      setting=True, limit="samples per device; no device holds more",
@@ -269,7 +288,8 @@ class RunConfig:
     inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
                                     validator=parse_injection,
                                     help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
-                                         "or oom-above@N: run out of memory whenever the batch size exceeds N")
+                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
+                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -484,7 +504,7 @@ def validate_case(cfg: RunConfig) -> None:
         if rank is not None and rank >= cfg.world_size:
             raise ConfigError(f"inject-failure rank {rank} does not exist (world size {cfg.world_size})")
         kind = cfg.inject_failure.split("@")[0]
-        if kind != "oom-above" and step >= cfg.warmup + cfg.steps:
+        if kind not in _NOT_A_STEP and step >= cfg.warmup + cfg.steps:
             raise ConfigError(f"inject-failure step {step} is never reached (warm-up {cfg.warmup} + steps "
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
     if strat.validate is not None:
@@ -496,6 +516,9 @@ def validate_case(cfg: RunConfig) -> None:
 
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
     checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
+    from dlscale import checkpoint_timing
+
+    checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model
@@ -534,4 +557,7 @@ def validate_for_launch(cfg: RunConfig) -> str:
     from dlscale.inputs import check_machine
 
     check_machine(cfg, device)
+    from dlscale import checkpoint_timing
+
+    checkpoint_timing.check_machine(cfg)  # the checkpoint folder: writable, with room for the saves
     return device

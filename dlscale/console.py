@@ -198,8 +198,10 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
     if rec.get("status") == "ok":
         for line in validity_lines(rec):
             print(line)
-    line = breakdown_line(rec.get("breakdown"))
-    if line:
-        print(line)
+    from dlscale.checkpoint_timing import console_line
+
+    for line in (breakdown_line(rec.get("breakdown")), console_line(rec)):
+        if line:
+            print(line)
     for line in profile_lines(rec, store_root):
         print(line)

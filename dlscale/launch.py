@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import envinfo, fp8, frameworks, inputs, metrics, stacks, validity
+from dlscale import energy, envinfo, fp8, frameworks, inputs, metrics, stacks, validity
 from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
@@ -215,6 +215,13 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
+        used = energy.merge_nodes(ranks, cfg.steps * global_batch, cfg.nnodes)
+        if used is not None:  # only where a counter was read at both ends of the window
+            entry["energy"] = used
+        if r0.get("checkpoint"):  # --checkpoint-every: the saves timed after the window (checkpoint_timing)
+            entry["checkpoint"] = r0["checkpoint"]
+        if r0.get("rank_steps"):  # every rank's window and solo steps, gathered after the window (ranktimes)
+            entry["rank_steps"] = r0["rank_steps"]
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
             entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps"),
                           "loss_scale_tracker": r0.get("loss_scale_tracker")})
@@ -249,6 +256,7 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
         "peak_flops_source": source,
         "dtype": dtype,
         "device_name": device_name,
+        **energy.summary_fields(repeats, spec.seq_len),  # measured energy counters only
     }
 
 

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlscale import ranktimes
 from dlscale.store import MEASURED_STATUSES
 
 WARN = "warn"
@@ -43,6 +44,7 @@ class Thresholds:
     noise_k: float = 2.0  # above-ideal scaling counts when efficiency - 1 > noise_k x combined CV
     max_breakdown_gap: float = 0.05  # |breakdown's step / the window's median step - 1|
     loss_diverged_factor: float = 10.0  # loss_after over the first warm-up loss (medians over repeats)
+    straggler_gap: float = 0.10  # slowest rank's median step / the others' median - 1 (and the two separate)
 
 
 THRESHOLDS = Thresholds()
@@ -500,9 +502,27 @@ def _check_interrupted(rec, t: Thresholds, v: Validity) -> None:
                             "those (a sweep measures it again in full)", NOTE, n, asked))
 
 
+def _check_straggler(rec, t: Thresholds, v: Validity) -> None:
+    """One rank slower than the others (dlscale/ranktimes.py): its median step over the median of the
+    others' by more than ``straggler_gap``, and beyond their noise (its 25th percentile above every other
+    rank's 75th). Multi-rank records only; those without per-rank steps are listed as unchecked."""
+    if (rec.get("world_size") or 1) < 2:
+        return
+    s = ranktimes.record_slowest(rec)
+    if s is None or s.get("gap") is None:
+        v.unchecked["straggler"] = "no per-rank step times in the record"
+        return
+    if s["gap"] > t.straggler_gap and s["separated"]:
+        what = "solo steps (no gradient sync)" if s["basis"] == "solo" else "window steps"
+        v.flags.append(Flag("straggler", f"rank {s['rank']} ({s['host']}, {s['device']}) is {s['gap'] * 100:.0f} % "
+                            f"slower than the other ranks' median in its {what}: {s['median_ms']:.3g} ms against "
+                            f"{s['others_median_ms']:.3g} ms (limit {t.straggler_gap * 100:g} %); every rank waits "
+                            "for it", WARN, s["gap"], t.straggler_gap))
+
+
 CHECKS = (_check_window, _check_counts, _check_cv, _check_drift, _check_stalls, _check_load, _check_threads,
           _check_breakdown, _check_decode_process, _check_loss_nonfinite, _check_loss_diverged, _check_skipped_steps,
-          _check_interrupted)
+          _check_interrupted, _check_straggler)
 
 
 def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:

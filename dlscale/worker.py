@@ -33,7 +33,8 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, fp8, metrics, multinode, parity, precision, progress, stacks  # noqa: E402
+from dlscale import checkpointing, energy, fp8, metrics, multinode, parity, precision, progress  # noqa: E402
+from dlscale import checkpoint_timing, ranktimes, stacks  # noqa: E402
 from dlscale.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -86,7 +87,8 @@ def dist_env_from_environ(device_type: str) -> DistEnv:
 
 
 class _Injected:
-    """Test hook: raise/hang at a given global step on a given rank (config.inject_failure)."""
+    """Test hook: raise/hang at a given global step on a given rank (config.inject_failure); "slow@MS"
+    sleeps MS milliseconds before every step of the rank (a straggler)."""
 
     def __init__(self, spec: str | None, rank: int, batch_size: int | None = None):
         self.kind = None
@@ -97,7 +99,13 @@ class _Injected:
             if target is None or target == rank:
                 self.kind, self.step = kind, step
 
+    def slow(self) -> None:
+        if self.kind == "slow":
+            time.sleep(self.step / 1e3)
+
     def check(self, step: int) -> None:
+        if self.kind == "slow":
+            return self.slow()
         if self.kind is None or step != self.step:
             return
         if self.kind == "oom":
@@ -313,6 +321,18 @@ def _window_times(events, fetched, host_marks: list[float], n: int) -> tuple[lis
     return steps, ([events[i].elapsed_time(fetched[i]) for i in range(n)] if fetched is not None else None)
 
 
+def _window_counters(source, denv: DistEnv):
+    """Counters read at the window's start: real data's loader CPU and reads, and the node's energy
+    (local rank 0; dlscale/energy.py); returns the energy meter for ``energy.stop`` after the window."""
+    source.window_start()
+    return energy.start(denv, _local_gpu_uuids(denv))
+
+
+def _window_counters_end(source, meter, result: dict[str, Any]) -> None:
+    source.window_end()
+    energy.stop(meter, result)  # the node's energy over the window, where a counter was read
+
+
 def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
     device = denv.device
     fetch = None if source.static else source.next  # real data: refills ``batches`` each step
@@ -327,7 +347,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
 
     scale_before = _loss_scale(par, step)  # amp-fp16: skipped steps are the window's halvings of the scale
-    source.window_start()  # real data: the loader's CPU and read counters (before the barrier)
+    meter = _window_counters(source, denv)  # loader and energy counters, read before the barrier
     _sync(device)
     pg_barrier()
     # ---- timed window: nothing but training steps between here and the closing sync ----
@@ -370,7 +390,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     t1 = time.perf_counter()
     wall_end = time.time()
     # ---- end of timed window ----
-    source.window_end()
+    _window_counters_end(source, meter, result)
 
     window = t1 - t0
     result.setdefault("marks", {})["window_done"] = time.time()
@@ -392,7 +412,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
         result["data"] = source.summary(waits, window, step_ms, idle_ms)
     if sampler is not None:
         result["utilisation"] = sampler.summary(wall_start, wall_end)
-    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject)
 
 
 def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
@@ -425,7 +445,7 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
     result["warmup_losses"] = losses
 
 
-def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch) -> None:
+def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject=None) -> None:
     """Extra measurements, all after the window and after the memory peak was read. The loss of the
     trained model first: the breakdown and the profile train further steps, which would otherwise
     make ``loss_after`` depend on them (and a parity check of a case with --breakdown against one
@@ -433,6 +453,13 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     device = denv.device
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
+    ranktimes.measure(cfg, denv, result, par, batches, _autocast(cfg, device), getattr(inject, "slow", None),
+                      eager_module)
+    if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/checkpoint_timing.py)
+        progress.phase("checkpoint", "start", denv.rank)
+        result["checkpoint"] = checkpoint_timing.run_phase(cfg, denv, par, step, out_dir, fetch is None,
+                                                           lambda: _sync(device))
+        progress.phase("checkpoint", "end", denv.rank)
     if cfg.breakdown:
         from dlscale.breakdown import measure_breakdown
 

@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from dlscale import ConfigError
+from dlscale import ConfigError, energy, goodput
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, arg_type, options_from_args,
                                         positive_float, positive_int, query_from_args, shapes_type)
 from dlscale.perfmodel.core import Shape, parse_shapes
@@ -65,6 +65,9 @@ def register(sub) -> None:
     c.add_argument("--predicted", action="store_true",
                    help="add the model's prediction: beside measured configurations, and as the throughput of "
                         "configurations nothing was measured at")
+    c.add_argument("--checkpoint-interval-min", type=positive_float, default=None, metavar="MIN",
+                   help="count a checkpoint every MIN minutes of training, each blocking as long as the record's "
+                        "checkpoint phase measured (--checkpoint-every); the start-up is counted either way")
     c.set_defaults(func=cmd_cost)
 
 
@@ -87,6 +90,8 @@ def _cost_of(o: CostOption, price, seq_len, args) -> dict[str, Any]:
                       seq_len=int(seq_len) if (args.tokens is not None and seq_len) else None,
                       power_w=o.power_w, **_amount(args))
     d.update(o.to_dict())
+    d["overheads"] = goodput.long_run(d["hours"], getattr(args, "records_by_id", {}).get(o.record) if o.kind == "run"
+                                      else None, args.checkpoint_interval_min)
     if o.low and o.kind == "predicted":
         d["hours_range"] = [d["samples"] / o.high / 3600.0, d["samples"] / o.low / 3600.0]  # type: ignore[operator]
     if o.predicted_samples_per_s is not None and o.kind != "predicted":
@@ -108,6 +113,8 @@ def cmd_cost(args) -> int:
     shape = args.shape or (Shape(args.nnodes, args.gpus_per_node_max) if args.nnodes else None)
     shapes = args.shapes if args.deadline_hours is not None else ([shape] if shape else None)
     options, w, pred = plan_options(loaded.records, query, opts, args.strategy, shapes, args.predicted)
+    options = energy.prefer_measured(options, loaded.records)  # the energy counter's power where a record read it
+    args.records_by_id = {str(r.get("id")): r for r in loaded.records}  # for the start-up and checkpoint overheads
     ref = (w.baseline or w.rows[0]).record
     unit, seq_len, qual = workload_unit(w), workload_seq_len(w), _qualifier(ref)
     if unit == "tok":  # the throughput counts tokens already: --tokens is the amount as it is
@@ -150,6 +157,7 @@ def _single(args, shape: Shape, options: list[CostOption], price, seq_len, unit:
              ["price", f"${cost['price_per_gpu_hour']:,.2f} per GPU-hour ({price.source})"],
              ["cost", f"${cost['cost']:,.2f}"],
              [f"cost per million {unit}", f"${cost['cost_per_million_samples']:,.2f}"]]
+    rows.append(["with start-up and checkpoints", goodput.long_run_line(cost["overheads"])])
     if cost["energy_j_per_sample"] is not None:
         rows += [["GPU power", f"{cost['power_w']:,.0f} W ({o.power_source})"],
                  [f"energy per {unit}", f"{cost['energy_j_per_sample']:,.3f} J"],

@@ -6,6 +6,7 @@ import json
 import re
 
 from dlscale import ConfigError
+from dlscale.checkpoint_timing import STATE_BYTES_PER_PARAM, plan_estimate
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -76,6 +77,9 @@ def register(sub) -> None:
                         "required with --nodes > 1")
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
+    p.add_argument("--checkpoint-write-gbps", type=_positive(float), default=None, metavar="GB/S",
+                   help="a node's measured durable write bandwidth (dlscale micro io --write-dir): estimate how "
+                        "long a synchronous checkpoint of the state blocks (default: its size only)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
     p.add_argument("--check", metavar="STORE", default=None,
                    help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
@@ -209,16 +213,29 @@ def cmd_plan(args) -> int:
     grid = Grid(args.microbatches, args.schedule, args.sequence_parallel,
                 frozenset(args.strategy) if args.strategy else None)
     rows = plan_rows(work, machine, args.batch_size, grid, _evidence(args, spec, machine, records), _visible_gpus())
+    ckpt = plan_estimate(spec.arch.param_count(), args.nodes,
+                         args.checkpoint_write_gbps * 1e9 if args.checkpoint_write_gbps else None)
     if args.format == "json":
         print(json.dumps({"model": spec.name, "flavor": spec.flavor, "params": spec.arch.param_count(),
                           "precision": args.precision, "activation_checkpointing": args.activation_checkpointing,
                           "compiled": not args.eager, "gpus": args.gpus, "nodes": args.nodes,
                           "gpu_memory_bytes": args.gpu_memory, "peak_flops": machine.peak_flops,
                           "intra_busbw": machine.intra_busbw, "intra_source": machine.intra_source,
-                          "inter_busbw": machine.inter_busbw, "rows": rows}, indent=1, default=str))
+                          "inter_busbw": machine.inter_busbw, "rows": rows, "checkpoint": ckpt}, indent=1,
+                         default=str))
         return 0
-    print(render(spec, args, machine, rows))
+    print(render(spec, args, machine, rows) + "\n" + checkpoint_line(ckpt))
     return 0
+
+
+def checkpoint_line(c: dict) -> str:
+    """The plan's checkpoint estimate in one line (dlscale/checkpoint_timing.py)."""
+    size = (f"# checkpoint: {c['state_bytes'] / 1e9:.3g} GB of state ({STATE_BYTES_PER_PARAM} B per parameter: fp32 "
+            f"weights and AdamW's two moments), {c['bytes_per_node'] / 1e9:.3g} GB per node")
+    if c["sync_save_s"] is None:
+        return size + "; give --checkpoint-write-gbps (micro io --write-dir) for the time a save blocks"
+    return size + (f"; at {c['write_bytes_per_s'] / 1e9:g} GB/s per node a synchronous save blocks about "
+                   f"{c['sync_save_s']:.3g} s (measure it: run --checkpoint-every)")
 
 
 def render(spec, args, machine, rows) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from dlscale.fmt import fmt_cell
 from dlscale import ConfigError
-from dlscale.micro import common
+from dlscale.micro import common, diskwrite
 
 PIPELINES = ("image-cpu", "image-gpu", "gpt", "bert")
 MODEL = {"image-cpu": "resnet50", "image-gpu": "resnet50", "gpt": "gpt2", "bert": "bert-base"}
@@ -140,6 +140,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", type=int, default=2_000_000, help="size of the generated token file")
     p.add_argument("--device", default="auto", choices=common.DEVICES,
                    help="where batches are finished (copied, normalised, GPU-decoded)")
+    p.add_argument("--write-dir", default=None, metavar="DIR",
+                   help="also time a durable write of --write-mb MB into DIR (fsynced, then removed): the disk "
+                        "bandwidth a checkpoint gets; alone unless --pipeline or --data asks for loaders")
+    p.add_argument("--write-mb", type=float, default=1024.0, help="MB written by the --write-dir test")
     p.add_argument("--store", default="results", metavar="DIR", help="result store directory")
     p.set_defaults(func=main)
 
@@ -157,6 +161,7 @@ def main(args) -> int:
     if any(s.synthetic for s in specs):
         raise ConfigError("micro io measures real data: give imagefolder:PATH or tokens:PATH")
     chosen = common.parse_choices(args.pipeline, PIPELINES, "pipeline") if args.pipeline else None
+    diskwrite.check(args.write_dir, args.write_mb)
     common.check_store(args.store)
     tmp = None
     try:
@@ -165,6 +170,8 @@ def main(args) -> int:
         pipelines = chosen or [p for p in PIPELINES if not by_kind or
                                (p.startswith("image") and "image" in by_kind) or
                                (p in ("gpt", "bert") and "tokens" in by_kind)]
+        if args.write_dir is not None and chosen is None and not specs:
+            pipelines = []  # the write test alone
         if chosen is None and device != "cuda":
             pipelines = [p for p in pipelines if p != "image-gpu"]
         missing = [p for p in pipelines if ("image" if p.startswith("image") else "tokens") not in by_kind]
@@ -182,6 +189,10 @@ def main(args) -> int:
                                              args.flavor))
                 r = rows[-1]
                 print(f"# {p} workers {w}: {fmt_cell(r['samples_per_s'])} samples/s ({r['status']})", flush=True)
+        if args.write_dir is not None:
+            rows.append(diskwrite.measure_write(args.write_dir, int(args.write_mb * 1e6)))
+            print(f"# write {args.write_mb:g} MB into {args.write_dir}: {fmt_cell(rows[-1]['write_mb_s'])} MB/s",
+                  flush=True)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -199,7 +210,7 @@ def main(args) -> int:
                        [("pipeline", "pipeline"), ("workers", "workers"), ("batch", "batch"),
                         ("samples_per_s", "samples/s"), ("samples_per_s_per_worker", "per worker"),
                         ("loader_cpu_cores", "loader cores"), ("samples_per_core_s", "samples/s per core"),
-                        ("read_mb_s", "read MB/s")], rows)
+                        ("read_mb_s", "read MB/s"), ("write_mb_s", "write MB/s")], rows)
     path = common.append_record(args.store, record)
     common.print_done(record, path)
     return common.exit_code(status)

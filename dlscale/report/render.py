@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
-from dlscale.report import account, parity, sidebyside, sources
+from dlscale.report import account, lostcols, parity, sidebyside, sources
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -85,7 +85,7 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...]
     ("step p50 / p90 (ms)", lambda r: (r.summary("step_ms_p50"), r.summary("step_ms_p90")) if r.unit == "sample"
      else (None, None)),
     ("exchange (MB/step/rank)", lambda r: (_scaled(r.exchange_bytes, MB),)),
-)
+) + lostcols.COLUMNS  # slowest rank, wall outside the window, energy, checkpoints
 DATA_NOTE = ("data wait = the share of the timed window the training steps waited at the data loader "
              "(host clock around each fetch; the slowest rank's); GPU idle for data = the share of it the GPU "
              "had no work while its batch was not there (CUDA events; a host ahead of the GPU waits without "
@@ -96,7 +96,8 @@ EXTRA_NOTE = ("utilisation columns: timed-window means of the median repeat, sam
               "MB/s = 10^6 B/s); exposed comm = exposed_comm_ms ÷ step_ms and overlap = share of the "
               "all-reduce hidden behind backward, from the step-time breakdown measured after the window; "
               "step p50 / p90: rank 0's step times in the window (CTR tables); exchange: bytes the busiest "
-              "rank sends to the others per step, as the sharding strategy recorded them (MB = 10^6 B)")
+              "rank sends to the others per step, as the sharding strategy recorded them (MB = 10^6 B); "
+              + lostcols.NOTE)
 
 
 def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float | None, ...]]]]:
@@ -479,7 +480,7 @@ CSV_COLUMNS = [
     "superseded_records", "error", "case_key", "record_id", "created", "command",
     "framework", "vs_torch_eager",  # dlscale/report/frameworks.py
     "loss_after", "validity_sound", "validity_flags", "speedup_flags", "validity_reasons",
-] + sources.CSV_EXTRA
+] + sources.CSV_EXTRA + lostcols.CSV_COLUMNS
 
 
 UTIL_FIELDS = ("gpu_util_pct_mean", "cpu_util_pct_mean", "host_mem_used_bytes_mean", "disk_read_bps_mean",
@@ -495,7 +496,7 @@ def utilisation_fields(row: Row) -> dict[str, Any]:
                 "data": rec_config(row.record).get("data", "synthetic"), "data_wait_pct": row.data_wait_pct,
                 "data_gpu_idle_pct": row.data_gpu_idle_pct,
                 "loader_cpu_cores": row.loader_cores, "input_bound": (row.data or {}).get("input_bound"),
-                "trace": row.trace, "exchange_bytes_per_step": row.exchange_bytes})
+                "trace": row.trace, "exchange_bytes_per_step": row.exchange_bytes, **lostcols.fields(row)})
     return out
 
 
