@@ -449,6 +449,8 @@ def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> S
         raise ConfigError(f"suite file {shown} is not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise ConfigError(f"{shown}: nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -44,3 +44,64 @@ def test_a_catastrophic_metric_regex_ends_within_the_time_limit(monkeypatch):
                         model="gpt2", precision="fp32", batch_size=4, warmup=0, steps=2, repeats=1, time_limit=5, monitor=False)
     _, (r0,) = sp.ExternalSpawner(case, "cpu")(0)
     assert r0["status"] == "ok" and r0["per_step_samples_per_s"] == [10.0, 20.0]
+
+
+# ----------------------------------------------------------------------------- what import reads
+
+@pytest.mark.parametrize("fmt", [["--format", "table"], ["--format", "dlperf-json", "--precision", "fp32"],
+                                 ["--format", "hf-trainer", "--model", "gpt2", "--precision", "fp32"]])
+def test_import_refuses_a_fifo_and_a_device_without_reading(tmp_path, capsys, fmt):
+    import os
+
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)  # opening it to read would block until a writer comes: it must never be opened
+    for path in (fifo, "/dev/zero"):
+        assert run("import", path, *fmt, "--store", tmp_path / "st") == 2
+        assert str(path) in one_line(capsys)
+    assert not (tmp_path / "st").exists()
+
+
+def test_import_refuses_a_file_over_the_bound(tmp_path, capsys, monkeypatch):
+    import dlscale.importers as imp
+
+    table = tmp_path / "t.yaml"
+    table.write_text("x" * 100)
+    monkeypatch.setattr(imp, "MAX_INPUT_BYTES", 99)
+    assert run("import", table, "--format", "table", "--dry-run") == 2
+    one_line(capsys)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "run1.log").write_text("x" * 100)
+    assert run("import", logs, "--format", "megatron-log", "--model", "gpt2", "--batch-size", "4",
+               "--precision", "fp32", "--dry-run") == 2
+    assert "run1.log" in one_line(capsys)
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.mark.parametrize("name, text, fmt", [
+    ("t.yaml", f"description: {_deep(1000)}\n", ["--format", "table"]),
+    ("d.json", f'{{"gpt2": {_deep(1000)}}}', ["--format", "dlperf-json", "--precision", "fp32"]),
+    ("t.yaml", None, ["--format", "table"]),  # raw bytes
+    ("t.csv", None, ["--format", "table", "--source", "s", "--tool", "t", "--model", "gpt2", "--gpu", "V100"]),
+])
+def test_import_of_deep_nesting_or_raw_bytes_is_one_line(tmp_path, capsys, name, text, fmt):
+    import random
+
+    f = tmp_path / name
+    if text is None:
+        f.write_bytes(bytes(random.Random(0).randrange(128, 256) for _ in range(100_000)))
+    else:
+        f.write_text(text)
+    assert run("import", f, *fmt, "--store", tmp_path / "st") == 2
+    assert str(f) in one_line(capsys)
+    assert not (tmp_path / "st").exists()
+
+
+def test_a_suite_nested_1000_deep_is_one_line(tmp_path, capsys):
+    s = tmp_path / "s.yaml"
+    s.write_text(f"description: {_deep(1000)}\ncases: []\n")
+    assert run("sweep", s, "--dry-run", "--store", tmp_path / "st") == 2
+    assert "s.yaml" in one_line(capsys)

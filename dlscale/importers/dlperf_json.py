@@ -38,6 +38,8 @@ class DLPerfJSON(Importer):
                 raise ConfigError(f"cannot read: {e}") from None
             except json.JSONDecodeError as e:
                 raise ConfigError(f"not JSON ({e.msg} at line {e.lineno})") from None
+            except RecursionError:
+                raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
             if isinstance(data, dict) and isinstance(data.get("dlperf"), dict):
                 data = data["dlperf"]
             if not isinstance(data, dict) or not data:

@@ -205,6 +205,15 @@ def _row_fields(r: dict[str, Any], gpn: int | None) -> tuple:
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a CSV table, cells typed: integers, numbers, runs lists, booleans; blanks dropped."""
+    try:
+        return _csv_rows(path)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): a table is a YAML or CSV text file") from None
+    except csv.Error as e:
+        raise ConfigError(f"not a CSV table: {e}") from None
+
+
+def _csv_rows(path: Path) -> list[dict[str, Any]]:
     with open(path, newline="", encoding="utf-8") as f:
         # '# key: value' lines are comments, not table fields (those come from the command line)
         reader = csv.DictReader(line for line in f if not line.lstrip().startswith("#"))
@@ -265,8 +274,12 @@ def load_table(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): a table is a YAML or CSV text file") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"not YAML: {' '.join(str(e).split())[:200]}") from None
 
