@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from dlscale.cli import main
+from dlscale.cli import EXIT_FAILED, main
+from dlscale.procs import EXIT_INTERRUPTED
 
 
 def run(*argv):
@@ -105,3 +106,32 @@ def test_a_suite_nested_1000_deep_is_one_line(tmp_path, capsys):
     s.write_text(f"description: {_deep(1000)}\ncases: []\n")
     assert run("sweep", s, "--dry-run", "--store", tmp_path / "st") == 2
     assert "s.yaml" in one_line(capsys)
+
+
+# ----------------------------------------------------------------------------- data make tokens
+
+def test_make_tokens_refuses_what_the_disk_cannot_hold_before_writing(tmp_path, capsys):
+    out = tmp_path / "a" / "b"
+    assert run("data", "make", "tokens", "--out", out, "--size", "999999G") == 2
+    one_line(capsys)
+    assert list(tmp_path.iterdir()) == []  # not even the folder
+    assert run("data", "make", "tokens", "--out", "/proc/x", "--size", "1k") == 2
+    assert "/proc/x" in one_line(capsys)
+
+
+@pytest.mark.parametrize("fault, code", [(OSError(28, "No space left on device"), EXIT_FAILED),
+                                         (KeyboardInterrupt(), EXIT_INTERRUPTED)])
+def test_make_tokens_removes_a_partial_set(tmp_path, capsys, monkeypatch, fault, code):
+    from dlscale.inputs import make
+
+    def partial(path, *a):
+        path.write_bytes(b"\0" * 1000)
+        raise fault
+
+    monkeypatch.setattr(make, "_write_tokens", partial)
+    assert run("data", "make", "tokens", "--out", tmp_path / "t", "--size", "1M") == code
+    assert len([ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]) == 1
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "given").mkdir()  # a folder the user made stays, empty
+    assert run("data", "make", "tokens", "--out", tmp_path / "given", "--size", "1M") == code
+    assert list((tmp_path / "given").iterdir()) == []
