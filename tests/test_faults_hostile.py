@@ -135,3 +135,26 @@ def test_make_tokens_removes_a_partial_set(tmp_path, capsys, monkeypatch, fault,
     (tmp_path / "given").mkdir()  # a folder the user made stays, empty
     assert run("data", "make", "tokens", "--out", tmp_path / "given", "--size", "1M") == code
     assert list((tmp_path / "given").iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- diagnosis
+
+def _torchrun_killed(rank: int, code: int) -> str:
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n====\nRoot Cause (first observed "
+            f"failure):\n[0]:\n  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: 4242)\n====")
+
+
+def test_a_stopped_rank_killed_after_its_peers_collective_timeout_is_a_timeout_naming_it():
+    """SIGSTOPped rank 1 cannot act on torchrun's SIGTERM after rank 0's collective timeout, and is
+    SIGKILLed 30 s later: the stall is the cause, not the kill (nor the OOM killer)."""
+    from dlscale import launch
+
+    ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: Timed out waiting 8000ms for recv operation"}]
+    status, error = launch.classify(1, False, ranks, 2, _torchrun_killed(1, -9))
+    assert status == "timeout" and error.startswith("rank 1 did not reach"), error
+    assert "out-of-memory" not in error
+    # a rank killed first (its peer failed otherwise, or not at all) stays the cause
+    peer = [{"rank": 0, "status": "failed", "error": "RuntimeError: Connection closed by peer"}]
+    for rs in ([], peer):
+        status, error = launch.classify(1, False, rs, 2, _torchrun_killed(1, -9))
+        assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
