@@ -16,6 +16,18 @@ MAX_DECIMALS = 9
 GIB, MIB, KIB = 2.0 ** 30, 2.0 ** 20, 2.0 ** 10
 
 
+def yaml_number_hint(v: Any) -> str:
+    """For a string YAML 1.1 left as text although it reads as a number ('1e300': no dot, no exponent
+    sign), how to write it so that it is one; else ''."""
+    import re
+
+    m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", v.strip()) if isinstance(v, str) else None
+    if not m:
+        return ""
+    mant = m.group(1) if "." in m.group(1) else m.group(1) + ".0"
+    return f" (YAML reads {v.strip()} as text: write {mant}e{m.group(2) or '+'}{m.group(3)})"
+
+
 def finite(v: Any) -> float | None:
     """A finite number or None (bools, strings, NaN and infinities are not numbers here)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -40,6 +40,10 @@ EXIT_NOT_STORED = 7  # the measurement could not be stored (kept in a recovery f
 ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below the store's directory
 # free space a case needs in the store before it starts: its record and utilisation series (a record
 # is tens of kB; a series a few hundred bytes a sample per node)
+# no figure dlscale stores comes near this (bytes, FLOPs and timestamps included): a record holding a bigger
+# number was edited or imported unchecked, and would overflow the reports' sums; it is skipped, named
+MAX_MAGNITUDE = 1e30
+MAX_STORED_BATCH = 1 << 20  # per device, as config.MAX_BATCH (not imported: the store is below config)
 EXPECTED_CASE_BYTES = 4 << 20
 
 
@@ -253,11 +257,37 @@ class ResultStore:
         except json.JSONDecodeError as e:
             out.skipped.append((str(path), n, f"not JSON ({e.msg})"))
             return
+        except (ValueError, RecursionError) as e:  # an integer of thousands of digits; nesting too deep
+            out.skipped.append((str(path), n, "not readable JSON (" + (str(e).split(":")[0] if isinstance(
+                e, ValueError) else "nested too deeply") + ")"))
+            return
         if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
             out.skipped.append((str(path), n, "not a dlscale record"))
             return
+        bad = implausible(rec)
+        if bad:
+            out.skipped.append((str(path), n, bad))
+            return
         if kind is None or rec.get("kind") == kind:
             out.records.append(rec)
+
+
+def implausible(rec: dict[str, Any]) -> str | None:
+    """Why a stored record cannot be reported (a number no measurement gives), else None."""
+    b = (rec.get("config") or {}).get("batch_size") if isinstance(rec.get("config"), dict) else None
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b > MAX_STORED_BATCH:
+        return f"implausible batch size {b:.3g} (over {MAX_STORED_BATCH:,} per device)"
+    todo: list[tuple[str, Any]] = [("", rec)]
+    while todo:  # iterative: a deeply nested record must not exhaust the stack
+        where, o = todo.pop()
+        if isinstance(o, dict):
+            todo += [(f"{where}.{k}" if where else str(k), v) for k, v in o.items()]
+        elif isinstance(o, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(o)]
+        elif isinstance(o, (int, float)) and not isinstance(o, bool) and abs(o) > MAX_MAGNITUDE:
+            shown = f"{o:.3g}" if isinstance(o, float) else f"an integer of {int(o.bit_length() * 0.30103) + 1} digits"
+            return f"implausible number at {where} ({shown}, over {MAX_MAGNITUDE:.0e})"
+    return None
 
 
 def recovery_dirs() -> list[str]:

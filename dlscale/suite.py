@@ -147,7 +147,9 @@ class _Where:
 
 
 def _show(v: Any) -> str:
-    return repr(v) if not isinstance(v, str) else f"'{v}'"
+    from dlscale.fmt import yaml_number_hint
+
+    return repr(v) if not isinstance(v, str) else f"'{v}'{yaml_number_hint(v)}"
 
 
 def _unknown_keys(where: _Where, prefix: str, got: Iterable[str], allowed: Iterable[str]) -> None:

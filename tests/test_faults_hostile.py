@@ -158,3 +158,55 @@ def test_a_stopped_rank_killed_after_its_peers_collective_timeout_is_a_timeout_n
     for rs in ([], peer):
         status, error = launch.classify(1, False, rs, 2, _torchrun_killed(1, -9))
         assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
+
+
+# ----------------------------------------------------------------------------- imported numbers
+
+TABLE = ("format: dlscale-table/1\nsource: s\ntool: t\nmodel: gpt2\nunit: seq\nhardware: {gpu: V100}\nrows:\n"
+         "  - {batch_size: %s, nodes: 1, gpus_per_node: 1, precision: fp32, %s}\n")
+
+
+@pytest.mark.parametrize("batch, figure, fragment", [
+    ("4", "throughput: 1.7e+308", "throughput"),
+    ("4", "runs: [1.0e+308, 2.0]", "runs"),
+    ("4", "throughput: 1" + "0" * 5000, "digits"),
+    (str(10 ** 20), "throughput: 5.0", "batch_size"),
+    ("4", "runs: [1e300, 2.0]", "1.0e+300"),  # YAML 1.1 text: the line says how to write the number
+])
+def test_import_refuses_implausible_numbers(tmp_path, capsys, batch, figure, fragment):
+    t = tmp_path / "t.yaml"
+    t.write_text(TABLE % (batch, figure))
+    assert run("import", t, "--format", "table", "--store", tmp_path / "st") == 2
+    assert fragment in one_line(capsys)
+    assert not (tmp_path / "st").exists()
+
+
+def test_one_implausible_record_never_makes_a_store_unreportable(tmp_path, capsys):
+    """Records written before the bounds (or edited by hand) are skipped and named; the rest is reported."""
+    import json
+
+    t, st = tmp_path / "t.yaml", tmp_path / "st"
+    t.write_text(TABLE % ("4", "runs: [5.0, 6.0]"))
+    assert run("import", t, "--format", "table", "--store", st) == 0
+    good = (st / "results.jsonl").read_text()
+    rec = json.loads(good)
+    bad = []
+    for path, value in ((("summary", "samples_per_s", "median"), 1.7e308), (("repeats", 0, "samples_per_s"), 1e308),
+                        (("config", "batch_size"), 10 ** 20)):
+        r = json.loads(good)
+        *head, last = path
+        o = r
+        for k in head:
+            o = o[k]
+        o[last] = value
+        bad.append(json.dumps(r))
+    digits = good.replace('"samples_per_s": 5.0', '"samples_per_s": 1' + "0" * 5000, 1)
+    assert digits != good
+    (st / "results.jsonl").write_text(good + "\n".join(bad) + "\n" + digits)
+    from dlscale.store import ResultStore
+
+    loaded = ResultStore(st).load()
+    assert len(loaded.records) == 1 and [n for _, n, _ in loaded.skipped] == [2, 3, 4, 5]
+    for fmt in ("md", "html", "json", "csv"):
+        assert run("report", st, "--format", fmt, "--output", tmp_path / f"r.{fmt}") == 0
+        assert "gpt2" in (tmp_path / f"r.{fmt}").read_text()
