@@ -210,3 +210,34 @@ def test_one_implausible_record_never_makes_a_store_unreportable(tmp_path, capsy
     for fmt in ("md", "html", "json", "csv"):
         assert run("report", st, "--format", fmt, "--output", tmp_path / f"r.{fmt}") == 0
         assert "gpt2" in (tmp_path / f"r.{fmt}").read_text()
+
+
+# ----------------------------------------------------------------------------- absurd sizes, refused up front
+
+@pytest.mark.parametrize("argv, option", [
+    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "80GiB", "--peak-tflops", "inf"], "peak-tflops"),
+    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1e300"], "gpu-memory"),
+    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1"], "gpu-memory"),
+    (["predict", "{st}", "--shapes", "1000000x8"], "shapes"),
+    (["cost", "{st}", "--tokens", "1e30"], "tokens"),
+    (["micro", "matmul", "--device", "cpu", "--sizes", "10000000", "--store", "{st}"], "sizes"),
+    (["micro", "bandwidth", "--device", "cpu", "--size", "1T", "--store", "{st}"], "size"),
+])
+def test_absurd_sizes_are_one_line_before_anything_runs(tmp_path, capsys, monkeypatch, argv, option):
+    from dlscale.micro import common
+
+    monkeypatch.setattr(common, "memory_bytes", lambda device: 64 << 30)  # not the host's: a fixed 64 GiB device
+    st = tmp_path / "st"
+    assert run(*[a.replace("{st}", str(st)) for a in argv]) == 2
+    assert option in one_line(capsys)
+    assert not st.exists()
+
+
+def test_the_device_bound_lets_a_size_that_fits_through(monkeypatch):
+    from dlscale import ConfigError
+    from dlscale.micro import common
+
+    monkeypatch.setattr(common, "memory_bytes", lambda device: 1000)
+    common.check_fits(1000, "cpu", "--size")
+    with pytest.raises(ConfigError):
+        common.check_fits(1001, "cpu", "--size")
