@@ -117,6 +117,59 @@ def md_text(v: Any) -> str:
     return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
 
 
+def md_code(v: Any) -> str:
+    """A user string as one inline code span, whatever backticks it holds (CommonMark: a fence longer
+    than any run of backticks inside; padded where the text starts or ends with one)."""
+    import re
+
+    text = "".join(c if c.isprintable() else " " for c in str(v))
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _md_safe_line(line: str) -> str:
+    """One line with every ``<`` outside code spans escaped (never a raw HTML tag or autolink)."""
+    import re
+
+    out, i, n = [], 0, len(line)
+    while i < n:
+        c = line[i]
+        if c == "\\":  # an escape pair is literal: an escaped backtick opens no span, an escaped < stays
+            out.append(line[i:i + 2])
+            i += 2
+        elif c == "`":
+            run = re.match(r"`+", line[i:]).group()
+            close = next((m.start() for m in re.finditer(r"`+", line[i + len(run):]) if len(m.group()) == len(run)),
+                         None)
+            end = i + len(run) + close + len(run) if close is not None else i + len(run)
+            out.append(line[i:end])  # a code span (literal), or backticks with no closing run
+            i = end
+        else:
+            out.append("\\<" if c == "<" else c)
+            i += 1
+    return "".join(out)
+
+
+def md_safe(doc: str) -> str:
+    """Generated Markdown with no live raw HTML: every ``<`` outside code spans and fenced blocks is
+    escaped, so a label, model name or imported source holding a tag (or a backtick that would close
+    a code span early) renders as text. dlscale's Markdown never means HTML; idempotent."""
+    out, fenced = [], False
+    for line in doc.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            out.append(line)
+        elif fenced:
+            out.append(line)
+        else:  # a table row's cells are split before code spans are read: each cell on its own
+            import re
+
+            parts = re.split(r"(?<!\\)(\|)", line) if line.lstrip().startswith("|") else [line]
+            out.append("".join(p if p == "|" else _md_safe_line(p) for p in parts))
+    return "\n".join(out)
+
+
 def md_generated(text: str) -> str:
     """A generated line (a table title) holding user values: like md_text, but ``_`` and ``*``
     stay as written (setting names such as grad_accum=2); callers escape the label fully."""

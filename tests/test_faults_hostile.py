@@ -241,3 +241,42 @@ def test_the_device_bound_lets_a_size_that_fits_through(monkeypatch):
     common.check_fits(1000, "cpu", "--size")
     with pytest.raises(ConfigError):
         common.check_fits(1001, "cpu", "--size")
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+def _live_html(md: str) -> list[str]:
+    """Raw HTML a CommonMark + GFM-tables renderer would pass through (markdown-it-py, which rich brings)."""
+    from markdown_it import MarkdownIt
+
+    def walk(tokens):
+        for t in tokens:
+            if t.type in ("html_inline", "html_block"):
+                yield t.content
+            yield from walk(t.children or [])
+    return list(walk(MarkdownIt("commonmark").enable("table").parse(md)))
+
+
+def test_md_safe_leaves_no_live_html_and_keeps_code_spans():
+    from dlscale.fmt import md_code, md_safe
+
+    for text in ["a <b>c</b>", "label x`<img src=y onerror=alert(12)>", "| a` | <y> | b` |", "\\` <i> `",
+                 "x " + md_code("x`<img src=q>") + " <u>", "<div>\nblock</div>", "`` a`b `` <s>"]:
+        safe = md_safe(text)
+        assert _live_html(safe) == [] and md_safe(safe) == safe, (text, safe)
+    assert md_safe("a `<x>` b") == "a `<x>` b"  # in a code span a tag is already text
+    assert _live_html(md_code("x`<img>`")) == [] and "<img>" in md_code("x`<img>`")
+
+
+def test_markdown_outputs_pass_no_raw_html_from_labels_models_or_sources(tmp_path, capsys):
+    t, a = tmp_path / "t.yaml", tmp_path / "a"
+    t.write_text(TABLE.replace("model: gpt2", "model: '<i>m</i>'").replace("source: s", "source: '<img src=a>'")
+                 .replace("tool: t", "tool: '`<script>x</script>'").replace("{gpu: V100}", "{gpu: '<u>V</u>'}")
+                 % ("4", "runs: [5.0, 6.0]") + "  - {batch_size: 4, nodes: 1, gpus_per_node: 2, precision: fp32, "
+                 "runs: [9.0, 9.5], strategy: fsdp}\n")
+    assert run("import", t, "--format", "table", "--store", a, "--label", "x`<img src=y onerror=alert(12)>") == 0
+    for argv in (["report", a], ["report", a, "--group-by", "label"], ["compare", a, a]):
+        capsys.readouterr()
+        assert run(*argv, "--format", "md") in (0, 1)
+        out = capsys.readouterr().out
+        assert ("<img src=" in out or "<i>" in out) and _live_html(out) == [], (argv, _live_html(out))

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale import validity
-from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
+from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, parity, sidebyside, sources
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
@@ -394,7 +394,7 @@ def header_lines(report: Report) -> list[str]:
             f"{' (+ ' + others + ')' if others else ''}, {n_cases} "
             f"case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
     if report.filters.describe():
-        line += f" · filters: `{report.filters.describe()}`"
+        line += f" · filters: {md_code(report.filters.describe())}"
     return [line, "", SELECTION_RULE[0].upper() + SELECTION_RULE[1:] + ". " + METHOD_TEXT]
 
 
@@ -407,7 +407,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         out += ["## Scaling (DLPerf tables)", ""]
     for g in report.groups:
         out += [f"### {md_title(g)}", "",
-                f"DLPerf key `{g.name}` · per-device batch {g.batch_size} · device {g.device_type}", ""]
+                f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}", ""]
         out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
         out.append("")
         out += [f"- {n}" for n in group_notes(g)]
@@ -460,7 +460,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             body += [f"# {what} ({status})".replace("\n", " "), cmd]
         fence = _fence(body)
         out += ["## Commands", "", fence] + body + [fence, ""]
-    return "\n".join(out)
+    return md_safe("\n".join(out))
 
 
 # ----------------------------------------------------------------------------- csv
