@@ -14,6 +14,7 @@ recovery file it names (``StoreError``, exit code 7).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -45,6 +46,7 @@ ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below th
 MAX_MAGNITUDE = 1e30
 MAX_STORED_BATCH = 1 << 20  # per device, as config.MAX_BATCH (not imported: the store is below config)
 EXPECTED_CASE_BYTES = 4 << 20
+CLAIM_FILE = ".dlscale-claim"  # a sweep's claim on its store: its pid, held under flock while it runs
 
 
 class StoreError(DlscaleError):
@@ -111,6 +113,7 @@ class ResultStore:
         the directory and the records file, each of ``ARTIFACT_DIRS`` that exists (one that does
         not is made when needed, in the checked directory), and ``expected_bytes`` of free space."""
         where = _shown(self.root)
+        self._check_is_dir()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.file, "a", encoding="utf-8"):
@@ -130,6 +133,39 @@ class ResultStore:
         if free < expected_bytes:
             raise ConfigError(f"result store {where} has {free / 2**20:.1f} MiB free; a case needs about "
                               f"{expected_bytes / 2**20:.0f} MiB for its record and series")
+
+    def _check_is_dir(self) -> None:
+        """A store to write is a directory: a file (or a FIFO) there is named as what it is, not as "File exists"."""
+        if os.path.lexists(self.root) and not self.root.is_dir():
+            what = "a file" if self.root.is_file() else "not a directory"
+            raise ConfigError(f"result store {_shown(self.root)} is {what}: --store names a directory (give a new "
+                              f"or an existing one)")
+
+    @contextlib.contextmanager
+    def claim(self, what: str = "sweep"):
+        """Hold the store for one writer of many cases (a sweep): a second one is refused (ConfigError)
+        naming the first's pid, since each would time its cases against the other's. The claim is a
+        flock, released by the kernel when its holder dies: a claim left by a dead process is taken over."""
+        where, path = _shown(self.root), self.root / CLAIM_FILE
+        self._check_is_dir()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"result store {where} cannot be claimed for this {what}: {e.strerror or e}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                raise ConfigError(f"result store {where} is in use by another {what} (pid {holder}): two at once "
+                                  f"would time every case against the other; wait for it, or give another --store") \
+                    from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one line in one write; when the write fails no partial line is left (OSError)."""

@@ -280,3 +280,36 @@ def test_markdown_outputs_pass_no_raw_html_from_labels_models_or_sources(tmp_pat
         assert run(*argv, "--format", "md") in (0, 1)
         out = capsys.readouterr().out
         assert ("<img src=" in out or "<i>" in out) and _live_html(out) == [], (argv, _live_html(out))
+
+
+# ----------------------------------------------------------------------------- one sweep per store
+
+SWEEP = "device: cpu\nsteps: 2\ncases:\n  - {model: gpt2, flavor: tiny, batch_size: 2, precision: fp32}\n"
+
+
+def test_a_second_sweep_into_a_claimed_store_is_refused_naming_the_first(tmp_path, capsys):
+    import os
+
+    from dlscale.store import CLAIM_FILE, ResultStore
+
+    suite, st = tmp_path / "s.yaml", tmp_path / "st"
+    suite.write_text(SWEEP)
+    with ResultStore(st).claim():
+        assert run("sweep", suite, "--store", st) == 2
+        assert str(os.getpid()) in one_line(capsys)
+        assert run("sweep", suite, "--store", st, "--dry-run") == 0  # a dry run writes nothing: no claim needed
+    assert not (st / "results.jsonl").exists()
+    (st / CLAIM_FILE).write_text("999999999\n")  # left by a process that died: no flock holds it
+    with ResultStore(st).claim():
+        assert (st / CLAIM_FILE).read_text().strip() == str(os.getpid())
+
+
+def test_a_store_that_is_a_file_is_named_as_one(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    for argv in (["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--steps", "1"],
+                 ["sweep", tmp_path / "s.yaml"]):
+        (tmp_path / "s.yaml").write_text(SWEEP)
+        assert run(*argv, "--store", f) == 2
+        assert "File exists" not in one_line(capsys)
+    assert f.read_text() == "x"
