@@ -313,3 +313,35 @@ def test_a_store_that_is_a_file_is_named_as_one(tmp_path, capsys):
         assert run(*argv, "--store", f) == 2
         assert "File exists" not in one_line(capsys)
     assert f.read_text() == "x"
+
+
+# ----------------------------------------------------------------------------- inductor options
+
+@pytest.mark.parametrize("options", [
+    {"memory_pool": "/bin/sh"}, {"cpu_backend": "../../bin/sh"}, {"max_autotune_gemm_backends": "ATEN,/tmp/x"},
+    {"post_grad_custom_post_pass": 1}, {"inductor_choices_class": True}, {"trace.enabled": True},
+    {"trace.debug_dir": "st"}])
+def test_inductor_values_that_name_paths_callables_or_write_files_are_refused(options):
+    from dlscale import ConfigError
+    from dlscale.compiling import check_options
+
+    with pytest.raises(ConfigError, match=r"inductor-option ") as e:
+        check_options(options)
+    assert "\n" not in str(e.value)
+
+
+def test_inductor_plain_values_still_pass():
+    from dlscale.compiling import check_options
+
+    check_options({"memory_pool": "none", "cpu_backend": "cpp", "max_autotune_gemm_backends": "ATEN,TRITON",
+                   "reorder_prefetch_limit": 2, "cpp.simdlen": 8, "trace.enabled": False})
+
+
+def test_a_callable_inductor_setting_is_exit_2_before_launch(tmp_path, capsys, monkeypatch):
+    from dlscale import launch
+
+    monkeypatch.setattr(launch, "measure", lambda *a, **k: pytest.fail("the case was launched"))
+    assert run("run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--compile", "--inductor-option",
+               "post_grad_custom_post_pass=1", "--store", tmp_path / "st") == 2
+    assert "post_grad_custom_post_pass" in one_line(capsys)
+    assert not (tmp_path / "st").exists()
