@@ -47,6 +47,10 @@ MAX_MAGNITUDE = 1e30
 MAX_STORED_BATCH = 1 << 20  # per device, as config.MAX_BATCH (not imported: the store is below config)
 EXPECTED_CASE_BYTES = 4 << 20
 CLAIM_FILE = ".dlscale-claim"  # a sweep's claim on its store: its pid, held under flock while it runs
+# every writing command holds this shared (flock) while it runs; one that gets it exclusively knows no
+# other writer is alive, and removes what dead ones left (series files of records never appended)
+WRITERS_FILE = ".dlscale-writers"
+_WRITER_FDS: dict[str, int] = {}  # store (real path) -> the fd holding this process's shared lock
 
 
 class StoreError(DlscaleError):
@@ -133,6 +137,58 @@ class ResultStore:
         if free < expected_bytes:
             raise ConfigError(f"result store {where} has {free / 2**20:.1f} MiB free; a case needs about "
                               f"{expected_bytes / 2**20:.0f} MiB for its record and series")
+        self._join_writers()
+
+    def _join_writers(self) -> None:
+        """Hold the writers' lock shared for the rest of this process; when no other writer holds it, first
+        remove the leftovers of dead ones (best effort: a lock that cannot be had skips the clean-up)."""
+        key = os.path.realpath(self.root)
+        if key in _WRITER_FDS:
+            return
+        try:
+            fd = os.open(self.root / WRITERS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.remove_orphan_series()
+        except OSError:  # another writer is running: its series are not orphans
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return
+        _WRITER_FDS[key] = fd
+
+    def remove_orphan_series(self) -> list[str]:
+        """Remove series files no record will ever name: empty ones (a full disk), and those of a record id
+        that is neither in the store nor in a recovery file (a SIGKILLed run or sweep). Only while no other
+        writer runs (``_join_writers``). Returns what was removed."""
+        folder = self.root / "series"
+        try:
+            files = [p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()]
+        except OSError:
+            return []
+        if not files:
+            return []
+        known = {str(r.get("id")) for r in self.load().records}
+        kept = set()  # recovery files name a record by the first 12 characters of its id
+        for d in recovery_dirs():
+            try:
+                kept |= {p.name.split("-")[2] for p in Path(d).glob("dlscale-unstored-*.jsonl")}
+            except (OSError, IndexError):
+                continue
+        removed = []
+        for p in files:
+            rec_id = p.name.split("-r", 1)[0]
+            try:
+                if p.stat().st_size == 0 or (rec_id not in known and rec_id[:12] not in kept):
+                    p.unlink()
+                    removed.append(p.name)
+            except OSError:
+                continue
+        return removed
 
     def _check_is_dir(self) -> None:
         """A store to write is a directory: a file (or a FIFO) there is named as what it is, not as "File exists"."""

@@ -345,3 +345,106 @@ def test_a_callable_inductor_setting_is_exit_2_before_launch(tmp_path, capsys, m
                "post_grad_custom_post_pass=1", "--store", tmp_path / "st") == 2
     assert "post_grad_custom_post_pass" in one_line(capsys)
     assert not (tmp_path / "st").exists()
+
+
+# ----------------------------------------------------------------------------- leftovers
+
+def _store_with_series(tmp_path, monkeypatch):
+    import json
+
+    from dlscale.store import ResultStore, new_record
+
+    st, rec = tmp_path / "st", new_record("run", status="ok")
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    monkeypatch.setenv("DLSCALE_RECOVERY_DIR", str(recovery))
+    ResultStore(st).append(rec)
+    (st / "series").mkdir()
+    kept_elsewhere = "ab" * 16
+    (recovery / f"dlscale-unstored-{kept_elsewhere[:12]}-abcdef.jsonl").write_text("{}\n")
+    names = {"mine": f"{rec['id']}-r0-rank0.jsonl", "orphan": f"{'cd' * 16}-r0-rank0.jsonl",
+             "empty": f"{rec['id']}-r1-rank0.jsonl", "recovered": f"{kept_elsewhere}-r0-rank0.jsonl"}
+    for what, name in names.items():
+        (st / "series" / name).write_text("" if what == "empty" else json.dumps({"t": 1.0}) + "\n")
+    return st, names
+
+
+def test_a_writer_removes_series_no_record_will_name(tmp_path, monkeypatch):
+    """A SIGKILLed sweep leaves series of a record never appended; a full disk leaves an empty one."""
+    from dlscale.store import ResultStore
+
+    st, names = _store_with_series(tmp_path, monkeypatch)
+    ResultStore(st).check_writable()
+    assert sorted(p.name for p in (st / "series").iterdir()) == sorted([names["mine"], names["recovered"]])
+
+
+def test_series_stay_while_another_writer_runs(tmp_path, monkeypatch):
+    import fcntl
+    import os
+
+    from dlscale.store import WRITERS_FILE, ResultStore
+
+    st, names = _store_with_series(tmp_path, monkeypatch)
+    fd = os.open(st / WRITERS_FILE, os.O_RDWR | os.O_CREAT)  # another writer's shared hold
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        ResultStore(st).check_writable()
+        assert sorted(p.name for p in (st / "series").iterdir()) == sorted(names.values())
+    finally:
+        os.close(fd)
+
+
+def test_a_burst_of_signals_lets_the_first_ones_clean_up_finish(monkeypatch, capsys):
+    import signal
+
+    from dlscale import procs
+    from dlscale.commands import run as run_cmd
+
+    finished = []
+
+    def command(args):
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        finally:  # the clean-up of the first signal, hit by a second
+            signal.raise_signal(signal.SIGHUP)
+            finished.append(True)
+
+    before = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        monkeypatch.setattr(run_cmd, "cmd_env", command)
+        assert main(["env"]) == procs.EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert finished and capsys.readouterr().err.strip() == "dlscale: interrupted by SIGTERM"
+
+
+def test_an_interrupted_sampler_leaves_no_temp_file(tmp_path, monkeypatch):
+    import subprocess
+    import tempfile
+
+    from dlscale import monitor
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt("SIGTERM")
+
+    s = monitor.HardwareSampler(0.1, nvml=False)
+    monkeypatch.setattr(subprocess, "Popen", interrupted)  # the signal lands as the child starts
+    with pytest.raises(KeyboardInterrupt):
+        s.start()
+    assert list(tmp_path.iterdir()) == []
+
+    class Child:
+        killed = False
+
+        def kill(self):
+            Child.killed = True
+
+    s = monitor.HardwareSampler(0.1, nvml=False)
+    s._proc, s._stderr_path = Child(), str(tmp_path / "x.err")
+    (tmp_path / "x.err").write_text("")
+    monkeypatch.setattr(s, "_stop", interrupted)  # the signal lands while it stops
+    with pytest.raises(KeyboardInterrupt):
+        s.stop()
+    assert Child.killed and list(tmp_path.iterdir()) == []
