@@ -323,16 +323,18 @@ class ResultStore:
             try:
                 f = open(path, "rb")
             except OSError as e:
-                out.skipped.append((str(path), 0, "a directory" if isinstance(e, IsADirectoryError)
-                                    else e.strerror or str(e)))
+                out.skipped.append((str(path), 0, "a directory" if isinstance(e, IsADirectoryError) else
+                                    "permission denied: its records are not read (give this user read access)"
+                                    if isinstance(e, PermissionError) else e.strerror or str(e)))
                 continue
             n = 0
             try:
                 with f:
                     for n, raw in enumerate(f, 1):
                         self._parse_line(path, n, raw, kind, out)
-            except OSError as e:
-                out.skipped.append((str(path), n + 1 if n else 0, f"read failed: {e.strerror or e}"))
+            except OSError as e:  # a whole file unread is an entry; a read failing further in, from that line on
+                why = "permission denied" if isinstance(e, PermissionError) else e.strerror or str(e)
+                out.skipped.append((str(path), n + 1 if n else 0, f"read failed{' from here on' if n else ''}: {why}"))
         return out
 
     @staticmethod

@@ -448,3 +448,22 @@ def test_an_interrupted_sampler_leaves_no_temp_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         s.stop()
     assert Child.killed and list(tmp_path.iterdir()) == []
+
+
+def test_a_store_file_without_read_permission_is_named_as_such(tmp_path, monkeypatch):
+    import builtins
+
+    from dlscale.store import ResultStore, new_record
+
+    st = ResultStore(tmp_path / "st")
+    st.append(new_record("run", status="ok"))
+    real = builtins.open
+
+    def denied(path, *a, **k):  # as a non-root user sees a chmod 000 file
+        if str(path) == str(st.file):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    warning = st.load().warning()
+    assert str(st.file) in warning and "permission" in warning and "line(s)" not in warning
