@@ -189,7 +189,6 @@ def test_one_implausible_record_never_makes_a_store_unreportable(tmp_path, capsy
     t.write_text(TABLE % ("4", "runs: [5.0, 6.0]"))
     assert run("import", t, "--format", "table", "--store", st) == 0
     good = (st / "results.jsonl").read_text()
-    rec = json.loads(good)
     bad = []
     for path, value in ((("summary", "samples_per_s", "median"), 1.7e308), (("repeats", 0, "samples_per_s"), 1e308),
                         (("config", "batch_size"), 10 ** 20)):

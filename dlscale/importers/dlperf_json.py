@@ -38,8 +38,9 @@ class DLPerfJSON(Importer):
                 raise ConfigError(f"cannot read: {e}") from None
             except json.JSONDecodeError as e:
                 raise ConfigError(f"not JSON ({e.msg} at line {e.lineno})") from None
-            except ValueError as e:  # an integer of thousands of digits
-                raise ConfigError(f"not readable: {e}") from None
+            except ValueError:  # an integer of thousands of digits
+                raise ConfigError("a number of more than 4300 digits cannot be read (no figure has that "
+                                  "many)") from None
             except RecursionError:
                 raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
             if isinstance(data, dict) and isinstance(data.get("dlperf"), dict):

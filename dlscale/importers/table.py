@@ -282,8 +282,8 @@ def load_table(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"not UTF-8 text (byte {e.start}): a table is a YAML or CSV text file") from None
     try:
         return yaml.safe_load(text)
-    except ValueError as e:  # an integer of thousands of digits (Python's conversion limit)
-        raise ConfigError(f"not readable: {e}") from None
+    except ValueError:  # an integer of thousands of digits (Python's conversion limit)
+        raise ConfigError("a number of more than 4300 digits cannot be read (no figure has that many)") from None
     except RecursionError:
         raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
     except yaml.YAMLError as e:

@@ -39,14 +39,6 @@ def _fence(lines: Sequence[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
-def md_code(v: Any) -> str:
-    """A user string as an inline code span on one line (delimited by more backticks than it holds)."""
-    text = "".join(c if c.isprintable() else " " for c in str(v))
-    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
-
-
 def fmt(v: Any, nd: int = 2) -> str:
     """A report number: ``nd`` decimals, more where a small value would lose its digits."""
     return fmt_num(v, nd)
