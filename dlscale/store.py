@@ -51,6 +51,10 @@ CLAIM_FILE = ".dlscale-claim"  # a sweep's claim on its store: its pid, held und
 # other writer is alive, and removes what dead ones left (series files of records never appended)
 WRITERS_FILE = ".dlscale-writers"
 _WRITER_FDS: dict[str, int] = {}  # store (real path) -> the fd holding this process's shared lock
+_MAX_WRITER_FDS = 16  # a process writing to many stores (a test session) keeps only its latest ones held
+# a series file this recent may belong to a case running where flock does not reach (a file system
+# whose locks are node-local): only older ones are removed
+ORPHAN_AGE_S = 3600.0
 
 
 class StoreError(DlscaleError):
@@ -159,12 +163,14 @@ class ResultStore:
         except OSError:
             os.close(fd)
             return
+        if len(_WRITER_FDS) >= _MAX_WRITER_FDS:
+            os.close(_WRITER_FDS.pop(next(iter(_WRITER_FDS))))
         _WRITER_FDS[key] = fd
 
     def remove_orphan_series(self) -> list[str]:
         """Remove series files no record will ever name: empty ones (a full disk), and those of a record id
-        that is neither in the store nor in a recovery file (a SIGKILLed run or sweep). Only while no other
-        writer runs (``_join_writers``). Returns what was removed."""
+        that is neither in the store nor in a recovery file (a SIGKILLed run or sweep), once ORPHAN_AGE_S
+        old. Only while no other writer runs (``_join_writers``). Returns what was removed."""
         folder = self.root / "series"
         try:
             files = [p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()]
@@ -179,11 +185,14 @@ class ResultStore:
                 kept |= {p.name.split("-")[2] for p in Path(d).glob("dlscale-unstored-*.jsonl")}
             except (OSError, IndexError):
                 continue
-        removed = []
+        removed, now = [], _dt.datetime.now().timestamp()
         for p in files:
             rec_id = p.name.split("-r", 1)[0]
             try:
-                if p.stat().st_size == 0 or (rec_id not in known and rec_id[:12] not in kept):
+                st = p.stat()
+                if now - st.st_mtime < ORPHAN_AGE_S:
+                    continue
+                if st.st_size == 0 or (rec_id not in known and rec_id[:12] not in kept):
                     p.unlink()
                     removed.append(p.name)
             except OSError:

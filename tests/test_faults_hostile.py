@@ -350,8 +350,9 @@ def test_a_callable_inductor_setting_is_exit_2_before_launch(tmp_path, capsys, m
 
 def _store_with_series(tmp_path, monkeypatch):
     import json
+    import os
 
-    from dlscale.store import ResultStore, new_record
+    from dlscale.store import ORPHAN_AGE_S, ResultStore, new_record
 
     st, rec = tmp_path / "st", new_record("run", status="ok")
     recovery = tmp_path / "recovery"
@@ -365,6 +366,10 @@ def _store_with_series(tmp_path, monkeypatch):
              "empty": f"{rec['id']}-r1-rank0.jsonl", "recovered": f"{kept_elsewhere}-r0-rank0.jsonl"}
     for what, name in names.items():
         (st / "series" / name).write_text("" if what == "empty" else json.dumps({"t": 1.0}) + "\n")
+        old = time.time() - 2 * ORPHAN_AGE_S  # a recent one may belong to a case running on another node
+        os.utime(st / "series" / name, (old, old))
+    (st / "series" / f"{'ef' * 16}-r0-rank0.jsonl").write_text("{}\n")
+    names["recent"] = f"{'ef' * 16}-r0-rank0.jsonl"
     return st, names
 
 
@@ -374,7 +379,8 @@ def test_a_writer_removes_series_no_record_will_name(tmp_path, monkeypatch):
 
     st, names = _store_with_series(tmp_path, monkeypatch)
     ResultStore(st).check_writable()
-    assert sorted(p.name for p in (st / "series").iterdir()) == sorted([names["mine"], names["recovered"]])
+    assert sorted(p.name for p in (st / "series").iterdir()) == sorted([names["mine"], names["recovered"],
+                                                                         names["recent"]])
 
 
 def test_series_stay_while_another_writer_runs(tmp_path, monkeypatch):
