@@ -2,7 +2,7 @@
 or absurd input, tried the way a demanding user would. CPU only, tiny models, gloo.
 
     python benchmarks/fault_drill.py                 # every scenario, ~5 minutes on 2 cores
-    python benchmarks/fault_drill.py --only input    # groups: procs, records, input, values
+    python benchmarks/fault_drill.py --only input    # groups: procs, records, input, values, hostile
     python benchmarks/fault_drill.py --list
 
 Each scenario runs real ``python -m dlscale ...`` processes with a tag in their environment, so every
@@ -18,6 +18,11 @@ Each is scored on:
 * wrong failure messages: a bad-input error that is not one line naming the option, or a failure
   that does not name the rank and what happened to it;
 * ways to run code from input: a payload (``touch PWNED``) in a suite, option or label that ran.
+
+The ``hostile`` group holds the second pass over hostile input: FIFOs, devices, raw bytes, deep
+nesting and implausible numbers to import, absurd sizes, names that would add sbatch options,
+inductor settings taking callables or paths, a backtracking --metric regex, Markdown with raw
+HTML, two sweeps into one store and a burst of signals (each counted in the same six counts).
 
 The last line is the summary; exit 0 when every count is 0, else 1.
 """
@@ -55,6 +60,7 @@ class Outcome:
     out: str
     err: str
     seconds: float
+    pid: int | None = None
 
 
 @dataclass
@@ -373,6 +379,206 @@ def scenarios() -> list[Scenario]:
                                 % (", ".join(map(str, range(1, 1001))), ", ".join(map(str, range(1000))))),
                  check=one_line_error("cases"), timeout=60),
     ]
+    return out + hostile_scenarios()
+
+
+# ----------------------------------------------------------------------------- hostile input, second pass
+
+HOSTILE_LABEL = "x`<img src=y onerror=alert(12)>"
+TABLE = ("format: dlscale-table/1\nsource: s\ntool: t\nmodel: gpt2\nunit: seq\nhardware: {gpu: V100}\nrows:\n"
+         "  - {batch_size: %s, nodes: 1, gpus_per_node: 1, precision: fp32, %s}\n")
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    return lambda d: os.mkfifo(d / name)
+
+
+def _deep(n: int = 1000) -> str:
+    return "[" * n + "]" * n
+
+
+def _random_bytes(name: str) -> Callable[[Path], None]:
+    return lambda d: (d / name).write_bytes(os.urandom(5 << 20))
+
+
+def _store_with(edit: Callable[[dict], None], *, keep_good: bool = True) -> Callable[[Path], None]:
+    """The good store, plus (or with) its record edited: a hostile label, an implausible number."""
+    def prepare(d: Path) -> None:
+        _good_record(d)
+        f = d / "st" / "results.jsonl"
+        recs = _records(d / "st")
+        for r in recs:
+            edit(r)
+        f.write_text((f.read_text() if keep_good else "") + "".join(json.dumps(r) + "\n" for r in recs))
+    return prepare
+
+
+def _label(r: dict) -> None:
+    r["label"] = HOSTILE_LABEL
+    r["config"]["label"] = HOSTILE_LABEL
+
+
+def _huge(r: dict) -> None:
+    r["summary"]["samples_per_s"]["median"] = 1.7e308
+    r["config"]["batch_size"] = 10 ** 20
+
+
+def no_live_html(d: Path, o: Outcome) -> dict[str, str]:
+    """Markdown a renderer would pass raw HTML through from (markdown-it-py comes with rich)."""
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return {}
+
+    def walk(tokens):
+        for t in tokens:
+            if t.type in ("html_inline", "html_block"):
+                yield t.content
+            yield from walk(t.children or [])
+    live = list(walk(MarkdownIt("commonmark").enable("table").parse(o.out)))
+    bad = {} if not live else {"ways to run code from input": f"raw HTML in the Markdown: {live[:3]}"}
+    if "<img" not in o.out:
+        bad["wrong failure messages"] = "the label is not in the report"
+    return bad
+
+
+def reported(path: str) -> Callable[[Path, Outcome], dict[str, str]]:
+    def check(d: Path, o: Outcome) -> dict[str, str]:
+        f = d / path
+        return {} if f.is_file() and "gpt2" in f.read_text() else {"finished measurements lost": "no report"}
+    return check
+
+
+def second_sweep_refused(proc: subprocess.Popen, tag: str, d: Path) -> None:
+    """While the first sweep holds the store, a second one into it: its exit and message kept for the check."""
+    wait_for("the first sweep's claim", lambda: (d / "st" / ".dlscale-claim").is_file()
+             and (d / "st" / ".dlscale-claim").read_text().strip())
+    env = {**os.environ, TAG: tag, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "dlscale", "sweep", str(d / "s.yaml"), "--store", str(d / "st")],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=d)
+    (d / "second.json").write_text(json.dumps({"rc": r.returncode, "err": r.stderr}))
+
+
+def second_was_refused(d: Path, o: Outcome) -> dict[str, str]:
+    second = json.loads((d / "second.json").read_text())
+    bad = error_names(records=1)(d, o)
+    lines = [ln for ln in second["err"].splitlines() if ln.strip()]
+    if second["rc"] != 2:
+        bad["wrong exit codes"] = f"the second sweep exited {second['rc']}: {second['err'][-200:]!r}"
+    elif len(lines) != 1 or str(o.pid) not in lines[0]:
+        bad["wrong failure messages"] = f"the second sweep did not name the first: {second['err'][-200:]!r}"
+    if len(_records(d / "st")) != 1:
+        bad["finished measurements lost"] = f"{len(_records(d / 'st'))} records for one case"
+    return bad
+
+
+def signal_burst(proc: subprocess.Popen, tag: str, d: Path) -> None:
+    running_workers(tag)
+    for _ in range(6):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+
+
+def nothing_left_in_temp(d: Path, o: Outcome) -> dict[str, str]:
+    left = [p.name for p in (d / "tmp").glob("dlscale-*")] if (d / "tmp").is_dir() else []
+    bad = error_names("interrupted")(d, o)
+    if left:
+        bad["orphaned processes"] = f"left in the temp folder: {left[:3]}"
+    return bad
+
+
+def called_a_fifo(d: Path, o: Outcome) -> dict[str, str]:
+    """A FIFO is named as what it is (it was once called a directory without trainer_state.json)."""
+    return {} if "FIFO" in o.err and "in the directory" not in o.err else {"wrong failure messages": o.err[-200:]}
+
+
+def _hostile_refusals() -> list[tuple]:
+    """(name, argv, prepare, the fragment the one line names) of hostile input refused before anything runs."""
+    run, st, imp = ["run", *CASE], ["--store", "{d}/st"], ["import", "--store", "{d}/st"]
+    return [
+        ("import a FIFO as a table", [*imp, "{d}/f.yaml", "--format", "table"], _fifo("f.yaml"), "f.yaml"),
+        ("import a FIFO as DLPerf JSON", [*imp, "{d}/f.json", "--format", "dlperf-json", "--precision", "fp32"],
+         _fifo("f.json"), "f.json"),
+        ("import /dev/zero", [*imp, "/dev/zero", "--format", "table"], None, "/dev/zero"),
+        ("import 5 MB of random bytes as a table", [*imp, "{d}/r.yaml", "--format", "table"], _random_bytes("r.yaml"),
+         "UTF-8"),
+        ("import a table nested 1000 deep", [*imp, "{d}/t.yaml", "--format", "table"],
+         _file_at("t.yaml", f"description: {_deep()}\n"), "nested"),
+        ("import DLPerf JSON nested 1000 deep", [*imp, "{d}/d.json", "--format", "dlperf-json", "--precision", "fp32"],
+         _file_at("d.json", f'{{"gpt2": {_deep()}}}'), "nested"),
+        ("suite nested 1000 deep", ["sweep", "{d}/s.yaml", "--dry-run", *st],
+         _file_at("s.yaml", f"description: {_deep()}\ncases: []\n"), "nested"),
+        ("import throughput 1.7e+308", [*imp, "{d}/t.yaml", "--format", "table"],
+         _file_at("t.yaml", TABLE % (4, "throughput: 1.7e+308")), "throughput"),
+        ("import runs of 1e+308", [*imp, "{d}/t.yaml", "--format", "table"],
+         _file_at("t.yaml", TABLE % (4, "runs: [1.0e+308, 2.0]")), "runs"),
+        ("import a 5000-digit integer", [*imp, "{d}/t.yaml", "--format", "table"],
+         _file_at("t.yaml", TABLE % (4, "throughput: 1" + "0" * 5000)), "digits"),
+        ("import batch_size 10^20", [*imp, "{d}/t.yaml", "--format", "table"],
+         _file_at("t.yaml", TABLE % (10 ** 20, "throughput: 5.0")), "batch_size"),
+        ("suite time_limit: 1e300 (text in YAML 1.1)", ["sweep", "{d}/s.yaml", "--dry-run", *st],
+         _file_at("s.yaml", "device: cpu\ntime_limit: 1e300\ncases: []\n"), "1.0e+300"),
+        ("data make tokens --size 999999G", ["data", "make", "tokens", "--out", "{d}/st", "--size", "999999G"], None,
+         "size"),
+        ("data make tokens --out /proc/x", ["data", "make", "tokens", "--out", "/proc/x", "--size", "1k"], None,
+         "/proc/x"),
+        ("plan --peak-tflops inf", ["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "80GiB", "--peak-tflops",
+                                    "inf"], None, "peak-tflops"),
+        ("plan --gpu-memory 1e300", ["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1e300"], None,
+         "gpu-memory"),
+        ("plan --gpu-memory 1", ["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1"], None, "gpu-memory"),
+        ("predict --shapes 1000000x8", ["predict", "{d}/st", "--shapes", "1000000x8"], None, "shapes"),
+        ("cost --tokens 1e30", ["cost", "{d}/st", "--tokens", "1e30"], None, "tokens"),
+        ("micro matmul --sizes 10000000", ["micro", "matmul", "--device", "cpu", "--sizes", "10000000", *st], None,
+         "sizes"),
+        ("micro bandwidth --size 1T", ["micro", "bandwidth", "--device", "cpu", "--size", "1T", *st], None, "size"),
+        ("slurm --job-name ../../escaped", ["slurm", "--dry-run", *CASE, "--job-name", "../../escaped", *st], None,
+         "job-name"),
+        ("slurm --job-name ''", ["slurm", "--dry-run", *CASE, "--job-name", "", *st], None, "job-name"),
+        ("slurm --partition with a space", ["slurm", "--dry-run", *CASE, "--partition", "gpu --wrap=id", *st], None,
+         "partition"),
+        ("--inductor-option memory_pool=/bin/sh", [*run, "--compile", "--inductor-option", "memory_pool=/bin/sh", *st],
+         None, "memory_pool"),
+        ("--inductor-option post_grad_custom_post_pass=1",
+         [*run, "--compile", "--inductor-option", "post_grad_custom_post_pass=1", *st], None, "post_grad"),
+        ("--inductor-option cpu_backend=../../bin/sh",
+         [*run, "--compile", "--inductor-option", "cpu_backend=../../bin/sh", *st], None, "cpu_backend"),
+        ("--inductor-option trace.enabled=true", [*run, "--compile", "--inductor-option", "trace.enabled=true", *st],
+         None, "trace.enabled"),
+    ]
+
+
+def hostile_scenarios() -> list[Scenario]:
+    run, st, imp = ["run", *CASE], ["--store", "{d}/st"], ["import", "--store", "{d}/st"]
+    sweep1 = "device: cpu\nwarmup: 1\nrepeats: 1\nmonitor: false\ncases:\n  - " + SUITE_CASE % (2, 30) + "\n"
+    out = [Scenario(name, "hostile", argv, 2, prepare=prep, check=one_line_error(frag), timeout=60)
+           for name, argv, prep, frag in _hostile_refusals()]
+    out += [
+        Scenario("a --metric regex that backtracks for hours, --time-limit 20", "hostile",
+                 ["run", "--command", "python3 -c \"print('a'*34)\"", "--parser", "regex", "--metric",
+                  "(?P<value>(a+)+)b", "--unit", "seq", "--model", "gpt2", "--precision", "fp32", "--batch-size", "4",
+                  "--warmup", "0", "--steps", "1", "--repeats", "1", "--time-limit", "20", "--no-monitor", *st], 4,
+                 check=error_names("--metric"), timeout=90),
+        Scenario("hf-trainer importer given a FIFO", "hostile",
+                 [*imp, "{d}/state.json", "--format", "hf-trainer", "--model", "gpt2", "--precision", "fp32"], 2,
+                 prepare=_fifo("state.json"), check=called_a_fifo, timeout=60),
+        Scenario("report over a store with a 1.7e308 record", "hostile",
+                 ["report", "{d}/st", "--format", "html", "--output", "{d}/r.html"], 0, prepare=_store_with(_huge),
+                 check=reported("r.html"), timeout=90),
+        Scenario("Markdown report by label with HTML in the label", "hostile",
+                 ["report", "{d}/st", "--group-by", "label"], 0, prepare=_store_with(_label, keep_good=False),
+                 check=no_live_html, timeout=60),
+        Scenario("two sweeps into one store", "hostile", ["sweep", "{d}/s.yaml", *st], 0, prepare=_suite(sweep1),
+                 during=second_sweep_refused, check=second_was_refused),
+        Scenario("a burst of SIGTERMs mid-run", "hostile",
+                 ["run", *[a for a in CASE if a != "--no-monitor"], "--nproc-per-node", "2", *LONG, *st],
+                 130, env={"TMPDIR": "{d}/tmp"}, prepare=lambda d: (d / "tmp").mkdir(),
+                 during=signal_burst, check=nothing_left_in_temp),
+        Scenario("rank 1 SIGSTOPped, --collective-timeout 8 under --time-limit 90", "procs",
+                 [*run, "--nproc-per-node", "2", "--steps", "100000", "--collective-timeout", "8", "--time-limit",
+                  "90", *st], 4, during=signal_worker(1, signal.SIGSTOP), check=error_names("rank 1", "stalled"),
+                 timeout=150),
+    ]
     return out
 
 
@@ -394,7 +600,8 @@ def run_scenario(s: Scenario, root: Path, verbose: bool) -> dict[str, str]:
     else:
         cmd = [sys.executable, "-m", "dlscale", *argv]
     env = {**os.environ, TAG: tag, "DLSCALE_RECOVERY_DIR": str(d / "recovery"), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **s.env}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           **{k: v.replace("{d}", str(d)) for k, v in s.env.items()}}
     limit = (lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_AS, (s.rlimit_as,) * 2)) \
         if s.rlimit_as else None
     t0 = time.monotonic()
@@ -413,7 +620,7 @@ def run_scenario(s: Scenario, root: Path, verbose: bool) -> dict[str, str]:
         proc.kill()
         out, err = proc.communicate()
         bad["wrong exit codes"] = str(e)
-    o = Outcome(proc.returncode, out, err, time.monotonic() - t0)
+    o = Outcome(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
     if proc.returncode != s.expect_rc and "wrong exit codes" not in bad:
         bad["wrong exit codes"] = f"exit {proc.returncode}, expected {s.expect_rc}: {err.strip()[-300:]!r}"
     if "Traceback (most recent call last)" in out + err:

@@ -122,19 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from dlscale.procs import EXIT_INTERRUPTED, interrupts
 
-    try:
-        check_store_args(args)
-        with interrupts():  # SIGTERM and SIGHUP end every command as Ctrl-C does (its processes too)
+    # SIGTERM and SIGHUP end every command as Ctrl-C does (its processes too); the handler stays while
+    # the outcome is printed, so a burst of signals ends in 130, never in death by SIGTERM (143)
+    with interrupts():
+        try:
+            check_store_args(args)
             return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"dlscale: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except DlscaleError as e:
-        print(f"dlscale: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", EXIT_FAILED)  # StoreError: EXIT_NOT_STORED
-    except KeyboardInterrupt as e:
-        print(f"dlscale: interrupted{' by ' + e.args[0] if e.args else ''}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        except ConfigError as e:
+            print(f"dlscale: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except DlscaleError as e:
+            print(f"dlscale: error: {e}", file=sys.stderr)
+            return getattr(e, "exit_code", EXIT_FAILED)  # StoreError: EXIT_NOT_STORED
+        except KeyboardInterrupt as e:
+            print(f"dlscale: interrupted{' by ' + e.args[0] if e.args else ''}", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

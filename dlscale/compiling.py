@@ -10,8 +10,12 @@ The record keeps both (``config.compile_mode``, ``config.inductor_options``).
 Input never runs code: some settings name a program inductor runs (``cpp.cxx``, ``cuda.cuda_cxx``)
 or a path it reads or writes. dlscale takes a setting only with a bool, int or float value of the
 setting's own type (or for a setting whose default is None), and a string only for the few
-settings in ``SAFE_STRING_OPTIONS`` (names of backends and heuristics, never paths); a setting
-whose name says program, path or command is refused whatever its value.
+settings in ``SAFE_STRING_OPTIONS`` (names of backends and heuristics, never paths), with a value
+among the setting's declared choices or else a plain name (letters, digits, ``_``, comma lists);
+a setting whose name says program, path or command is refused whatever its value, and so is an
+unset setting (default None) whose declared type is not a plain bool, int or float (a callable, a
+graph pass, a path). Inductor's trace (``trace.*``) is refused: it writes ``torch_compile_debug/``
+into the working directory, outside the store.
 
 CUDA graphs replay the recorded kernels of the forward and the backward with no launch between
 them. dlscale allows them with the strategies whose compiled region holds no collective of its
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from typing import Any
 
 from dlscale import ConfigError
@@ -47,8 +52,36 @@ _ALLOWED = ("allowed: bool, int and float settings, and string settings that nam
             "(dlscale.compiling.SAFE_STRING_OPTIONS, e.g. memory_pool)")
 
 
+_NAME_VALUE = re.compile(r"[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*")  # a backend, heuristic or policy name, or a list
+
+
 def _unsafe_name(name: str) -> bool:
     return bool(_UNSAFE_PARTS & set(re.split(r"[._]+", name.lower())))
+
+
+def _declared(config, name: str) -> Any:
+    """The setting's declared type (torch's config entries carry it), or None where this torch has none."""
+    entry = getattr(config, "_config", {}).get(name)
+    return getattr(entry, "value_type", None)
+
+
+def _check_string(key: str, name: str, value: str, declared: Any) -> None:
+    """A safe string setting's value: one of its declared choices, else a plain name (never a path)."""
+    choices = typing.get_args(declared) if typing.get_origin(declared) is typing.Literal else ()
+    if choices and value not in choices:
+        raise ConfigError(f"inductor-option {key} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    if not _NAME_VALUE.fullmatch(value):
+        raise ConfigError(f"inductor-option {key} takes a name (letters, digits, _; comma-separated), got "
+                          f"{value!r}: a value that could be a path or a program is refused")
+
+
+def _plain_optional(declared: Any, value: Any) -> bool:
+    """An unset setting that takes a plain bool, int or float (``int | None``), and a value of that kind;
+    True where this torch declares no types (the value is a scalar, checked by the caller)."""
+    if declared is None:
+        return True
+    args = set(typing.get_args(declared)) - {type(None)}
+    return bool(args) and args <= set(_SCALARS) and any(_fits(value, t) for t in args)
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -66,6 +99,9 @@ def check_options(options: dict[str, Any]) -> None:
             close = difflib.get_close_matches(name, list(known), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else " (see torch._inductor.config)"
             raise ConfigError(f"inductor-option {key!r} is not a setting of torch._inductor.config{hint}")
+        if name.startswith("trace.") and value is not False:  # switching a part of the trace off writes nothing
+            raise ConfigError(f"inductor-option {key} is refused: inductor's trace writes torch_compile_debug/ into "
+                              f"the working directory, outside the store (dlscale's --profile traces go there)")
         default = known[name]
         want = type(default)
         if not isinstance(value, (*_SCALARS, str)):
@@ -86,8 +122,12 @@ def check_options(options: dict[str, Any]) -> None:
             if not isinstance(value, str):
                 raise ConfigError(f"inductor-option {key} takes a value of type str (default {default!r}), "
                                   f"got {value!r}")
+            _check_string(key, name, value, _declared(config, name))
             continue
         if default is None and isinstance(value, _SCALARS):  # an unset number or switch
+            if not _plain_optional(_declared(config, name), value):
+                raise ConfigError(f"inductor-option {key} is refused: it takes a callable, a graph pass or a "
+                                  f"structured value, never a plain value from a suite or the command line ({_ALLOWED})")
             continue
         what = "a string" if isinstance(value, str) else f"the value {value!r}"
         raise ConfigError(f"inductor-option {key} is refused: {what} for a setting whose default is "

@@ -16,6 +16,18 @@ MAX_DECIMALS = 9
 GIB, MIB, KIB = 2.0 ** 30, 2.0 ** 20, 2.0 ** 10
 
 
+def yaml_number_hint(v: Any) -> str:
+    """For a string YAML 1.1 left as text although it reads as a number ('1e300': no dot, no exponent
+    sign), how to write it so that it is one; else ''."""
+    import re
+
+    m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", v.strip()) if isinstance(v, str) else None
+    if not m:
+        return ""
+    mant = m.group(1) if "." in m.group(1) else m.group(1) + ".0"
+    return f" (YAML reads {v.strip()} as text: write {mant}e{m.group(2) or '+'}{m.group(3)})"
+
+
 def finite(v: Any) -> float | None:
     """A finite number or None (bools, strings, NaN and infinities are not numbers here)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -97,6 +109,59 @@ def md_text(v: Any) -> str:
     characters become spaces and every character Markdown (or raw HTML) would read is escaped."""
     text = "".join(c if c.isprintable() else " " for c in str(v))
     return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
+
+
+def md_code(v: Any) -> str:
+    """A user string as one inline code span, whatever backticks it holds (CommonMark: a fence longer
+    than any run of backticks inside; padded where the text starts or ends with one)."""
+    import re
+
+    text = "".join(c if c.isprintable() else " " for c in str(v))
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _md_safe_line(line: str) -> str:
+    """One line with every ``<`` outside code spans escaped (never a raw HTML tag or autolink)."""
+    import re
+
+    out, i, n = [], 0, len(line)
+    while i < n:
+        c = line[i]
+        if c == "\\":  # an escape pair is literal: an escaped backtick opens no span, an escaped < stays
+            out.append(line[i:i + 2])
+            i += 2
+        elif c == "`":
+            run = re.match(r"`+", line[i:]).group()
+            close = next((m.start() for m in re.finditer(r"`+", line[i + len(run):]) if len(m.group()) == len(run)),
+                         None)
+            end = i + len(run) + close + len(run) if close is not None else i + len(run)
+            out.append(line[i:end])  # a code span (literal), or backticks with no closing run
+            i = end
+        else:
+            out.append("\\<" if c == "<" else c)
+            i += 1
+    return "".join(out)
+
+
+def md_safe(doc: str) -> str:
+    """Generated Markdown with no live raw HTML: every ``<`` outside code spans and fenced blocks is
+    escaped, so a label, model name or imported source holding a tag (or a backtick that would close
+    a code span early) renders as text. dlscale's Markdown never means HTML; idempotent."""
+    out, fenced = [], False
+    for line in doc.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            out.append(line)
+        elif fenced:
+            out.append(line)
+        else:  # a table row's cells are split before code spans are read: each cell on its own
+            import re
+
+            parts = re.split(r"(?<!\\)(\|)", line) if line.lstrip().startswith("|") else [line]
+            out.append("".join(p if p == "|" else _md_safe_line(p) for p in parts))
+    return "\n".join(out)
 
 
 def md_generated(text: str) -> str:

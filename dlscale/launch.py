@@ -118,6 +118,14 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
     if oom:
         return "oom", f"rank {oom[0]['rank']}: {oom[0].get('error')}"
     killed = [(r, name) for r, name in killed_ranks(tail) if r not in reported]
+    missing = sorted(set(everyone) - reported)
+    # before the killed ranks: a stalled (e.g. SIGSTOPped) rank cannot act on torchrun's SIGTERM after its
+    # peers' collective timeout and is SIGKILLed 30 s later; a rank killed first never lets a peer time out
+    if bad and missing and all(_COLLECTIVE_TIMEOUT.search(str(r.get("error") or "")) for r in bad):
+        who = ", ".join(f"rank {r}" for r in missing)
+        after = "".join(f"; then rank {r} was killed by {name} (torchrun ending the case)" for r, name in killed)
+        return "timeout", (f"{who} did not reach the collective (stalled) within the collective timeout; "
+                           f"rank {bad[0]['rank']} gave up waiting: {bad[0].get('error')}{after}")
     # SIGTERM is how torchrun ends the other ranks after a first failure: not a cause
     cause = [(r, name) for r, name in killed if name != "SIGTERM"] or (killed if not bad else [])
     if cause:
@@ -125,11 +133,6 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
         extra = " (the kernel's out-of-memory killer also sends it)" if name == "SIGKILL" else ""
         peers = f"; then rank {bad[0]['rank']}: {bad[0].get('error')}" if bad else ""
         return "failed", f"rank {r} was killed by {name}{extra}{peers}"
-    missing = sorted(set(everyone) - reported)
-    if bad and missing and all(_COLLECTIVE_TIMEOUT.search(str(r.get("error") or "")) for r in bad):
-        who = ", ".join(f"rank {r}" for r in missing)
-        return "timeout", (f"{who} did not reach the collective (stalled) within the collective timeout; "
-                           f"rank {bad[0]['rank']} gave up waiting: {bad[0].get('error')}")
     if bad:
         return "failed", f"rank {bad[0]['rank']}: {bad[0].get('error')}"
     if proc_rc != 0 and len(ranks) >= world:

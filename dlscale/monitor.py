@@ -751,7 +751,13 @@ class HardwareSampler:
                     close_fds=True, env=env,
                 )
             self._started_at = time.time()
-        except Exception as e:
+        except BaseException as e:  # an interrupt between the temp files and the child leaves neither behind
+            if self._proc is None:
+                for path in ([self._path] if self._tmp_series else []) + [self._stderr_path]:
+                    _unlink(path)
+                self._stderr_path = None
+            if not isinstance(e, Exception):
+                raise
             self._error = f"failed to start the sampler: {type(e).__name__}: {e}"
             self._proc = None
 
@@ -768,10 +774,26 @@ class HardwareSampler:
         return False
 
     def stop(self) -> None:
-        """Stop the sampler: ask, wait up to ~2 s, then kill.  Never raises."""
+        """Stop the sampler: ask, wait up to ~2 s, then kill.  Never raises but an interrupt, and then
+        its temp files are gone too."""
         proc = self._proc
         if proc is None or self._stopped or os.getpid() != self._owner_pid:
             return
+        try:
+            self._stop(proc)
+        finally:  # a signal inside must not leave the child or the temp files behind
+            if not self._stopped:
+                try:
+                    proc.kill()
+                except Exception:
+                    pass
+            if self._tmp_series and self._path:
+                _unlink(self._path)
+            if self._stderr_path:
+                _unlink(self._stderr_path)
+                self._stderr_path = None
+
+    def _stop(self, proc: subprocess.Popen) -> None:
         died_before = proc.poll() is not None
         self._stop_requested = True
         if not died_before:
@@ -801,11 +823,6 @@ class HardwareSampler:
             except Exception:
                 pass
         self._stopped = True
-        if self._tmp_series and self._path:
-            _unlink(self._path)
-        if self._stderr_path:
-            _unlink(self._stderr_path)
-            self._stderr_path = None
 
     def __enter__(self):
         self.start()
@@ -962,6 +979,8 @@ class HardwareSampler:
 
 
 def _unlink(path):
+    if not path:
+        return
     try:
         os.unlink(path)
     except OSError:

@@ -259,7 +259,13 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0, tree: _Tree | None = N
 
 # ----------------------------------------------------------------------------- signals and temp folders
 
+_ENDING = {"interrupted": False, "depth": 0}  # one interrupt per command: further signals let its clean-up finish
+
+
 def _raise_interrupt(signum, frame):  # noqa: ARG001
+    if _ENDING["interrupted"]:
+        return  # a burst: a second KeyboardInterrupt would abort the finally blocks ending the first
+    _ENDING["interrupted"] = True
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
@@ -271,15 +277,19 @@ def interrupts(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iter
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if _ENDING["depth"] == 0:
+        _ENDING["interrupted"] = False
     old = {}
     for s in signals:
         try:
             old[s] = signal.signal(s, _raise_interrupt)
         except (ValueError, OSError):
             continue
+    _ENDING["depth"] += 1
     try:
         yield
     finally:
+        _ENDING["depth"] -= 1
         for s, h in old.items():
             signal.signal(s, h)
 

@@ -14,6 +14,7 @@ recovery file it names (``StoreError``, exit code 7).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -40,7 +41,20 @@ EXIT_NOT_STORED = 7  # the measurement could not be stored (kept in a recovery f
 ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below the store's directory
 # free space a case needs in the store before it starts: its record and utilisation series (a record
 # is tens of kB; a series a few hundred bytes a sample per node)
+# no figure dlscale stores comes near this (bytes, FLOPs and timestamps included): a record holding a bigger
+# number was edited or imported unchecked, and would overflow the reports' sums; it is skipped, named
+MAX_MAGNITUDE = 1e30
+MAX_STORED_BATCH = 1 << 20  # per device, as config.MAX_BATCH (not imported: the store is below config)
 EXPECTED_CASE_BYTES = 4 << 20
+CLAIM_FILE = ".dlscale-claim"  # a sweep's claim on its store: its pid, held under flock while it runs
+# every writing command holds this shared (flock) while it runs; one that gets it exclusively knows no
+# other writer is alive, and removes what dead ones left (series files of records never appended)
+WRITERS_FILE = ".dlscale-writers"
+_WRITER_FDS: dict[str, int] = {}  # store (real path) -> the fd holding this process's shared lock
+_MAX_WRITER_FDS = 16  # a process writing to many stores (a test session) keeps only its latest ones held
+# a series file this recent may belong to a case running where flock does not reach (a file system
+# whose locks are node-local): only older ones are removed
+ORPHAN_AGE_S = 3600.0
 
 
 class StoreError(DlscaleError):
@@ -107,6 +121,7 @@ class ResultStore:
         the directory and the records file, each of ``ARTIFACT_DIRS`` that exists (one that does
         not is made when needed, in the checked directory), and ``expected_bytes`` of free space."""
         where = _shown(self.root)
+        self._check_is_dir()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.file, "a", encoding="utf-8"):
@@ -126,6 +141,96 @@ class ResultStore:
         if free < expected_bytes:
             raise ConfigError(f"result store {where} has {free / 2**20:.1f} MiB free; a case needs about "
                               f"{expected_bytes / 2**20:.0f} MiB for its record and series")
+        self._join_writers()
+
+    def _join_writers(self) -> None:
+        """Hold the writers' lock shared for the rest of this process; when no other writer holds it, first
+        remove the leftovers of dead ones (best effort: a lock that cannot be had skips the clean-up)."""
+        key = os.path.realpath(self.root)
+        if key in _WRITER_FDS:
+            return
+        try:
+            fd = os.open(self.root / WRITERS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.remove_orphan_series()
+        except OSError:  # another writer is running: its series are not orphans
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return
+        if len(_WRITER_FDS) >= _MAX_WRITER_FDS:
+            os.close(_WRITER_FDS.pop(next(iter(_WRITER_FDS))))
+        _WRITER_FDS[key] = fd
+
+    def remove_orphan_series(self) -> list[str]:
+        """Remove series files no record will ever name: empty ones (a full disk), and those of a record id
+        that is neither in the store nor in a recovery file (a SIGKILLed run or sweep), once ORPHAN_AGE_S
+        old. Only while no other writer runs (``_join_writers``). Returns what was removed."""
+        folder = self.root / "series"
+        try:
+            files = [p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()]
+        except OSError:
+            return []
+        if not files:
+            return []
+        known = {str(r.get("id")) for r in self.load().records}
+        kept = set()  # recovery files name a record by the first 12 characters of its id
+        for d in recovery_dirs():
+            try:
+                kept |= {p.name.split("-")[2] for p in Path(d).glob("dlscale-unstored-*.jsonl")}
+            except (OSError, IndexError):
+                continue
+        removed, now = [], _dt.datetime.now().timestamp()
+        for p in files:
+            rec_id = p.name.split("-r", 1)[0]
+            try:
+                st = p.stat()
+                if now - st.st_mtime < ORPHAN_AGE_S:
+                    continue
+                if st.st_size == 0 or (rec_id not in known and rec_id[:12] not in kept):
+                    p.unlink()
+                    removed.append(p.name)
+            except OSError:
+                continue
+        return removed
+
+    def _check_is_dir(self) -> None:
+        """A store to write is a directory: a file (or a FIFO) there is named as what it is, not as "File exists"."""
+        if os.path.lexists(self.root) and not self.root.is_dir():
+            what = "a file" if self.root.is_file() else "not a directory"
+            raise ConfigError(f"result store {_shown(self.root)} is {what}: --store names a directory (give a new "
+                              f"or an existing one)")
+
+    @contextlib.contextmanager
+    def claim(self, what: str = "sweep"):
+        """Hold the store for one writer of many cases (a sweep): a second one is refused (ConfigError)
+        naming the first's pid, since each would time its cases against the other's. The claim is a
+        flock, released by the kernel when its holder dies: a claim left by a dead process is taken over."""
+        where, path = _shown(self.root), self.root / CLAIM_FILE
+        self._check_is_dir()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"result store {where} cannot be claimed for this {what}: {e.strerror or e}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                raise ConfigError(f"result store {where} is in use by another {what} (pid {holder}): two at once "
+                                  f"would time every case against the other; wait for it, or give another --store") \
+                    from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one line in one write; when the write fails no partial line is left (OSError)."""
@@ -227,16 +332,18 @@ class ResultStore:
             try:
                 f = open(path, "rb")
             except OSError as e:
-                out.skipped.append((str(path), 0, "a directory" if isinstance(e, IsADirectoryError)
-                                    else e.strerror or str(e)))
+                out.skipped.append((str(path), 0, "a directory" if isinstance(e, IsADirectoryError) else
+                                    "permission denied: its records are not read (give this user read access)"
+                                    if isinstance(e, PermissionError) else e.strerror or str(e)))
                 continue
             n = 0
             try:
                 with f:
                     for n, raw in enumerate(f, 1):
                         self._parse_line(path, n, raw, kind, out)
-            except OSError as e:
-                out.skipped.append((str(path), n + 1 if n else 0, f"read failed: {e.strerror or e}"))
+            except OSError as e:  # a whole file unread is an entry; a read failing further in, from that line on
+                why = "permission denied" if isinstance(e, PermissionError) else e.strerror or str(e)
+                out.skipped.append((str(path), n + 1 if n else 0, f"read failed{' from here on' if n else ''}: {why}"))
         return out
 
     @staticmethod
@@ -253,11 +360,37 @@ class ResultStore:
         except json.JSONDecodeError as e:
             out.skipped.append((str(path), n, f"not JSON ({e.msg})"))
             return
+        except (ValueError, RecursionError) as e:  # an integer of thousands of digits; nesting too deep
+            out.skipped.append((str(path), n, "not readable JSON (" + (str(e).split(":")[0] if isinstance(
+                e, ValueError) else "nested too deeply") + ")"))
+            return
         if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
             out.skipped.append((str(path), n, "not a dlscale record"))
             return
+        bad = implausible(rec)
+        if bad:
+            out.skipped.append((str(path), n, bad))
+            return
         if kind is None or rec.get("kind") == kind:
             out.records.append(rec)
+
+
+def implausible(rec: dict[str, Any]) -> str | None:
+    """Why a stored record cannot be reported (a number no measurement gives), else None."""
+    b = (rec.get("config") or {}).get("batch_size") if isinstance(rec.get("config"), dict) else None
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b > MAX_STORED_BATCH:
+        return f"implausible batch size {b:.3g} (over {MAX_STORED_BATCH:,} per device)"
+    todo: list[tuple[str, Any]] = [("", rec)]
+    while todo:  # iterative: a deeply nested record must not exhaust the stack
+        where, o = todo.pop()
+        if isinstance(o, dict):
+            todo += [(f"{where}.{k}" if where else str(k), v) for k, v in o.items()]
+        elif isinstance(o, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(o)]
+        elif isinstance(o, (int, float)) and not isinstance(o, bool) and abs(o) > MAX_MAGNITUDE:
+            shown = f"{o:.3g}" if isinstance(o, float) else f"an integer of {int(o.bit_length() * 0.30103) + 1} digits"
+            return f"implausible number at {where} ({shown}, over {MAX_MAGNITUDE:.0e})"
+    return None
 
 
 def recovery_dirs() -> list[str]:

@@ -147,7 +147,9 @@ class _Where:
 
 
 def _show(v: Any) -> str:
-    return repr(v) if not isinstance(v, str) else f"'{v}'"
+    from dlscale.fmt import yaml_number_hint
+
+    return repr(v) if not isinstance(v, str) else f"'{v}'{yaml_number_hint(v)}"
 
 
 def _unknown_keys(where: _Where, prefix: str, got: Iterable[str], allowed: Iterable[str]) -> None:
@@ -449,6 +451,8 @@ def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> S
         raise ConfigError(f"suite file {shown} is not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise ConfigError(f"{shown}: nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -288,7 +288,7 @@ def test_generated_script_runs_no_injected_command(tmp_path):
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", precision="fp32", label=payload)
     store = str(work / "st $(touch PWNED5);touch PWNED6")
     script = slurm_cmd.render_script(
-        [cfg], nodes=1, per_node=1, store=store, job_name="j;touch PWNED7", account="a$(touch PWNED8)",
+        [cfg], nodes=1, per_node=1, store=store, job_name="j", account="a",  # hostile names: refused (test_slurm)
         sbatch_options=["--comment=$(touch PWNED9)"], python="python3; touch PWNED10",
         command="dlscale slurm --label 'a\ntouch PWNED11'\rtouch PWNED12")
     assert all(not ln.startswith("touch") for ln in script.splitlines())

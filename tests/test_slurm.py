@@ -304,3 +304,73 @@ def test_slurm_step_with_wrong_task_count_exits_2(slurm, tmp_path):
     errors = [ln for ln in out.splitlines() if ln.startswith("dlscale: error:")]
     assert len(errors) == 2 and "2 task(s) but the case needs 1" in errors[0], out
     assert not (store / "results.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------ hostile names, CPUs, output folder
+
+@pytest.mark.parametrize("argv, option", [
+    (["--job-name", "../../escaped"], "job-name"), (["--job-name", ""], "job-name"),
+    (["--job-name", "a b"], "job-name"), (["--partition", "gpu --wrap=id"], "partition"),
+    (["--account", "a --qos=high"], "account"), (["--store", 'st"x'], "store"),
+])
+def test_names_that_would_add_sbatch_options_or_leave_the_folder_are_refused(argv, option, capsys, tmp_path):
+    code = cli.main(["slurm", "--dry-run", *CASE, "--store", str(tmp_path / "st"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and option in err[0], err
+    assert not (tmp_path / "st").exists() and list(tmp_path.iterdir()) == []
+
+
+def _sbatch_args(script: str, name: str) -> list[list[str]]:
+    """The arguments sbatch reads from each #SBATCH line of ``name`` (it splits on spaces, honouring quotes)."""
+    return [shlex.split(ln[len("#SBATCH "):]) for ln in script.splitlines() if ln.startswith(f"#SBATCH --{name}")]
+
+
+def test_a_store_path_with_spaces_and_percent_is_one_output_argument(capsys, tmp_path):
+    store = tmp_path / "my results %j"
+    out = dry_run(capsys, *CASE, "--store", str(store))
+    (arg,) = _sbatch_args(out, "output")
+    assert arg == [f"--output={str(store).replace('%', '%%')}/slurm/%x-%j.out"]
+
+
+def _step_cpus(script: str, cpus_on_node: int) -> list[str]:
+    """--cpus-per-task of each step as bash would expand it on a node holding ``cpus_on_node`` CPUs
+    (the script's two forms: the variable, and an integer share of it with a floor of 1)."""
+    import re
+
+    out = []
+    for s in (ln for ln in script.splitlines() if ln.startswith("step srun")):
+        for m in re.finditer(r"--cpus-per-task=(\$\(\((?P<expr>.*?)\)\)|(?P<word>\S+))", s):
+            text = (m.group("expr") or m.group("word")).replace("${SLURM_CPUS_ON_NODE:-1}", str(cpus_on_node))
+            cond = re.fullmatch(r"\s*(.+?)\s*\?\s*(.+?)\s*:\s*(.+?)\s*", text)
+            if cond:
+                a, b, c = (x.replace("/", "//") for x in cond.groups())
+                text = str(eval(b) if eval(a) else eval(c))  # noqa: S307 - digits and operators only
+            out.append(f"--cpus-per-task={int(text)}")
+    return out
+
+
+def test_the_job_requests_the_nodes_cpus_unless_told(capsys, tmp_path):
+    out = dry_run(capsys, *CASE, "--nproc-per-node", "2", "--store", str(tmp_path))
+    assert "#SBATCH --exclusive" in out.splitlines() and "#SBATCH --cpus-per-task" not in out
+    assert _step_cpus(out, 16) == ["--cpus-per-task=16"]  # torchrun mode: one task holds the node's CPUs
+    out = dry_run(capsys, *CASE, "--nproc-per-node", "4", "--mode", "srun", "--store", str(tmp_path))
+    assert _step_cpus(out, 16) == ["--cpus-per-task=4"] and _step_cpus(out, 2) == ["--cpus-per-task=1"]
+    out = dry_run(capsys, *CASE, "--cpus-per-task", "6", "--store", str(tmp_path))
+    assert "#SBATCH --cpus-per-task=6" in out.splitlines() and "#SBATCH --exclusive" not in out.splitlines()
+    assert _step_cpus(out, 16) == ["--cpus-per-task=6"]
+
+
+def test_the_output_folder_exists_before_sbatch_runs(capsys, tmp_path, monkeypatch):
+    seen = {}
+
+    def sbatch(cmd, **kw):
+        seen["script"] = Path(cmd[-1])
+        seen["folder"] = (tmp_path / "st" / "slurm").is_dir()
+        return subprocess.CompletedProcess(cmd, 0, stdout="42\n", stderr="")
+
+    monkeypatch.setattr(slurm_cmd.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr(slurm_cmd.subprocess, "run", sbatch)
+    assert cli.main(["slurm", *CASE, "--store", str(tmp_path / "st")]) == 0
+    assert seen["folder"] and seen["script"].parent == tmp_path / "st" / "slurm"
+    assert cli.main(["slurm", "--dry-run", *CASE, "--store", str(tmp_path / "new")]) == 0
+    assert str(tmp_path / "new" / "slurm") in capsys.readouterr().err and not (tmp_path / "new").exists()

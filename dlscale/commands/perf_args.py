@@ -24,6 +24,13 @@ def arg_type(fn):
     return wrapped
 
 
+# what no option of predict, cost and plan reaches (tokens of the largest training runs are ~1e14; links,
+# hours, prices and batch sizes far less): a bigger figure is a typo that would overflow the model
+MAX_FIGURE = 1e18
+MAX_DEVICES = 10**6  # GPUs in one predicted cluster (the largest built hold a few 10^5)
+MIN_DEVICE_MEMORY, MAX_DEVICE_MEMORY = 2.0**20, 2.0**50  # bytes of one device: 1 MiB .. 1 PiB
+
+
 def _number(text: str, positive: bool) -> float:
     try:
         v = float(text)
@@ -31,7 +38,16 @@ def _number(text: str, positive: bool) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(v) or (v <= 0 if positive else v < 0):
         raise argparse.ArgumentTypeError(f"expected a {'positive' if positive else 'non-negative'} number, got {text}")
+    if v > MAX_FIGURE:
+        raise argparse.ArgumentTypeError(f"expected a number up to {MAX_FIGURE:.0e}, got {text}")
     return v
+
+
+def device_memory(n_bytes: float, text: str) -> float:
+    """One device's memory in bytes, refused when no device could have it (1 byte, 1e300)."""
+    if not MIN_DEVICE_MEMORY <= n_bytes <= MAX_DEVICE_MEMORY:
+        raise argparse.ArgumentTypeError(f"memory of one device must be 1 MiB .. 1 PiB, got {text!r}")
+    return n_bytes
 
 
 def positive_float(text: str) -> float:
@@ -182,5 +198,15 @@ def options_from_args(args, strategy: str | None = None) -> ModelOptions:
         strategy=strategy or "ddp", gpus_per_node_max=args.gpus_per_node_max, host_cores=args.host_cores)
 
 
+def plausible_shapes(text: str) -> list:
+    """parse_shapes, refusing a cluster larger than any built (``--shapes 1000000x8``)."""
+    shapes = parse_shapes(text)
+    big = [s for s in shapes if s.nodes * s.gpus_per_node > MAX_DEVICES]
+    if big:
+        raise ConfigError(f"cluster shape {big[0].nodes}x{big[0].gpus_per_node} has "
+                          f"{big[0].nodes * big[0].gpus_per_node:,} GPUs, more than {MAX_DEVICES:,}")
+    return shapes
+
+
 def shapes_type():
-    return arg_type(parse_shapes)
+    return arg_type(plausible_shapes)

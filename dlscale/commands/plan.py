@@ -17,7 +17,9 @@ def memory_size(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"memory size must look like 80GiB, 141GB or 8e10 (bytes), got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+    from dlscale.commands.perf_args import device_memory  # the bound predict and cost share
+
+    return device_memory(float(m.group(1)) * _UNITS[m.group(2).lower()], text)
 
 
 def _positive(kind):
@@ -26,7 +28,7 @@ def _positive(kind):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not v > 0:
+        if not 0 < v < float("inf"):
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
         return v
     return parse

@@ -43,6 +43,11 @@ MODES = ("torchrun", "srun")
 # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (and UNLIMITED / INFINITE)
 _TIME = re.compile(r"(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|unlimited|infinite)", re.I)
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+# names written into #SBATCH lines, where sbatch splits on spaces: Slurm's own name characters only
+# (a job name is also part of the script's file name in STORE/slurm/, so never a path)
+_NAMES = {"--job-name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"),
+          "--partition": re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*"),
+          "--account": re.compile(r"[A-Za-z0-9._-]+")}
 
 
 def _control_free(what: str, value: str | None) -> None:
@@ -71,6 +76,16 @@ def check_script_input(cases: list[RunConfig], *, job_name: str | None, partitio
     for c in cases:
         for f in ("label", "data", "model", "strategy", "flavor"):
             _control_free(f"--{f.replace('_', '-')}", getattr(c, f, None))
+    for what, value in (("--job-name", job_name), ("--partition", partition), ("--account", account)):
+        if value is not None and not _NAMES[what].fullmatch(str(value)):
+            raise ConfigError(f"{what} {str(value).encode('unicode_escape').decode('ascii')!r}: use letters, digits "
+                              f"and . _ - only{' (+ too)' if what == '--job-name' else ''}"
+                              f"{', comma-separated' if what == '--partition' else ''}; it goes into an #SBATCH line"
+                              f"{' and the script file name' if what == '--job-name' else ''}")
+    for what, value in (("--store", store), ("--store (output directory)", output_dir)):
+        if value is not None and any(c in str(value) for c in '"\\'):
+            raise ConfigError(f"{what} {str(value)!r} holds a quote or a backslash, which an #SBATCH line cannot "
+                              f"carry; give a path without them")
     if time is not None and not _TIME.fullmatch(str(time)):
         raise ConfigError(f"--time {time!r} is not a Slurm time limit; use {TIME_FORMATS}")
     if cpus_per_task is not None and (isinstance(cpus_per_task, bool) or int(cpus_per_task) < 1):
@@ -97,9 +112,10 @@ def register(sub) -> None:
     g.add_argument("--partition", default=None, help="sbatch --partition")
     g.add_argument("--time", default=None, help="sbatch --time (e.g. 01:00:00); default: the partition's")
     g.add_argument("--account", default=None, help="sbatch --account")
-    g.add_argument("--job-name", default="dlscale", help="sbatch --job-name")
+    g.add_argument("--job-name", default="dlscale", help="sbatch --job-name (letters, digits, . _ + -)")
     g.add_argument("--cpus-per-task", type=int, default=None,
-                   help="sbatch --cpus-per-task (torchrun mode: CPUs for all of a node's processes)")
+                   help="sbatch and srun --cpus-per-task (torchrun mode: CPUs for all of a node's processes); "
+                   "default: the whole node (#SBATCH --exclusive), its CPUs shared by the node's tasks")
     g.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
                    help="extra sbatch option written as an #SBATCH line, repeatable "
                    "(e.g. --sbatch-option=--exclusive)")
@@ -166,6 +182,23 @@ def checked_cases(args) -> list[RunConfig]:
 
 # ------------------------------------------------------------------------------ script
 
+def _sbatch_output(out_dir: str) -> str:
+    """The job's output file pattern for #SBATCH: the folder's own % doubled (Slurm expands %j, %x),
+    double-quoted where it holds spaces (sbatch splits the line on them)."""
+    text = out_dir.replace("%", "%%") + "/%x-%j.out"
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def _step_cpus(cpus_per_task: int | None, tasks_per_node: int) -> str:
+    """srun's --cpus-per-task (a step does not inherit sbatch's): the given count, else the node's CPUs
+    shared by its tasks (SLURM_CPUS_ON_NODE: what the job holds on the node)."""
+    if cpus_per_task is not None:
+        return f"--cpus-per-task={int(cpus_per_task)}"
+    share = "${SLURM_CPUS_ON_NODE:-1}" if tasks_per_node == 1 else \
+        f"$(( ${{SLURM_CPUS_ON_NODE:-1}} / {tasks_per_node} > 0 ? ${{SLURM_CPUS_ON_NODE:-1}} / {tasks_per_node} : 1 ))"
+    return f"--cpus-per-task={share}"
+
+
 def render_script(cases: list[RunConfig], *, nodes: int, per_node: int,
                   store: str, mode: str = "torchrun",
                   python: str = sys.executable, job_name: str = "dlscale", partition: str | None = None,
@@ -194,7 +227,9 @@ def render_script(cases: list[RunConfig], *, nodes: int, per_node: int,
         lines.append(f"#SBATCH --account={account}")
     if cpus_per_task is not None:
         lines.append(f"#SBATCH --cpus-per-task={int(cpus_per_task)}")
-    lines.append(f"#SBATCH --output={out_dir}/%x-%j.out")
+    elif "--exclusive" not in (sbatch_options or []):
+        lines.append("#SBATCH --exclusive")  # the whole node, so its CPUs: Slurm may allot one CPU per task
+    lines.append(f"#SBATCH --output={_sbatch_output(out_dir)}")
     for opt in sbatch_options or []:
         lines.append(f"#SBATCH {opt}")
     lines += [
@@ -223,7 +258,7 @@ def render_script(cases: list[RunConfig], *, nodes: int, per_node: int,
     # Each case runs on its own layout (cfg.nnodes x cfg.nproc_per_node, within the allocation).
     for i, cfg in enumerate(cases):
         n, g = cfg.nnodes, cfg.nproc_per_node
-        srun = f"srun --nodes={n} --kill-on-bad-exit=0 --wait=0"
+        srun = f"srun --nodes={n} --kill-on-bad-exit=0 --wait=0 {_step_cpus(cpus_per_task, 1 if mode == 'torchrun' else g)}"
         if gpu:  # every task of a node sees all its GPUs; the worker picks cuda:LOCAL_RANK
             srun += f" --gpus-per-node={g}"
         args = " ".join(q(a) for a in to_cli_args(cfg))
@@ -258,6 +293,9 @@ def cmd_slurm(args) -> int:
                            cpus_per_task=args.cpus_per_task)
     if args.dry_run:
         print(script, end="")
+        if not Path(out_dir).is_dir():  # sbatch does not make it, and a job without it fails without a word
+            print(f"dlscale: note: the script writes its output into {out_dir}/: mkdir -p it before sbatch",
+                  file=sys.stderr)
         return 0
     sbatch = shutil.which("sbatch")
     if sbatch is None:

@@ -298,8 +298,8 @@ def _report_end(suite, store, planned: list[Planned], results: list, n_done: int
 
 
 def cmd_sweep(args) -> int:
-    from dlscale.store import ResultStore, StoreError
-    from dlscale.suite import display_path, load_suite, shipped_suites
+    from dlscale.store import ResultStore
+    from dlscale.suite import load_suite, shipped_suites
 
     if args.list:
         for name in shipped_suites():
@@ -309,6 +309,16 @@ def cmd_sweep(args) -> int:
     suite, indices = _selected(args)
     gpus = _visible_gpus(suite, indices, args.dry_run)
     store = ResultStore(args.store)
+    if args.dry_run:
+        return _sweep(args, suite, indices, gpus, store)
+    with store.claim("sweep"):  # before the store is read: what is done is decided by the one writer
+        return _sweep(args, suite, indices, gpus, store)
+
+
+def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
+    from dlscale.store import StoreError
+    from dlscale.suite import display_path
+
     loaded = store.load()
     if loaded.warning():
         print(f"dlscale: warning: {loaded.warning()}", file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlscale.external.case import ExternalCase
-from dlscale.external.parsers import LogLine, ParseError, ParseResult, get_parser
+from dlscale.external.parsers import LogLine, ParseError, ParseResult, ParseTimeout, get_parser
 from dlscale.procs import ProcResult, spawn
 
 # what an out-of-memory failure prints in the common stacks (PyTorch, JAX/XLA, DeepSpeed)
@@ -112,13 +112,17 @@ class ExternalSpawner:
                 sampler.stop()
             if log:
                 log.close()
-        res, err = None, None
+        res, err, late = None, None, False
+        opts = case.parse_options()
+        opts.deadline_s = case.time_limit - proc.seconds  # the case's time limit covers the parse too
         try:
-            res = self.parser.parse(lines, case.parse_options())
+            res = self.parser.parse(lines, opts)
         except ParseError as e:
-            err = str(e)
+            err, late = str(e), isinstance(e, ParseTimeout)
         complete = res is not None and not any("fewer than" in w for w in res.warnings)
         status, error, warning = classify(proc, res, err, complete)
+        if late:
+            status, error = "timeout", err
         r0: dict[str, Any] = {"rank": 0, "status": status, "error": error, "dp_size": case.world_size,
                               "pid": None, "host": None, "device_name": None}
         if warning:

@@ -14,12 +14,20 @@ and the file) and are never confused with measured ones (kind ``imported``).
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from dlscale import ConfigError
 from dlscale.registry import Registry
+
+
+# the largest file an import reads (docs/external.md): published tables and logs are far smaller,
+# and a bound keeps a wrong path (a device, a growing file) from filling memory
+MAX_INPUT_BYTES = 256 << 20
+READ_SUFFIXES = (".yaml", ".yml", ".csv", ".json", ".log", ".txt", ".out")  # what the formats read in a folder
 
 
 class ImportFailure(ConfigError):
@@ -92,12 +100,43 @@ def get_importer(name: str) -> Importer:
     return _IMPORTERS.get(name)()
 
 
+def _check_file(imp: Importer, f: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise imp.fail(f, "not a regular file or directory (a FIFO, device or socket is never read): give a file")
+    if st.st_size > MAX_INPUT_BYTES:
+        raise imp.fail(f, f"{st.st_size:,} bytes, over the {MAX_INPUT_BYTES >> 20} MiB an import reads")
+
+
+def check_input(imp: Importer, p: Path) -> None:
+    """Only a regular file, or a directory whose files (and case folders' files) are regular, each within
+    MAX_INPUT_BYTES; checked before anything is opened, so a FIFO cannot block and /dev/zero cannot fill memory."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ImportFailure(imp.name, p, "no such file or directory") from None
+    except OSError as e:
+        raise ImportFailure(imp.name, p, f"cannot read: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        return _check_file(imp, p, st)
+    try:
+        entries = [e for d in [p, *(q for q in p.iterdir() if q.is_dir())] for e in d.iterdir()]
+    except OSError as e:
+        raise ImportFailure(imp.name, p, f"cannot list the directory: {e.strerror or e}") from None
+    for e in entries:
+        if e.suffix.lower() in READ_SUFFIXES and not e.is_dir():
+            try:
+                est = e.stat()
+            except OSError:
+                continue  # a dangling link: no format reads it
+            if stat.S_ISREG(est.st_mode) and est.st_size > MAX_INPUT_BYTES:
+                _check_file(imp, e, est)
+
+
 def import_path(path: str | Path, fmt: str, opts: ImportOptions) -> list[dict[str, Any]]:
     """Every record ``path`` gives under importer ``fmt``, validated; nothing stored."""
     imp = get_importer(fmt)
     p = Path(path)
-    if not p.exists():
-        raise ImportFailure(imp.name, p, "no such file or directory")
+    check_input(imp, p)
     recs = imp.records(p, opts)
     if not recs:
         raise imp.fail(p, "no results found")

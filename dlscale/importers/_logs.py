@@ -7,7 +7,7 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale.external.parsers import ParseError, ParseOptions, ParseResult, get_parser, parse_file
 from dlscale.importers import ImportOptions
-from dlscale.importers.records import check_precision, imported_record, need, provenance, workload_unit
+from dlscale.importers.records import check_precision, check_rate, imported_record, need, provenance, workload_unit
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 
@@ -40,7 +40,8 @@ def case_record(fmt: str, path: Path, opts: ImportOptions, results: list[ParseRe
     need(opts, "model", "precision", "batch_size")
     check_precision(opts.precision, "--precision")
     unit, seq = workload_unit(opts, unit_default)
-    runs = [r.samples_per_s * to_samples for r in results]
+    runs = [check_rate(r.samples_per_s * to_samples, f"{f.name}: the window's throughput")
+            for f, r in zip(files, results)]
     warnings = sorted({w for r in results for w in r.warnings})
     prov = provenance(source=opts.source, tool=opts.tool, date=opts.date, fmt=fmt, file=str(path), gpu=opts.gpu,
                       gpus_per_node=opts.gpus_per_node, interconnect=opts.interconnect, method=results[0].method)

@@ -57,10 +57,13 @@ def options_from_args(args: argparse.Namespace):
     from dlscale.caseargs import parse_options
     from dlscale.importers import ImportOptions
 
+    from dlscale.importers.records import MAX_BATCH, MAX_COUNT, MAX_PARAMS, check_int
+
     for name in ("batch_size", "nproc_per_node", "nnodes", "gpus_per_node", "seq_len", "params"):
         v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+        if v is not None:
+            check_int(v, f"--{name.replace('_', '-')}", maximum={"batch_size": MAX_BATCH, "params": MAX_PARAMS}.get(
+                name, MAX_COUNT))
     if args.warmup < 0 or args.steps < 0:
         raise ConfigError("--warmup and --steps must be >= 0")
     return ImportOptions(source=args.source, tool=args.tool, date=args.date, label=args.label, model=args.model,

@@ -18,7 +18,7 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.importers import ImportOptions, Importer, register_importer
-from dlscale.importers.records import (check_int, check_precision, check_rate, imported_record, need, provenance,
+from dlscale.importers.records import (check_batch, check_precision, check_rate, imported_record, need, provenance,
                                        workload_unit)
 
 CASE = re.compile(r"^(\d+)n(\d+)g$")
@@ -38,6 +38,11 @@ class DLPerfJSON(Importer):
                 raise ConfigError(f"cannot read: {e}") from None
             except json.JSONDecodeError as e:
                 raise ConfigError(f"not JSON ({e.msg} at line {e.lineno})") from None
+            except ValueError:  # an integer of thousands of digits
+                raise ConfigError("a number of more than 4300 digits cannot be read (no figure has that "
+                                  "many)") from None
+            except RecursionError:
+                raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
             if isinstance(data, dict) and isinstance(data.get("dlperf"), dict):
                 data = data["dlperf"]
             if not isinstance(data, dict) or not data:
@@ -69,7 +74,7 @@ class DLPerfJSON(Importer):
             if e.get("baseline") is True:
                 continue
             status = e.get("status", "ok")
-            batch = check_int(e.get("batch_size_per_device"), f"{model} {name}: batch_size_per_device")
+            batch = check_batch(e.get("batch_size_per_device"), f"{model} {name}: batch_size_per_device")
             med = check_rate(e.get("median_speed"), f"{model} {name}: median_speed") if status == "ok" else None
             mean = e.get("average_speed")
             mean = check_rate(mean, f"{model} {name}: average_speed") if (status == "ok" and mean is not None) else None

@@ -26,11 +26,12 @@ class HFTrainerState(Importer):
         f = path / "trainer_state.json" if path.is_dir() else path
         try:
             if not f.is_file():
-                raise ConfigError("no trainer_state.json in the directory")
+                raise ConfigError("no trainer_state.json in the directory" if path.is_dir() else
+                                  "not a regular file: give trainer_state.json or the directory holding it")
             if opts.batch_size is None:
                 try:
                     state = json.loads(f.read_text(encoding="utf-8"))
-                except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+                except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                     state = None
                 b = state.get("train_batch_size") if isinstance(state, dict) else None
                 if isinstance(b, int) and not isinstance(b, bool) and b > 0:

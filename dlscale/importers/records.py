@@ -13,11 +13,16 @@ import math
 from typing import Any
 
 from dlscale import ConfigError, metrics
-from dlscale.config import PRECISIONS
+from dlscale.config import MAX_BATCH, PRECISIONS
 from dlscale.external.parsers import UNITS
 from dlscale.store import STATUSES, new_record
 
 FORMAT_ID = "dlscale-table/1"
+# what is physically plausible for an imported figure (docs/external.md): a bigger one is a typo or
+# hostile, and would overflow the reports' sums and formats
+MAX_RATE = 1e12  # samples (or tokens) per second of one job: far above any cluster's
+MAX_COUNT = 10**7  # nodes, GPUs, sequence length, keys of a table
+MAX_PARAMS = 10**14  # model parameters
 
 
 def check_precision(value: Any, where: str) -> str:
@@ -27,15 +32,28 @@ def check_precision(value: Any, where: str) -> str:
     return value
 
 
-def check_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _shown(value: Any) -> str:
+    from dlscale.fmt import yaml_number_hint
+
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else \
+        f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return (text if len(text) <= 80 else text[:77] + "...") + yaml_number_hint(value)
+
+
+def check_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be an integer in {minimum}..{maximum:,}, got {_shown(value)}")
     return value
 
 
+def check_batch(value: Any, name: str) -> int:
+    return check_int(value, name, maximum=MAX_BATCH)
+
+
 def check_rate(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number (samples/s), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not 0 < value <= MAX_RATE:
+        raise ConfigError(f"{name} must be a positive number of samples/s up to {MAX_RATE:.0e}, got {_shown(value)}")
     return float(value)
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale.external.parsers import UNITS
 from dlscale.importers import ImportOptions, Importer, register_importer
-from dlscale.importers.records import (FORMAT_ID, check_int, check_precision, check_rate, imported_record,
-                                       provenance, registered_unit)
+from dlscale.importers.records import (FORMAT_ID, MAX_PARAMS, check_batch, check_int, check_precision, check_rate,
+                                       imported_record, provenance, registered_unit)
 from dlscale.store import STATUSES
 
 TOP_KEYS = {"format", "source", "tool", "date", "framework", "model", "unit", "seq_len", "params", "hardware",
@@ -42,10 +42,14 @@ def _known(d: dict, allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, bad))}; allowed: {', '.join(sorted(allowed))}")
 
 
+MAX_LINK = 1e6  # GB/s, microseconds, MB, bytes: bounds no link or bucket reaches (a bigger one is a typo)
+
+
 def _number(v: Any, name: str, positive: bool = True) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0) \
-            or v < 0:
-        raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {v!r}")
+            or v < 0 or v > MAX_LINK:
+        raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} number up to {MAX_LINK:.0e}, "
+                          f"got {v!r}")
     return float(v)
 
 
@@ -126,7 +130,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
     if unit not in UNITS:
         raise ConfigError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
     seq_len = check_int(table["seq_len"], "seq_len") if table.get("seq_len") is not None else None
-    params = check_int(table["params"], "params") if table.get("params") is not None else None
+    params = check_int(table["params"], "params", maximum=MAX_PARAMS) if table.get("params") is not None else None
     framework = _text(table.get("framework"), "framework")
     hw = table.get("hardware")
     if not isinstance(hw, dict):
@@ -173,7 +177,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
 def _row_fields(r: dict[str, Any], gpn: int | None) -> tuple:
     """One row's case and figures, validated: (batch, nodes, GPUs per node, precision, status, runs,
     published median, mean, compile, strategy)."""
-    batch = check_int(r.get("batch_size"), "batch_size")
+    batch = check_batch(r.get("batch_size"), "batch_size")
     nodes = check_int(r.get("nodes"), "nodes")
     per_node = check_int(r.get("gpus_per_node"), "gpus_per_node")
     precision = check_precision(r.get("precision"), "precision")
@@ -205,6 +209,15 @@ def _row_fields(r: dict[str, Any], gpn: int | None) -> tuple:
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a CSV table, cells typed: integers, numbers, runs lists, booleans; blanks dropped."""
+    try:
+        return _csv_rows(path)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): a table is a YAML or CSV text file") from None
+    except csv.Error as e:
+        raise ConfigError(f"not a CSV table: {e}") from None
+
+
+def _csv_rows(path: Path) -> list[dict[str, Any]]:
     with open(path, newline="", encoding="utf-8") as f:
         # '# key: value' lines are comments, not table fields (those come from the command line)
         reader = csv.DictReader(line for line in f if not line.lstrip().startswith("#"))
@@ -265,8 +278,14 @@ def load_table(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): a table is a YAML or CSV text file") from None
     try:
         return yaml.safe_load(text)
+    except ValueError:  # an integer of thousands of digits (Python's conversion limit)
+        raise ConfigError("a number of more than 4300 digits cannot be read (no figure has that many)") from None
+    except RecursionError:
+        raise ConfigError("nested too deeply to read (lists or mappings over a few hundred levels deep)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"not YAML: {' '.join(str(e).split())[:200]}") from None
 

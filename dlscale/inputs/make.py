@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -28,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from dlscale import ConfigError
+from dlscale import ConfigError, DlscaleError
 
 MANIFEST = "dlscale-data.json"
 GENERATOR = "dlscale imagenet-like v1"
 QUALITY = 90
 LONG_SIDE = ((0.70, 500, 500), (0.20, 200, 499), (0.10, 501, 1000))  # (share, min, max) pixels
+FREE_MARGIN = 256 << 20  # left free on the disk after a token set: the store and logs still need room
 RATIOS = ((4 / 3, 0.32), (3 / 2, 0.26), (1.0, 0.10), (3 / 4, 0.16), (2 / 3, 0.16))  # (w/h, share)
 
 
@@ -105,10 +107,21 @@ def _write_chunk(args: tuple[str, int, int, int, int, int]) -> tuple[int, int, i
     return stop - start, total, wsum, hsum
 
 
-def _prepare_out(out: Path) -> None:
+def _prepare_out(out: Path, need_bytes: int = 0) -> None:
+    """An empty folder at ``out`` with room for ``need_bytes``; ConfigError (one line) when it cannot be."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder; give a new one")
-    out.mkdir(parents=True, exist_ok=True)
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the folder: {e.strerror or e}") from None
+    free = shutil.disk_usage(out).free
+    if need_bytes and need_bytes + FREE_MARGIN > free:
+        if existing != out.absolute():  # what this call made goes again: a refusal leaves nothing behind
+            shutil.rmtree(existing / out.absolute().relative_to(existing).parts[0], ignore_errors=True)
+        raise ConfigError(f"--size needs {need_bytes / 2**30:,.2f} GiB but {out} has {free / 2**30:,.2f} GiB "
+                          f"free (and {FREE_MARGIN >> 20} MiB is kept free): give a smaller --size")
 
 
 def make_imagenet_like(out: str, n: int, classes: int = 1000, seed: int = 0, jobs: int | None = None,
@@ -146,6 +159,14 @@ def make_imagenet_like(out: str, n: int, classes: int = 1000, seed: int = 0, job
     return stats
 
 
+def _write_tokens(path: Path, n_tokens: int, dtype: str, vocab: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    chunk = 1 << 24
+    with open(path, "wb") as f:
+        for s in range(0, n_tokens, chunk):
+            rng.integers(0, vocab, min(chunk, n_tokens - s), dtype=np.uint32).astype(dtype).tofile(f)
+
+
 def make_tokens(out: str, n_tokens: int, dtype: str = "uint16", vocab: int = 50257, seed: int = 0) -> dict[str, Any]:
     """``out``/tokens.bin: ``n_tokens`` ids drawn uniformly from [0, vocab)."""
     if dtype not in ("uint16", "uint32"):
@@ -156,14 +177,19 @@ def make_tokens(out: str, n_tokens: int, dtype: str = "uint16", vocab: int = 502
     if n_tokens < 2:
         raise ConfigError(f"--size must be at least 2 tokens, got {n_tokens}")
     root = Path(out)
-    _prepare_out(root)
+    created = not root.exists()
+    _prepare_out(root, n_tokens * np.dtype(dtype).itemsize)
     path = root / "tokens.bin"
-    rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
-    chunk = 1 << 24
-    with open(path, "wb") as f:
-        for s in range(0, n_tokens, chunk):
-            rng.integers(0, vocab, min(chunk, n_tokens - s), dtype=np.uint32).astype(dtype).tofile(f)
+    try:
+        _write_tokens(path, n_tokens, dtype, vocab, seed)
+    except BaseException as e:  # a full disk, Ctrl-C, SIGTERM: no partial set is left to be mistaken for one
+        path.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise DlscaleError(f"writing {path} failed: {e.strerror or e}; the partial set was removed") from None
+        raise
     stats = {"kind": "tokens", "file": str(path), "tokens": n_tokens, "dtype": dtype, "vocab": vocab, "seed": seed,
              "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - t0, 2),
              "spec": f"tokens:{path}:{dtype}"}

@@ -120,6 +120,7 @@ def main(args) -> int:
     size_args = [s for s in common.split_list(args.size) if s.lower() != "auto"]
     sizes = [common.parse_bytes(s, "size") for s in size_args] or \
         [common.parse_bytes(GPU_SIZE if device == "cuda" else CPU_SIZE)]
+    common.check_fits(max(sizes) * max(sum(OP_BUFFERS[o]) for o in ops), device, f"--size {max(sizes):,} bytes")
     common.check_store(args.store)
 
     rows = run_bandwidth(sizes, ops, device, warmup, iters)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 import math
+import os
 import re
 import statistics
 import time
@@ -140,6 +141,27 @@ def device_name(device) -> str:
     from dlscale.envinfo import cpu_model
 
     return cpu_model()
+
+
+def memory_bytes(device: str) -> int | None:
+    """What one device can hold: the GPU's total memory, or the host's RAM for the CPU (None: unknown)."""
+    try:
+        if device == "cuda":
+            import torch
+
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
+
+
+def check_fits(need: int, device: str, what: str) -> None:
+    """ConfigError before anything is allocated when the buffers ``what`` asks for exceed what the device
+    holds (a typo such as --sizes 10000000 would otherwise run, and record oom)."""
+    have = memory_bytes(device)
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs {need / 2**30:,.1f} GiB of buffers, more than the {have / 2**30:,.1f} GiB "
+                          f"this {device} device holds")
 
 
 def cache_bytes(device) -> int:

@@ -194,6 +194,10 @@ def main(args) -> int:
     if not sizes and (not shapes or args.sizes):
         sizes = list(GPU_SIZES if device == "cuda" else CPU_SIZES)
     all_shapes = [(s, s, s) for s in sizes] + [sh for sh in shapes if sh not in [(s, s, s) for s in sizes]]
+    elt = 4 if {"fp32", "tf32"} & set(dtypes) else 2
+    big = max(all_shapes, key=lambda s: s[0] * s[2] + s[2] * s[1] + s[0] * s[1])
+    common.check_fits((big[0] * big[2] + big[2] * big[1] + big[0] * big[1]) * elt, device,
+                      f"--sizes/--shape {big[0]}x{big[1]}x{big[2]}")
     common.check_store(args.store)
 
     rows = run_matmul(all_shapes, dtypes, device, warmup, iters)

@@ -97,7 +97,9 @@ _ALWAYS = ("model", "precision", "batch_size", "strategy", "device_type")
 
 def _title(t: LabelTable) -> str:
     """The label and the shared fields (those at their defaults left out, but the main ones)."""
-    head = f"label `{t.label}`" if t.label is not None else "no label"
+    from dlscale.fmt import md_code
+
+    head = f"label {md_code(t.label)}" if t.label is not None else "no label"
     shown = {k: v for k, v in t.fixed.items() if k in _ALWAYS or k not in DEFAULTS or v != DEFAULTS[k]}
     return head + "".join(f" · {k}={_value(v)}" for k, v in shown.items())
 
@@ -120,7 +122,9 @@ def to_markdown(report: Report) -> str:
                 what = ", ".join(f"{k}={_value(_fields(r).get(k))}" for k in t.varying) or r.node_gpu
                 notes.append(f"{what} {r.node_gpu} {r.status}: {' '.join(r.error.split())[:200]}")
         out += [f"- {n}" for n in notes] + [""]
-    return "\n".join(out)
+    from dlscale.fmt import md_safe
+
+    return md_safe("\n".join(out))
 
 
 def to_json_obj(report: Report) -> dict[str, Any]:

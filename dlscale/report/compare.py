@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from dlscale import ConfigError, inputs, validity
 from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
-from dlscale.fmt import MISSING, md_table
+from dlscale.fmt import MISSING, md_code, md_safe, md_table
 from dlscale.fmt import fmt_num as fmt
 from dlscale.report import sources
 from dlscale.report import datacols
@@ -47,9 +47,9 @@ class Side:
     rows: dict[tuple[str, str], Row]
 
     def describe(self) -> str:
-        s = f"`{self.loaded.store}`"
+        s = md_code(self.loaded.store)
         if self.label is not None:
-            s += f" label `{self.label}`"
+            s += f" label {md_code(self.label)}"
         return s + f" ({len(self.rows)} case(s))"
 
 
@@ -362,7 +362,7 @@ def to_markdown(c: Comparison) -> str:
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     if data:
         out += ["", datacols.NOTE[0].upper() + datacols.NOTE[1:] + "."]
-    return "\n".join(out) + "\n"
+    return md_safe("\n".join(out) + "\n")
 
 
 def to_csv(c: Comparison) -> str:

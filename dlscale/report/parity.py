@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import parity
-from dlscale.fmt import MISSING, fmt_num, md_heading, md_table
+from dlscale.fmt import MISSING, fmt_num, md_code, md_heading, md_safe, md_table
 from dlscale.report.data import Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases
 
 PASS, FAIL, EXPECTED, NOT_COMPARABLE, NO_LOSS, REFERENCE = (
@@ -321,7 +321,7 @@ def notes(g: Group) -> list[str]:
 
 
 def to_markdown(rep: ParityReport, heading: str = "#") -> str:
-    out = [f"{heading} dlscale parity", "", f"Store `{rep.store}`. " + METHOD, ""]
+    out = [f"{heading} dlscale parity", "", f"Store {md_code(rep.store)}. " + METHOD, ""]
     if not rep.groups:
         out += ["No workload has a strategy other than `single` to compare.", ""]
     for g in rep.groups:
@@ -333,7 +333,7 @@ def to_markdown(rep: ParityReport, heading: str = "#") -> str:
             out.append("")
     c = rep.counts()
     out.append("Summary: " + (", ".join(f"{n} {v}" for v, n in sorted(c.items())) or "nothing compared"))
-    return "\n".join(out) + "\n"
+    return md_safe("\n".join(out) + "\n")
 
 
 def to_json_obj(rep: ParityReport) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale import validity
-from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_generated, md_heading, md_table, md_text
+from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
@@ -37,14 +37,6 @@ def _fence(lines: Sequence[str]) -> str:
     """A code fence longer than any run of backticks in ``lines`` (a command cannot close it)."""
     longest = max((len(m) for line in lines for m in re.findall(r"`+", line)), default=0)
     return "`" * max(3, longest + 1)
-
-
-def md_code(v: Any) -> str:
-    """A user string as an inline code span on one line (delimited by more backticks than it holds)."""
-    text = "".join(c if c.isprintable() else " " for c in str(v))
-    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def fmt(v: Any, nd: int = 2) -> str:
@@ -395,7 +387,7 @@ def header_lines(report: Report) -> list[str]:
             f"{' (+ ' + others + ')' if others else ''}, {n_cases} "
             f"case(s) in {len(report.groups)} table(s), {len(report.micro)} micro record(s)")
     if report.filters.describe():
-        line += f" · filters: `{report.filters.describe()}`"
+        line += f" · filters: {md_code(report.filters.describe())}"
     return [line, "", SELECTION_RULE[0].upper() + SELECTION_RULE[1:] + ". " + METHOD_TEXT]
 
 
@@ -408,7 +400,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         out += ["## Scaling (DLPerf tables)", ""]
     for g in report.groups:
         out += [f"### {md_title(g)}", "",
-                f"DLPerf key `{g.name}` · per-device batch {g.batch_size} · device {g.device_type}", ""]
+                f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}", ""]
         out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
         out.append("")
         out += [f"- {n}" for n in group_notes(g)]
@@ -461,7 +453,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             body += [f"# {what} ({status})".replace("\n", " "), cmd]
         fence = _fence(body)
         out += ["## Commands", "", fence] + body + [fence, ""]
-    return "\n".join(out)
+    return md_safe("\n".join(out))
 
 
 # ----------------------------------------------------------------------------- csv

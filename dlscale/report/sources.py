@@ -252,12 +252,14 @@ def provenance_lines(report: "Report") -> list[str]:
                 counts[key] += 1
     if not seen:
         return []
+    from dlscale.fmt import md_code
+
     out = ["## Imported results", "", "Figures made elsewhere, as their sources state them (never measured here):", ""]
     for key, prov in seen.items():
         hw = prov.get("hardware") or {}
         out.append(f"- {prov.get('source')} — tool {prov.get('tool') or 'not stated'}; date "
                    f"{prov.get('date') or 'not stated'}; GPU {hw.get('gpu') or 'not stated'}; "
-                   f"{counts[key]} case(s) via {prov.get('format')} from `{prov.get('file')}`")
+                   f"{counts[key]} case(s) via {prov.get('format')} from {md_code(prov.get('file'))}")
     return out + [""]
 
 

@@ -40,7 +40,11 @@ class ParseError(DlscaleError):
         super().__init__(f"{where}{parser} parser: {message}")
 
     def with_path(self, path: str) -> "ParseError":
-        return ParseError(self.parser, self.message, path)
+        return type(self)(self.parser, self.message, path)
+
+
+class ParseTimeout(ParseError):
+    """The parse itself ran past what was left of the case's time limit (recorded ``timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class ParseOptions:
     metric: str | None = None
     unit: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # parser-specific KEY=VALUE
+    deadline_s: float | None = None  # what is left of the case's time limit for the parse (live runs)
 
 
 @dataclass

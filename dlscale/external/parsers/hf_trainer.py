@@ -248,7 +248,7 @@ def _trainer_state(text: str) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("log_history"), list) else None
 
