@@ -1,0 +1,67 @@
+"""What a new user meets in the first hour: each defect's reproducer, pure or in-process."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import build_parser, main
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+READ_VERBS = ("report", "parity", "compare", "predict", "cost")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    d = tmp_path / "results"
+    shutil.copytree(FIXTURES / "report_store", d)
+    return d
+
+
+# ---------------------------------------------------------------- the store of the read verbs
+
+@pytest.mark.parametrize("verb", ("report", "parity"))
+def test_read_verbs_take_the_store_both_ways(store, capsys, verb):
+    rc_opt = main([verb, "--store", str(store), "--format", "json"])
+    out_opt = capsys.readouterr().out
+    rc_pos = main([verb, str(store), "--format", "json"])
+    out_pos = capsys.readouterr().out
+    opt, pos = json.loads(out_opt), json.loads(out_pos)
+    for d in (opt, pos):
+        d.pop("generated", None)  # the report's own timestamp
+    assert rc_opt == rc_pos and opt == pos and opt
+
+
+def test_compare_takes_one_or_two_stores_as_options(store, capsys):
+    assert main(["compare", "--store", str(store), "--store", str(store), "--format", "json"]) == 0
+    two = capsys.readouterr().out
+    assert main(["compare", str(store), str(store), "--format", "json"]) == 0
+    assert capsys.readouterr().out == two
+
+
+@pytest.mark.parametrize("argv", (["report", "x", "--store", "y"], ["compare", "--store", "a", "--store", "b",
+                                                                    "--store", "c"], ["cost", "--model", "gpt2", "--shape", "8", "--tokens", "1e9"]))
+def test_store_given_twice_or_missing_is_one_line_exit_2(tmp_path, capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--store" in err
+
+
+def test_every_read_verb_documents_store_option_only():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for verb in READ_VERBS:
+        parser = sub.choices[verb]
+        assert "--store DIR" in parser.format_help(), verb
+        shown = [a.dest for a in parser._actions if not a.option_strings and a.help != argparse.SUPPRESS]
+        assert not shown, (verb, shown)
+
+
+def test_a_positional_store_on_a_writing_verb_names_the_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["sweep", "quick", "myresults"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--store myresults" in err and len(err.strip().splitlines()) == 1
