@@ -65,3 +65,36 @@ def test_a_positional_store_on_a_writing_verb_names_the_option(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--store myresults" in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- keys and titles of unrelated tables
+
+def _fixtures():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("report_fixtures", FIXTURES / "report_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _names_and_titles(directory: Path, records: list) -> dict:
+    from dlscale.report.data import build_report, load_records
+
+    F = _fixtures()
+    F.write_store(directory, records)
+    return {g.name: g.title for g in build_report(load_records(directory)).groups}
+
+
+def test_a_strategy_option_elsewhere_changes_no_other_key_or_title(tmp_path):
+    F = _fixtures()
+    base = F.main_store_records()
+    before = _names_and_titles(tmp_path / "a", base)
+    hooked = F.run_record("r99-hook", "bert-base", "amp-bf16", 128, "ddp", 1, 2, [150, 151, 149],
+                          extra={})
+    hooked["config"]["strategy_options"] = {"comm_hook": "fp16"}
+    hooked["case_key"] = F._case_key(hooked["config"])
+    after = _names_and_titles(tmp_path / "b", base + [hooked])
+    assert {k: v for k, v in after.items() if k in before} == before
+    new = set(after) - set(before)
+    assert len(new) == 1 and "fp16" in new.pop()
