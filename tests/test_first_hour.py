@@ -98,3 +98,33 @@ def test_a_strategy_option_elsewhere_changes_no_other_key_or_title(tmp_path):
     assert {k: v for k, v in after.items() if k in before} == before
     new = set(after) - set(before)
     assert len(new) == 1 and "fp16" in new.pop()
+
+
+# ---------------------------------------------------------------- parity against a reference of the same model
+
+def _parity_rec(rid, strategy, devices, options, warm):
+    cfg = {"model": "wide-deep", "flavor": "tiny", "strategy": strategy, "nproc_per_node": devices, "nnodes": 1,
+           "batch_size": 8 // devices, "precision": "fp32", "compile": False, "clip_grad_norm": None,
+           "grad_accum": 1, "warmup": len(warm), "steps": 5, "repeats": 1, "device": "cpu", "seed": 0,
+           "strategy_options": options, "label": None}
+    rep = {"repeat": 0, "status": "ok", "samples_per_s": 100.0, "window_s": 1.0, "step_times_ms": [10.0] * 5,
+           "warmup_losses": warm, "loss_after": warm[-1], "loss_scope": "global", "loss_after_steps": 8}
+    return {"schema": "dlscale.record/1", "kind": "run", "id": rid, "created": "2026-01-01T00:00:00+00:00",
+            "case_key": f"k-{rid}", "label": None, "config": cfg, "device_type": "cpu", "world_size": devices,
+            "status": "ok", "error": None, "global_batch": 8, "repeats": [rep], "strategy_info": {},
+            "model": {"unit": "sample"}, "summary": {"samples_per_s": {"n": 1, "median": 100.0}}}
+
+
+def test_parity_never_compares_a_resized_model_with_the_default_single(tmp_path, capsys):
+    warm = [0.70, 0.69, 0.68]
+    bigger = [0.75, 0.74, 0.72]  # a 4x vocabulary trains another model: other losses
+    d = tmp_path / "s"
+    d.mkdir()
+    recs = [_parity_rec("s", "single", 1, {}, warm), _parity_rec("e", "embedding-shard", 2, {"shard": "row"}, warm),
+            _parity_rec("v", "embedding-shard", 2, {"shard": "row", "vocab_scale": 4}, bigger)]
+    (d / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["parity", "--store", str(d), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    verdicts = {c["record_id"]: (c["verdict"], g["reference"]) for g in doc["groups"] for c in g["cases"]}
+    assert verdicts["e"][0] == "pass" and verdicts["e"][1]["record_id"] == "s"
+    assert verdicts["v"][0] == "not comparable" and verdicts["v"][1] is None
