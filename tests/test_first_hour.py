@@ -128,3 +128,121 @@ def test_parity_never_compares_a_resized_model_with_the_default_single(tmp_path,
     verdicts = {c["record_id"]: (c["verdict"], g["reference"]) for g in doc["groups"] for c in g["cases"]}
     assert verdicts["e"][0] == "pass" and verdicts["e"][1]["record_id"] == "s"
     assert verdicts["v"][0] == "not comparable" and verdicts["v"][1] is None
+
+
+# ---------------------------------------------------------------- every record dlscale writes validates
+
+class _FakeRanks:
+    """A spawner whose ranks report what a worker's rank file holds, without starting a process:
+    the record is assembled by launch.measure as for a real case."""
+
+    def __init__(self, status: str):
+        self.status, self.calls = status, 0
+
+    def local_world(self, cfg):
+        return cfg.world_size
+
+    def start(self, cfg, workdir, env):
+        import time
+
+        from dlscale.procs import ProcResult
+
+        self.calls += 1
+        if self.status == "interrupted" and self.calls > 1:
+            raise KeyboardInterrupt
+        rank_status = {"interrupted": "ok", "timeout": "ok"}.get(self.status, self.status)
+        for r in range(cfg.world_size if self.status != "timeout" else 0):
+            res = {"rank": r, "local_rank": r, "world_size": cfg.world_size, "host": "h", "device": "cpu",
+                   "pid": 1, "status": rank_status, "error": None if rank_status == "ok" else "out of memory",
+                   "backend": "gloo", "threads": 1, "marks": {"started": time.time()}, "params": 1000, "dp_size": 1}
+            if rank_status == "ok":
+                res.update(window_s=0.5, step_times_ms=[50.0] * cfg.steps, warmup_losses=[1.0] * cfg.warmup,
+                           loss_last=0.9, loss_after=0.9, loss_after_steps=cfg.warmup + cfg.steps,
+                           loss_scope="global", peak_mem_allocated_bytes=1, peak_mem_reserved_bytes=1)
+            (workdir / f"rank{r}.json").write_text(json.dumps(res))
+        rc = {"ok": 0, "interrupted": 0, "oom": 3, "timeout": None}.get(self.status, 1)
+        return ProcResult(rc, self.status == "timeout", 1.0, "", ["fake"], time.time())
+
+
+def _measured(cfg, status: str = "ok") -> dict:
+    from dlscale import launch
+
+    try:
+        rec = launch.measure(cfg, _FakeRanks(status), command="dlscale run")
+    except launch.Interrupted as e:
+        rec = e.record
+    return rec.to_dict() if hasattr(rec, "to_dict") else rec
+
+
+def _cfg(**kw):
+    from dlscale.config import RunConfig
+
+    base = dict(model="gpt2", flavor="tiny", device="cpu", batch_size=4, warmup=1, steps=2, repeats=2,
+                monitor=False)
+    return RunConfig(**{**base, **kw})
+
+
+def _launchable(strategy: str):
+    """A CPU case of ``strategy`` that passes validation (its model and device count), or None."""
+    from dlscale import ConfigError
+    from dlscale.config import validate_case
+
+    for model in ("gpt2", "wide-deep", "face", "resnet50", "llama"):
+        for n in (1, 2, 4, 8):
+            cfg = _cfg(model=model, strategy=strategy, nproc_per_node=n)
+            try:
+                validate_case(cfg)
+                return cfg
+            except (ConfigError, ValueError, KeyError):
+                continue
+    return None
+
+
+def _check(rec: dict) -> list[str]:
+    from dlscale.schema import record_errors
+
+    errors = list(record_errors(rec))
+    try:
+        import jsonschema
+    except ImportError:
+        return errors
+    from dlscale.schema import record_schema
+
+    return errors + [e.message for e in jsonschema.Draft202012Validator(record_schema()).iter_errors(rec)]
+
+
+def _other_kinds(tmp_path: Path, capsys) -> dict:
+    from dlscale.importers import ImportOptions, import_path
+
+    table = FIXTURES / "tables" / "mxnet-bert-base-v100.yaml"
+    out = {"kind imported": import_path(table, "table", ImportOptions())[0]}
+    assert main(["micro", "matmul", "--sizes", "16", "--dtype", "fp32", "--store", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    out["kind micro"] = json.loads((tmp_path / "m" / "results.jsonl").read_text().splitlines()[0])
+    return out
+
+
+def test_a_record_of_every_precision_status_strategy_framework_and_kind_validates(tmp_path, capsys, monkeypatch):
+    import functools
+
+    from dlscale import launch
+
+    # the environment is captured for real, once per framework (it takes a second on a loaded host)
+    monkeypatch.setattr(launch.envinfo, "capture", functools.lru_cache(maxsize=None)(launch.envinfo.capture))
+    from dlscale.frameworks import FRAMEWORKS
+    from dlscale.precision import PRECISIONS
+    from dlscale.store import STATUSES
+    from dlscale.strategies import strategy_names
+
+    recs = {f"precision {p}": _measured(_cfg(precision=p)) for p in PRECISIONS}
+    recs.update({f"status {s}": _measured(_cfg(), s) for s in STATUSES if s != "unsupported"})
+    recs["status unsupported"] = _measured(_cfg(precision="fp8"))  # no fp8 on the CPU
+    recs.update({f"framework {f}": _measured(_cfg(framework=f)) for f in FRAMEWORKS})
+    unbuildable = [s for s in strategy_names() if _launchable(s) is None]
+    assert not unbuildable
+    recs.update({f"strategy {s}": _measured(_launchable(s)) for s in strategy_names()})
+    recs.update(_other_kinds(tmp_path, capsys))
+    assert {r["status"] for r in recs.values()} >= set(STATUSES)
+    assert {r["kind"] for r in recs.values()} >= {"run", "imported", "micro"}  # external: test_external_run.py
+    bad = {what: errs for what, rec in recs.items() if (errs := _check(rec))}
+    assert not bad
