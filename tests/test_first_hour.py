@@ -246,3 +246,33 @@ def test_a_record_of_every_precision_status_strategy_framework_and_kind_validate
     assert {r["kind"] for r in recs.values()} >= {"run", "imported", "micro"}  # external: test_external_run.py
     bad = {what: errs for what, rec in recs.items() if (errs := _check(rec))}
     assert not bad
+
+
+# ---------------------------------------------------------------- one record per multi-node case
+
+@pytest.mark.parametrize("endpoint", ("10.0.0.2:29500", "127.0.0.1:29500"))
+def test_exactly_one_node_leads_whoever_hosts_the_c10d_endpoint(endpoint):
+    """Two nodes, torchrun's node ranks by sorted host name: rank 0 on one, the endpoint on either
+    (or a loopback endpoint every node owns). Exactly one leads: the one that ran global rank 0."""
+    from dlscale.multinode import is_lead
+    from dlscale.procs import Rendezvous
+
+    rdzv = Rendezvous(nnodes=2, rdzv_endpoint=endpoint)
+    for endpoint_node in (0, 1):
+        leads = [is_lead(node == 0, [2 * node, 2 * node + 1], rdzv,
+                         hosts_endpoint=lambda host, n=node: n == endpoint_node or host.startswith("127."))
+                 for node in (0, 1)]
+        assert leads == [True, False]
+        # world.json not written (rank 0 crashed before it): rank 0's node still leads alone
+        assert [is_lead(False, [2 * n, 2 * n + 1], rdzv, hosts_endpoint=lambda h: True) for n in (0, 1)] == \
+            [True, False]
+
+
+def test_without_any_rank_the_rendezvous_host_records():
+    from dlscale.multinode import is_lead
+    from dlscale.procs import Rendezvous
+
+    c10d = Rendezvous(nnodes=2, rdzv_endpoint="10.0.0.2:29500")
+    assert [is_lead(False, [], c10d, hosts_endpoint=lambda h, n=n: n == 1) for n in (0, 1)] == [False, True]
+    static = [Rendezvous(nnodes=2, node_rank=n, master_addr="10.0.0.1") for n in (0, 1)]
+    assert [is_lead(False, [None], r) for r in static] == [True, False]
