@@ -228,8 +228,10 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
     median = tput["median"]
     per_device = median / cfg.world_size if median else None
     device_name = next((r.get("device_name") for r in ranks if r.get("device_name")), None)
-    dtype = metrics.precision_dtype(cfg.precision, device_type)
-    peak, source = metrics.peak_flops(device_name if device_type == "cuda" else None, dtype)
+    tf32 = next((r.get("tf32") for r in ranks if r.get("tf32") is not None), None)
+    dtype = metrics.precision_dtype(cfg.precision, device_type, device_name, tf32)
+    gpu = device_name if device_type == "cuda" else None
+    peak, source = metrics.peak_flops(gpu, dtype)
     mems = [r["peak_mem_allocated_bytes"] for r in repeats if r.get("peak_mem_allocated_bytes")]
     res = [r["peak_mem_reserved_bytes"] for r in repeats if r.get("peak_mem_reserved_bytes")]
     rss = [r["peak_rss_bytes"] for r in repeats if r.get("peak_rss_bytes")]
@@ -248,6 +250,7 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
         "peak_flops": peak,
         "peak_flops_source": source,
         "dtype": dtype,
+        "peak": metrics.peak_used(gpu, dtype),
         "device_name": device_name,
     }
 

@@ -232,7 +232,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
-        result["tf32"] = True
+        result["tf32"] = torch.cuda.get_device_capability(device) >= (8, 0)  # Volta/Turing: the flag does nothing
         result["device_name"] = torch.cuda.get_device_name(device)
     else:
         result["tf32"] = False

@@ -276,3 +276,48 @@ def test_without_any_rank_the_rendezvous_host_records():
     assert [is_lead(False, [], c10d, hosts_endpoint=lambda h, n=n: n == 1) for n in (0, 1)] == [False, True]
     static = [Rendezvous(nnodes=2, node_rank=n, master_addr="10.0.0.1") for n in (0, 1)]
     assert [is_lead(False, [None], r) for r in static] == [True, False]
+
+
+# ---------------------------------------------------------------- fp32 MFU where there is no TF32; the peak used
+
+@pytest.mark.parametrize("name, tf32, want", [("Tesla V100-SXM2-16GB", None, "fp32"), ("Tesla T4", None, "fp32"),
+                                              ("NVIDIA A100-SXM4-80GB", None, "tf32"),
+                                              ("NVIDIA A100-SXM4-80GB", False, "fp32"), (None, None, "tf32")])
+def test_fp32_is_tf32_only_where_the_device_has_it(name, tf32, want):
+    from dlscale import metrics
+
+    assert metrics.precision_dtype("fp32", "cuda", name, tf32) == want
+    assert metrics.precision_dtype("amp-bf16", "cuda", name, tf32) == "bf16"  # only fp32 depends on the device
+
+
+def test_an_imported_v100_fp32_table_has_an_mfu_and_says_which_peak():
+    from dlscale import metrics
+    from dlscale.importers import ImportOptions, import_path
+    from dlscale.models import get_model
+
+    recs = import_path(FIXTURES / "tables" / "dlperf-tf2-bert-base-v100.yaml", "table", ImportOptions())
+    fp32 = [r for r in recs if r["config"]["precision"] == "fp32" and r["status"] == "ok"]
+    assert fp32
+    for r in fp32:
+        s = r["summary"]
+        peak = metrics.peak_entry(s["device_name"])
+        assert s["dtype"] == "fp32" and s["peak_flops"] == peak.flops["fp32"]
+        assert s["peak"] == {"device": peak.name, "dtype": "fp32", "dense": True, "flops": peak.flops["fp32"],
+                             "source": peak.source}
+        flops = get_model(r["config"]["model"], r["config"].get("flavor") or "full").flops_per_sample
+        assert s["mfu"] == pytest.approx(flops * s["samples_per_s_per_device"] / peak.flops["fp32"])
+
+
+def test_a_measured_case_records_its_peak():
+    from types import SimpleNamespace
+
+    from dlscale import launch, metrics
+
+    cfg = SimpleNamespace(precision="fp32", world_size=1)
+    spec = SimpleNamespace(flops_per_sample=1e12, seq_len=None)
+    reps = [{"status": "ok", "samples_per_s": 2.0, "step_times_ms": [500.0]}]
+    v100 = [{"device_name": "Tesla V100-SXM2-16GB", "tf32": False}]
+    s = launch.summarize_case(cfg, spec, reps, v100, "cuda")
+    assert s["dtype"] == "fp32" and s["peak"]["device"] == "V100 SXM2" and s["peak"]["dense"] is True
+    assert s["mfu"] == pytest.approx(2.0 * 1e12 / metrics.peak_entry("Tesla V100-SXM2-16GB").flops["fp32"])
+    assert launch.summarize_case(cfg, spec, reps, [{"device_name": "cpu"}], "cpu")["peak"] is None

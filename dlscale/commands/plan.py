@@ -90,7 +90,7 @@ def _machine(args):
     if args.peak_tflops:
         peak = args.peak_tflops * 1e12
     else:
-        peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda"))
+        peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda", args.gpu))
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
     return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,

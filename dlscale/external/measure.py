@@ -58,8 +58,9 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
     per_device = median / case.world_size if median else None
     toks = [r["tokens_per_s"] for r in ok if r.get("tokens_per_s") is not None]
     spec = case.registered_spec()
-    dtype = metrics.precision_dtype(case.precision, device_type)
-    peak, source = metrics.peak_flops(device_name if device_type == "cuda" else None, dtype)
+    gpu = device_name if device_type == "cuda" else None
+    dtype = metrics.precision_dtype(case.precision, device_type, gpu)
+    peak, source = metrics.peak_flops(gpu, dtype)
     # MFU only where dlscale counts the model's FLOPs (a registered model, samples in its unit)
     flops = spec.flops_per_sample if spec is not None and unit == spec.unit else None
     return {
@@ -72,6 +73,7 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
         "peak_flops": peak,
         "peak_flops_source": source,
         "dtype": dtype,
+        "peak": metrics.peak_used(gpu, dtype),
         "device_name": device_name,
     }
 
