@@ -321,3 +321,47 @@ def test_a_measured_case_records_its_peak():
     assert s["dtype"] == "fp32" and s["peak"]["device"] == "V100 SXM2" and s["peak"]["dense"] is True
     assert s["mfu"] == pytest.approx(2.0 * 1e12 / metrics.peak_entry("Tesla V100-SXM2-16GB").flops["fp32"])
     assert launch.summarize_case(cfg, spec, reps, [{"device_name": "cpu"}], "cpu")["peak"] is None
+
+
+# ---------------------------------------------------------------- external runs: the sequence length they train
+
+def _external(**kw):
+    from dlscale.external.case import ExternalCase
+
+    base = dict(command=["python", "train.py"], parser="megatron", model="gpt2", batch_size=4, precision="fp32",
+                warmup=10, steps=30, monitor=False)
+    return ExternalCase(**{**base, **kw})
+
+
+def _megatron_lines(seq_len=None):
+    lines = [f"  seq_length ...................................... {seq_len}"] if seq_len else []
+    for i in range(1, 6):
+        lines.append(f" [2025-04-13 23:41:{i:02d}] iteration {i * 10:8d}/{1000:8d} | consumed samples: {i * 40:12d} "
+                     f"| elapsed time per iteration (ms): 100.0 | learning rate: 4.000000E-05 | global batch size: "
+                     f"    4 | lm loss: 1.07E+01 |")
+    return lines
+
+
+@pytest.mark.parametrize("given, logged, tokens_per_seq", [(None, 64, 64), (32, 64, 32), (None, None, None)])
+def test_tokens_per_second_come_from_a_stated_sequence_length(given, logged, tokens_per_seq):
+    from dlscale.external.parsers import get_parser
+    from dlscale.external.spawner import convert, seq_len_warning
+
+    case = _external(seq_len=given)
+    res = get_parser("megatron").parse(_megatron_lines(logged), case.parse_options())
+    assert res.seq_len == logged
+    sps, tps = convert(res, case)
+    assert sps == pytest.approx(40.0)  # 4 samples per 100 ms
+    assert tps == (pytest.approx(sps * tokens_per_seq) if tokens_per_seq else None)
+    # gpt2's registered 1024 is never used for tokens/s: it is only assumed, and said so
+    assert (seq_len_warning(res, case) is None) is (tokens_per_seq is not None)
+    assert case.seq_len_for(res.seq_len)[1] == {None: "assumed", 64: "log", 32: "option"}[given or logged]
+
+
+def test_torchtitan_states_its_sequence_length_at_start():
+    from dlscale.external.parsers import LogLine, get_parser, log_seq_len
+
+    line = ("[rank0]:[titan] - root - INFO - Training starts at step 1, with local batch size 8, global batch size "
+            "64, gradient accumulation steps 1, sequence length 2048, total steps 100 (warmup 2)")
+    assert log_seq_len(get_parser("torchtitan").seq_len_line, [LogLine("step: 1 loss: 8"), LogLine(line)]) == 2048
+    assert get_parser("hf-trainer").seq_len_line is None  # the Trainer never prints it: --seq-len is needed

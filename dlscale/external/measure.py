@@ -136,12 +136,15 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     spec = case.registered_spec()
     med = sorted((r for r in repeats if r["status"] == "ok"), key=lambda r: r["samples_per_s"])
     med_rep = med[(len(med) - 1) // 2] if med else None
+    logged = next(((r.get("parse") or {}).get("seq_len") for r in repeats if (r.get("parse") or {}).get("seq_len")),
+                  None)
+    seq_len, seq_source = case.seq_len_for(logged)
     rec = new_record(
         kind="external", id=rec_id, case_key=case.case_key(), label=case.label,
         command=shlex.join(case.command), config=case.to_dict(), device_type=device_type,
         world_size=case.world_size, global_batch=case.global_batch, env=env, ranks=[],
         status=status, error=error, repeats=repeats,
-        model={"unit": unit, "seq_len": case.workload_seq_len(), "params": None,
+        model={"unit": unit, "seq_len": seq_len, "seq_len_source": seq_source, "params": None,
                "flops_per_sample": spec.flops_per_sample if spec is not None and spec.unit == unit else None,
                "registered": spec is not None},
         summary=summarize(case, repeats, device_type, device_name, unit) if med else None,
