@@ -219,6 +219,7 @@ def _other_kinds(tmp_path: Path, capsys) -> dict:
     assert main(["micro", "matmul", "--sizes", "16", "--dtype", "fp32", "--store", str(tmp_path / "m")]) == 0
     capsys.readouterr()
     out["kind micro"] = json.loads((tmp_path / "m" / "results.jsonl").read_text().splitlines()[0])
+    assert {"load", "validity"} <= set(out["kind micro"])  # micro records carry run's validity checks
     return out
 
 
@@ -365,3 +366,43 @@ def test_torchtitan_states_its_sequence_length_at_start():
             "64, gradient accumulation steps 1, sequence length 2048, total steps 100 (warmup 2)")
     assert log_seq_len(get_parser("torchtitan").seq_len_line, [LogLine("step: 1 loss: 8"), LogLine(line)]) == 2048
     assert get_parser("hf-trainer").seq_len_line is None  # the Trainer never prints it: --seq-len is needed
+
+
+# ---------------------------------------------------------------- micro-benchmarks get run's validity checks
+
+def _micro_rec(cvs, other_pct=None, threads=2, cores=2, device="cpu", nproc=1):
+    load = None if other_pct is None else {"cores": cores, "threads": threads, "other_cpu_pct_mean": other_pct,
+                                           "other_cpu_cores_mean": other_pct / 100 * cores, "wall_s": 5.0}
+    rows = [{"shape": f"{n}x{n}x{n}", "dtype": "fp32", "status": "ok", "time_cv": cv} for n, cv in zip((64, 128), cvs)]
+    return {"kind": "micro", "micro": "matmul", "device": device, "config": {"nproc_per_node": nproc},
+            "results": rows, "load": load}
+
+
+@pytest.mark.parametrize("rec, flags", [
+    (_micro_rec([0.01, 0.02], other_pct=2.0), set()),
+    (_micro_rec([0.01, 0.30], other_pct=2.0), {"spread"}),
+    (_micro_rec([0.01, 0.02], other_pct=85.0), {"competing_cpu"}),
+    (_micro_rec([0.01, 0.02], other_pct=2.0, threads=4, cores=2), {"oversubscribed"}),
+    (_micro_rec([0.01, 0.02], other_pct=85.0, device="cuda"), set()),  # the CPU checks are for CPU runs
+])
+def test_micro_records_are_flagged_as_runs_are(rec, flags):
+    from dlscale import validity
+
+    v = validity.assess_micro(rec)
+    assert {f.check for f in v.flags} == flags and v.sound is (not flags)
+
+
+def test_a_micro_record_without_a_load_says_what_it_could_not_check():
+    from dlscale import validity
+
+    v = validity.assess_micro(_micro_rec([0.01, 0.02]))
+    assert not v.flags and {"competing_cpu", "oversubscribed"} <= set(v.unchecked)
+
+
+def test_busy_time_leaves_out_idle_and_guest():
+    from collections import namedtuple
+
+    from dlscale.micro.common import cpu_busy_s
+
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+    assert cpu_busy_s(T(3.0, 0.5, 1.0, 10.0, 2.0, 0.25, 0.25, 0.0, 1.0, 0.0)) == pytest.approx(5.0)
