@@ -201,8 +201,10 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
         entry["profile_top_ops"] = r0["profile"].get("top_ops")
     if status == "ok" and r0 is not None:
         global_batch = cfg.batch_size * cfg.grad_accum * r0["dp_size"]
+        steps = r0.get("window_steps") or cfg.steps  # --min-window: as many as the warm-up called for
         entry.update({
-            "samples_per_s": metrics.throughput(cfg.steps, global_batch, r0["window_s"]),
+            "samples_per_s": metrics.throughput(steps, global_batch, r0["window_s"]),
+            "window_steps": steps,
             "window_s": r0["window_s"],
             "warmup_s": r0.get("warmup_s"),
             "step_times_ms": r0["step_times_ms"],

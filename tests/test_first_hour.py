@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -406,3 +407,64 @@ def test_busy_time_leaves_out_idle_and_guest():
 
     T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
     assert cpu_busy_s(T(3.0, 0.5, 1.0, 10.0, 2.0, 0.25, 0.25, 0.0, 1.0, 0.0)) == pytest.approx(5.0)
+
+
+# ---------------------------------------------------------------- the quick suite's windows, sized by time
+
+@pytest.mark.parametrize("warm, target, want", [
+    ([5.0, 0.012, 0.01, 0.011], 1.5, 150),  # the first (compilation, allocation) left out; the fastest
+    ([5.0, 0.01, 0.012, 0.011], None, 80),  # no target: exactly --steps
+    ([5.0, 0.1, 0.1], 1.5, 80),  # --steps is the fewest
+    ([5.0], 1.5, 80),  # nothing timed after the first step
+    ([5.0, 1e-9, 0.0], 1.5, 100_000),  # a timer's glitch cannot ask for more than the cap
+])
+def test_window_steps_from_the_warm_up(warm, target, want):
+    from dlscale.worker import calibrated_steps
+
+    assert calibrated_steps(80, warm, target) == want
+
+
+def test_the_quick_suite_sizes_its_windows_by_time():
+    from dlscale.suite import load_suite
+    from dlscale.validity import THRESHOLDS
+
+    suite = load_suite("quick")
+    assert suite.cases and all(c.min_window_s is not None and c.min_window_s > THRESHOLDS.min_window_s
+                               and c.warmup >= 2 for c in suite.cases)
+    # a procedure setting: the case keys stay those of the fixed-step suite
+    assert all(c.case_key() == dataclasses.replace(c, min_window_s=None).case_key() for c in suite.cases)
+
+
+def test_throughput_counts_the_steps_the_window_ran():
+    from dlscale import launch
+    from dlscale.config import RunConfig
+
+    cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", batch_size=4, steps=80, min_window_s=1.5)
+    r0 = {"rank": 0, "status": "ok", "dp_size": 1, "window_s": 1.6, "window_steps": 160,
+          "step_times_ms": [10.0] * 160}
+    entry = launch.repeat_entry(0, cfg, [r0], "ok", None, 3.0)
+    assert entry["samples_per_s"] == pytest.approx(160 * 4 / 1.6) and entry["window_steps"] == 160
+
+
+@pytest.mark.parametrize("argv", (["--min-window", "1", "--warmup", "1"], ["--min-window", "0"],
+                                  ["--min-window", "1", "--framework", "jax"]))
+def test_bad_min_window_is_one_line_exit_2(tmp_path, capsys, argv):
+    rc = main(["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--store", str(tmp_path / "s"),
+               *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_a_window_sized_by_time_lasts_as_asked(tmp_path, capsys, single_in_process):
+    with single_in_process():
+        rc = main(["run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--batch-size", "2",
+                   "--warmup", "5", "--steps", "1", "--min-window", "1.0", "--repeats", "1", "--no-monitor",
+                   "--store", str(tmp_path)])
+    capsys.readouterr()
+    assert rc == 0
+    (rec,) = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+    rep = rec["repeats"][0]
+    # one step asked for, as many run as fill a second (half: window steps run faster than warm-up's)
+    assert rep["window_steps"] == len(rep["step_times_ms"]) and rep["window_s"] >= 1.0 * 0.5
+    assert rep["loss_after_steps"] == 5 + rep["window_steps"]
