@@ -468,3 +468,12 @@ def test_a_window_sized_by_time_lasts_as_asked(tmp_path, capsys, single_in_proce
     # one step asked for, as many run as fill a second (half: window steps run faster than warm-up's)
     assert rep["window_steps"] == len(rep["step_times_ms"]) and rep["window_s"] >= 1.0 * 0.5
     assert rep["loss_after_steps"] == 5 + rep["window_steps"]
+
+
+# ---------------------------------------------------------------- also seen
+
+def test_the_console_loss_is_the_training_loss_not_the_eval_one():
+    from dlscale import console
+
+    rec = {"repeats": [{"status": "ok", "samples_per_s": 10.0, "loss_last": 6.9078, "loss_after": 5.6e10}]}
+    assert console._loss(rec) == "6.9078"
