@@ -477,3 +477,14 @@ def test_the_console_loss_is_the_training_loss_not_the_eval_one():
 
     rec = {"repeats": [{"status": "ok", "samples_per_s": 10.0, "loss_last": 6.9078, "loss_after": 5.6e10}]}
     assert console._loss(rec) == "6.9078"
+
+
+def test_profiler_steps_are_not_top_ops():
+    from types import SimpleNamespace
+
+    from dlscale.breakdown import top_ops
+
+    ev = [SimpleNamespace(key=k, count=c, self_cpu_time_total=t) for k, c, t in
+          (("ProfilerStep*", 2, 9000.0), ("aten::mm", 8, 4000.0), ("aten::add", 8, 1000.0))]
+    got = top_ops(ev, steps=2, on_device=False, top=5)
+    assert [r["name"] for r in got] == ["aten::mm", "aten::add"] and got[0]["self_ms_per_step"] == 2.0
