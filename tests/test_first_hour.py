@@ -488,3 +488,16 @@ def test_profiler_steps_are_not_top_ops():
           (("ProfilerStep*", 2, 9000.0), ("aten::mm", 8, 4000.0), ("aten::add", 8, 1000.0))]
     got = top_ops(ev, steps=2, on_device=False, top=5)
     assert [r["name"] for r in got] == ["aten::mm", "aten::add"] and got[0]["self_ms_per_step"] == 2.0
+
+
+def test_env_names_numpy_jax_and_transformers(capsys):
+    from importlib import metadata
+
+    assert main(["env", "--json"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    for name in ("numpy", "jax", "transformers"):
+        try:
+            want = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            want = None
+        assert env["packages"][name] == want
