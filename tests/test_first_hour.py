@@ -501,3 +501,18 @@ def test_env_names_numpy_jax_and_transformers(capsys):
         except metadata.PackageNotFoundError:
             want = None
         assert env["packages"][name] == want
+
+
+def test_importing_the_same_file_twice_stores_its_cases_once(tmp_path, capsys):
+    table = str(FIXTURES / "tables" / "mxnet-bert-base-v100.yaml")
+    store = tmp_path / "s"
+    assert main(["import", table, "--format", "table", "--store", str(store)]) == 0
+    first = (store / "results.jsonl").read_text().splitlines()
+    capsys.readouterr()
+    assert main(["import", table, "--format", "table", "--store", str(store)]) == 0
+    assert (store / "results.jsonl").read_text().splitlines() == first and "skipped" in capsys.readouterr().out
+    assert all(json.loads(ln)["provenance"]["checksum"] for ln in first)
+    changed = tmp_path / "t.yaml"  # the same source edited: a new checksum, imported again
+    changed.write_text(Path(table).read_text() + "\n# corrected\n")
+    assert main(["import", str(changed), "--format", "table", "--store", str(store)]) == 0
+    assert len((store / "results.jsonl").read_text().splitlines()) == 2 * len(first)
