@@ -516,3 +516,15 @@ def test_importing_the_same_file_twice_stores_its_cases_once(tmp_path, capsys):
     changed.write_text(Path(table).read_text() + "\n# corrected\n")
     assert main(["import", str(changed), "--format", "table", "--store", str(store)]) == 0
     assert len((store / "results.jsonl").read_text().splitlines()) == 2 * len(first)
+
+
+def test_a_batch_search_says_when_the_cap_stopped_it():
+    from dlscale.console import batch_search_line
+
+    probes = [{"batch_size": b, "status": "ok"} for b in (8, 16, 32, 64)]
+    capped = batch_search_line({"start": 8, "cap": 64, "probes": probes, "max": 64, "capped": True})
+    assert "cap" in capped and "64" in capped and "--max-batch-cap" in capped
+    oom = batch_search_line({"start": 8, "cap": 4096, "probes": probes + [{"batch_size": 128, "status": "oom"}],
+                             "max": 96, "capped": False})
+    assert "96" in oom and "128" in oom and "--max-batch-cap" not in oom
+    assert batch_search_line(None) is None
