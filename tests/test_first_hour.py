@@ -528,3 +528,13 @@ def test_a_batch_search_says_when_the_cap_stopped_it():
                              "max": 96, "capped": False})
     assert "96" in oom and "128" in oom and "--max-batch-cap" not in oom
     assert batch_search_line(None) is None
+
+
+def test_micro_io_takes_zero_workers_as_run_does():
+    from dlscale import ConfigError
+    from dlscale.micro.io import parse_workers
+
+    assert parse_workers(["0,2", "4"]) == [0, 2, 4]
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(ConfigError):
+            parse_workers([bad])
