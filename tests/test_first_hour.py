@@ -538,3 +538,12 @@ def test_micro_io_takes_zero_workers_as_run_does():
     for bad in ("-1", "two", "1.5"):
         with pytest.raises(ConfigError):
             parse_workers([bad])
+
+
+@pytest.mark.parametrize("cli, device, cap, want", [("fp32", "cuda", (8, 0), "tf32"), ("fp32", "cuda", (7, 0), "fp32"),
+                                                    ("fp32", "cpu", None, "fp32"), ("fp32-strict", "cuda", (9, 0), "fp32"),
+                                                    ("bf16", "cuda", (9, 0), "bf16")])
+def test_micro_layer_reads_fp32_as_run_does(cli, device, cap, want):
+    from dlscale.micro.layer import row_precision
+
+    assert row_precision(cli, device, cap) == want
