@@ -547,3 +547,53 @@ def test_micro_layer_reads_fp32_as_run_does(cli, device, cap, want):
     from dlscale.micro.layer import row_precision
 
     assert row_precision(cli, device, cap) == want
+
+
+# ---------------------------------------------------------------- one option convention across verbs
+
+# Spellings that name a concept the convention names otherwise (--nproc-per-node, --nnodes,
+# --batch-size, --seq-len, --model, --steps, --shapes): hidden deprecated aliases only.
+OLD_SPELLINGS = {"--gpus", "--nodes", "--gpus-per-node", "--batch", "--seq", "--kind", "--iters", "--devices",
+                 "--num-gpus", "--seq-length"}
+# import's --gpus-per-node is the source's stated server size (provenance), not the run's shape
+STATED = {("import", "--gpus-per-node")}
+
+
+def _subcommands(parser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommands(sub, path + (name,))
+    if path:
+        yield " ".join(path), parser
+
+
+def test_every_subcommand_uses_one_option_convention():
+    from dlscale.cli import DeprecatedAlias
+    from dlscale.commands.perf_args import DeprecatedAlias as PerfAlias
+
+    walked = list(_subcommands(build_parser()))
+    assert {"run", "plan", "micro layer", "report", "import"} <= {p for p, _ in walked}
+    for path, parser in walked:
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if opt not in OLD_SPELLINGS or (path, opt) in STATED:
+                    continue
+                assert action.help == argparse.SUPPRESS, f"{path} shows {opt}"
+                assert isinstance(action, (DeprecatedAlias, PerfAlias)), f"{path} {opt} is not a deprecated alias"
+            if action.dest.startswith("store") and action.option_strings:
+                assert "--store" in action.option_strings, f"{path} names its store {action.option_strings}"
+
+
+def test_old_spellings_still_work_with_a_warning(capsys):
+    old = main(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "16", "--nodes", "2", "--gpu-memory",
+                "80GiB", "--format", "json"])
+    out_old, err_old = capsys.readouterr()
+    new = main(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "8", "--nnodes", "2",
+                "--gpu-memory", "80GiB", "--format", "json"])
+    out_new, err_new = capsys.readouterr()
+    assert old == new == 0 and json.loads(out_old) == json.loads(out_new)
+    assert "--gpus" in err_old and "--nodes" in err_old and not err_new
+    args = build_parser().parse_args(["micro", "layer", "--kind", "gpt2", "--batch", "2", "--seq", "16"])
+    assert (args.kind, args.batch, args.seq) == ("gpt2", "2", "16")
+    capsys.readouterr()

@@ -279,16 +279,21 @@ def add_parser(sub) -> None:
                     "attention, MLP, norms) in forward and forward+backward; TFLOPS from the analytic "
                     "matmul FLOPs (docs/micro.md: forward 24*b*s*h^2 + 4*b*s^2*h for d_ff = 4h, "
                     "T5 decoder adds cross-attention, forward+backward = 3 x forward).")
-    p.add_argument("--kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
+    from dlscale.cli import deprecated_alias
+
+    p.add_argument("--model", dest="kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
+    deprecated_alias(p, "--kind", "--model", dest="kind")
     p.add_argument("--size", default="base",
                    help="base (d_model 768, d_ff 3072, 12 heads) or large (1024, 4096, 16 heads; for "
                         "gpt2 the gpt2-medium shapes)")
-    p.add_argument("--batch", action="append", default=None, metavar="B[,B...]",
+    p.add_argument("--batch-size", dest="batch", action="append", default=None, metavar="B[,B...]",
                    help=f"batch sizes, comma-separated or repeated (default: auto = {GPU_BATCH} on GPU, "
                         f"{CPU_BATCH} on CPU)")
-    p.add_argument("--seq", action="append", default=None, metavar="S[,S...]",
+    p.add_argument("--seq-len", dest="seq", action="append", default=None, metavar="S[,S...]",
                    help=f"sequence lengths, comma-separated or repeated (the T5 decoder attends to an "
                         f"encoder output of the same length) (default: auto = {GPU_SEQ} on GPU, {CPU_SEQ} on CPU)")
+    deprecated_alias(p, "--batch", "--batch-size", dest="batch")
+    deprecated_alias(p, "--seq", "--seq-len", dest="seq")
     p.add_argument("--precision", default="auto",
                    help=f"one of {', '.join(CLI_PRECISIONS)} (dlscale run's names: amp-* = autocast over fp32 "
                         "weights; fp32 = as run: TF32 on where the GPU has it, rows say tf32; fp32-strict = "
@@ -302,7 +307,7 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     kind = args.kind.lower()
     if kind not in KINDS:
-        raise ConfigError(f"unknown layer kind {args.kind!r}; choose from: {', '.join(KINDS)}")
+        raise ConfigError(f"unknown layer --model {args.kind!r}; choose from: {', '.join(KINDS)}")
     size = args.size.lower()
     if size not in SIZES:
         raise ConfigError(f"unknown layer size {args.size!r}; choose from: {', '.join(SIZES)}")
