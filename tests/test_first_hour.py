@@ -597,3 +597,24 @@ def test_old_spellings_still_work_with_a_warning(capsys):
     args = build_parser().parse_args(["micro", "layer", "--kind", "gpt2", "--batch", "2", "--seq", "16"])
     assert (args.kind, args.batch, args.seq) == ("gpt2", "2", "16")
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("na, nb, conf, want", [(3, 3, 0.95, 4), (2, 2, 0.95, 4), (3, 3, 0.99, 5), (5, 5, 0.95, 5)])
+def test_repeats_that_can_decide(na, nb, conf, want):
+    """Exact two-sided Mann-Whitney: the smallest p of n vs n is 2 / C(2n, n): 3 vs 3 0.1, 4 vs 4 0.029,
+    5 vs 5 0.0079."""
+    from dlscale.report.stats import repeats_for
+
+    assert repeats_for(1 - conf, na, nb) == want
+
+
+def test_an_inconclusive_comparison_says_what_it_would_take(tmp_path, capsys):
+    F = _fixtures()
+    recs = [F.run_record(f"r-{lab}", "bert-base", "amp-bf16", 128, "ddp", 1, 1, [100.0, 101.0, 99.0 + i], label=lab)
+            for i, lab in enumerate(("a", "b"))]
+    F.write_store(tmp_path / "s", recs)
+    assert main(["compare", "--store", str(tmp_path / "s"), "--label-a", "a", "--label-b", "b", "--format", "json"]) == 0
+    (pair,) = json.loads(capsys.readouterr().out)["cases"]
+    assert pair["verdict"].startswith("inconclusive") and "--repeats 4" in pair["needs"]
+    assert main(["compare", "--store", str(tmp_path / "s"), "--label-a", "a", "--label-b", "b"]) == 0
+    assert "--repeats 4" in capsys.readouterr().out
