@@ -188,7 +188,8 @@ def _launchable(strategy: str):
     from dlscale import ConfigError
     from dlscale.config import validate_case
 
-    for model in ("gpt2", "wide-deep", "face", "resnet50", "llama"):
+    own = {"embedding-shard": "wide-deep", "partial-fc": "face"}.get(strategy)  # the workloads they shard
+    for model in ([own] if own else []) + ["gpt2", "wide-deep", "face", "resnet50", "llama"]:
         for n in (1, 2, 4, 8):
             cfg = _cfg(model=model, strategy=strategy, nproc_per_node=n)
             try:
