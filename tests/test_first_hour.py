@@ -222,7 +222,31 @@ def _other_kinds(tmp_path: Path, capsys) -> dict:
     capsys.readouterr()
     out["kind micro"] = json.loads((tmp_path / "m" / "results.jsonl").read_text().splitlines()[0])
     assert {"load", "validity"} <= set(out["kind micro"])  # micro records carry run's validity checks
+    out["kind external"] = _external_record(tmp_path)
     return out
+
+
+def _external_record(tmp_path: Path) -> dict:
+    """An external record made by measure_external, the command's output fed in at the spawn seam
+    (its parsing, conversion and record are the real ones)."""
+    import sys
+    import time
+
+    from dlscale.external import measure, spawner
+    from dlscale.procs import ProcResult
+    from dlscale.store import ResultStore
+
+    def fake_spawn(command, time_limit, env=None, on_line=None, cwd=None):
+        for line in _megatron_lines(64):
+            on_line(line)
+        return ProcResult(0, False, 0.5, "", list(command), time.time())
+
+    case = _external(command=[sys.executable, "train.py"], repeats=1, device="cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spawner, "spawn", fake_spawn)
+        rec = measure.measure_external(case, ResultStore(tmp_path / "ext"))
+    assert rec["status"] == "ok" and rec["model"]["seq_len_source"] == "log"
+    return rec
 
 
 def test_a_record_of_every_precision_status_strategy_framework_and_kind_validates(tmp_path, capsys, monkeypatch):
@@ -246,7 +270,7 @@ def test_a_record_of_every_precision_status_strategy_framework_and_kind_validate
     recs.update({f"strategy {s}": _measured(_launchable(s)) for s in strategy_names()})
     recs.update(_other_kinds(tmp_path, capsys))
     assert {r["status"] for r in recs.values()} >= set(STATUSES)
-    assert {r["kind"] for r in recs.values()} >= {"run", "imported", "micro"}  # external: test_external_run.py
+    assert {r["kind"] for r in recs.values()} >= {"run", "imported", "micro", "external"}
     bad = {what: errs for what, rec in recs.items() if (errs := _check(rec))}
     assert not bad
 
