@@ -680,3 +680,14 @@ def test_c10d_endpoint_on_the_host_that_ranks_second_still_gives_one_record(tmp_
     recs = [json.loads(ln) for f in store.glob("*.jsonl") for ln in f.read_text().splitlines()]
     assert codes == [0, 0] and len(recs) == 1
     assert recs[0]["recorded_by"]["host"] == recs[0]["nodes"][0]["host"]  # the node of global rank 0
+
+
+def test_the_report_shows_a_micro_record_s_flags(tmp_path, capsys):
+    F = _fixtures()
+    micro = F.micro_record()
+    micro["validity"] = {"sound": False, "flags": [{"check": "competing_cpu", "severity": "warn",
+                                                   "reason": "other processes used 90 % of the cores"}]}
+    F.write_store(tmp_path / "s", [micro])
+    assert main(["report", "--store", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "competing_cpu" in out and "90 %" in out
