@@ -113,7 +113,10 @@ def store_hint(parser: argparse.ArgumentParser, message: str) -> str:
         return ""
     if "--store" not in parser._option_string_actions:
         return ""
-    words = [w for w in message.split(":", 1)[1].split() if not w.startswith("-")]
+    import os
+
+    words = [w for w in message.split(":", 1)[1].split() if not w.startswith("-")
+             and (os.path.isdir(w) or w.endswith((".jsonl", "/")))]  # what looks like a store, not a typo
     return f"; a result store is named with --store {words[0]}" if words else ""
 
 

@@ -60,12 +60,13 @@ def test_every_read_verb_documents_store_option_only():
         assert not shown, (verb, shown)
 
 
-def test_a_positional_store_on_a_writing_verb_names_the_option(capsys):
-    with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["sweep", "quick", "myresults"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "--store myresults" in err and len(err.strip().splitlines()) == 1
+def test_a_positional_store_on_a_writing_verb_names_the_option(capsys, store):
+    for words, named in (([str(store)], True), (["results.jsonl"], True), (["tiny"], False)):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["sweep", "quick", *words])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+        assert (f"--store {words[0]}" in err) is named  # a stray word that is no store gets no such hint
 
 
 # ---------------------------------------------------------------- keys and titles of unrelated tables
