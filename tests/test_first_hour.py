@@ -692,3 +692,6 @@ def test_the_report_shows_a_micro_record_s_flags(tmp_path, capsys):
     assert main(["report", "--store", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "competing_cpu" in out and "90 %" in out
+    html = tmp_path / "r.html"
+    assert main(["report", "--store", str(tmp_path / "s"), "--format", "html", "--no-plots", "--output", str(html)]) == 0
+    assert "competing_cpu" in html.read_text() and "90 %" in html.read_text()
