@@ -187,6 +187,8 @@ def top_ops(averages, steps: int, on_device: bool, top: int) -> list[dict[str, A
             return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
         return float(e.self_cpu_time_total or 0.0)
 
-    rows = sorted((e for e in averages if self_us(e) > 0), key=self_us, reverse=True)[:top]
+    # ProfilerStep#N is the schedule's own per-step annotation: its self time is the gaps between ops
+    ops = (e for e in averages if self_us(e) > 0 and not str(e.key).startswith("ProfilerStep"))
+    rows = sorted(ops, key=self_us, reverse=True)[:top]
     return [{"name": e.key[:120], "calls_per_step": round(e.count / steps, 2),
              "self_ms_per_step": round(self_us(e) / 1e3 / steps, 4)} for e in rows]

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from dlscale import ConfigError, DlscaleError, __version__
+from dlscale.storeargs import resolve_store_args
 
 COMMAND_MODULES = (
     "dlscale.commands.run",      # run, env
@@ -86,8 +87,38 @@ class _Parser(argparse.ArgumentParser):
         kwargs["formatter_class"] = HelpFormatter
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:  # reported by the verb's own parser, which knows whether it takes --store
+            _verb_parser(self, ns).error("unrecognized arguments: " + " ".join(extras))
+        return ns
+
     def error(self, message: str):  # noqa: D401
-        self.exit(EXIT_BAD_INPUT, f"dlscale: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"dlscale: error: {message}{store_hint(self, message)} (see {self.prog} --help)\n")
+
+
+def _verb_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser that ``ns`` chose (``dlscale micro matmul``'s, not dlscale's)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(ns, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
+def store_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """A stray word on a verb that takes ``--store DIR``: most likely a store given positionally
+    (`dlscale run results`), so the error names the form this verb takes."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    if "--store" not in parser._option_string_actions:
+        return ""
+    import os
+
+    words = [w for w in message.split(":", 1)[1].split() if not w.startswith("-")
+             and (os.path.isdir(w) or w.endswith((".jsonl", "/")))]  # what looks like a store, not a typo
+    return f"; a result store is named with --store {words[0]}" if words else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     # the outcome is printed, so a burst of signals ends in 130, never in death by SIGTERM (143)
     with interrupts():
         try:
+            resolve_store_args(args)
             check_store_args(args)
             return int(args.func(args) or 0)
         except ConfigError as e:

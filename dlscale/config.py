@@ -235,6 +235,12 @@ class RunConfig:
                                       help="clip gradients to this global norm")
     warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")
     steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
+    # sized by time: a fixed step count gives a short window on a fast machine (flagged short_window)
+    min_window_s: float | None = _f(None, type=float, minimum=0, maximum=3600.0, exclusive_minimum=True,
+                                    optional=True, procedure=True, setting=True, late=None, cli="--min-window",
+                                    metavar="S", unit="seconds", limit="an hour",
+                                    help="time the warm-up's steps and run as many timed steps as make a window of "
+                                         "at least S seconds (--steps is then the fewest); default: exactly --steps")
     device: str = _f("auto", choices=DEVICES, setting=True,
                      help="auto picks CUDA when a GPU is visible, else the CPU with gloo")
     seed: int = _f(0, type=int, minimum=0, maximum=MAX_SEED, setting=True, limit="numpy's and torch's seed range",
@@ -507,6 +513,7 @@ def validate_case(cfg: RunConfig) -> None:
         if kind not in _NOT_A_STEP and step >= cfg.warmup + cfg.steps:
             raise ConfigError(f"inject-failure step {step} is never reached (warm-up {cfg.warmup} + steps "
                               f"{cfg.steps}: steps 0..{cfg.warmup + cfg.steps - 1})")
+    _check_min_window(cfg)
     if strat.validate is not None:
         strat.validate(cfg)
     from dlscale.step import check_optimizer_graph
@@ -522,6 +529,18 @@ def validate_case(cfg: RunConfig) -> None:
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model
+
+
+def _check_min_window(cfg: RunConfig) -> None:
+    """--min-window times warm-up steps after the first (compilation, allocation): two at least."""
+    if cfg.min_window_s is None:
+        return
+    if cfg.warmup < 2:
+        raise ConfigError(f"--min-window needs --warmup 2 or more (the steps after the first are timed), "
+                          f"got {cfg.warmup}")
+    if cfg.framework != "torch":
+        raise ConfigError(f"--min-window is calibrated by the torch worker; give --steps for framework "
+                          f"{cfg.framework}")
 
 
 def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:

@@ -65,8 +65,10 @@ def _median_repeat(rec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _loss(rec: dict[str, Any]) -> str:
+    """The last timed step's loss, in training mode: ``loss_after`` is the eval-mode loss (BatchNorm on
+    its running statistics: 5.6e10 for a few steps of full ResNet-50), for parity, not for a reader."""
     rep = _median_repeat(rec)
-    return fmt_num(rep.get("loss_after") if rep else None, 4, missing=MISSING)
+    return fmt_num(rep.get("loss_last") if rep else None, 4, missing=MISSING)
 
 
 COLUMNS = [
@@ -188,6 +190,22 @@ def profile_lines(rec: dict[str, Any], store_root: str | Path | None, top: int =
     return out
 
 
+def batch_search_line(search: dict[str, Any] | None) -> str | None:
+    """What --batch-size max found, and what stopped it: the cap (larger batches never tried), an
+    out-of-memory probe, or a probe that failed otherwise."""
+    if not isinstance(search, dict):
+        return None
+    n = len(search.get("probes") or [])
+    if search.get("capped"):
+        return (f"# batch search: stopped at the cap, batch {search.get('cap')} fitted ({n} probes); larger "
+                "batches were not tried: raise --max-batch-cap to look further")
+    if search.get("max"):
+        ooms = [p["batch_size"] for p in search.get("probes") or [] if p.get("status") == "oom"]
+        why = f"batch {min(ooms)} ran out of memory" if ooms else search.get("stopped") or "the search ended"
+        return f"# batch search: largest batch that fits {search['max']} ({n} probes; {why})"
+    return f"# batch search: no batch fitted ({n} probes; {search.get('stopped') or 'the first probe failed'})"
+
+
 def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> None:
     print(result_table([rec]))
     s = rec.get("summary") or {}
@@ -200,7 +218,7 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
             print(line)
     from dlscale.checkpoint_timing import console_line
 
-    for line in (breakdown_line(rec.get("breakdown")), console_line(rec)):
+    for line in (batch_search_line(rec.get("batch_search")), breakdown_line(rec.get("breakdown")), console_line(rec)):
         if line:
             print(line)
     for line in profile_lines(rec, store_root):

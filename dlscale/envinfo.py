@@ -117,6 +117,24 @@ def affinity_count() -> int | None:
         return None
 
 
+# the packages whose versions move results (read from their metadata: importing JAX would take a GPU)
+PACKAGES = ("numpy", "jax", "jaxlib", "optax", "transformers", "accelerate", "torchao", "deepspeed", "torchvision",
+            "triton")
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """{package: installed version, or None when it is not installed}."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def capture(include_topology: bool = True, framework: str = "torch",
             device_type: str | None = None) -> dict[str, Any]:
     """Environment of this host: versions, devices, host, CPU, topology; for framework jax also
@@ -140,6 +158,7 @@ def capture(include_topology: bool = True, framework: str = "torch",
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda_available": torch.cuda.is_available(),
         "env_vars": tuning_env(),
+        "packages": package_versions(),
         "mps_daemon": mps_daemon(),
     }
     if torch.cuda.is_available():
@@ -174,6 +193,8 @@ def format_env(env: dict[str, Any]) -> str:
             lines.extend("    " + line for line in str(v).splitlines())
         elif k == "env_vars":
             lines.append("env_vars: " + (" ".join(f"{n}={x}" for n, x in v.items()) if v else "none set"))
+        elif k == "packages":
+            lines.append("packages: " + ", ".join(f"{n} {x or 'not installed'}" for n, x in v.items()))
         elif k == "gpus":
             if not v:
                 lines.append("gpus: none")

@@ -204,8 +204,10 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
         entry["profile_top_ops"] = r0["profile"].get("top_ops")
     if status == "ok" and r0 is not None:
         global_batch = cfg.batch_size * cfg.grad_accum * r0["dp_size"]
+        steps = r0.get("window_steps") or cfg.steps  # --min-window: as many as the warm-up called for
         entry.update({
-            "samples_per_s": metrics.throughput(cfg.steps, global_batch, r0["window_s"]),
+            "samples_per_s": metrics.throughput(steps, global_batch, r0["window_s"]),
+            "window_steps": steps,
             "window_s": r0["window_s"],
             "warmup_s": r0.get("warmup_s"),
             "step_times_ms": r0["step_times_ms"],
@@ -238,8 +240,10 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
     median = tput["median"]
     per_device = median / cfg.world_size if median else None
     device_name = next((r.get("device_name") for r in ranks if r.get("device_name")), None)
-    dtype = metrics.precision_dtype(cfg.precision, device_type)
-    peak, source = metrics.peak_flops(device_name if device_type == "cuda" else None, dtype)
+    tf32 = next((r.get("tf32") for r in ranks if r.get("tf32") is not None), None)
+    dtype = metrics.precision_dtype(cfg.precision, device_type, device_name, tf32)
+    gpu = device_name if device_type == "cuda" else None
+    peak, source = metrics.peak_flops(gpu, dtype)
     mems = [r["peak_mem_allocated_bytes"] for r in repeats if r.get("peak_mem_allocated_bytes")]
     res = [r["peak_mem_reserved_bytes"] for r in repeats if r.get("peak_mem_reserved_bytes")]
     rss = [r["peak_rss_bytes"] for r in repeats if r.get("peak_rss_bytes")]
@@ -258,6 +262,7 @@ def summarize_case(cfg: RunConfig, spec, repeats: list[dict], ranks: list[dict],
         "peak_flops": peak,
         "peak_flops_source": source,
         "dtype": dtype,
+        "peak": metrics.peak_used(gpu, dtype),
         "device_name": device_name,
         **energy.summary_fields(repeats, spec.seq_len),  # measured energy counters only
     }

@@ -20,9 +20,10 @@ holds the whole job:
   rank of another node;
 * exactly one node appends the record: the one whose workers include global rank 0 (the
   *lead*, ``recorded_by.role == "lead"``). Other nodes print their outcome and exit with the
-  same status code, writing nothing (no duplicate records). When no worker of any node got
-  as far as writing ``world.json`` (rendezvous never completed), the node that hosts the
-  rendezvous (static: node rank 0; c10d: the machine owning the endpoint address) records.
+  same status code, writing nothing (no duplicate records), whichever node hosts the c10d
+  endpoint. Only when no worker of a node reported a rank (the rendezvous never completed) does
+  the node that hosts the rendezvous (static: node rank 0; c10d: the machine owning the
+  endpoint address) record (``is_lead``).
 
 Hosts are told apart by ``host`` (hostname), ``addr`` (the address this node uses to reach
 the master/rendezvous host) and ``node_rank``: nodes sharing a hostname (containers, network
@@ -414,15 +415,31 @@ def complete_record(rec, node_dir: Path) -> list[dict] | None:
     return world
 
 
+def is_lead(world_written: bool, local_ranks: list[Any], rdzv: Rendezvous,
+            hosts_endpoint: Callable[[str], bool] = lambda host: _hosts_endpoint(host)) -> bool:
+    """Whether this node writes the case's record: exactly one node of the job does.
+
+    ``local_ranks``: the global ranks this node's workers reported. torchrun hands out global
+    ranks only once the rendezvous completed, so a node whose workers reported any knows: it
+    leads iff it ran global rank 0 (whose worker writes world.json), whoever hosts the endpoint.
+    Only when no worker reported (the rendezvous never completed) does the rendezvous host
+    record: node rank 0 (static), or the machine owning the c10d endpoint address.
+    """
+    if world_written:
+        return True  # only global rank 0 writes world.json
+    ranks = [r for r in local_ranks if isinstance(r, int) and not isinstance(r, bool)]
+    if ranks:
+        return 0 in ranks
+    if rdzv.rdzv_endpoint:
+        return hosts_endpoint(_endpoint(rdzv.rdzv_endpoint)[0])
+    return rdzv.node_rank == 0
+
+
 def finish_record(rec, node_dir: Path, rdzv: Rendezvous) -> bool:
     """Complete a node's record with the whole job; True when this node is the one to write it."""
+    local_ranks = [r.get("rank") for r in rec.ranks or [] if isinstance(r, dict)]  # this node's rank files
     world = complete_record(rec, node_dir)
-    if world:
-        lead = True  # only global rank 0 writes world.json
-    elif rdzv.rdzv_endpoint:
-        lead = _hosts_endpoint(_endpoint(rdzv.rdzv_endpoint)[0])
-    else:
-        lead = rdzv.node_rank == 0
+    lead = is_lead(bool(world), local_ranks, rdzv)
     rec.rendezvous = _rdzv_info(rdzv)
     me_addr = local_addr(rdzv.master_addr or (_endpoint(rdzv.rdzv_endpoint)[0] if rdzv.rdzv_endpoint else None))
     node_rank = world[0].get("node_rank") if world else (None if rdzv.rdzv_endpoint else rdzv.node_rank)

@@ -537,6 +537,52 @@ def assess(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Valid
     return v
 
 
+# ----------------------------------------------------------------------------- micro-benchmarks
+
+def _micro_spread(rec, t: Thresholds, v: Validity) -> None:
+    timed = [r for r in rec.get("results") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"
+             and _num(r.get("time_cv")) is not None]
+    if not timed:
+        v.unchecked["spread"] = "no per-sample spread in the rows"
+        return
+    wide = [r for r in timed if r["time_cv"] > t.max_cv]
+    if wide:
+        worst = max(wide, key=lambda r: r["time_cv"])
+        label = " ".join(str(worst.get(k)) for k in ("shape", "size", "dtype", "op", "pipeline") if worst.get(k))
+        v.flags.append(Flag("spread", f"{len(wide)} of {len(timed)} row(s) vary by more than CV "
+                            f"{t.max_cv * 100:g} % between samples (worst {label or 'row'}: "
+                            f"{worst['time_cv'] * 100:.1f} %): the medians are noisy", WARN, worst["time_cv"],
+                            t.max_cv))
+
+
+def _micro_load(rec, t: Thresholds, v: Validity) -> None:
+    load = rec.get("load") if isinstance(rec.get("load"), dict) else None
+    if load is None or _num(load.get("other_cpu_pct_mean")) is None:
+        v.unchecked["competing_cpu"] = "no CPU load watched (older record)"
+    elif load["other_cpu_pct_mean"] > t.max_other_cpu_pct:
+        v.flags.append(Flag("competing_cpu", f"other processes used {load['other_cpu_pct_mean']:.1f} % of this "
+                            f"process's {load.get('cores')} CPU core(s) ({_num(load.get('other_cpu_cores_mean')) or 0:.2f} "
+                            f"cores) while it measured (limit {t.max_other_cpu_pct:g} %)", WARN,
+                            load["other_cpu_pct_mean"], t.max_other_cpu_pct))
+    threads, cores = _num((load or {}).get("threads")), _num((load or {}).get("cores"))
+    procs = _num(_cfg(rec).get("nproc_per_node")) or 1
+    if rec.get("micro") == "comm" or threads is None or cores is None:
+        v.unchecked["oversubscribed"] = "thread count or core count not recorded"
+    elif threads * procs > cores:
+        v.flags.append(Flag("oversubscribed", f"{procs:.0f} process(es) x {threads:.0f} thread(s) on {cores:.0f} "
+                            "core(s): threads compete for cores", WARN, threads * procs, cores))
+
+
+def assess_micro(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) -> Validity:
+    """The validity of a micro-benchmark record: the spread between its samples, other processes'
+    CPU use while it measured and oversubscribed threads (CPU runs; the GPU checks need a sampler)."""
+    v = Validity(thresholds=asdict(thresholds))
+    _micro_spread(record, thresholds, v)
+    if str(record.get("device")) == "cpu":
+        _micro_load(record, thresholds, v)
+    return v
+
+
 # ----------------------------------------------------------------------------- comparisons
 
 PROCEDURE_KEYS = ("warmup", "steps", "monitor", "sample_interval")

@@ -14,6 +14,7 @@ import contextlib
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import resource
 import socket
@@ -240,7 +241,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
-        result["tf32"] = True
+        result["tf32"] = torch.cuda.get_device_capability(device) >= (8, 0)  # Volta/Turing: the flag does nothing
         result["device_name"] = torch.cuda.get_device_name(device)
     else:
         result["tf32"] = False
@@ -338,7 +339,7 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     fetch = None if source.static else source.next  # real data: refills ``batches`` each step
     _warmup(cfg, denv, result, par, step, inject, fetch)
 
-    n = cfg.steps
+    n = result["window_steps"] = window_steps(cfg, result.get("warmup_step_s") or [], denv)
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
     fetched = [torch.cuda.Event(enable_timing=True) for _ in range(n)] if cuda and fetch is not None else None
@@ -415,10 +416,33 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject)
 
 
+def calibrated_steps(fewest: int, warmup_step_s: list[float], target_s: float | None,
+                     most: int = 100_000) -> int:
+    """Timed steps for a window of ``target_s``: from the fastest warm-up step after the first (the
+    first compiles and allocates, and the next few still settle: the fastest is the nearest to the
+    window's steps, and errs towards a longer window), never fewer than ``fewest``; ``fewest``
+    without a target or a timing."""
+    timed = [t for t in warmup_step_s[1:] if t > 0]
+    if not target_s or not timed:
+        return fewest
+    return max(fewest, min(most, math.ceil(target_s / min(timed))))
+
+
+def window_steps(cfg, warmup_step_s: list[float], denv) -> int:
+    """The window's step count, the same on every rank (the largest any rank asks for)."""
+    n = calibrated_steps(cfg.steps, warmup_step_s, cfg.min_window_s)
+    if cfg.min_window_s is None or denv.world_size == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=denv.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
     """Warm-up: compile, cudnn autotune, allocator growth, NCCL connections. Losses are read here (a
     host sync per step is harmless outside the window) for correctness checks."""
     losses = []
+    step_s: list[float] = []
     t_w = time.perf_counter()
     ticker = None
     for i in range(cfg.warmup):
@@ -429,16 +453,21 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
             progress.phase("warmup", "start", denv.rank)
             ticker = progress.WarmupTicker(cfg.warmup, denv.rank)
         inject.check(i)
+        t_step = time.perf_counter()
         if fetch is not None:
             fetch()
         loss = step()
         losses.append(_read_loss(result, loss if par.reports_loss else None, par, denv))
+        if cfg.min_window_s is not None:
+            _sync(denv.device)  # a whole step, not its launch (--min-window sizes the window from it)
+        step_s.append(time.perf_counter() - t_step)
         if compiling_now:
             progress.phase("compile", "end", denv.rank)
         elif ticker is not None:
             ticker.tick(i + 1)
     progress.phase("warmup", "end", denv.rank)
     result["warmup_s"] = time.perf_counter() - t_w
+    result["warmup_step_s"] = step_s
     result.setdefault("nonfinite_losses", 0)
     result["loss_scope"] = parity.LOSS_SCOPE
     result.setdefault("marks", {})["warmed_up"] = time.time()
@@ -452,7 +481,7 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     without fail)."""
     device = denv.device
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
-    result["loss_after_steps"] = cfg.warmup + cfg.steps  # optimizer steps the model had taken (parity)
+    result["loss_after_steps"] = cfg.warmup + result.get("window_steps", cfg.steps)  # steps taken (parity)
     ranktimes.measure(cfg, denv, result, par, batches, _autocast(cfg, device), getattr(inject, "slow", None),
                       eager_module)
     if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/checkpoint_timing.py)

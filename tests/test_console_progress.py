@@ -25,7 +25,7 @@ def _rec(**extra):
     rec = {"status": "ok", "config": {"model": "gpt2", "strategy": "single", "precision": "fp32", "compile": False,
                                       "batch_size": 4, "profile": True, "steps": 20},
            "world_size": 1, "device_type": "cpu",
-           "repeats": [{"repeat": 0, "status": "ok", "samples_per_s": 0.0123, "window_s": 2.0, "loss_after": 5.73191,
+           "repeats": [{"repeat": 0, "status": "ok", "samples_per_s": 0.0123, "window_s": 2.0, "loss_after": 5.73191, "loss_last": 5.73191,
                         "step_times_ms": [100.0] * 20}],
            "summary": {"samples_per_s": {"n": 1, "median": 0.0123, "stdev": None}, "tokens_per_s": None,
                        "step_ms_p50": 100.0, "step_ms_p90": 100.0, "mfu": None, "peak_rss_bytes": 2 ** 30}}

@@ -53,8 +53,8 @@ def test_hf_trainer_tiny_gpt2_on_cpu(tmp_path, monkeypatch):
     assert rep["samples_per_s"] > 0 and len(rep["step_times_ms"]) == 6
     # the Trainer's own whole-run figure is kept beside the window's, for comparison
     assert p["extra"]["trainer_samples_per_s"] > 0
-    assert rec["model"] == {"unit": "seq", "seq_len": 32, "params": None, "flops_per_sample": None,
-                            "registered": False}
+    assert rec["model"] == {"unit": "seq", "seq_len": 32, "seq_len_source": "option", "params": None,
+                            "flops_per_sample": None, "registered": False}
     assert rec["summary"]["tokens_per_s"] == pytest.approx(rep["samples_per_s"] * 32)
     assert rec["external"]["packages"]["transformers"]
     assert validate_record(rec) is None

@@ -88,7 +88,7 @@ def test_peak_table():
 # Device names as torch.cuda.get_device_name / nvidia-smi / ROCm print them -> (table row, bf16, fp16, tf32)
 DEVICE_NAMES = [
     ("NVIDIA B200", "B200", 2.25e15, 2.25e15, 1.1e15),
-    ("NVIDIA GB200", None, None, None, None),  # the superchip's GPU runs at another power: not tabulated
+    ("NVIDIA GB200", "GB200", 2.5e15, 2.5e15, 1.25e15),  # the superchip's GPU, not the HGX B200's figures
     ("NVIDIA GH200 480GB", "GH200", 989.4e12, 989.4e12, 494.7e12),
     ("NVIDIA H200", "H200 SXM", 989.4e12, 989.4e12, 494.7e12),
     ("NVIDIA H200 NVL", "H200 NVL", 835e12, 835e12, 417.5e12),
@@ -100,10 +100,10 @@ DEVICE_NAMES = [
     ("NVIDIA A100-PCIE-40GB", "A100", 312e12, 312e12, 156e12),
     ("NVIDIA A100 80GB PCIe", "A100", 312e12, 312e12, 156e12),
     ("NVIDIA A10", "A10", 125e12, 125e12, 62.5e12),
-    ("NVIDIA A10G", None, None, None, None),  # not an A10: a different part
+    ("NVIDIA A10G", "A10G", 70e12, 70e12, 35e12),  # not an A10: a different part
     ("NVIDIA L4", "L4", 121e12, 121e12, 60e12),
     ("NVIDIA L40S", "L40S", 362.05e12, 362.05e12, 183e12),
-    ("NVIDIA L40", None, None, None, None),  # not an L40S, not an L4
+    ("NVIDIA L40", "L40", 181.05e12, 181.05e12, 90.5e12),  # not an L40S, not an L4
     ("Tesla V100-SXM2-16GB", "V100 SXM2", None, 125e12, None),
     ("Tesla V100-SXM2-32GB", "V100 SXM2", None, 125e12, None),
     ("Tesla V100-PCIE-16GB", "V100 PCIe", None, 112e12, None),  # never the SXM2 peak

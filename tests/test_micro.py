@@ -250,7 +250,7 @@ def test_bandwidth_cpu_writes_record(tmp_path):
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "t5-encoder", "t5-decoder"])
 def test_layer_cpu_writes_record(tmp_path, kind):
     store = tmp_path / "st"
-    rc = cli_main(["micro", "layer", "--device", "cpu", "--kind", kind, "--batch", "1", "--seq", "8",
+    rc = cli_main(["micro", "layer", "--device", "cpu", "--model", kind, "--batch-size", "1", "--seq-len", "8",
                    "--warmup", "0", "--steps", "1", "--store", str(store)])
     assert rc == 0
     (rec,) = records(store)
@@ -285,7 +285,7 @@ BAD = [
     ["micro", "matmul", "--nproc-per-node", "2"],
     ["micro", "bandwidth", "--size", "12Q"],
     ["micro", "bandwidth", "--op", "triad"],
-    ["micro", "layer", "--kind", "vit"],
+    ["micro", "layer", "--model", "vit"],
     ["micro", "layer", "--size", "xl"],
     ["micro", "layer", "--precision", "int8"],
     ["micro", "comm", "--op", "gather"],

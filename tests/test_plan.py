@@ -226,28 +226,28 @@ def test_checkpointing_lowers_the_measured_peak_and_keeps_the_loss():
 # ---------------------------------------------------------------- the command
 
 def test_plan_command_table_and_json():
-    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "8", "--gpu-memory", "80GiB"])
+    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "8", "--gpu-memory", "80GiB"])
     assert rc == 0, err
     assert "| strategy |" in out and "peak GiB" in out and "dp 2 x tp 2 x pp 2" in out
-    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "8", "--gpu-memory", "80GiB",
+    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "8", "--gpu-memory", "80GiB",
                          "--format", "json", "--activation-checkpointing", "selective", "--strategy", "fsdp"])
     doc = json.loads(out)
     assert doc["params"] == 8_030_261_248 and {r["strategy"] for r in doc["rows"]} == {"fsdp"}
     z3 = next(r for r in doc["rows"] if r["options"]["shard"] == "zero3")
     assert z3["fits"] and z3["max_batch_size"] >= 4 and z3["peak_bytes"] < 72 * GiB
-    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "1", "--gpu-memory", "80GiB",
+    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "1", "--gpu-memory", "80GiB",
                          "--format", "json"])
     single = json.loads(out)["rows"]
     assert [r["strategy"] for r in single] == ["single"] and not single[0]["fits"]  # 16 bytes x 8 B > 80 GiB
 
 
 @pytest.mark.parametrize("args, expect", [
-    (["--model", "resnet50", "--gpus", "2", "--gpu-memory", "80GiB"], "plan models transformer architectures"),
-    (["--model", "llama", "--gpus", "8", "--nodes", "3", "--gpu-memory", "80GiB"], "--nodes 3 must divide --gpus 8"),
-    (["--model", "llama", "--flavor", "full", "--gpus", "8", "--gpu-memory", "80GiB"], "unknown flavor 'full'"),
-    (["--model", "llama", "--gpus", "8", "--gpu-memory", "eighty"], "memory size must look like 80GiB"),
-    (["--model", "llama", "--gpus", "8", "--gpu-memory", "80GiB", "--gpu", "Z9"], "no peak FLOP/s known"),
-    (["--model", "llama", "--gpus", "8", "--gpu-memory", "80GiB", "--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--model", "resnet50", "--nproc-per-node", "2", "--gpu-memory", "80GiB"], "plan models transformer architectures"),
+    (["--model", "llama", "--nproc-per-node", "0", "--gpu-memory", "80GiB"], "expected a positive int"),
+    (["--model", "llama", "--flavor", "full", "--nproc-per-node", "8", "--gpu-memory", "80GiB"], "unknown flavor 'full'"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "eighty"], "memory size must look like 80GiB"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--gpu", "Z9"], "no peak FLOP/s known"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--strategy", "nope"], "unknown strategy 'nope'"),
 ])
 def test_plan_bad_input(args, expect):
     rc, out, err = _cli(["plan", *args])

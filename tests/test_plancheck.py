@@ -70,8 +70,8 @@ def test_plan_check_command_exit_and_bad_input(tmp_path):
     data = json.loads(out)
     assert rc == 0 and data["within"] == 2 and data["outside"] == 0
     assert _cli(["plan", "--check", store, "--model", "llama"])[0] == 2
-    assert _cli(["plan", "--model", "llama", "--gpus", "1", "--gpu-memory", "80GiB", "--tolerance", "0.2"])[0] == 2
-    rc, _, err = _cli(["plan", "--gpus", "1"])
+    assert _cli(["plan", "--model", "llama", "--nproc-per-node", "1", "--gpu-memory", "80GiB", "--tolerance", "0.2"])[0] == 2
+    rc, _, err = _cli(["plan", "--nproc-per-node", "1"])
     assert rc == 2 and "plan needs --model, --gpu-memory" in err
     (tmp_path / "results.jsonl").write_text(json.dumps(_rec("d", model="resnet50", flavor="full")) + "\n")
     rc, _, err = _cli(["plan", "--check", store])

@@ -55,7 +55,7 @@ def broken(rec):
     """Ways to break a record, each of which the schema must catch."""
     out = []
     for path, value in ((("schema",), "dlscale.record/2"), (("kind",), "measured"), (("status",), "great"),
-                        (("config", "batch_size"), 0), (("config", "precision"), "fp8"),
+                        (("config", "batch_size"), 0), (("config", "precision"), "fp4"),
                         (("world_size",), "2"), (("repeats",), {}), (("summary", "samples_per_s", "n"), -1),
                         (("provenance", "source"), None)):
         r = copy.deepcopy(rec)

@@ -56,7 +56,8 @@ def test_case_options_round_trip():
                   data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_decode_sm_share=0.3,
                   data_decode_priority="low",
                   data_cold_read=True,
-                  optimizer_graph=True, checkpoint_every=4, checkpoint_mode="async", checkpoint_dir="/ckpt")
+                  optimizer_graph=True, checkpoint_every=4, checkpoint_mode="async", checkpoint_dir="/ckpt",
+                  min_window_s=1.5)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
     search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60, framework="jax")
     untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n)

@@ -11,6 +11,7 @@ FORMATS = ("md", "json")
 
 def register(sub) -> None:
     from dlscale.report.cli import DEFAULT_STORE, _add_filters, _Help
+    from dlscale.storeargs import add_store_arguments
 
     p = sub.add_parser("parity", formatter_class=_Help,
                        help="loss parity: every strategy's losses beside single's on the same global batch",
@@ -19,8 +20,7 @@ def register(sub) -> None:
                        "beside the newest ok `single` record's, with the largest relative difference, the "
                        "tolerance and pass/FAIL (docs/parity.md). Reads the store only. Exit 0 when nothing "
                        "fails, 1 when a case is outside its tolerance, 2 on bad input.")
-    p.add_argument("store", nargs="?", default=DEFAULT_STORE, metavar="STORE",
-                   help="result store: a directory of .jsonl files, or one .jsonl file")
+    add_store_arguments(p, DEFAULT_STORE)
     p.add_argument("--format", choices=FORMATS, default="md", help="md: a table per workload; json: the same data")
     p.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
     p.add_argument("--tolerance", type=float, metavar="REL",

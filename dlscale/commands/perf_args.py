@@ -7,6 +7,7 @@ import math
 import sys
 
 from dlscale import ConfigError
+from dlscale.storeargs import add_store_arguments
 from dlscale.perfmodel.core import DDP_BUCKET_CAP_MB, INTER_ALGORITHMS, parse_shapes
 from dlscale.perfmodel.inputs import ModelOptions, Query
 
@@ -123,8 +124,8 @@ class DeprecatedAlias(argparse.Action):
 
 
 def add_workload_args(p: argparse.ArgumentParser, store_optional: bool) -> None:
-    p.add_argument("store", metavar="STORE", nargs="?" if store_optional else None,
-                   help="result store directory (or one .jsonl file); imported records count as measured ones")
+    add_store_arguments(p, None, required=not store_optional,
+                        help="result store directory (or one .jsonl file); imported records count as measured ones")
     p.add_argument("--model", default=None, help="model name as recorded (config.model)")
     p.add_argument("--flavor", default=None, help="only records of this model flavour (full, tiny)")
     p.add_argument("--precision", default=None, help="only records of this precision (e.g. amp-bf16)")

@@ -36,6 +36,7 @@ def _positive(kind):
 
 def register(sub) -> None:
     from dlscale.checkpointing import MODES
+    from dlscale.cli import deprecated_alias
     from dlscale.config import PRECISIONS
 
     p = sub.add_parser("plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -51,8 +52,12 @@ def register(sub) -> None:
     p.add_argument("--model", default=None,
                    help="registered model with a transformer architecture (gpt2, llama...); required without --check")
     p.add_argument("--flavor", default=None, help="the model's size (default: its first flavour)")
-    p.add_argument("--gpus", type=_positive(int), default=None, help="GPUs in the job (all nodes); required without --check")
-    p.add_argument("--nodes", type=_positive(int), default=1, help="nodes the GPUs are spread over (evenly)")
+    p.add_argument("--nproc-per-node", type=_positive(int), default=None, metavar="G",
+                   help="GPUs per node, as dlscale run's; required without --check")
+    p.add_argument("--nnodes", type=_positive(int), default=1, help="nodes, as dlscale run's")
+    deprecated_alias(p, "--gpus", "--nproc-per-node and --nnodes (--gpus was the job's total)", dest="gpus_total",
+                     type=_positive(int))
+    deprecated_alias(p, "--nodes", "--nnodes", dest="nnodes", type=_positive(int))
     p.add_argument("--gpu-memory", type=memory_size, default=None,
                    help="memory of one GPU, e.g. 80GiB, 141GB; required without --check")
     p.add_argument("--batch-size", type=_positive(int), default=4,
@@ -122,7 +127,7 @@ def _machine(args, records=()):
     from dlscale.plan import Machine
 
     if args.gpus % args.nodes:
-        raise ConfigError(f"--nodes {args.nodes} must divide --gpus {args.gpus}")
+        raise ConfigError(f"--nnodes {args.nodes} must divide the job's {args.gpus} GPUs")
     if not 0 <= args.headroom < 1:
         raise ConfigError(f"--headroom must be in [0, 1), got {args.headroom}")
     if args.mfu > 1:
@@ -130,7 +135,7 @@ def _machine(args, records=()):
     if args.peak_tflops:
         peak = args.peak_tflops * 1e12
     else:
-        peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda"))
+        peak, _ = metrics.peak_flops(args.gpu, metrics.precision_dtype(args.precision, "cuda", args.gpu))
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
     bw, lat, src = _intra_link(args, list(records))
@@ -175,7 +180,7 @@ def cmd_check(args) -> int:
     from dlscale.report.cli import _warn
     from dlscale.report.data import load_records
 
-    given = [f for f, v in (("--model", args.model), ("--gpus", args.gpus), ("--gpu-memory", args.gpu_memory),
+    given = [f for f, v in (("--model", args.model), ("--nproc-per-node", args.gpus), ("--gpu-memory", args.gpu_memory),
                             ("--strategy", args.strategy)) if v is not None]
     if given:
         raise ConfigError(f"--check reads the cases from the store; not with {', '.join(given)}")
@@ -191,17 +196,32 @@ def cmd_check(args) -> int:
     return 0
 
 
+def job_shape(args) -> None:
+    """args.gpus (the job's GPUs) and args.nodes from --nproc-per-node x --nnodes, or from the
+    deprecated --gpus (total) and --nodes."""
+    total = getattr(args, "gpus_total", None)
+    if total is not None:
+        if args.nproc_per_node is not None:
+            raise ConfigError("give --nproc-per-node and --nnodes, not the deprecated --gpus as well")
+        if total % args.nnodes:
+            raise ConfigError(f"--nnodes {args.nnodes} must divide --gpus {total}")
+        args.nproc_per_node = total // args.nnodes
+    args.gpus = args.nproc_per_node * args.nnodes if args.nproc_per_node is not None else None
+    args.nodes = args.nnodes
+
+
 def cmd_plan(args) -> int:
     from dlscale.memplan import Workload
     from dlscale.models import default_flavor, get_model
     from dlscale.plan import Grid, plan_rows
     from dlscale.strategies import strategy_names
 
+    job_shape(args)
     if args.check is not None:
         return cmd_check(args)
     if args.tolerance is not None:
         raise ConfigError("--tolerance applies to --check only")
-    missing = [f for f, v in (("--model", args.model), ("--gpus", args.gpus), ("--gpu-memory", args.gpu_memory))
+    missing = [f for f, v in (("--model", args.model), ("--nproc-per-node", args.gpus), ("--gpu-memory", args.gpu_memory))
                if v is None]
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (or --check STORE: the plan against stored peaks)")

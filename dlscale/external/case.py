@@ -122,6 +122,17 @@ class ExternalCase:
 
         return get_model(self.model, "full") if self.model in model_names() else None
 
+    def seq_len_for(self, logged: int | None) -> tuple[int | None, str | None]:
+        """(tokens per sample, where it comes from): --seq-len ("option"), else what the log states
+        ("log"), else the registered model's ("assumed": the command may train another length,
+        so no tokens/s is derived from it), else (None, None)."""
+        if self.seq_len is not None:
+            return self.seq_len, "option"
+        if logged:
+            return logged, "log"
+        spec = self.registered_spec()
+        return (spec.seq_len, "assumed") if spec is not None and spec.seq_len else (None, None)
+
     def workload_seq_len(self) -> int | None:
         if self.seq_len is not None:
             return self.seq_len

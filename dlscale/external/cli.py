@@ -50,7 +50,8 @@ def add_external_arguments(p: argparse.ArgumentParser) -> None:
                    help="what one sample is (regex parser: what the value counts per second); default: the "
                         "registered model's unit, else the parser's")
     g.add_argument("--seq-len", type=int, default=None,
-                   help="tokens per sample (default: the registered model's), to turn tokens/s into sequences/s")
+                   help="tokens per sample of the command's workload, for tokens/s from sequences/s and back (default: "
+                        "what the log states; else the registered model's, assumed: then no tokens/s is derived)")
     g.add_argument("--cwd", default=None, metavar="DIR", help="working directory of the command (default: here)")
     g.add_argument("--stack", default=None, metavar="NAME",
                    help="name of the training stack in reports, free text (default: the parser's name)")

@@ -58,8 +58,9 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
     per_device = median / case.world_size if median else None
     toks = [r["tokens_per_s"] for r in ok if r.get("tokens_per_s") is not None]
     spec = case.registered_spec()
-    dtype = metrics.precision_dtype(case.precision, device_type)
-    peak, source = metrics.peak_flops(device_name if device_type == "cuda" else None, dtype)
+    gpu = device_name if device_type == "cuda" else None
+    dtype = metrics.precision_dtype(case.precision, device_type, gpu)
+    peak, source = metrics.peak_flops(gpu, dtype)
     # MFU only where dlscale counts the model's FLOPs (a registered model, samples in its unit)
     flops = spec.flops_per_sample if spec is not None and unit == spec.unit else None
     return {
@@ -72,6 +73,7 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
         "peak_flops": peak,
         "peak_flops_source": source,
         "dtype": dtype,
+        "peak": metrics.peak_used(gpu, dtype),
         "device_name": device_name,
     }
 
@@ -134,12 +136,15 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     spec = case.registered_spec()
     med = sorted((r for r in repeats if r["status"] == "ok"), key=lambda r: r["samples_per_s"])
     med_rep = med[(len(med) - 1) // 2] if med else None
+    logged = next(((r.get("parse") or {}).get("seq_len") for r in repeats if (r.get("parse") or {}).get("seq_len")),
+                  None)
+    seq_len, seq_source = case.seq_len_for(logged)
     rec = new_record(
         kind="external", id=rec_id, case_key=case.case_key(), label=case.label,
         command=shlex.join(case.command), config=case.to_dict(), device_type=device_type,
         world_size=case.world_size, global_batch=case.global_batch, env=env, ranks=[],
         status=status, error=error, repeats=repeats,
-        model={"unit": unit, "seq_len": case.workload_seq_len(), "params": None,
+        model={"unit": unit, "seq_len": seq_len, "seq_len_source": seq_source, "params": None,
                "flops_per_sample": spec.flops_per_sample if spec is not None and spec.unit == unit else None,
                "registered": spec is not None},
         summary=summarize(case, repeats, device_type, device_name, unit) if med else None,

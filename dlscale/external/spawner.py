@@ -129,9 +129,13 @@ class ExternalSpawner:
             r0["warning"] = warning
         if res is not None:
             sps, tps = convert(res, case)
+            note = seq_len_warning(res, case)
+            if note:
+                res.warnings.append(note)
             r0.update(samples_per_s=sps if status == "ok" else None, tokens_per_s=tps, window_s=res.window_s,
                       step_times_ms=list(res.step_times_ms), parse=res.to_dict(),
-                      per_step_samples_per_s=[convert_rate(v, res.unit, case) for v in res.per_step_samples_per_s])
+                      per_step_samples_per_s=[convert_rate(v, res.unit, case, res.seq_len)
+                                              for v in res.per_step_samples_per_s])
         if sampler is not None:
             t0, t1 = (res.window_t if res is not None and res.window_t else
                       (proc.started or 0.0, (proc.started or 0.0) + proc.seconds))
@@ -157,18 +161,31 @@ class ExternalSpawner:
         return s
 
 
-def convert_rate(value: float, unit: str, case: ExternalCase) -> float:
+def convert_rate(value: float, unit: str, case: ExternalCase, logged: int | None = None) -> float:
     """A parsed rate in the record's unit: tokens become sequences when the sequence length is known."""
-    seq = case.workload_seq_len()
+    seq, _ = case.seq_len_for(logged)
     if unit == "tok" and case.workload_unit("tok") == "seq" and seq:
         return value / seq
     return value
 
 
 def convert(res: ParseResult, case: ExternalCase) -> tuple[float, float | None]:
-    """(samples/s in the record's unit, tokens/s where known) of a parse."""
-    seq = case.workload_seq_len()
-    sps = convert_rate(res.samples_per_s, res.unit, case)
+    """(samples/s in the record's unit, tokens/s where known) of a parse. Tokens/s is derived from
+    samples/s only with a stated sequence length (--seq-len or the log), never an assumed one."""
+    seq, source = case.seq_len_for(res.seq_len)
+    sps = convert_rate(res.samples_per_s, res.unit, case, res.seq_len)
     if res.unit == "tok":
         return sps, res.samples_per_s
-    return sps, sps * seq if seq and case.workload_unit(res.unit) == "seq" else None
+    stated = seq if source in ("option", "log") else None
+    return sps, sps * stated if stated and case.workload_unit(res.unit) == "seq" else None
+
+
+def seq_len_warning(res: ParseResult, case: ExternalCase) -> str | None:
+    """What an assumed sequence length leaves out or assumes, in one line; None when it is stated."""
+    seq, source = case.seq_len_for(res.seq_len)
+    if source != "assumed" or case.workload_unit(res.unit) != "seq":
+        return None
+    if res.unit == "tok":
+        return (f"sequences/s assume {case.model}'s sequence length {seq} (the log does not state one); "
+                f"give --seq-len for the command's")
+    return f"no tokens/s: the log does not state the sequence length; give --seq-len (not assuming {case.model}'s {seq})"

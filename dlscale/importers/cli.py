@@ -100,6 +100,42 @@ def _table_key(r: dict[str, Any]) -> tuple:
     return (c["model"], c["precision"], c["batch_size"], c["strategy"], c["compile"], c.get("framework"))
 
 
+def path_checksum(path: str) -> str | None:
+    """sha256 of a regular file, or of a folder's regular files (relative names and contents, in
+    name order); None for anything else (nothing is read twice from a pipe)."""
+    import hashlib
+    import os
+    import stat
+    from pathlib import Path
+
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            if not stat.S_ISREG(os.stat(f).st_mode):
+                return None
+            h.update(str(f.relative_to(root) if f != root else f.name).encode() + b"\0")
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        except OSError:
+            return None
+    return h.hexdigest() if files else None
+
+
+def split_imported(records: list[dict[str, Any]], stored: list[dict[str, Any]]) -> tuple[list, list]:
+    """(records to store, records already in the store): the same case (case_key) imported from the
+    same source with the same checksum is not stored twice."""
+    def key(r: dict[str, Any]) -> tuple:
+        prov = r.get("provenance") or {}
+        return (r.get("case_key"), prov.get("source"), prov.get("checksum"))
+
+    seen = {key(r) for r in stored if r.get("kind") == "imported" and (r.get("provenance") or {}).get("checksum")}
+    new = [r for r in records if r["provenance"].get("checksum") is None or key(r) not in seen]
+    return new, [r for r in records if r not in new]
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from dlscale.importers import import_path
     from dlscale.store import ResultStore
@@ -107,6 +143,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     store = ResultStore(args.store)
     records = import_path(args.path, args.format, opts)  # validates every record; raises before storing
+    digest = path_checksum(args.path)
+    for rec in records:
+        rec["provenance"]["checksum"] = digest
+    records, skipped = split_imported(records, store.load().records)
+    if skipped:
+        print(f"# {len(skipped)} case(s) already imported from this source with the same checksum: skipped"
+              + ("" if records else "; nothing new to store"))
+    if not records:
+        return 0
     if not args.dry_run:
         store.check_writable()
         for rec in records:

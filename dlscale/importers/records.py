@@ -103,10 +103,10 @@ def imported_record(*, model: str, precision: str, batch_size: int, nnodes: int,
                    "step_ms_p50": None, "step_ms_p90": None}
         gpu = summary["device_name"]
         if flops and med and gpu:
-            dtype = metrics.precision_dtype(precision, "cuda")
+            dtype = metrics.precision_dtype(precision, "cuda", gpu)  # a V100's fp32: its fp32 peak, no TF32
             peak, src = metrics.peak_flops(gpu, dtype)
             summary.update(mfu=metrics.mfu(flops, med / world, peak) if peak else None, peak_flops=peak,
-                           peak_flops_source=src, dtype=dtype)
+                           peak_flops_source=src, dtype=dtype, peak=metrics.peak_used(gpu, dtype))
     key = {"kind": "imported", "config": config, "source": provenance.get("source"), "tool": provenance.get("tool"),
            "gpu": (provenance.get("hardware") or {}).get("gpu")}
     gpu_name = (provenance.get("hardware") or {}).get("gpu")

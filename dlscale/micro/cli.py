@@ -15,3 +15,7 @@ def register(subparsers) -> None:
     sub.required = True
     for mod in (matmul, bandwidth, layer, comm, io):
         mod.add_parser(sub)
+    from dlscale.micro.common import watched
+
+    for name, parser in sub.choices.items():  # every micro-benchmark watches its cores' load (validity)
+        parser.set_defaults(func=watched(parser.get_default("func")))

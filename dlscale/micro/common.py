@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-
+import contextvars
 import math
 import os
 import re
@@ -236,14 +236,76 @@ def measure(fn: Callable[[], Any], device, warmup: int, iters: int,
             for _ in range(inner):
                 fn()
             times.append((time.perf_counter() - t0) / inner)
+    mean = statistics.fmean(times)
+    cv = statistics.stdev(times) / mean if len(times) > 1 and mean > 0 else None
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "samples": len(times), "inner": inner}
+            "samples": len(times), "inner": inner, "cv": cv}
 
 
 def timing_fields(t: dict[str, float | int]) -> dict[str, Any]:
     """Row fields of a ``measure`` result, in microseconds."""
     return {"time_us": t["median_s"] * 1e6, "time_us_min": t["min_s"] * 1e6,
-            "time_us_max": t["max_s"] * 1e6, "samples": t["samples"], "inner": t["inner"]}
+            "time_us_max": t["max_s"] * 1e6, "samples": t["samples"], "inner": t["inner"], "time_cv": t.get("cv")}
+
+
+# ---------------------------------------------------------------------------------------------
+# load: what else used this process's cores while it measured (the validity checks of `run`)
+
+_WATCH: contextvars.ContextVar["LoadWatch | None"] = contextvars.ContextVar("micro_load", default=None)
+
+
+def cpu_busy_s(times) -> float:
+    """Busy seconds of one psutil cpu_times entry (guest time is inside user already)."""
+    idle = getattr(times, "idle", 0.0) + getattr(times, "iowait", 0.0)
+    total = sum(getattr(times, f) for f in times._fields if f not in ("guest", "guest_nice"))
+    return total - idle
+
+
+class LoadWatch:
+    """This process's cores' busy time over a micro-benchmark, split into its own (and its reaped
+    children's) and everyone else's."""
+
+    def __init__(self) -> None:
+        import os
+
+        import psutil
+
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            list(range(psutil.cpu_count() or 1))
+        self.t0, self.busy0, self.own0 = time.monotonic(), self._busy(), self._own()
+
+    def _busy(self) -> float:
+        import psutil
+
+        per = psutil.cpu_times(percpu=True)
+        return sum(cpu_busy_s(per[i]) for i in self.cpus if i < len(per))
+
+    @staticmethod
+    def _own() -> float:
+        import psutil
+
+        t = psutil.Process().cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def result(self) -> dict[str, Any]:
+        import torch
+
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0))
+        return {"wall_s": round(wall, 3), "cores": len(self.cpus), "threads": torch.get_num_threads(),
+                "other_cpu_cores_mean": round(other / wall, 3),
+                "other_cpu_pct_mean": round(100.0 * other / (wall * len(self.cpus)), 2)}
+
+
+def watched(func: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``func`` with a LoadWatch running, for make_record to read."""
+    def run(args: Any) -> int:
+        token = _WATCH.set(LoadWatch())
+        try:
+            return func(args)
+        finally:
+            _WATCH.reset(token)
+    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,9 +387,14 @@ def make_record(micro: str, status: str, error: str | None, config: dict[str, An
     from dlscale import envinfo
     from dlscale.store import new_record
 
-    return new_record("micro", micro=micro, status=status, error=error, config=config,
-                      env=env if env is not None else envinfo.capture(), results=rows, plot=plot,
-                      device=device, device_name=dev_name, **extra)
+    from dlscale import validity
+
+    watch = _WATCH.get()
+    rec = new_record("micro", micro=micro, status=status, error=error, config=config,
+                     env=env if env is not None else envinfo.capture(), results=rows, plot=plot,
+                     device=device, device_name=dev_name, load=watch.result() if watch else None, **extra)
+    rec["validity"] = validity.assess_micro(rec).to_dict()
+    return rec
 
 
 def append_record(store_dir: str, record: dict[str, Any]) -> str:
@@ -372,6 +439,8 @@ def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[d
 
 
 def print_done(record: dict[str, Any], path: str) -> None:
+    for f in (record.get("validity") or {}).get("flags") or []:
+        print(f"{'⚠' if f.get('severity') == 'warn' else '?'} {f.get('check')}: {f.get('reason')}")
     print(f"record {record['id']} appended to {path} (status {record['status']})")
 
 

@@ -130,7 +130,8 @@ def add_parser(sub) -> None:
                    help=f"from {', '.join(PIPELINES)} (default: those the data allows; image-gpu where "
                         "CUDA and torchvision are)")
     p.add_argument("--workers", action="append", default=None, metavar="N[,N...]",
-                   help="DataLoader workers per row (default: 1 and every core)")
+                   help="DataLoader workers per row; 0 loads in the main process, as run --data-workers 0 "
+                        "(default: 1 and every core)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per batch (default: the GPU benchmark's: images 256, gpt 16, bert 128)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per row")
@@ -148,13 +149,23 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+def parse_workers(values) -> list[int]:
+    """--workers: counts >= 0 (0: the main process loads, as `run --data-workers 0` allows)."""
+    out = []
+    for v in common.split_list(values):
+        if not v.isdigit():
+            raise ConfigError(f"bad workers {v!r}; expected an integer >= 0")
+        out.append(int(v))
+    return out
+
+
 def main(args) -> int:
     from dlscale.inputs.spec import parse_data
 
     device = common.resolve_device(args.device)
     if not args.seconds > 0:
         raise ConfigError(f"--seconds must be > 0, got {args.seconds}")
-    workers = common.parse_positive_ints(args.workers, "workers") if args.workers else sorted({1, _cpus()})
+    workers = parse_workers(args.workers) if args.workers else sorted({1, _cpus()})
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     specs = [parse_data(d) for d in common.split_list(args.data)]

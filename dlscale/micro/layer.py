@@ -18,7 +18,7 @@ from dlscale.micro import common
 KINDS = ("bert", "gpt2", "t5-encoder", "t5-decoder")
 SIZES = ("base", "large")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # rows and the peak table use the compute dtype's name
-CLI_PRECISIONS = ("fp32", "tf32", "amp-bf16", "amp-fp16")  # --precision takes dlscale run's names
+CLI_PRECISIONS = ("fp32", "fp32-strict", "tf32", "amp-bf16", "amp-fp16")  # --precision takes dlscale run's names
 # (d_model, d_ff, heads) per family and size
 SHAPES: dict[str, dict[str, tuple[int, int, int]]] = {
     "bert": {"base": (768, 3072, 12), "large": (1024, 4096, 16)},
@@ -138,6 +138,22 @@ def build_layer(kind: str, size: str, dropout: float = 0.0):
             return x + self.drop(self.mlp(self.norm2(x)))
 
     return Layer()
+
+
+def row_precision(cli: str, device: str, capability: tuple[int, int] | None) -> str:
+    """What ``--precision`` runs, as `dlscale run` reads it: fp32 is TF32 on a CUDA device that has it
+    (compute capability 8.0 and later, as the worker sets it), fp32-strict is IEEE fp32 everywhere."""
+    if cli == "fp32-strict":
+        return "fp32"
+    if cli == "fp32" and device == "cuda" and capability is not None and capability >= (8, 0):
+        return "tf32"
+    return cli
+
+
+def _capability(device: str) -> tuple[int, int] | None:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if device == "cuda" else None
 
 
 def precision_support(precision: str, dev) -> str | None:
@@ -263,19 +279,25 @@ def add_parser(sub) -> None:
                     "attention, MLP, norms) in forward and forward+backward; TFLOPS from the analytic "
                     "matmul FLOPs (docs/micro.md: forward 24*b*s*h^2 + 4*b*s^2*h for d_ff = 4h, "
                     "T5 decoder adds cross-attention, forward+backward = 3 x forward).")
-    p.add_argument("--kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
+    from dlscale.cli import deprecated_alias
+
+    p.add_argument("--model", dest="kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
+    deprecated_alias(p, "--kind", "--model", dest="kind")
     p.add_argument("--size", default="base",
                    help="base (d_model 768, d_ff 3072, 12 heads) or large (1024, 4096, 16 heads; for "
                         "gpt2 the gpt2-medium shapes)")
-    p.add_argument("--batch", action="append", default=None, metavar="B[,B...]",
+    p.add_argument("--batch-size", dest="batch", action="append", default=None, metavar="B[,B...]",
                    help=f"batch sizes, comma-separated or repeated (default: auto = {GPU_BATCH} on GPU, "
                         f"{CPU_BATCH} on CPU)")
-    p.add_argument("--seq", action="append", default=None, metavar="S[,S...]",
+    p.add_argument("--seq-len", dest="seq", action="append", default=None, metavar="S[,S...]",
                    help=f"sequence lengths, comma-separated or repeated (the T5 decoder attends to an "
                         f"encoder output of the same length) (default: auto = {GPU_SEQ} on GPU, {CPU_SEQ} on CPU)")
+    deprecated_alias(p, "--batch", "--batch-size", dest="batch")
+    deprecated_alias(p, "--seq", "--seq-len", dest="seq")
     p.add_argument("--precision", default="auto",
                    help=f"one of {', '.join(CLI_PRECISIONS)} (dlscale run's names: amp-* = autocast over fp32 "
-                        "weights; fp32 = TF32 off, tf32 = on); auto = amp-bf16 on GPU, fp32 on CPU")
+                        "weights; fp32 = as run: TF32 on where the GPU has it, rows say tf32; fp32-strict = "
+                        "TF32 off); auto = amp-bf16 on GPU, fp32 on CPU")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout probability on attention and residual branches (0 = off)")
     common.add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
@@ -285,7 +307,7 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     kind = args.kind.lower()
     if kind not in KINDS:
-        raise ConfigError(f"unknown layer kind {args.kind!r}; choose from: {', '.join(KINDS)}")
+        raise ConfigError(f"unknown layer --model {args.kind!r}; choose from: {', '.join(KINDS)}")
     size = args.size.lower()
     if size not in SIZES:
         raise ConfigError(f"unknown layer size {args.size!r}; choose from: {', '.join(SIZES)}")
@@ -293,7 +315,7 @@ def main(args) -> int:
     if precision in ("bf16", "fp16"):  # the old spellings
         print(f"dlscale: warning: --precision {precision} is deprecated; use amp-{precision}", file=sys.stderr)
     precision = {"amp-bf16": "bf16", "amp-fp16": "fp16"}.get(precision, precision)
-    if precision != "auto" and precision not in PRECISIONS:
+    if precision != "auto" and precision not in PRECISIONS + ("fp32-strict",):
         raise ConfigError(f"unknown precision {args.precision!r}; choose from: auto, {', '.join(CLI_PRECISIONS)}")
     if not 0.0 <= args.dropout < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {args.dropout}")
@@ -307,6 +329,7 @@ def main(args) -> int:
                                       "seq") or [GPU_SEQ if device == "cuda" else CPU_SEQ]
     if precision == "auto":
         precision = "bf16" if device == "cuda" else "fp32"
+    precision = row_precision(precision, device, _capability(device))
     common.check_store(args.store)
 
     rows = run_layer(kind, size, batches, seqs, precision, device, warmup, iters, args.dropout)

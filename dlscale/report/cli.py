@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dlscale import ConfigError
 from dlscale.report.data import Filters, Loaded, build_report, load_records
+from dlscale.storeargs import add_store_arguments, add_two_store_arguments
 
 FORMATS = ("md", "csv", "json", "html")
 COMPARE_FORMATS = ("md", "csv", "json")
@@ -47,8 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "without one it is shown as missing. Reads the store only; never writes to it. "
                     "Unreadable lines are skipped with a warning on stderr. An empty or missing store, or "
                     "filters matching nothing, exit with code 2.")
-    p.add_argument("store", nargs="?", default=DEFAULT_STORE, metavar="STORE",
-                   help="result store: a directory of .jsonl files, or one .jsonl file")
+    add_store_arguments(p, DEFAULT_STORE)
     p.add_argument("--format", choices=FORMATS, default="md",
                    help="md: Markdown tables; csv: one row per case; json: DLPerf-shaped "
                         "{dlperf, groups, records, skipped_lines}; html: one self-contained page with plots")
@@ -73,10 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "exact Mann-Whitney U test. Verdict per case: faster, slower, or no change (within "
                     "noise); inconclusive when there are too few repeats to tell. Exit 0, or 1 with "
                     "--fail-on-regression when a significant slowdown exceeds the given percentage.")
-    c.add_argument("store_a", metavar="A", help="store A (the reference)")
-    c.add_argument("store_b", nargs="?", metavar="B",
-                   help="store B (default: A again; then --label-a/--label-b or --filter-a/--filter-b pick the "
-                        "two sides)")
+    add_two_store_arguments(c)
     c.add_argument("--label-a", metavar="LABEL", help="only records of A with this label (default: any label)")
     c.add_argument("--label-b", metavar="LABEL", help="only records of B with this label (default: any label)")
     c.add_argument("--framework-a", metavar="FW", choices=FRAMEWORK_SIDES,

@@ -32,7 +32,7 @@ from dlscale.report import sources
 from dlscale.report import datacols
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
-from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p
+from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p, repeats_for
 
 # fields --ignore may leave out of the pairing: those of the case identity
 IGNORABLE = tuple(n for n in FIELDS if n not in PROCEDURE_FIELDS)
@@ -105,6 +105,7 @@ class Pair:
     p: float | None = None
     p_method: str | None = None
     verdict: str = SAME
+    needs: str | None = None  # inconclusive: what it would take to decide
 
     @property
     def row(self) -> Row:
@@ -199,6 +200,14 @@ def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_f
     return Side(name, loaded, label, rows)
 
 
+def needs_text(na: int, nb: int, alpha: float) -> str:
+    """Why n A vs n B repeats cannot decide, and the repeats per side that can."""
+    n = repeats_for(alpha, na, nb)
+    take = f"{n} repeats per side can (--repeats {n} on both)" if n else "no practical repeat count can"
+    return (f"{na} vs {nb} repeats cannot reach p < {alpha:g} (the smallest p they allow is "
+            f"{min_two_sided_p(na, nb):.3g}): {take}, or a lower --confidence")
+
+
 def judge(pair: Pair, opts: Options) -> Pair:
     a, b = pair.a, pair.b
     if a is None or b is None:
@@ -214,13 +223,13 @@ def judge(pair: Pair, opts: Options) -> Pair:
     pair.ratio = pair.median_b / pair.median_a
     xa, xb = pair.samples_a, pair.samples_b
     if not xa or not xb:
-        pair.verdict = FEW
+        pair.verdict, pair.needs = FEW, "a side has no per-repeat figures to test"
         return pair
     pair.ci = bootstrap_ratio_ci(xa, xb, opts.resamples, opts.confidence, opts.seed)
     _, pair.p, pair.p_method = mann_whitney(xa, xb)
     alpha = 1.0 - opts.confidence
     if len(xa) < 2 or len(xb) < 2 or min_two_sided_p(len(xa), len(xb)) >= alpha:
-        pair.verdict = FEW
+        pair.verdict, pair.needs = FEW, needs_text(len(xa), len(xb), alpha)
     elif (pair.ci[0] > 1.0 or pair.ci[1] < 1.0) and pair.p < alpha \
             and abs(pair.ratio - 1.0) * 100.0 >= opts.min_change_pct:
         pair.verdict = FASTER if pair.ratio > 1.0 else SLOWER
@@ -319,7 +328,7 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
         "median_a": p.median_a, "median_b": p.median_b, "ratio": p.ratio, "change_pct": p.change_pct,
         "ci_low": p.ci[0] if p.ci else None, "ci_high": p.ci[1] if p.ci else None,
         "p_value": p.p, "p_method": p.p_method, "n_a": len(p.samples_a), "n_b": len(p.samples_b),
-        "verdict": p.verdict, "record_a": p.a.record.get("id") if p.a else None,
+        "verdict": p.verdict, "needs": p.needs, "record_a": p.a.record.get("id") if p.a else None,
         "record_b": p.b.record.get("id") if p.b else None,
         **({"a_differs": c.a_differs(p)} if c is not None and c.ignore else {}),
         "flags": "; ".join(f"{f.check}: {f.reason}" for f in p.flags) or None,
@@ -358,6 +367,9 @@ def to_markdown(c: Comparison) -> str:
         out += ["Validity (docs/metrics.md): a ratio with a flag may not be sound:", ""]
         out += [f"- {p.case} {p.row.node_gpu}: {'⚠' if f.severity == validity.WARN else '?'} {f.check}: {f.reason}"
                 for p, f in flagged] + [""]
+    needs = Counter(p.needs for p in c.pairs if p.needs)
+    if needs:
+        out += [f"Inconclusive ({n} case{'s' if n > 1 else ''}): {why}." for why, n in needs.items()] + [""]
     counts = c.counts()
     out.append("Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     if data:

@@ -16,6 +16,7 @@ Rules (docs/reports.md says the same for users):
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import gzip
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlscale import ConfigError, validity
-from dlscale.config import LATE_FIELD_DEFAULTS, workload_fields
+from dlscale.config import LATE_FIELD_DEFAULTS, RunConfig, workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
 from dlscale.store import MEASURED_STATUSES, STATUSES, LoadResult, ResultStore
@@ -574,7 +575,7 @@ class Group:
             parts.append(self.device_type)
         prefix = sources.title_prefix(self)  # external/imported tables name their stack there
         for k, v in self.extras.items():
-            if k not in ("label", "device_type", "flavor") and (
+            if k not in ("label", "device_type", "flavor") and not at_default(k, v) and (
                     k not in sources.TITLE_SKIP or (k == "framework" and prefix is None)):
                 parts.append(f"{k}={_compact(v)}")
         return (prefix + " — " if prefix else "") + " · ".join(parts)
@@ -585,6 +586,20 @@ class Group:
             return "no 1-device ok record of this workload: speedup and efficiency are not computed"
         where = "this table's 1-device row" if not b.borrowed else f"the 1-device {b.strategy} record"
         return f"speedup baseline: {where} ({b.median:.2f} {self.unit}/s, record {str(b.record.get('id'))[:8]})"
+
+
+def at_default(key: str, value: Any) -> bool:
+    """Whether a case field's value is the one a case has when nobody sets it (unset, empty
+    options, the RunConfig default): such a value says nothing in a table's key or title."""
+    if value is None or value == {}:
+        return True
+    default = LATE_FIELD_DEFAULTS.get(key, _CASE_DEFAULTS.get(key, _NO_DEFAULT))
+    return default is not _NO_DEFAULT and value == default and type(value) is type(default)
+
+
+_NO_DEFAULT = object()
+_CASE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)
+                  if f.default is not dataclasses.MISSING}
 
 
 def _compact(v: Any) -> str:
@@ -723,8 +738,9 @@ def assign_names(groups: list[Group]) -> None:
                 for k in order:
                     if k in ("precision", "batch_size") or k in varying:
                         parts.append(_name_part(k, g.fields.get(k)))
-                # unset values (no label, no clipping...) add nothing: the plain name is the default
-                parts += [_name_part(k, v) for k, v in g.extras.items() if k != "flavor" and v is not None]
+                # unset or default values (no label, no strategy options...) add nothing: the plain name
+                # is the default, so a table's key does not change when another table sets the field
+                parts += [_name_part(k, v) for k, v in g.extras.items() if k != "flavor" and not at_default(k, v)]
                 name = "_".join(parts)
             base, n = name, 2
             while name in used:

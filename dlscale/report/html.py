@@ -233,6 +233,11 @@ def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
         if cols:
             res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
             out.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
+        flags = [f for f in (m.get("validity") or {}).get("flags") or [] if isinstance(f, dict)]
+        if flags:  # as run's: spread, competing processes, oversubscribed threads
+            out.append('<ul class="notes">' + "".join(
+                f"<li>{'⚠' if f.get('severity') == 'warn' else '?'} {_e(str(f.get('check')))}: "
+                f"{_e(str(f.get('reason')))}</li>" for f in flags) + "</ul>")
         out.append("</section>")
     return out
 

@@ -92,12 +92,26 @@ def splits_batch(rec: dict[str, Any]) -> bool:
     return dp > 1 or (info.get("microbatches") or 1) > 1 or (info.get("devices_per_process") or 1) > 1
 
 
+def model_knobs(rec: dict[str, Any]) -> dict[str, Any]:
+    """The strategy options that resize the model (embedding-shard's vocab_scale, partial-fc's
+    classes, ...): a case so resized trains another model than the default-size `single`."""
+    from types import SimpleNamespace
+
+    from dlscale.benchsuite import mp_knobs
+
+    cfg = rec_config(rec)
+    opts = cfg.get("strategy_options")
+    return mp_knobs(SimpleNamespace(strategy=cfg.get("strategy"), strategy_options=opts if isinstance(opts, dict)
+                                    else {}))
+
+
 def workload(rec: dict[str, Any]) -> tuple:
-    """Cases whose losses must agree; another framework's loss is not expected to match (its own init)."""
+    """Cases whose losses must agree; another framework's loss is not expected to match (its own init),
+    nor a model the strategy's options resized."""
     cfg = rec_config(rec)
     return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in WORKLOAD_KEYS) + (
         str(cfg.get("framework") or "torch"), rec_device_type(rec), str(rec.get("global_batch")),
-        json.dumps(rec_label(rec)))
+        json.dumps(rec_label(rec)), json.dumps(model_knobs(rec), sort_keys=True, default=str))
 
 
 @dataclass
@@ -151,6 +165,9 @@ class Group:
             bits.append(f"clip {cfg.get('clip_grad_norm')}")
         if rec_label(self.rec) is not None:
             bits.append(f"label {rec_label(self.rec)}")
+        knobs = model_knobs(self.rec)
+        if knobs:
+            bits.append("model resized by " + ",".join(f"{k}={v}" for k, v in knobs.items()))
         return " · ".join(bits)
 
     @property
@@ -183,7 +200,9 @@ class ParityReport:
 def _judge(e: Entry, ref: Entry | None, tol: float) -> None:
     rec = e.rec
     if ref is None:
-        e.verdict, e.note = NOT_COMPARABLE, "no ok single record of this workload"
+        knobs = model_knobs(e.rec)
+        e.verdict, e.note = NOT_COMPARABLE, "no ok single record of this workload" + (
+            f" (no reference at this model size: {', '.join(f'{k}={v}' for k, v in knobs.items())})" if knobs else "")
         return
     if not any(x is not None for x in e.warmup) and e.after is None:
         e.verdict, e.note = NO_LOSS, "the record holds no loss"
@@ -272,6 +291,10 @@ def build(loaded: Loaded, filters: Filters | None = None, tolerance: float | Non
 
 def _other_singles(rows: list[Row], rec: dict[str, Any]) -> str:
     """Where single ran the same model and precision on another global batch (why nothing matched)."""
+    knobs = model_knobs(rec)
+    if knobs:
+        return (f" (the strategy's options resize the model: {', '.join(f'{k}={v}' for k, v in knobs.items())}; "
+                "`single` trains the registered size, so no reference of this model exists)")
     cfg = rec_config(rec)
     same = [r for r in rows if r.strategy == "single" and rec_device_type(r.record) == rec_device_type(rec)
             and all(rec_config(r.record).get(k) == cfg.get(k) for k in ("model", "flavor", "precision"))]

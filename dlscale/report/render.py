@@ -428,6 +428,9 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         if cols:
             rows = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
             out += [md_table(cols, rows), ""]
+        flags = (m.get("validity") or {}).get("flags") or []  # as run's: spread, competing processes, threads
+        out += [f"- {'⚠' if f.get('severity') == 'warn' else '?'} `{f.get('check')}`: "
+                f"{md_text(str(f.get('reason')))}" for f in flags if isinstance(f, dict)] + ([""] if flags else [])
         for title, path in plot_links.get(f"micro:{m.get('id')}", []):
             out += [f"![{title}]({path})", ""]
     out += sources.provenance_lines(report)

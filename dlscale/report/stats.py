@@ -98,3 +98,12 @@ def min_two_sided_p(na: int, nb: int) -> float:
     if na < 1 or nb < 1:
         return 1.0
     return min(1.0, 2.0 / math.comb(na + nb, na))
+
+
+def repeats_for(alpha: float, na: int, nb: int, most: int = 1000) -> int | None:
+    """The fewest repeats per side (at least those there are) whose exact test can reach p < alpha;
+    None past ``most``."""
+    for n in range(max(na, nb, 2), most + 1):
+        if min_two_sided_p(n, n) < alpha:
+            return n
+    return None

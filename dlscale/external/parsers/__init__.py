@@ -120,9 +120,10 @@ class ParseResult:
     window_t: tuple[float, float] | None = None
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    seq_len: int | None = None  # tokens per sample as the log states it (None: the log does not say)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"parser": self.parser, "unit": self.unit, "samples_per_s": self.samples_per_s,
+        return {"parser": self.parser, "unit": self.unit, "samples_per_s": self.samples_per_s, "seq_len": self.seq_len,
                 "method": self.method, "steps_seen": self.steps_seen, "skipped_steps": self.skipped_steps,
                 "window_steps": self.window_steps, "window_s": self.window_s,
                 "window_t": list(self.window_t) if self.window_t else None,
@@ -136,6 +137,8 @@ class Parser:
     description = ""
     # the tool's packages whose versions a record notes when they are importable here
     packages: tuple[str, ...] = ()
+    # a line where the tool states its sequence length (group ``n``); None: it never prints it
+    seq_len_line: "re.Pattern[str] | None" = None
 
     def check(self, opts: ParseOptions) -> None:
         """Raise ConfigError for options this parser cannot work with (before anything runs)."""
@@ -153,7 +156,9 @@ class Parser:
         obs = self.observations(clean, opts)
         if not obs:
             raise ParseError(self.name, f"no throughput lines found ({self.expects()})")
-        return self.reduce(obs, opts)
+        res = self.reduce(obs, opts)
+        res.seq_len = log_seq_len(self.seq_len_line, clean)
+        return res
 
     def expects(self) -> str:
         """A short description of the lines this parser reads (for its error messages)."""
@@ -208,6 +213,17 @@ def window(obs: list[Obs], warmup: int, steps: int | None, parser: str) -> tuple
         out.append(o)
         covered += o.steps
     return out, out[0].first
+
+
+def log_seq_len(pattern: "re.Pattern[str] | None", lines: Sequence[LogLine]) -> int | None:
+    """The sequence length the log states (its first statement), or None."""
+    if pattern is None:
+        return None
+    for ln in lines:
+        m = pattern.search(ln.text)
+        if m and int(m.group("n")) > 0:
+            return int(m.group("n"))
+    return None
 
 
 def harmonic_rate(obs: Sequence[Obs]) -> float:

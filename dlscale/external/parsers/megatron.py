@@ -32,6 +32,8 @@ class Megatron(Parser):
     description = ("Megatron lines 'iteration N/M | ... | elapsed time per iteration (ms): T | ... | "
                    "global batch size: B |'")
     packages = ("megatron-core",)
+    # its argument dump at start-up: "  seq_length ...................... 1024"
+    seq_len_line = re.compile(r"^\s*seq_length\s*\.{2,}\s*(?P<n>\d+)\s*$")
 
     def observations(self, lines: Sequence[LogLine], opts: ParseOptions) -> list[Obs]:
         out: list[Obs] = []

@@ -32,6 +32,8 @@ TFLOPS = re.compile(r"\btflops:\s*(?P<v>[\d,]+(?:\.\d+)?)")
 class TorchTitan(Parser):
     description = "torchtitan metrics lines 'step: N  loss: ...  tps: T  tflops: F  mfu: M%'"
     packages = ("torchtitan",)
+    # its trainer's start line: "Training starts at step 1, ..., sequence length 2048, total steps ..."
+    seq_len_line = re.compile(r"\bsequence length (?P<n>\d+)\b")
 
     def observations(self, lines: Sequence[LogLine], opts: ParseOptions) -> list[Obs]:
         out: list[Obs] = []
