@@ -26,6 +26,7 @@ from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
+from dlscale.quality import target as quality_target
 from dlscale.store import StoreError
 from dlscale.strategies import get_strategy, resolve_spec
 
@@ -202,7 +203,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
     if status == "ok" and r0 is not None:
         global_batch = cfg.batch_size * cfg.grad_accum * r0["dp_size"]
         entry.update({
-            "samples_per_s": metrics.throughput(cfg.steps, global_batch, r0["window_s"]),
+            # --until: the steps the window held (the run stops at its target)
+            "samples_per_s": metrics.throughput(r0.get("window_steps", cfg.steps), global_batch, r0["window_s"]),
             "window_s": r0["window_s"],
             "warmup_s": r0.get("warmup_s"),
             "step_times_ms": r0["step_times_ms"],
@@ -215,6 +217,8 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
+        if r0.get("quality") is not None:  # --until: target, curve, samples and seconds to it
+            entry["quality"] = r0["quality"]
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
             entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps"),
                           "loss_scale_tracker": r0.get("loss_scale_tracker")})
@@ -380,8 +384,9 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
     for i in range(cfg.repeats):
         with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
             workdir = Path(tmp)
-            (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
-            proc = spawner.start(cfg, workdir, env)
+            run_cfg = quality_target.repeat_config(cfg, i)  # --until: repeats over seeds
+            (workdir / "config.json").write_text(json.dumps(run_cfg.to_dict()))
+            proc = spawner.start(run_cfg, workdir, env)
             rank_results[:] = read_rank_files(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
@@ -423,6 +428,7 @@ def _finish(cfg: RunConfig, spec, rec: Record, rank_results: list[dict], device_
     if any(r["status"] == "ok" for r in rec.repeats):
         rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
     _median_repeat_extras(rec, files_root, staging)
+    rec.quality = quality_target.summarize(rec.repeats)  # --until only (None otherwise)
     rec.validity = validity.assess(rec.to_dict()).to_dict()
 
 

@@ -56,7 +56,9 @@ def test_case_options_round_trip():
                   data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_decode_sm_share=0.3,
                   data_decode_priority="low",
                   data_cold_read=True,
-                  optimizer_graph=True)
+                  optimizer_graph=True, until="val_loss<=2.5", eval_every=7, eval_batches=3,
+                  eval_data="tokens:/data/val.bin", max_steps=40, lr=0.002, lr_schedule="cosine", lr_warmup=5,
+                  lr_scale="sqrt", lr_ref_batch=64)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
     search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60, framework="jax")
     untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n)
