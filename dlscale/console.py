@@ -41,6 +41,10 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
                       f"process {e['process_s']:.1f} s{': ' + where if where else ''})", flush=True)
                 if e.get("data"):
                     print(f"#     {data_line(e['data'])}", flush=True)
+                if e.get("quality"):  # --until (dlscale/quality)
+                    from dlscale.quality.lines import repeat_line
+
+                    print(f"#     {repeat_line(e['quality'])}", flush=True)
             else:
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['status'].upper()}: {e['error']}", flush=True)
 
@@ -198,6 +202,11 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
     if rec.get("status") == "ok":
         for line in validity_lines(rec):
             print(line)
+    from dlscale.quality.lines import summary_line
+
+    line = summary_line(rec.get("quality"))
+    if line:
+        print(line)
     line = breakdown_line(rec.get("breakdown"))
     if line:
         print(line)

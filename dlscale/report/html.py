@@ -156,6 +156,7 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     body += frameworks.html(report)
     body.append(sources.html_section(report))
     body += _side_by_side(side)
+    body += _quality(report, by_key)
     body += _parity(par)
     body += _micro_sections(report, by_key)
     body += _environment_section(report)
@@ -277,6 +278,26 @@ def _side_by_side(ts: list) -> list[str]:
 
 def _verdict_class(v: str) -> str:
     return {"faster": "l good", "slower": "l flag", "pass": "l good", "FAIL": "l flag"}.get(v, "l")
+
+
+def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
+    """The time-to-quality tables and their plots (dlscale/report/quality.py)."""
+    from dlscale.report import quality
+    from dlscale.report.render import quality_view
+
+    groups = quality_view(report)
+    if not groups:
+        return []
+    out = [f'<h2 id="quality">{_e(quality.TITLE)}</h2>', f'<p class="method">{_e(quality.METHOD)}</p>']
+    for g in groups:
+        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap wide\">"
+                   + _table(list(quality.HEADERS), [quality.cells(r) for r in g.rows], left_cols=5) + "</div>")
+        ns = quality.notes(g)
+        if ns:
+            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in ns) + "</ul>")
+        out.append(_figures(by_key.get(f"quality:{g.slug}", [])))
+        out.append("</section>")
+    return out
 
 
 def _parity(rep) -> list[str]:
