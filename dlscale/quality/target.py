@@ -128,6 +128,10 @@ def check_case(cfg) -> None:
         raise ConfigError(f"--until evaluates token files; --data {cfg.data} is not tokens:PATH")
     text = eval_data_text(cfg)
     spec = parse_data(text)
+    from dlscale.inputs import _pending
+
+    if _pending(spec.path) or _pending(parse_data(cfg.data).path):  # a suite's before command makes both
+        return
     if not os.path.isfile(spec.path):
         raise ConfigError(f"no validation split at {spec.path}: give --eval-data tokens:PATH (dlscale data make "
                           f"text-corpus writes val.bin beside train.bin)")
