@@ -220,7 +220,9 @@ def test_report_time_to_quality_table_and_speedups_by_hand(tmp_path, capsys):
     section = md[md.index("## Time to quality"):]
     table = [ln for ln in section.splitlines() if ln.startswith("| ")][1:]
     assert len(table) == 3
-    assert table[1].rstrip(" |").endswith("1.38")  # TTQ speedup, the last column
+    cols = [c.strip() for c in table[1].strip("|").split("|")]
+    assert cols[-2:] == ["1.38", "2"]  # TTQ speedup, and the rank by time to target
+    assert [r["ttq_rank"] for r in groups[0]["rows"]] == [3, 2, 1]
     assert "2/3 ⚠" in table[2]
 
 
@@ -236,11 +238,17 @@ def _train(corpus: Path, store: Path, *extra: str) -> int:
 @pytest.mark.slow
 def test_tiny_gpt2_reaches_a_val_loss_target_at_1_and_2_processes_and_records_a_miss(corpus, tmp_path,
                                                                                       single_in_process, capsys):
+    """single at batch 8 and ddp at 2 x 4 train the same global batch: besides reaching the target,
+    ddp's validation curve must be single's (accuracy parity, the validation loss and not only the
+    training losses); a target out of reach is a result, exit 0, with the reason."""
+    from dlscale import parity
+
     store = tmp_path / "store"
     with single_in_process():
-        assert _train(corpus, store, "--until", "val_loss<=5.0", "--max-steps", "40", "--repeats", "2") == 0
+        assert _train(corpus, store, "--until", "val_loss<=5.0", "--max-steps", "40", "--repeats", "2",
+                      "--batch-size", "8") == 0
         assert _train(corpus, store, "--until", "val_loss<=5.0", "--max-steps", "40", "--repeats", "1",
-                      "--strategy", "ddp", "--nproc-per-node", "2") == 0
+                      "--batch-size", "4", "--strategy", "ddp", "--nproc-per-node", "2") == 0
         assert _train(corpus, store, "--until", "val_loss<=0.01", "--max-steps", "4", "--repeats", "1") == 0
     capsys.readouterr()
     recs = [json.loads(ln) for ln in (store / "results.jsonl").read_text().splitlines()]
@@ -255,7 +263,12 @@ def test_tiny_gpt2_reaches_a_val_loss_target_at_1_and_2_processes_and_records_a_
             assert rq["samples_to_target"] == rq["steps_to_target"] * rec["global_batch"]
             assert 0 < rq["time_to_target_s"] <= rq["wall_to_target_s"]
     assert [r["quality"]["seed"] for r in one["repeats"]] == [0, 1]
-    assert two["global_batch"] == 2 * one["global_batch"]
+    assert two["global_batch"] == one["global_batch"] == 8
+    single_curve, ddp_curve = one["repeats"][0]["quality"]["curve"], two["repeats"][0]["quality"]["curve"]
+    assert [p["step"] for p in ddp_curve] == [p["step"] for p in single_curve]
+    tol = parity.tolerance("cpu", "fp32")
+    for a, b in zip(single_curve, ddp_curve):
+        assert abs(a["val"] - b["val"]) <= tol * abs(a["val"]), (a, b)
     mq = miss["quality"]
     assert miss["status"] == "ok" and mq["reached"] == 0 and mq["flag"]
     rep = miss["repeats"][0]["quality"]

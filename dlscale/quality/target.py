@@ -80,9 +80,6 @@ def check_fields(cfg) -> None:
     if cfg.data == "synthetic":
         raise ConfigError("--until needs a real data source with a validation split: --data tokens:PATH "
                           "(dlscale data make text-corpus makes one); synthetic batches have no validation split")
-    if cfg.optimizer_graph:
-        raise ConfigError("--until sets the learning rate every step; --optimizer-graph replays a captured update "
-                          "(use one or the other)")
     if cfg.eval_data is not None and not str(cfg.eval_data).startswith("tokens:"):
         raise ConfigError(f"eval-data must be tokens:PATH[:uint16|uint32], got {cfg.eval_data!r}")
     if cfg.lr_ref_batch is not None and cfg.lr_scale == "none":
@@ -118,6 +115,9 @@ def check_case(cfg) -> None:
     from dlscale.inputs.spec import parse_data
     from dlscale.models import get_model
 
+    if cfg.optimizer_graph:
+        raise ConfigError("--until sets the learning rate every step; --optimizer-graph replays a captured update "
+                          "(use one or the other)")
     target = parse_target(cfg.until)
     model = get_model(cfg.model, cfg.flavor)
     have = produced_metrics(model)

@@ -153,6 +153,7 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
     out.append(inputs.config_words(cfg))
+    out.append(f"until {cfg['until']}" if cfg.get("until") else "")  # time to quality (docs/quality.md)
     return [x for x in out if x]
 
 

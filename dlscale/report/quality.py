@@ -23,10 +23,11 @@ TITLE = "Time to quality"
 METHOD = ("Per workload (model, data, target, validation split): samples, steps and training seconds to the target "
           "(evaluations excluded; median over the repeats, each a different seed, that reached it, with its range); "
           "throughput speedup = samples/s ÷ the baseline's; TTQ speedup = the baseline's time to target ÷ the row's. "
-          "Baseline: fewest devices, then smallest global batch.")
+          "Baseline: fewest devices, then smallest global batch. TTQ rank: 1 reaches the target soonest.")
 WORKLOAD_KEYS = ("model", "flavor", "data", "until", "eval_data", "eval_batches")
 HEADERS = ("devices", "global batch", "strategy", "precision", "lr", "reached", "samples to target",
-           "steps to target", "time to target (s)", "final val", "samples/s", "throughput speedup", "TTQ speedup")
+           "steps to target", "time to target (s)", "final val", "samples/s", "throughput speedup", "TTQ speedup",
+           "TTQ rank")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class QRow:
     quality: dict[str, Any]
     throughput_speedup: float | None = None
     ttq_speedup: float | None = None
+    rank: int | None = None  # by median time to target, 1 the soonest (rows that reached it)
 
     @property
     def global_batch(self) -> int | None:
@@ -84,6 +86,10 @@ def speedups(rows: list[QRow]) -> QRow | None:
         r.throughput_speedup = r.row.median / b_tput if (r.row.median and b_tput) else None
         ttq = r.median("time_to_target_s")
         r.ttq_speedup = b_ttq / ttq if (b_ttq and ttq) else None
+    timed = sorted((r for r in rows if r.median("time_to_target_s") is not None),
+                   key=lambda r: r.median("time_to_target_s"))
+    for i, r in enumerate(timed):
+        r.rank = i + 1
     return base
 
 
@@ -132,7 +138,7 @@ def cells(r: QRow) -> list[str]:
     return [str(r.row.devices), gb, str(cfg.get("strategy")), str(cfg.get("precision")),
             _lr(rec), reached, _range(q.get("samples_to_target"), 0), _range(q.get("steps_to_target"), 0),
             _range(q.get("time_to_target_s"), 2), _range(q.get("final_val"), 4), fmt_num(r.row.median, 2),
-            fmt_num(r.throughput_speedup, 2), fmt_num(r.ttq_speedup, 2)]
+            fmt_num(r.throughput_speedup, 2), fmt_num(r.ttq_speedup, 2), MISSING if r.rank is None else str(r.rank)]
 
 
 def notes(g: QGroup) -> list[str]:
@@ -171,7 +177,8 @@ def json_obj(groups: Sequence[QGroup]) -> list[dict[str, Any]] | None:
              "rows": [{"record_id": r.row.record.get("id"), "devices": r.row.devices, "global_batch": r.global_batch,
                        "strategy": r.row.strategy, "precision": rec_config(r.row.record).get("precision"),
                        "samples_per_s": r.row.median, "quality": {k: v for k, v in r.quality.items()},
-                       "throughput_speedup": r.throughput_speedup, "ttq_speedup": r.ttq_speedup}
+                       "throughput_speedup": r.throughput_speedup, "ttq_speedup": r.ttq_speedup,
+                       "ttq_rank": r.rank}
                       for r in g.rows]} for g in groups]
 
 
