@@ -141,6 +141,24 @@ def test_repeats_of_a_quality_case_run_over_seeds():
     assert qt.repeat_config(RunConfig(seed=7), 2).seed == 7  # throughput repeats: the same case
 
 
+def test_chunks_end_at_evaluations_and_at_the_end_of_the_warm_up():
+    pytest.importorskip("torch")
+    from dlscale.quality.loop import _next_stop, _why_stop
+
+    cfg = RunConfig(data="tokens:/x/train.bin", until="val_loss<=3", eval_every=10, warmup=15, max_steps=20)
+    total = qt.horizon(cfg)
+    assert total == 35
+    stops, s = [], 0
+    while s < total:
+        s = _next_stop(cfg, s, total)
+        stops.append(s)
+    assert stops == [10, 15, 20, 30, 35]
+    assert _why_stop(3.5, 20, total, False, cfg) is None  # keep training
+    assert "35" in _why_stop(3.5, 35, total, False, cfg)  # the step budget, named
+    assert "time-limit" in _why_stop(3.5, 20, total, True, cfg)
+    assert _why_stop(None, 20, total, False, cfg)  # no validation loss: a reason, not a crash
+
+
 # ---------------------------------------------------------------------------- bad input of `run`
 
 @pytest.fixture(scope="module")

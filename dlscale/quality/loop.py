@@ -19,12 +19,13 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dlscale import parity, precision
+from dlscale import parity, precision, progress
 from dlscale.quality.target import eval_data_text, horizon, lr_at, parse_target, peak_lr
 
 # the share of --time-limit (at least RESERVE_S) kept for start-up before the loop and the
 # checks and record after it, so the loop stops itself before the launcher's kill
 RESERVE_SHARE, RESERVE_S = 0.15, 5.0
+PROGRESS_S = 5.0  # at most one progress line this often (rank 0's stdout, read by the launcher)
 
 
 @dataclass
@@ -53,6 +54,10 @@ class _State:
     curve: list[dict[str, Any]] = field(default_factory=list)
     window_wall: list[float] = field(default_factory=list)
     loss: Any = None
+    reached: bool = False
+    reason: str | None = None
+    global_batch: int = 0
+    peak_lr: float = 0.0
 
 
 class Evaluator:
@@ -181,44 +186,47 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
     warm-up and window do (warm-up losses, window seconds and steps, step times) plus ``quality``."""
     target = parse_target(cfg.until)
     total = horizon(cfg)
-    gb = cfg.batch_size * cfg.grad_accum * par.dp_size
-    peak = peak_lr(cfg, _model_lr(par, spec), gb)
+    st = _State(global_batch=cfg.batch_size * cfg.grad_accum * par.dp_size)
+    st.peak_lr = peak_lr(cfg, _model_lr(par, spec), st.global_batch)
 
     def plan(s: int) -> float:
-        return lr_at(s, peak, cfg.lr_schedule, cfg.lr_warmup, total)
+        return lr_at(s, st.peak_lr, cfg.lr_schedule, cfg.lr_warmup, total)
 
-    started = result.get("marks", {}).get("started", time.time())
-    deadline = started + cfg.time_limit - max(RESERVE_S, RESERVE_SHARE * cfg.time_limit)
+    marks = result.setdefault("marks", {})
+    deadline = marks.get("started", time.time()) + cfg.time_limit - max(RESERVE_S, RESERVE_SHARE * cfg.time_limit)
     evaluate = Evaluator(cfg, spec, par, hooks.module, denv)
-    st = _State()
     val = evaluate()
-    st.curve.append(_point(st, gb, val, None, 0.0))
-    wall0 = time.time()
-    reached, reason = False, None  # checked from the first evaluation after training (step 0: the curve's start)
-    while not reached and reason is None:
+    st.curve.append(_point(st, val, None, 0.0))
+    progress.phase("until", "start", denv.rank)
+    wall0 = shown = time.time()
+    if cfg.warmup == 0:
+        marks["warmed_up"] = wall0
+    while not st.reached and st.reason is None:  # checked from the first evaluation after training
         n = _next_stop(cfg, st.steps, total) - st.steps
         if st.steps >= cfg.warmup and not st.window_wall:
             st.window_wall.append(time.time())
         local_s, ms = _chunk(cfg, denv, par, hooks, st, n, plan)
         if st.steps + n == cfg.warmup:
-            result.setdefault("marks", {})["warmed_up"] = time.time()
+            marks["warmed_up"] = time.time()
         evaluating = (st.steps + n) % cfg.eval_every == 0 or st.steps + n == total
         te = time.perf_counter()
         val = evaluate() if evaluating else val
         eval_s = time.perf_counter() - te
-        late = time.time() + local_s + eval_s > deadline
-        seconds, late = _agree(denv, local_s, late)
+        seconds, late = _agree(denv, local_s, time.time() + local_s + eval_s > deadline)
         _account(cfg, st, n, seconds, local_s, ms)
         st.eval_s += eval_s
         if not evaluating:
             continue
         train_loss = parity.global_loss(st.loss if par.reports_loss else None, par, denv)
-        st.curve.append(_point(st, gb, val, train_loss, time.time() - wall0))
-        reached = target.reached(val)
-        if not reached:
-            reason = _why_stop(val, st.steps, total, late, cfg)
+        st.curve.append(_point(st, val, train_loss, time.time() - wall0))
+        st.reached = target.reached(val)
+        st.reason = None if st.reached else _why_stop(val, st.steps, total, late, cfg)
+        if time.time() - shown >= PROGRESS_S:
+            shown = time.time()
+            progress.phase("until", "progress", denv.rank, step=st.steps, of=total)
+    progress.phase("until", "end", denv.rank)
     result["nonfinite_losses"] = sum(1 for x in st.warm_losses if x is None) if par.reports_loss else 0
-    _fill_result(cfg, result, st, target, gb, reached, reason, peak, evaluate)
+    _fill_result(cfg, result, st, target, evaluate)
     return st
 
 
@@ -240,12 +248,12 @@ def _why_stop(val, steps: int, total: int, late: bool, cfg) -> str | None:
     return None
 
 
-def _point(st: _State, gb: int, val, train_loss, wall_s: float) -> dict[str, Any]:
-    return {"step": st.steps, "samples": st.steps * gb, "train_s": round(st.warm_s + st.window_s, 6),
+def _point(st: _State, val, train_loss, wall_s: float) -> dict[str, Any]:
+    return {"step": st.steps, "samples": st.steps * st.global_batch, "train_s": round(st.warm_s + st.window_s, 6),
             "wall_s": round(wall_s, 6), "val": val, "train_loss": train_loss}
 
 
-def _fill_result(cfg, result, st: _State, target, gb: int, reached: bool, reason, peak: float, ev) -> None:
+def _fill_result(cfg, result, st: _State, target, ev) -> None:
     if not st.window_steps:  # stopped inside the warm-up: its steps are the only timed ones
         window_s, local_s, window_steps, step_ms = st.warm_s, st.warm_s, st.steps, st.warm_ms
     else:
@@ -261,8 +269,9 @@ def _fill_result(cfg, result, st: _State, target, gb: int, reached: bool, reason
     marks["window_done"] = now
     last = st.curve[-1]
     vals = [p["val"] for p in st.curve if p["val"] is not None]
+    reached, gb = st.reached, st.global_batch
     result["quality"] = {
-        "target": target.text, "metric": target.metric, "reached": reached, "reason": None if reached else reason,
+        "target": target.text, "metric": target.metric, "reached": reached, "reason": st.reason,
         "seed": cfg.seed, "global_batch": gb, "max_steps": horizon(cfg) - cfg.warmup,
         "steps_to_target": last["step"] if reached else None,
         "samples_to_target": last["samples"] if reached else None,
@@ -272,7 +281,7 @@ def _fill_result(cfg, result, st: _State, target, gb: int, reached: bool, reason
         "eval_s": st.eval_s, "final_val": last["val"], "best_val": min(vals) if vals else None,
         "window_includes_warmup": not st.window_steps,
         "eval": {"data": ev.path, "batches": cfg.eval_batches, "samples": ev.samples, "every": cfg.eval_every},
-        "lr": {"peak": peak, "schedule": cfg.lr_schedule, "warmup": cfg.lr_warmup, "scale": cfg.lr_scale,
+        "lr": {"peak": st.peak_lr, "schedule": cfg.lr_schedule, "warmup": cfg.lr_warmup, "scale": cfg.lr_scale,
                "ref_batch": cfg.lr_ref_batch or cfg.batch_size * cfg.grad_accum},
         "curve": st.curve,
     }
