@@ -415,6 +415,7 @@ def _until_loop(cfg, denv, result, par, step, rest: tuple) -> None:
     if sampler is not None:
         result["utilisation"] = sampler.summary(*result["window_wall"])
     _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+    result["loss_after_steps"] = st.steps  # the steps this run took, not warm-up + steps
 
 
 def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:

@@ -174,6 +174,7 @@ def corpus(tmp_path_factory):
     ["--data", "{train}", "--until", "val_acc>=0.5"],  # gpt2 reports no accuracy
     ["--data", "{train}", "--until", "val_loss<=3", "--eval-batches", "100000"],  # split too small
     ["--data", "{train}", "--until", "val_loss<=3", "--eval-data", "tokens:{dir}/missing.bin"],
+    ["--data", "{train}", "--until", "val_loss<=3", "--batch-size", "max"],
 ])
 def test_run_bad_quality_input_is_one_line_exit_2_before_anything(corpus, tmp_path, capsys, extra):
     store = tmp_path / "store"

@@ -80,6 +80,11 @@ def check_fields(cfg) -> None:
     if cfg.data == "synthetic":
         raise ConfigError("--until needs a real data source with a validation split: --data tokens:PATH "
                           "(dlscale data make text-corpus makes one); synthetic batches have no validation split")
+    if cfg.framework != "torch":
+        raise ConfigError(f"--until trains with the torch framework; --framework {cfg.framework} has no "
+                          f"evaluation loop")
+    if cfg.batch_size == "max":
+        raise ConfigError("--until needs a batch size: find the largest with --batch-size max first, then give it")
     if cfg.eval_data is not None and not str(cfg.eval_data).startswith("tokens:"):
         raise ConfigError(f"eval-data must be tokens:PATH[:uint16|uint32], got {cfg.eval_data!r}")
     if cfg.lr_ref_batch is not None and cfg.lr_scale == "none":
