@@ -1,7 +1,8 @@
 """Time to quality: one table per workload, samples and seconds to the target beside throughput.
 
 A *workload* here is what fixes the target a run trains to: model, flavor, training data, the
-target (``--until``), the validation split and its size, device type and label. Its rows are the
+target (``--until``), the validation split and the samples an evaluation averages (evaluation
+batches x global batch), device type and label. Its rows are the
 cases that trained to it (devices, global batch, strategy, precision, learning-rate rule), the
 newest ok record of each. The *baseline* is the row with the fewest devices and, among those, the
 smallest global batch. Throughput speedup = the row's median samples/s ÷ the baseline's; TTQ
@@ -20,11 +21,11 @@ from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report.data import Filters, Loaded, Row, freeze, num, rec_config, rec_device_type, rec_label, select_cases
 
 TITLE = "Time to quality"
-METHOD = ("Per workload (model, data, target, validation split): samples, steps and training seconds to the target "
+METHOD = ("Per workload (model, data, target, validation split and samples evaluated): samples, steps and training seconds to the target "
           "(evaluations excluded; median over the repeats, each a different seed, that reached it, with its range); "
           "throughput speedup = samples/s ÷ the baseline's; TTQ speedup = the baseline's time to target ÷ the row's. "
           "Baseline: fewest devices, then smallest global batch. TTQ rank: 1 reaches the target soonest.")
-WORKLOAD_KEYS = ("model", "flavor", "data", "until", "eval_data", "eval_batches")
+WORKLOAD_KEYS = ("model", "flavor", "data", "until")
 HEADERS = ("devices", "global batch", "strategy", "precision", "lr", "reached", "samples to target",
            "steps to target", "time to target (s)", "final val", "samples/s", "throughput speedup", "TTQ speedup",
            "TTQ rank")
@@ -64,9 +65,21 @@ class QGroup:
         return re.sub(r"[^A-Za-z0-9._-]+", "-", self.title)[:80].strip("-")
 
 
+def _eval_set(rec: dict[str, Any]) -> dict[str, Any]:
+    """The validation split and the samples each evaluation averages (the first ok repeat's)."""
+    for rep in rec.get("repeats") or []:
+        if isinstance(rep, dict) and isinstance(rep.get("quality"), dict):
+            ev = rep["quality"].get("eval")
+            return ev if isinstance(ev, dict) else {}
+    return {}
+
+
 def workload(rec: dict[str, Any]) -> tuple:
-    cfg = rec_config(rec)
-    return tuple(freeze(cfg.get(k)) for k in WORKLOAD_KEYS) + (rec_device_type(rec), freeze(rec_label(rec)))
+    """Cases trained to the same target on the same data, evaluated on the same samples: one table
+    (--eval-batches differs between global batches that evaluate the same samples)."""
+    cfg, ev = rec_config(rec), _eval_set(rec)
+    return (tuple(freeze(cfg.get(k)) for k in WORKLOAD_KEYS) + (freeze(ev.get("data")), freeze(ev.get("samples")))
+            + (rec_device_type(rec), freeze(rec_label(rec))))
 
 
 def _title(rec: dict[str, Any]) -> str:
@@ -172,7 +185,7 @@ def markdown(groups: Sequence[QGroup], plot_links: dict[str, list[tuple[str, str
 def json_obj(groups: Sequence[QGroup]) -> list[dict[str, Any]] | None:
     if not groups:
         return None
-    return [{"title": g.title, "workload": dict(zip(WORKLOAD_KEYS + ("device_type", "label"), g.key)),
+    return [{"title": g.title, "workload": dict(zip(WORKLOAD_KEYS + ("eval_data", "eval_samples", "device_type", "label"), g.key)),
              "baseline_record_id": g.baseline.row.record.get("id") if g.baseline else None,
              "rows": [{"record_id": r.row.record.get("id"), "devices": r.row.devices, "global_batch": r.global_batch,
                        "strategy": r.row.strategy, "precision": rec_config(r.row.record).get("precision"),
