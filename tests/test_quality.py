@@ -243,6 +243,11 @@ def test_report_time_to_quality_table_and_speedups_by_hand(tmp_path, capsys):
     assert cols[-2:] == ["1.38", "2"]  # TTQ speedup, and the rank by time to target
     assert [r["ttq_rank"] for r in groups[0]["rows"]] == [3, 2, 1]
     assert "2/3 ⚠" in table[2]
+    html = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "s"), "--format", "html", "--output", str(html)]) == 0
+    page = html.read_text()
+    section = page[page.index('<h2 id="quality">'):]
+    assert 'href="#quality"' in page and section.index("<img") < section.index("</section>")  # table and plot
 
 
 # ---------------------------------------------------------------------------- end to end

@@ -145,7 +145,9 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
     side, par = sidebyside.tables(report), parity_view(report)
-    body.append(_toc(report, bool(side), par is not None))
+    from dlscale.report.render import quality_view
+
+    body.append(_toc(report, bool(side), par is not None, bool(quality_view(report))))
     if report.groups:
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
@@ -170,10 +172,12 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             f"<body><main>{''.join(body)}</main></body></html>\n")
 
 
-def _toc(report: Report, side: bool, parity: bool) -> str:
+def _toc(report: Report, side: bool, parity: bool, quality: bool = False) -> str:
     toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
     if side:
         toc.append('<li><a href="#side-by-side">Side by side</a></li>')
+    if quality:
+        toc.append('<li><a href="#quality">Time to quality</a></li>')
     if parity:
         toc.append('<li><a href="#parity">Loss parity</a></li>')
     if report.micro:
