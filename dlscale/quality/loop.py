@@ -155,11 +155,12 @@ def _chunk(cfg, denv, par, hooks: Hooks, st: _State, n: int, plan) -> tuple[floa
     return seconds, ms
 
 
-def _agree(denv, chunk_s: float, late: bool) -> tuple[float, bool]:
-    """The slowest rank's chunk seconds, and whether any rank is out of time (every rank stops)."""
-    t = torch.tensor([chunk_s, 1.0 if late else 0.0], dtype=torch.float64, device=denv.device)
+def _agree(denv, chunk_s: float, late: bool, hit: bool) -> tuple[float, bool, bool]:
+    """The slowest rank's chunk seconds; whether any rank is out of time, and whether any met the
+    target: every rank stops together (a strategy whose ranks do not all hold the loss cannot hang)."""
+    t = torch.tensor([chunk_s, float(late), float(hit)], dtype=torch.float64, device=denv.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0].item()), bool(t[1].item())
+    return float(t[0].item()), bool(t[1].item()), bool(t[2].item())
 
 
 def _account(cfg, st: _State, n: int, seconds: float, local_s: float, ms: list[float]) -> None:
@@ -201,7 +202,8 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
     wall0 = shown = time.time()
     if cfg.warmup == 0:
         marks["warmed_up"] = wall0
-    while not st.reached and st.reason is None:  # checked from the first evaluation after training
+    stop = False
+    while not stop:  # the target is checked from the first evaluation after training
         n = _next_stop(cfg, st.steps, total) - st.steps
         if st.steps >= cfg.warmup and not st.window_wall:
             st.window_wall.append(time.time())
@@ -212,15 +214,18 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
         te = time.perf_counter()
         val = evaluate() if evaluating else val
         eval_s = time.perf_counter() - te
-        seconds, late = _agree(denv, local_s, time.time() + local_s + eval_s > deadline)
+        st.reached = evaluating and target.reached(val)
+        seconds, late, hit = _agree(denv, local_s, time.time() + local_s + eval_s > deadline, st.reached)
         _account(cfg, st, n, seconds, local_s, ms)
         st.eval_s += eval_s
         if not evaluating:
             continue
         train_loss = parity.global_loss(st.loss if par.reports_loss else None, par, denv)
         st.curve.append(_point(st, val, train_loss, time.time() - wall0))
-        st.reached = target.reached(val)
         st.reason = None if st.reached else _why_stop(val, st.steps, total, late, cfg)
+        if hit and not st.reached:
+            st.reason = f"another rank's evaluation met the target; this rank's gave {val}"
+        stop = hit or st.reached or st.reason is not None
         if time.time() - shown >= PROGRESS_S:
             shown = time.time()
             progress.phase("until", "progress", denv.rank, step=st.steps, of=total)
