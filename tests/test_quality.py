@@ -159,6 +159,26 @@ def test_chunks_end_at_evaluations_and_at_the_end_of_the_warm_up():
     assert _why_stop(None, 20, total, False, cfg)  # no validation loss: a reason, not a crash
 
 
+def test_the_rate_reaches_the_optimizer_that_steps():
+    torch = pytest.importorskip("torch")
+    from dlscale.quality.loop import _apply_lr
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    _apply_lr(opt, 0.25)
+    assert opt.param_groups[0]["lr"] == 0.25
+    opt.param_groups[0]["lr"] = torch.tensor(1.0)  # a capturable optimizer's rate is a tensor: filled in place
+    held = opt.param_groups[0]["lr"]
+    _apply_lr(opt, 0.5)
+    assert opt.param_groups[0]["lr"] is held and float(held) == 0.5
+
+    class Wrapper:  # an outer optimizer whose groups carry no rate (FSDP's shard-local one)
+        param_groups = [{"params": [p]}]
+
+    _apply_lr(Wrapper(), 0.5)
+    assert "lr" not in Wrapper.param_groups[0]
+
+
 # ---------------------------------------------------------------------------- bad input of `run`
 
 @pytest.fixture(scope="module")

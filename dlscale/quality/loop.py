@@ -58,6 +58,7 @@ class _State:
     reason: str | None = None
     global_batch: int = 0
     peak_lr: float = 0.0
+    lr: float = 0.0  # the rate of the step being taken
 
 
 class Evaluator:
@@ -115,9 +116,17 @@ def _barrier(denv) -> None:
         dist.barrier()
 
 
-def _set_lr(opt, lr: float) -> None:
-    if opt is not None:
-        for group in opt.param_groups:
+def _apply_lr(opt, lr: float) -> None:
+    """Set the rate of the optimizer about to step. A global step pre-hook reaches the torch
+    optimizer that really steps, whatever the strategy wraps around it (FSDP's shard-local
+    optimizer builds its inner one at the first step; ZeRO and DDP's in-backward update step
+    inner ones)."""
+    for group in opt.param_groups:
+        if "lr" not in group:
+            continue
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
             group["lr"] = lr
 
 
@@ -127,7 +136,6 @@ def _chunk(cfg, denv, par, hooks: Hooks, st: _State, n: int, plan) -> tuple[floa
     warm = st.steps < cfg.warmup
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
     marks = [0.0] * (n + 1)
-    opt = par.optimizer
     _barrier(denv)
     t0 = marks[0] = time.perf_counter()
     if cuda:
@@ -135,7 +143,7 @@ def _chunk(cfg, denv, par, hooks: Hooks, st: _State, n: int, plan) -> tuple[floa
     for i in range(n):
         s = st.steps + i
         hooks.inject.check(s)
-        _set_lr(opt, plan(s))
+        st.lr = plan(s)  # applied by the optimizer step pre-hook (train_until)
         if hooks.fetch is not None:
             ta = time.perf_counter()
             hooks.fetch()
@@ -188,7 +196,7 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
     target = parse_target(cfg.until)
     total = horizon(cfg)
     st = _State(global_batch=cfg.batch_size * cfg.grad_accum * par.dp_size)
-    st.peak_lr = peak_lr(cfg, _model_lr(par, spec), st.global_batch)
+    st.peak_lr = peak_lr(cfg, float(spec.lr), st.global_batch)  # the model's rate: make_optimizer's
 
     def plan(s: int) -> float:
         return lr_at(s, st.peak_lr, cfg.lr_schedule, cfg.lr_warmup, total)
@@ -199,6 +207,23 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
     val = evaluate()
     st.curve.append(_point(st, val, None, 0.0))
     progress.phase("until", "start", denv.rank)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: _apply_lr(opt, st.lr))
+    try:
+        _loop(cfg, denv, par, hooks, st, (target, total, plan, evaluate, deadline, marks))
+    finally:
+        hook.remove()
+    progress.phase("until", "end", denv.rank)
+    result["nonfinite_losses"] = sum(1 for x in st.warm_losses if x is None) if par.reports_loss else 0
+    _fill_result(cfg, result, st, target, evaluate)
+    return st
+
+
+def _loop(cfg, denv, par, hooks: Hooks, st: _State, run: tuple) -> None:
+    """Chunks and evaluations until the target, the step budget or the time budget."""
+    target, total, plan, evaluate, deadline, marks = run
+    val = st.curve[-1]["val"]
     wall0 = shown = time.time()
     if cfg.warmup == 0:
         marks["warmed_up"] = wall0
@@ -229,17 +254,6 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
         if time.time() - shown >= PROGRESS_S:
             shown = time.time()
             progress.phase("until", "progress", denv.rank, step=st.steps, of=total)
-    progress.phase("until", "end", denv.rank)
-    result["nonfinite_losses"] = sum(1 for x in st.warm_losses if x is None) if par.reports_loss else 0
-    _fill_result(cfg, result, st, target, evaluate)
-    return st
-
-
-def _model_lr(par, spec) -> float:
-    opt = par.optimizer
-    if opt is not None and opt.param_groups:
-        return float(opt.param_groups[0].get("initial_lr", opt.param_groups[0]["lr"]))
-    return float(spec.lr)
 
 
 def _why_stop(val, steps: int, total: int, late: bool, cfg) -> str | None:
