@@ -219,7 +219,8 @@ def _quality(seed: int, ttq: float | None, gb: int, steps: int | None) -> dict:
 
 
 def _qrec(rid: str, nproc: int, samples_per_s: float, ttqs: list[float | None], steps: int) -> dict:
-    rec = F.run_record(rid, "gpt2", "fp32", 8, "single" if nproc == 1 else "ddp", 1, nproc, [samples_per_s] * 3)
+    rec = F.run_record(rid, "gpt2", "fp32", 8, "single" if nproc == 1 else "ddp", 1, nproc,
+                       [samples_per_s] * len(ttqs))
     rec["config"].update(flavor="tiny", data="tokens:/c/train.bin", until="val_loss<=3")
     rec["case_key"] = RunConfig.from_dict(rec["config"]).case_key()
     gb = 8 * nproc
@@ -268,6 +269,26 @@ def test_report_time_to_quality_table_and_speedups_by_hand(tmp_path, capsys):
     page = html.read_text()
     section = page[page.index('<h2 id="quality">'):]
     assert 'href="#quality"' in page and section.index("<img") < section.index("</section>")  # table and plot
+
+
+def test_compare_by_time_to_quality(tmp_path, capsys):
+    """Five seeds a side: B reaches the target in half A's time (speedup 2, significant); a
+    throughput-only case is left out; a repeat that missed the target is not resampled."""
+    a = _qrec("a", 2, 100.0, [10.0, 12.0, 11.0, 13.0, None], 40)
+    b = _qrec("b", 2, 100.0, [5.0, 6.0, 5.5, 6.5, 5.25], 40)
+    plain = F.run_record("p", "gpt2", "fp32", 8, "single", 1, 1, [50.0] * 5)
+    F.write_store(tmp_path / "A", [a, plain])
+    F.write_store(tmp_path / "B", [b, plain])
+    assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--metric", "time-to-quality",
+                 "--format", "json"]) == 0
+    pairs = json.loads(capsys.readouterr().out)["cases"]
+    assert len(pairs) == 1
+    (p,) = pairs
+    assert (p["n_a"], p["n_b"]) == (4, 5)
+    assert p["median_a"] == pytest.approx(11.5) and p["median_b"] == pytest.approx(5.5)
+    assert p["ratio"] == pytest.approx(11.5 / 5.5) and p["verdict"] == "faster"
+    assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["cases"]) == 2  # throughput: every case
 
 
 # ---------------------------------------------------------------------------- end to end
