@@ -30,6 +30,7 @@ from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
 from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, parse_data
 from dlscale.precision import PRECISIONS
+from dlscale.quality.target import DEFAULTS as QDEF, LR_SCALES, LR_SCHEDULES, parse_target
 
 DEVICES = ("auto", "cuda", "cpu")
 BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/batchsearch.py)
@@ -233,6 +234,32 @@ class RunConfig:
                                     "fp32, CUDA (docs/strategies.md)")
     clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
                                       help="clip gradients to this global norm")
+    # time to quality (dlscale/quality, docs/quality.md): train until a validation target; late fields
+    until: str | None = _f(None, optional=True, late=None, metavar="METRIC<=X", validator=parse_target,
+                           help="train until a validation target is reached: val_loss<=X (or val_acc>=Y for a model "
+                                "that reports accuracy), evaluating every --eval-every steps outside the timed steps; "
+                                "needs --data tokens:PATH and a validation split (docs/quality.md)")
+    eval_every: int = _f(QDEF["eval_every"], type=int, minimum=1, maximum=10**7, late=QDEF["eval_every"],
+                         help="with --until: optimizer steps between evaluations")
+    eval_batches: int = _f(QDEF["eval_batches"], type=int, minimum=1, maximum=10**6, late=QDEF["eval_batches"],
+                           help="with --until: global batches of the validation split each evaluation averages")
+    eval_data: str | None = _f(None, optional=True, late=None, metavar="tokens:PATH",
+                               help="with --until: the validation split (default: val.bin beside the --data file)")
+    max_steps: int | None = _f(None, type=int, minimum=1, maximum=10**8, optional=True, late=None,
+                               help="with --until: optimizer steps after the warm-up before giving up (default "
+                                    "--steps); not reached is a result (exit 0)")
+    lr: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, maximum=10.0, optional=True, late=None,
+                          help="with --until: the peak learning rate (default: the model's, docs/quality.md)")
+    lr_schedule: str = _f(QDEF["lr_schedule"], choices=LR_SCHEDULES, late=QDEF["lr_schedule"],
+                          help="with --until: constant, or cosine/linear decay to a tenth of the peak at the last step")
+    lr_warmup: int = _f(QDEF["lr_warmup"], type=int, minimum=0, maximum=10**7, late=QDEF["lr_warmup"],
+                        help="with --until: steps of linear learning-rate warm-up from 0 to the peak")
+    lr_scale: str = _f(QDEF["lr_scale"], choices=LR_SCALES, axis="lr_scales", late=QDEF["lr_scale"],
+                       help="with --until: scale the rate by the global batch over --lr-ref-batch: linear, sqrt "
+                            "(square root) or none")
+    lr_ref_batch: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH * 65536, optional=True, late=None,
+                                  help="with --lr-scale: the global batch --lr is for (default: one device's, "
+                                       "per-device batch x grad-accum)")
     warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")
     steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
     # sized by time: a fixed step count gives a short window on a fast machine (flagged short_window)
@@ -311,6 +338,9 @@ class RunConfig:
         check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
                      self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share,
                      self.data_decode_priority)
+        from dlscale.quality.target import check_fields as check_quality
+
+        check_quality(self)  # the --until fields together (docs/quality.md)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:
@@ -529,6 +559,9 @@ def validate_case(cfg: RunConfig) -> None:
     from dlscale.inputs import check_case
 
     check_case(cfg)  # the data set's files against the model
+    from dlscale.quality.target import check_case as check_quality_case
+
+    check_quality_case(cfg)  # --until: the target against the model, the validation split against the evaluation
 
 
 def _check_min_window(cfg: RunConfig) -> None:

@@ -41,6 +41,10 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
                       f"process {e['process_s']:.1f} s{': ' + where if where else ''})", flush=True)
                 if e.get("data"):
                     print(f"#     {data_line(e['data'])}", flush=True)
+                if e.get("quality"):  # --until (dlscale/quality)
+                    from dlscale.quality.lines import repeat_line
+
+                    print(f"#     {repeat_line(e['quality'])}", flush=True)
             else:
                 print(f"#   repeat {e['repeat'] + 1}/{cfg.repeats}: {e['status'].upper()}: {e['error']}", flush=True)
 
@@ -217,8 +221,10 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
         for line in validity_lines(rec):
             print(line)
     from dlscale.checkpoint_timing import console_line
+    from dlscale.quality.lines import summary_line
 
-    for line in (batch_search_line(rec.get("batch_search")), breakdown_line(rec.get("breakdown")), console_line(rec)):
+    for line in (summary_line(rec.get("quality")), batch_search_line(rec.get("batch_search")),
+                 breakdown_line(rec.get("breakdown")), console_line(rec)):
         if line:
             print(line)
     for line in profile_lines(rec, store_root):

@@ -26,6 +26,7 @@ from dlscale.config import RunConfig, validate_for_launch
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
+from dlscale.quality import target as quality_target
 from dlscale.store import StoreError
 from dlscale.strategies import get_strategy, resolve_spec
 
@@ -220,13 +221,15 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
-        used = energy.merge_nodes(ranks, cfg.steps * global_batch, cfg.nnodes)
+        used = energy.merge_nodes(ranks, steps * global_batch, cfg.nnodes)
         if used is not None:  # only where a counter was read at both ends of the window
             entry["energy"] = used
         if r0.get("checkpoint"):  # --checkpoint-every: the saves timed after the window (checkpoint_timing)
             entry["checkpoint"] = r0["checkpoint"]
         if r0.get("rank_steps"):  # every rank's window and solo steps, gathered after the window (ranktimes)
             entry["rank_steps"] = r0["rank_steps"]
+        if r0.get("quality") is not None:  # --until: target, curve, samples and seconds to it
+            entry["quality"] = r0["quality"]
         if r0.get("loss_scale") is not None:  # amp-fp16: the scaler's scale around the window, rank 0's
             entry.update({"loss_scale": r0["loss_scale"], "skipped_steps": r0.get("skipped_steps"),
                           "loss_scale_tracker": r0.get("loss_scale_tracker")})
@@ -396,8 +399,9 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
     for i in range(cfg.repeats):
         with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
             workdir = Path(tmp)
-            (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
-            proc = spawner.start(cfg, workdir, env)
+            run_cfg = quality_target.repeat_config(cfg, i)  # --until: repeats over seeds
+            (workdir / "config.json").write_text(json.dumps(run_cfg.to_dict()))
+            proc = spawner.start(run_cfg, workdir, env)
             rank_results[:] = read_rank_files(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
@@ -439,6 +443,7 @@ def _finish(cfg: RunConfig, spec, rec: Record, rank_results: list[dict], device_
     if any(r["status"] == "ok" for r in rec.repeats):
         rec.summary = summarize_case(cfg, spec, rec.repeats, rank_results, device_type)
     _median_repeat_extras(rec, files_root, staging)
+    rec.quality = quality_target.summarize(rec.repeats)  # --until only (None otherwise)
     rec.validity = validity.assess(rec.to_dict()).to_dict()
 
 

@@ -22,7 +22,8 @@ MARK = "@dlscale-phase "
 EVENTS = ("start", "progress", "end")
 PHASE_TEXT = {"rendezvous": "rendezvous and process-group start", "build": "model and strategy build",
               "compile": "torch.compile (first step)", "warmup": "warm-up", "breakdown": "step-time breakdown",
-              "profile": "profiler trace", "window": "timed window"}
+              "profile": "profiler trace", "window": "timed window",
+              "until": "training to the quality target"}
 
 
 def phase(name: str, event: str, rank: int = 0, **info: Any) -> None:

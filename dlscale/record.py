@@ -15,7 +15,7 @@ from typing import Any
 from dlscale.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
 
 _OPTIONAL = ("backend", "threads", "data_set", "data", "batch_search", "sweep", "nodes", "rendezvous", "recorded_by",
-             "validity")
+             "validity", "quality")
 
 
 def _now() -> str:
@@ -64,6 +64,7 @@ class Record:
     rendezvous: dict[str, Any] | None = None
     recorded_by: dict[str, Any] | None = None
     validity: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None  # --until: time to quality over the repeats (dlscale/quality)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -273,7 +273,10 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
 
     sampler = _start_sampler(cfg, denv, out_dir)
     try:
-        _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
+        if cfg.until is not None:  # time to quality: timed chunks, evaluations between (dlscale/quality/loop.py)
+            _until_loop(cfg, denv, result, par, step, (batches, eager_module, inject, sampler, out_dir, source))
+        else:
+            _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
         if par.teardown is not None:
             par.teardown()
     finally:
@@ -436,6 +439,26 @@ def window_steps(cfg, warmup_step_s: list[float], denv) -> int:
     t = torch.tensor([n], dtype=torch.int64, device=denv.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def _until_loop(cfg, denv, result, par, step, rest: tuple) -> None:
+    """--until: train to the target (dlscale/quality/loop.py), then what follows the main window."""
+    from dlscale.quality.loop import Hooks, train_until
+
+    batches, eager_module, inject, sampler, out_dir, source = rest
+    fetch = None if source.static else source.next
+    source.window_start()
+    st = train_until(cfg, denv, result, par, resolve_spec(cfg), Hooks(step, fetch, inject, eager_module))
+    source.window_end()
+    result["loss_last"] = _read_loss(result, st.loss if par.reports_loss else None, par, denv)
+    result.update(_peak_memory(denv.device))
+    if fetch is not None:
+        n = len(result["step_times_ms"])
+        result["data"] = source.summary(st.waits[-n:], result["window_s"], result["step_times_ms"], None)
+    if sampler is not None:
+        result["utilisation"] = sampler.summary(*result["window_wall"])
+    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+    result["loss_after_steps"] = st.steps  # the steps this run took, not warm-up + steps
 
 
 def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:

@@ -57,7 +57,9 @@ def test_case_options_round_trip():
                   data_decode_priority="low",
                   data_cold_read=True,
                   optimizer_graph=True, checkpoint_every=4, checkpoint_mode="async", checkpoint_dir="/ckpt",
-                  min_window_s=1.5)
+                  min_window_s=1.5, until="val_loss<=2.5", eval_every=7, eval_batches=3,
+                  eval_data="tokens:/data/val.bin", max_steps=40, lr=0.002, lr_schedule="cosine", lr_warmup=5,
+                  lr_scale="sqrt", lr_ref_batch=64)
     cfg = RunConfig(**{k: v for k, v in values.items() if k in names})
     search = RunConfig(batch_size="max", max_batch_start=4, max_batch_cap=60, framework="jax")
     untested = sorted(n for n in names if getattr(cfg, n) == getattr(RunConfig(), n)

@@ -101,6 +101,8 @@ def describe(cfg: RunConfig, found: str = "") -> str:
         parts.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.env.items())))
     if cfg.data != "synthetic":
         parts.append(inputs.config_words(cfg.to_dict()))
+    if cfg.until is not None:  # time to quality (docs/quality.md)
+        parts.append(f"until {cfg.until}")
     if cfg.label:
         parts.append(f"[{cfg.label}]")
     return " ".join(parts)

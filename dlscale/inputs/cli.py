@@ -1,4 +1,4 @@
-"""``dlscale data make imagenet-like|tokens`` and ``dlscale data info``."""
+"""``dlscale data make imagenet-like|tokens|text-corpus`` and ``dlscale data info``."""
 from __future__ import annotations
 
 import argparse
@@ -70,6 +70,7 @@ def register(sub) -> None:
     tk.add_argument("--seed", type=int, default=0, help="random seed")
     tk.add_argument("--json", action="store_true", help="print the statistics as JSON")
     tk.set_defaults(func=cmd_make_tokens)
+    _add_text_corpus(ms, fmt)
     info = s.add_parser("info", formatter_class=fmt, help="identity, size and page-cache state of a data set",
                         description="Check a data set as `dlscale run` would (with --model) and print what a "
                         "record stores about it: path, size, files, fingerprint, whether it fits in memory, "
@@ -79,6 +80,41 @@ def register(sub) -> None:
     info.add_argument("--flavor", default="full", choices=("full", "tiny"), help="the model's flavour")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=cmd_info)
+
+
+def _add_text_corpus(ms, fmt) -> None:
+    tc = ms.add_parser("text-corpus", formatter_class=fmt, help="a real text corpus from files on this machine",
+                       description="Tokenise text files already on this machine (default: the Python standard "
+                       "library's sources and docs) into OUT/train.bin and OUT/val.bin (uint16 ids; a held-out "
+                       "share of the files is the validation split), with OUT/dlscale-data.json recording every "
+                       "file, its checksum, the seed and the tokenizer. Use it with --data tokens:OUT/train.bin "
+                       "and --until (docs/quality.md).")
+    tc.add_argument("--out", required=True, help="new or empty folder")
+    tc.add_argument("--size", default="8M", help="bytes of text to take (k, M suffixes)")
+    tc.add_argument("--seed", type=int, default=0, help="which files, in what order, and the split")
+    tc.add_argument("--tokenizer", default="bytes", choices=("bytes", "bpe"),
+                    help="bytes: ids 0..255; bpe: a byte-level BPE trained here on the training split "
+                         "(Hugging Face tokenizers)")
+    tc.add_argument("--vocab", type=int, default=500, help="with --tokenizer bpe: ids in the vocabulary "
+                    "(500 fits gpt2 tiny; the full gpt2 takes up to 50257)")
+    tc.add_argument("--val-share", type=float, default=0.05, help="share of the files held out for validation")
+    tc.add_argument("--source", default=None, help="folder of text files to read instead of the standard library")
+    tc.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    tc.set_defaults(func=cmd_make_corpus)
+
+
+def cmd_make_corpus(args) -> int:
+    from dlscale.inputs.corpus import CorpusOptions, make_text_corpus
+
+    opts = CorpusOptions(args.out, parse_count(args.size), args.seed, args.tokenizer, args.vocab, args.val_share,
+                         args.source)
+    st = make_text_corpus(opts)
+    _print(st, args.json, [
+        f"wrote {st['train_tokens']} training and {st['val_tokens']} validation tokens ({st['tokenizer']}, "
+        f"vocabulary {st['vocab']}) from {st['train_files']} + {st['val_files']} files of {st['source']} "
+        f"in {st['seconds']:.1f} s",
+        f"  use: --data {st['spec']} --until val_loss<=X (validation: {st['eval_spec']})"])
+    return 0
 
 
 def _print(stats: dict, as_json: bool, lines: list[str]) -> None:

@@ -82,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "compile,...; default: any framework)")
     c.add_argument("--framework-b", metavar="FW", choices=FRAMEWORK_SIDES,
                    help="only B's cases of this framework (default: any)")
+    c.add_argument("--metric", choices=("throughput", "time-to-quality"), default="throughput",
+                   help="what is compared: samples/s, or the seconds to the target of the records of run --until "
+                        "(the repeats that reached it; ratio = A's time over B's: above 1, B is faster)")
     c.add_argument("--format", choices=COMPARE_FORMATS, default="md", help="output format")
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
     c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (100 to 1000000)")
@@ -184,7 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     loaded_a = load_records(args.store_a)
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
-    opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change)
+    opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change, args.metric)
     result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
                          case_filters, ignore, match=args.match)
     _warn(result.warnings())

@@ -37,6 +37,10 @@ from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided
 # fields --ignore may leave out of the pairing: those of the case identity
 IGNORABLE = tuple(n for n in FIELDS if n not in PROCEDURE_FIELDS)
 FASTER, SLOWER, SAME, FEW = "faster", "slower", "no change (within noise)", "inconclusive (too few repeats)"
+# what a pair compares: samples/s of every ok repeat, or the seconds to the quality target of every
+# repeat of a run --until that reached it (docs/quality.md)
+THROUGHPUT, TTQ = "throughput", "time-to-quality"
+METRICS = (THROUGHPUT, TTQ)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Options:
     confidence: float = 0.95
     seed: int = 0
     min_change_pct: float = 0.0
+    metric: str = THROUGHPUT
 
 
 def check_options(resamples: int, confidence_pct: float, seed: int, min_change_pct: float,
@@ -154,6 +159,7 @@ def variant_details(cfg: dict[str, Any]) -> list[str]:
     out.append(",".join(f"{k}={v}" for k, v in sorted((cfg.get("inductor_options") or {}).items())))
     out.append(" ".join(f"{k}={v}" for k, v in sorted((cfg.get("env") or {}).items())))
     out.append(inputs.config_words(cfg))
+    out.append(f"until {cfg['until']}" if cfg.get("until") else "")  # time to quality (docs/quality.md)
     return [x for x in out if x]
 
 
@@ -208,6 +214,34 @@ def needs_text(na: int, nb: int, alpha: float) -> str:
             f"{min_two_sided_p(na, nb):.3g}): {take}, or a lower --confidence")
 
 
+def repeat_values(rec: dict[str, Any], metric: str = THROUGHPUT) -> list[float]:
+    """What compare resamples: samples/s of the ok repeats, or the seconds to the target of the
+    repeats of a time-to-quality record that reached it."""
+    if metric == THROUGHPUT:
+        return repeat_samples(rec)
+    out = []
+    for r in rec.get("repeats") or []:
+        q = r.get("quality") if isinstance(r, dict) and r.get("status", "ok") == "ok" else None
+        v = q.get("time_to_target_s") if isinstance(q, dict) and q.get("reached") else None
+        if isinstance(v, (int, float)) and v > 0:
+            out.append(float(v))
+    return out
+
+
+def _medians(pair: Pair, opts: Options) -> None:
+    """The pair's medians and ratio: of samples/s (B ÷ A), or of seconds to the target, as a
+    speedup (A's time ÷ B's), so that above 1 is B faster either way."""
+    if opts.metric == TTQ:
+        import statistics
+
+        xa, xb = pair.samples_a, pair.samples_b
+        pair.median_a = statistics.median(xa) if xa else None
+        pair.median_b = statistics.median(xb) if xb else None
+        pair.ratio = pair.median_a / pair.median_b if xa and xb else None
+    else:
+        pair.ratio = pair.median_b / pair.median_a
+
+
 def judge(pair: Pair, opts: Options) -> Pair:
     a, b = pair.a, pair.b
     if a is None or b is None:
@@ -220,12 +254,13 @@ def judge(pair: Pair, opts: Options) -> Pair:
     if not (a.ok and b.ok):
         pair.verdict = f"n/a ({a.status} → {b.status})"
         return pair
-    pair.ratio = pair.median_b / pair.median_a
+    _medians(pair, opts)
     xa, xb = pair.samples_a, pair.samples_b
     if not xa or not xb:
         pair.verdict, pair.needs = FEW, "a side has no per-repeat figures to test"
         return pair
-    pair.ci = bootstrap_ratio_ci(xa, xb, opts.resamples, opts.confidence, opts.seed)
+    num, den = (xb, xa) if opts.metric == TTQ else (xa, xb)  # the CI of the ratio as _medians defines it
+    pair.ci = bootstrap_ratio_ci(num, den, opts.resamples, opts.confidence, opts.seed)
     _, pair.p, pair.p_method = mann_whitney(xa, xb)
     alpha = 1.0 - opts.confidence
     if len(xa) < 2 or len(xb) < 2 or min_two_sided_p(len(xa), len(xb)) >= alpha:
@@ -264,7 +299,10 @@ class Comparison:
 
     def method(self) -> str:
         c = self.opts.confidence * 100
-        s = (f"ratio = median B ÷ median A of samples/s over the repeats. A case is faster/slower when the "
+        what = ("time-to-quality speedup = median A ÷ median B of the seconds to the target over the repeats that "
+                "reached it (docs/quality.md)" if self.opts.metric == TTQ else
+                "ratio = median B ÷ median A of samples/s over the repeats")
+        s = (f"{what}. A case is faster/slower when the "
              f"{c:g} % bootstrap CI of the ratio ({self.opts.resamples} resamples of each side's repeats, "
              f"seed {self.opts.seed}) excludes 1 and the exact two-sided Mann-Whitney U test gives "
              f"p < {1 - self.opts.confidence:.2g}")
@@ -303,10 +341,13 @@ def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filt
     for kb, rb in side_b.rows.items():  # a B key starts with the A key it pairs with
         ra = side_a.rows.get(kb[:2])
         paired.add(kb[:2])
-        pairs.append(judge(Pair(ra, rb, repeat_samples(ra.record) if ra else [], repeat_samples(rb.record)), opts))
+        pairs.append(judge(Pair(ra, rb, repeat_values(ra.record, opts.metric) if ra else [],
+                                repeat_values(rb.record, opts.metric)), opts))
     for ka, ra in side_a.rows.items():
         if ka not in paired:
-            pairs.append(judge(Pair(ra, None, repeat_samples(ra.record), []), opts))
+            pairs.append(judge(Pair(ra, None, repeat_values(ra.record, opts.metric), []), opts))
+    if opts.metric == TTQ:  # only the cases trained to a target
+        pairs = [p for p in pairs if any(r is not None and r.record.get("quality") for r in (p.a, p.b))]
 
     def order(p: Pair) -> tuple:
         cfg = rec_config(p.row.record)
@@ -323,7 +364,8 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
         "case": p.case, "case_key": p.row.record.get("case_key"), "model": cfg.get("model"),
         "precision": cfg.get("precision"), "compile": cfg.get("compile"), "strategy": cfg.get("strategy"),
         "batch_size_per_device": cfg.get("batch_size"), "nnodes": p.row.nnodes,
-        "nproc_per_node": p.row.nproc_per_node, "devices": p.row.devices, "unit": f"{unit or 'sample'}/s",
+        "nproc_per_node": p.row.nproc_per_node, "devices": p.row.devices,
+        "unit": "s to target" if c is not None and c.opts.metric == TTQ else f"{unit or 'sample'}/s",
         "status_a": p.a.status if p.a else None, "status_b": p.b.status if p.b else None,
         "median_a": p.median_a, "median_b": p.median_b, "ratio": p.ratio, "change_pct": p.change_pct,
         "ci_low": p.ci[0] if p.ci else None, "ci_high": p.ci[1] if p.ci else None,
@@ -342,7 +384,8 @@ def to_markdown(c: Comparison) -> str:
            c.method()[0].upper() + c.method()[1:], ""]
     for w in c.warnings():
         out += [f"> **Warning:** {w}", ""]
-    headers = ["case", "node_num", "gpu_num", "median A (samples/s)", "median B (samples/s)", "ratio B/A",
+    unit, ratio = ("s to target", "speedup A/B") if c.opts.metric == TTQ else ("samples/s", "ratio B/A")
+    headers = ["case", "node_num", "gpu_num", f"median A ({unit})", f"median B ({unit})", ratio,
                "change (%)", f"{conf} CI of ratio", "p (Mann-Whitney)", "n A / n B", "verdict"]
     rows = []
     for p in c.pairs:
@@ -394,7 +437,8 @@ def to_json(c: Comparison) -> str:
               "skipped_lines": c.a.loaded.skipped_lines},
         "b": {"store": c.b.loaded.store, "label": c.b.label, "cases": len(c.b.rows),
               "skipped_lines": c.b.loaded.skipped_lines},
-        "method": {"statistic": "median B / median A of repeat samples/s", "ci": "percentile bootstrap",
+        "method": {"statistic": "median A / median B of repeat seconds to the target" if c.opts.metric == TTQ
+                   else "median B / median A of repeat samples/s", "ci": "percentile bootstrap",
                    "resamples": c.opts.resamples, "confidence": c.opts.confidence, "seed": c.opts.seed,
                    "test": "Mann-Whitney U, two-sided", "min_change_pct": c.opts.min_change_pct,
                    "paired_on": "case_key" if not c.ignore else {"case fields without": list(c.ignore)}},

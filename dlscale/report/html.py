@@ -145,7 +145,9 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
     side, par = sidebyside.tables(report), parity_view(report)
-    body.append(_toc(report, bool(side), par is not None))
+    from dlscale.report.render import quality_view
+
+    body.append(_toc(report, bool(side), par is not None, bool(quality_view(report))))
     if report.groups:
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
@@ -156,6 +158,7 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     body += frameworks.html(report)
     body.append(sources.html_section(report))
     body += _side_by_side(side)
+    body += _quality(report, by_key)
     from dlscale.tune.report import html_section as tune_section  # the store's `dlscale tune` results
 
     body += tune_section(report.records)
@@ -172,10 +175,12 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
             f"<body><main>{''.join(body)}</main></body></html>\n")
 
 
-def _toc(report: Report, side: bool, parity: bool) -> str:
+def _toc(report: Report, side: bool, parity: bool, quality: bool = False) -> str:
     toc = [f'<li><a href="#{_anchor(g.name)}">{_e(g.title)}</a></li>' for g in report.groups]
     if side:
         toc.append('<li><a href="#side-by-side">Side by side</a></li>')
+    if quality:
+        toc.append('<li><a href="#quality">Time to quality</a></li>')
     if parity:
         toc.append('<li><a href="#parity">Loss parity</a></li>')
     if report.micro:
@@ -285,6 +290,26 @@ def _side_by_side(ts: list) -> list[str]:
 
 def _verdict_class(v: str) -> str:
     return {"faster": "l good", "slower": "l flag", "pass": "l good", "FAIL": "l flag"}.get(v, "l")
+
+
+def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
+    """The time-to-quality tables and their plots (dlscale/report/quality.py)."""
+    from dlscale.report import quality
+    from dlscale.report.render import quality_view
+
+    groups = quality_view(report)
+    if not groups:
+        return []
+    out = [f'<h2 id="quality">{_e(quality.TITLE)}</h2>', f'<p class="method">{_e(quality.METHOD)}</p>']
+    for g in groups:
+        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap wide\">"
+                   + _table(list(quality.HEADERS), [quality.cells(r) for r in g.rows], left_cols=5) + "</div>")
+        ns = quality.notes(g)
+        if ns:
+            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in ns) + "</ul>")
+        out.append(_figures(by_key.get(f"quality:{g.slug}", [])))
+        out.append("</section>")
+    return out
 
 
 def _parity(rep) -> list[str]:

@@ -420,6 +420,10 @@ def render_plots(report: Report, formats: Sequence[str] = ("png",)) -> list[Plot
     plots: list[Plot] = []
     for g in report.groups:
         plots += group_plots(g, formats)
+    from dlscale.report import quality
+    from dlscale.report.render import quality_view
+
+    plots += quality.plots(quality_view(report), formats)
     for m in report.micro:
         p = micro_plot(m, formats)
         if p is not None:

@@ -378,6 +378,13 @@ def parity_view(report: Report):
     return rep if any(e.max_rel_diff is not None for g in rep.groups for e in g.entries) else None
 
 
+def quality_view(report: Report) -> list:
+    """The time-to-quality tables (dlscale/report/quality.py): one per workload trained with --until."""
+    from dlscale.report import quality
+
+    return quality.build(report.loaded, report.filters)
+
+
 def header_lines(report: Report) -> list[str]:
     n_runs = sum(1 for r in report.records if r.get("kind") == "run")
     n_cases = sum(len(g.own_rows) for g in report.groups)
@@ -415,6 +422,9 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     out += frameworks.markdown(report)
     out += sources.markdown_section(report)
     out += sidebyside.to_markdown(sidebyside.tables(report))
+    from dlscale.report import quality
+
+    out += quality.markdown(quality_view(report), plot_links)
     par = parity_view(report)
     if par is not None:
         out += [parity.to_markdown(par, heading="##").replace("## dlscale parity", "## Loss parity", 1)]
@@ -609,7 +619,14 @@ def to_json_obj(report: Report) -> dict[str, Any]:
         "stacks": sources.json_section(report),
         "side_by_side": sidebyside.to_json_obj(sidebyside.tables(report)),
         "parity": _maybe(parity.to_json_obj, parity_view(report)),
+        "time_to_quality": _quality_json(report),
     }
+
+
+def _quality_json(report: Report):
+    from dlscale.report import quality
+
+    return quality.json_obj(quality_view(report))
 
 
 def _maybe(fn, v):
