@@ -19,7 +19,7 @@ Each is scored on:
   that does not name the rank and what happened to it;
 * ways to run code from input: a payload (``touch PWNED``) in a suite, option or label that ran.
 
-The ``hostile`` group holds the second pass over hostile input: FIFOs, devices, raw bytes, deep
+The ``hostile`` group holds hostile input: FIFOs, devices, raw bytes, deep
 nesting and implausible numbers to import, absurd sizes, names that would add sbatch options,
 inductor settings taking callables or paths, a backtracking --metric regex, Markdown with raw
 HTML, two sweeps into one store and a burst of signals (each counted in the same six counts).
@@ -382,7 +382,7 @@ def scenarios() -> list[Scenario]:
     return out + hostile_scenarios()
 
 
-# ----------------------------------------------------------------------------- hostile input, second pass
+# ----------------------------------------------------------------------------- hostile input
 
 HOSTILE_LABEL = "x`<img src=y onerror=alert(12)>"
 TABLE = ("format: dlscale-table/1\nsource: s\ntool: t\nmodel: gpt2\nunit: seq\nhardware: {gpu: V100}\nrows:\n"

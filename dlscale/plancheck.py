@@ -18,7 +18,7 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale.memplan import GiB
 
-TOLERANCE = 0.10  # issue 24's target: the plan within 10 % of the measured peak
+TOLERANCE = 0.10  # the target: the plan within 10 % of the measured peak
 
 
 @dataclass

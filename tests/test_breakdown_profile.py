@@ -1,4 +1,4 @@
-"""Issue 5 on the CPU: sampler in the record, step breakdown, profiler trace, interval bounds."""
+"""On the CPU: sampler in the record, step breakdown, profiler trace, interval bounds."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""Hostile input, second pass: every input ends in one line and the right exit code, never a hang or
+"""Hostile input: every input ends in one line and the right exit code, never a hang or
 a traceback; the diagnosis names what happened (docs/faults.md)."""
 import time
 

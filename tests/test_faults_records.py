@@ -1,4 +1,4 @@
-"""Issue 17, records and input: a finished measurement is never lost, an unreadable store entry is
+"""Records and input: a finished measurement is never lost, an unreadable store entry is
 skipped and named, and no input (inductor options, Slurm strings, report labels) runs code."""
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ NODE_TERMS: dict[str, Term] = {
     # torch.compile of a DDP model cuts the graph at the gradient buckets (DDPOptimizer) so that each
     # bucket's all-reduce can start: fusions across the cuts are lost, and the data-parallel graph runs
     # more, smaller kernels than the 1-GPU graph (compiled GPT-2 on two H200s: 1,000 against 826
-    # kernels, +1.21 ms on a 32.5 ms step; docs/benchmarks.md)
+    # kernels, +1.21 ms on a 32.5 ms step; docs/perfmodel.md, "The compiled graph's split")
     "graph_split": Term("tc", lambda g: 1.0 if g > 1 else 0.0, "torch.compile's data-parallel graph cut at the "
                                                                "gradient buckets, a share of a compiled t_1"),
 }
