@@ -214,9 +214,9 @@ def test_one_implausible_record_never_makes_a_store_unreportable(tmp_path, capsy
 # ----------------------------------------------------------------------------- absurd sizes, refused up front
 
 @pytest.mark.parametrize("argv, option", [
-    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "80GiB", "--peak-tflops", "inf"], "peak-tflops"),
-    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1e300"], "gpu-memory"),
-    (["plan", "--model", "gpt2", "--gpus", "8", "--gpu-memory", "1"], "gpu-memory"),
+    (["plan", "--model", "gpt2", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--peak-tflops", "inf"], "peak-tflops"),
+    (["plan", "--model", "gpt2", "--nproc-per-node", "8", "--gpu-memory", "1e300"], "gpu-memory"),
+    (["plan", "--model", "gpt2", "--nproc-per-node", "8", "--gpu-memory", "1"], "gpu-memory"),
     (["predict", "{st}", "--shapes", "1000000x8"], "shapes"),
     (["cost", "{st}", "--tokens", "1e30"], "tokens"),
     (["micro", "matmul", "--device", "cpu", "--sizes", "10000000", "--store", "{st}"], "sizes"),

@@ -154,7 +154,7 @@ def test_bad_candidates_are_one_line_errors(cand, machine):
 # ---------------------------------------------------------------- the commands
 
 def test_plan_rows_say_their_basis_and_rank_by_the_model():
-    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "8", "--gpu-memory", "80GiB",
+    rc, out, err = _cli(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "8", "--gpu-memory", "80GiB",
                          "--format", "json"])
     assert rc == 0, err
     rows = json.loads(out)["rows"]
@@ -165,9 +165,9 @@ def test_plan_rows_say_their_basis_and_rank_by_the_model():
 
 
 def test_plan_needs_the_inter_link_for_several_nodes():
-    rc, out, err = _cli(["plan", "--model", "llama", "--gpus", "16", "--nodes", "2", "--gpu-memory", "80GiB"])
+    rc, out, err = _cli(["plan", "--model", "llama", "--nproc-per-node", "8", "--nnodes", "2", "--gpu-memory", "80GiB"])
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "--inter-busbw" in err
-    rc, out, err = _cli(["plan", "--model", "llama", "--gpus", "16", "--nodes", "2", "--gpu-memory", "80GiB",
+    rc, out, err = _cli(["plan", "--model", "llama", "--nproc-per-node", "8", "--nnodes", "2", "--gpu-memory", "80GiB",
                          "--inter-busbw", "400", "--format", "json"])
     assert rc == 0, err
 
@@ -246,7 +246,7 @@ def test_published_points_from_the_node_and_the_ranking():
 def test_plan_takes_its_compute_rate_from_the_store():
     """With --store, a row of a measured configuration reproduces its record (basis measured), another
     configuration rests on the 1-GPU record (from-1-gpu); none is an assumption."""
-    rc, out, err = _cli(["plan", "--model", "gpt2", "--gpus", "2", "--gpu-memory", "80GiB", "--batch-size", "16",
+    rc, out, err = _cli(["plan", "--model", "gpt2", "--nproc-per-node", "2", "--gpu-memory", "80GiB", "--batch-size", "16",
                          "--eager", "--store", STORE, "--format", "json"])
     assert rc == 0, err
     rows = {(r["strategy"], r["options"].get("shard"), r["options"].get("microbatches")): r

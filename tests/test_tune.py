@@ -349,6 +349,9 @@ def test_rank_correlation_by_hand():
     assert result.spearman([(3, 10), (2, 20), (1, 30)]) == pytest.approx(-1.0)
     assert result.spearman([(3, 20), (2, 30), (1, 10)]) == pytest.approx(0.5)
     assert result.spearman([(1, 1), (2, 2)]) is None
+    assert result.spearman([(5, 30), (5, 20), (5, 10)]) is None  # the model does not order them
+    assert result.spearman([(2, 30), (2, 20), (1, 10)]) == pytest.approx(3 ** 0.5 / 2)
+    assert result.average_ranks([5, 7, 5, 1]) == [2.5, 1.0, 2.5, 4.0]
 
 
 def test_a_runner_up_gets_compares_verdict_and_gap():

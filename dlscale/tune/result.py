@@ -81,21 +81,32 @@ def _verdict(best, other) -> dict[str, Any]:
     return {"gap_pct": p.change_pct, "verdict": p.verdict, "ci": list(p.ci) if p.ci else None, "p_value": p.p}
 
 
+def average_ranks(values: list[float]) -> list[float]:
+    """1 = the largest; tied values share the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    out = [0.0] * len(values)
+    pos = 0
+    while pos < len(order):
+        end = pos
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[pos]]:
+            end += 1
+        for k in range(pos, end + 1):
+            out[order[k]] = (pos + end) / 2 + 1
+        pos = end + 1
+    return out
+
+
 def spearman(pairs: list[tuple[float, float]]) -> float | None:
-    """Rank correlation of (predicted, measured) pairs (1: the same order); None under 3 pairs."""
+    """Rank correlation of (predicted, measured) pairs (1: the same order), ties at their mean rank; None
+    under 3 pairs or where either side does not order them (all predictions equal, say)."""
     n = len(pairs)
     if n < 3:
         return None
-
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(n), key=lambda i: -values[i])
-        out = [0.0] * n
-        for pos, i in enumerate(order, 1):
-            out[i] = float(pos)
-        return out
-
-    rp, rm = ranks([p for p, _ in pairs]), ranks([m for _, m in pairs])
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(rp, rm)) / (n * (n * n - 1))
+    rp, rm = average_ranks([p for p, _ in pairs]), average_ranks([m for _, m in pairs])
+    mp, mm = sum(rp) / n, sum(rm) / n
+    cov = sum((x - mp) * (y - mm) for x, y in zip(rp, rm))
+    var = (sum((x - mp) ** 2 for x in rp) * sum((y - mm) ** 2 for y in rm)) ** 0.5
+    return cov / var if var > 0 else None
 
 
 def build(search, candidates: list, records: list[dict[str, Any]], targets: Targets | None) -> TuneResult:
@@ -105,8 +116,8 @@ def build(search, candidates: list, records: list[dict[str, Any]], targets: Targ
     order = valid + [m for m in search.measured if m not in valid]
     res = TuneResult(search.label, search, candidates, [measured_row(m, best) for m in order])
     ranked = [r for r in res.rows if r["valid"] and r["predicted"]]
-    for i, r in enumerate(sorted(ranked, key=lambda r: -r["predicted"]), 1):
-        r["model_rank_measured"] = i  # the model's rank among the measured
+    for r, rank in zip(ranked, average_ranks([r["predicted"] for r in ranked])):
+        r["model_rank_measured"] = rank  # the model's rank among the measured (ties share their mean rank)
     for i, r in enumerate(ranked, 1):
         r["measured_rank"] = i
     if targets and targets.shapes:
