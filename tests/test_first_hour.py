@@ -613,10 +613,10 @@ def test_every_subcommand_uses_one_option_convention():
 
 def test_old_spellings_still_work_with_a_warning(capsys):
     old = main(["plan", "--model", "llama", "--flavor", "8b", "--gpus", "16", "--nodes", "2", "--gpu-memory",
-                "80GiB", "--format", "json"])
+                "80GiB", "--inter-busbw", "400", "--format", "json"])
     out_old, err_old = capsys.readouterr()
     new = main(["plan", "--model", "llama", "--flavor", "8b", "--nproc-per-node", "8", "--nnodes", "2",
-                "--gpu-memory", "80GiB", "--format", "json"])
+                "--gpu-memory", "80GiB", "--inter-busbw", "400", "--format", "json"])
     out_new, err_new = capsys.readouterr()
     assert old == new == 0 and json.loads(out_old) == json.loads(out_new)
     assert "--gpus" in err_old and "--nodes" in err_old and not err_new
