@@ -293,6 +293,18 @@ def test_validate_bad_input(vstore, tmp_path, capsys):
     assert "no multi-device ok ddp record" in err and err.count("\n") == 1
 
 
+
+def test_validate_with_every_point_skipped_is_bad_input(tmp_path, capsys):
+    """No link figure for any point: nothing validated is one line and exit 2, naming the option, no plot."""
+    s = ResultStore(tmp_path / "nolink")
+    s.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00"))
+    s.append(run_record(2, 600.0, "ddp", "2025-01-01T01:00:00+00:00"))
+    plot = tmp_path / "v.png"
+    assert main(["predict", "--validate", str(tmp_path / "nolink"), "--plot", str(plot)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "--intra-busbw" in err and out == "" and not plot.exists()
+
+
 def test_measured_beats_imported_when_picking_the_workload():
     """A measured 1-device record and a published table of the same workload: predict rests on the measured
     one; --source picks the table."""

@@ -82,7 +82,12 @@ def cmd_predict(args) -> int:
             raise ConfigError("give the store once: either STORE or --validate STORE")
         loaded = load_records(args.validate)
         val = validate(loaded.records, query, opts)
-        if args.plot and val.rows:
+        if not val.rows:  # nothing was predicted: a table of skips would read as a pass
+            why = val.skipped[0].split(": ", 1)[-1].removesuffix("; skipped") if val.skipped else \
+                "no multi-device case with its 1-device record"
+            raise ConfigError(f"--validate {args.validate}: nothing validated ({len(val.skipped)} point(s) "
+                              f"skipped): {why}")
+        if args.plot:
             plot_validation(val, args.plot)
         print(json.dumps(val.to_dict(), indent=2, sort_keys=True) if args.format == "json"
               else render_validation(val, str(loaded.store)))
