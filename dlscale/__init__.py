@@ -1,6 +1,7 @@
 """dlscale: benchmark deep-learning training at scale on torch.distributed."""
 
 __version__ = "0.1.0"
+MAX_SEED = 2**32 - 1  # numpy's and torch's seed range (config checks --seed against it)
 
 
 class DlscaleError(Exception):

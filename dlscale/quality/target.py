@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import ConfigError
+from dlscale import MAX_SEED, ConfigError
 
 METRICS = {"val_loss": "<=", "val_acc": ">="}  # metric -> the comparison that means "good enough"
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -187,8 +187,6 @@ def repeat_config(cfg, i: int):
     of a time-to-quality case are repeats over seeds; otherwise the case as given."""
     if cfg.until is None or i == 0:
         return cfg
-    from dlscale.config import MAX_SEED
-
     return dataclasses.replace(cfg, seed=(cfg.seed + i) % (MAX_SEED + 1))
 
 

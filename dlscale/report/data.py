@@ -33,6 +33,7 @@ from dlscale import ConfigError, validity
 from dlscale.config import LATE_FIELD_DEFAULTS, RunConfig, workload_fields
 from dlscale.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
+from dlscale.report.fields import rec_config, rec_device_type
 from dlscale.store import MEASURED_STATUSES, STATUSES, LoadResult, ResultStore
 
 # a table holds one row per device count: every other case-key field is the same within it
@@ -68,15 +69,6 @@ def rec_label(rec: dict[str, Any]) -> str | None:
         return rec.get("label")
     cfg = rec.get("config")
     return cfg.get("label") if isinstance(cfg, dict) else None
-
-
-def rec_config(rec: dict[str, Any]) -> dict[str, Any]:
-    cfg = rec.get("config")
-    return cfg if isinstance(cfg, dict) else {}
-
-
-def rec_device_type(rec: dict[str, Any]) -> str:
-    return str(rec.get("device_type") or rec_config(rec).get("device") or "unknown")
 
 
 def rec_counts(rec: dict[str, Any]) -> tuple[int, int]:

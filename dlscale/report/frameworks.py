@@ -18,6 +18,7 @@ from typing import Any
 
 from dlscale.fmt import MISSING, fmt_num, md_heading
 from dlscale.config import workload_fields
+from dlscale.fmt import md_table
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 
 # what tells one framework's case of a workload from another's
@@ -164,8 +165,6 @@ def notes(t: FrameworkTable) -> list[str]:
 
 def markdown(report: Report) -> list[str]:
     """The section's Markdown lines (none without a comparison)."""
-    from dlscale.report.render import md_table
-
     tables = build(report)
     if not tables:
         return []

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import base64
 import os
-from html import escape
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import dlscale
+from dlscale.report.cells import html_escape as _e, html_table as _table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
 from dlscale import validity
@@ -62,33 +62,8 @@ footer { margin-top:40px; font-size:12px; color:var(--muted); }
 """
 
 
-def _e(v: Any) -> str:
-    return escape(str(v), quote=True)
-
-
 def _anchor(name: str) -> str:
     return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left_cols: int = 0,
-           row_classes: Sequence[str] | None = None, cell_classes: Sequence[Sequence[str]] | None = None,
-           cell_titles: Sequence[Sequence[str]] | None = None, cls: str = "") -> str:
-    out = [f'<table class="{_e(cls)}"><thead><tr>']
-    out += [f'<th class="{"l" if i < left_cols else ""}">{_e(h)}</th>' for i, h in enumerate(headers)]
-    out.append("</tr></thead><tbody>")
-    for i, row in enumerate(rows):
-        rc = row_classes[i] if row_classes else ""
-        out.append(f'<tr class="{_e(rc)}">')
-        for j, c in enumerate(row):
-            classes = ["l"] if j < left_cols else []
-            if cell_classes and cell_classes[i][j]:
-                classes.append(cell_classes[i][j])
-            title = cell_titles[i][j] if cell_titles else ""
-            tattr = f' title="{_e(title)}"' if title else ""
-            out.append(f'<td class="{" ".join(classes)}"{tattr}>{_e(c)}</td>')
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
 
 
 def _figures(plots: Sequence[Plot]) -> str:

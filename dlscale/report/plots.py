@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from dlscale import ConfigError, validity
 from dlscale.report.data import (Group, Report, Row, median_repeat_entry, num, read_series,
                                  resolve_store_path, series_paths, step_times)
+from dlscale.report import quality
 from dlscale.report.render import MB, micro_title
 
 # stacked bottom to top; backward_ms includes the exposed communication, so it is split in two
@@ -420,10 +421,7 @@ def render_plots(report: Report, formats: Sequence[str] = ("png",)) -> list[Plot
     plots: list[Plot] = []
     for g in report.groups:
         plots += group_plots(g, formats)
-    from dlscale.report import quality
-    from dlscale.report.render import quality_view
-
-    plots += quality.plots(quality_view(report), formats)
+    plots += quality_plots(quality.build(report.loaded, report.filters), formats)
     for m in report.micro:
         p = micro_plot(m, formats)
         if p is not None:
@@ -444,3 +442,32 @@ def write_plots(plots: Sequence[Plot], directory: str | Path) -> dict[str, list[
             (d / f"{p.stem}.{fmt}").write_bytes(data)
         links.setdefault(p.key, []).append((p.title, str(d / f"{p.stem}.png")))
     return links
+
+
+def quality_plots(groups: Sequence["quality.QGroup"], formats: Sequence[str]) -> list[Plot]:
+    """Per workload: validation loss against samples and against training seconds, a line per repeat."""
+    from matplotlib.figure import Figure
+
+    out = []
+    for g in groups:
+        fig = Figure(figsize=(9.6, 3.8), dpi=100)
+        axes = fig.subplots(1, 2)
+        target = num((g.rows[0].quality.get("target") or "").partition("=")[2])
+        for r, color in zip(g.rows, COLORS * 8):
+            name = f"{r.row.devices} dev, batch {r.global_batch}, {r.row.strategy}"
+            for i, c in enumerate(quality.curves(r)):
+                pts = [p for p in c if num(p.get("val")) is not None]
+                for ax, x in zip(axes, ("samples", "train_s")):
+                    ax.plot([p[x] for p in pts], [p["val"] for p in pts], "-", color=color, lw=1, alpha=0.8,
+                            label=name if i == 0 else None)
+        for ax, xl in zip(axes, ("samples", "training seconds")):
+            ax.grid(True, alpha=0.3)
+            ax.set_xlabel(xl)
+            ax.set_ylabel("validation loss")
+            if target is not None:
+                ax.axhline(target, color="k", ls="--", lw=0.8)
+        axes[0].legend(fontsize=7)
+        _title(axes[0], f"{quality.TITLE}: {g.title}")
+        out.append(Plot(f"quality:{g.slug}", f"quality__{g.slug}", "validation loss vs samples and time",
+                        _save(fig, formats)))
+    return out

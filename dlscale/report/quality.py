@@ -199,33 +199,3 @@ def curves(r: QRow) -> list[list[dict[str, Any]]]:
     """Every ok repeat's evaluation curve (one per seed)."""
     return [rep["quality"].get("curve") or [] for rep in r.row.record.get("repeats") or []
             if isinstance(rep, dict) and rep.get("status") == "ok" and isinstance(rep.get("quality"), dict)]
-
-
-def plots(groups: Sequence[QGroup], formats: Sequence[str]) -> list:
-    """Per workload: validation loss against samples and against training seconds, a line per repeat."""
-    from dlscale.report.plots import COLORS, Plot, _save, _title as plot_title
-    from matplotlib.figure import Figure
-
-    out = []
-    for g in groups:
-        fig = Figure(figsize=(9.6, 3.8), dpi=100)
-        axes = fig.subplots(1, 2)
-        target = num((g.rows[0].quality.get("target") or "").partition("=")[2])
-        for r, color in zip(g.rows, COLORS * 8):
-            name = f"{r.row.devices} dev, batch {r.global_batch}, {r.row.strategy}"
-            for i, c in enumerate(curves(r)):
-                pts = [p for p in c if num(p.get("val")) is not None]
-                for ax, x in zip(axes, ("samples", "train_s")):
-                    ax.plot([p[x] for p in pts], [p["val"] for p in pts], "-", color=color, lw=1, alpha=0.8,
-                            label=name if i == 0 else None)
-        for ax, xl in zip(axes, ("samples", "training seconds")):
-            ax.grid(True, alpha=0.3)
-            ax.set_xlabel(xl)
-            ax.set_ylabel("validation loss")
-            if target is not None:
-                ax.axhline(target, color="k", ls="--", lw=0.8)
-        axes[0].legend(fontsize=7)
-        plot_title(axes[0], f"{TITLE}: {g.title}")
-        out.append(Plot(f"quality:{g.slug}", f"quality__{g.slug}", "validation loss vs samples and time",
-                        _save(fig, formats)))
-    return out

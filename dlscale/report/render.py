@@ -13,11 +13,10 @@ from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources
+from dlscale.report.cells import GIB, MB, MIB, fmt  # noqa: F401  (GIB, MB: part of render's names)
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
-GIB, MIB = 2.0 ** 30, 2.0 ** 20
-MB = 1e6  # disk and network rates are in MB/s (10^6 bytes/s)
 TRACE_HINT = "open in chrome://tracing or ui.perfetto.dev"
 METHOD_TEXT = ("Speedup = median samples/s ÷ median of the 1-device ok record of the same workload "
                "(same model, flavor, precision, compile settings, per-device batch; any strategy); scaling "
@@ -37,11 +36,6 @@ def _fence(lines: Sequence[str]) -> str:
     """A code fence longer than any run of backticks in ``lines`` (a command cannot close it)."""
     longest = max((len(m) for line in lines for m in re.findall(r"`+", line)), default=0)
     return "`" * max(3, longest + 1)
-
-
-def fmt(v: Any, nd: int = 2) -> str:
-    """A report number: ``nd`` decimals, more where a small value would lose its digits."""
-    return fmt_num(v, nd)
 
 
 def mem_unit(group: Group) -> tuple[str, float]:

@@ -18,6 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dlscale.report.cells import MISSING, fmt, md_table
+from dlscale.report.cells import html_escape as _e, html_table as _table
+from dlscale.report.fields import rec_config, rec_device_type
+
 if TYPE_CHECKING:
     from dlscale.report.data import Group, Report, Row
 
@@ -184,8 +188,6 @@ STACK_COLUMNS = ["stack", "kind", "device", "node_num", "device_num", "throughpu
 
 
 def stack_rows(t: StackTable) -> list[list[str]]:
-    from dlscale.report.render import MISSING, fmt
-
     rows = []
     for g in t.groups:
         for r in g.own_rows:
@@ -205,8 +207,6 @@ STACK_NOTE = ("one workload (model, precision, per-device batch, device type) as
 
 
 def markdown_section(report: "Report") -> list[str]:
-    from dlscale.report.render import md_table
-
     tables = stack_tables(report)
     if not tables:
         return []
@@ -219,8 +219,6 @@ def markdown_section(report: "Report") -> list[str]:
 
 
 def html_section(report: "Report") -> str:
-    from dlscale.report.html import _e, _table
-
     tables = stack_tables(report)
     if not tables:
         return ""
@@ -278,7 +276,6 @@ def rows_by_workload(side: str, rows: list["Row"]) -> dict[tuple, "Row"]:
     """compare --match workload: one row per (model, precision, batch, nodes, devices, device type);
     two cases of one workload on a side (eager and compiled, two stacks) are ambiguous: ConfigError."""
     from dlscale import ConfigError
-    from dlscale.report.data import rec_config, rec_device_type
 
     out: dict[tuple, "Row"] = {}
     for r in rows:
