@@ -439,8 +439,9 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     pair.append(run_record(2, 600.0, "ddp", "2025-01-01T01:00:00+00:00", env=dict(GPU_ENV, cpu_count=16,
                                                                                    cpu_affinity_count=16)))
     pair.append(comm_record())
-    main(["predict", "--validate", str(tmp_path / "pair"), "--host-cores", "4", "--format", "json"])
-    assert "asks about another host than the records' (16 cores)" in capsys.readouterr().out
+    assert main(["predict", "--validate", str(tmp_path / "pair"), "--host-cores", "4", "--format", "json"]) == 2
+    err = capsys.readouterr().err  # every point skipped: nothing validated, the reason named
+    assert err.count("\n") == 1 and "--host-cores 4" in err and "16 cores" in err
     ResultStore(tmp_path / "alone").append(bound)
     alone = run_json(["predict", str(tmp_path / "alone")] + q[2:] + ["64"], capsys)
     assert alone["rows"][0]["samples_per_s"] == pytest.approx(320.0)
