@@ -240,7 +240,8 @@ def test_tiny_trains(name):
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
-    for _ in range(5):
+    for _ in range(3):  # enough steps for the loss to fall, every parameter to get a gradient
+
         loss = model(*batch)
         assert loss.dim() == 0 and torch.isfinite(loss)
         opt.zero_grad(set_to_none=True)
