@@ -200,24 +200,26 @@ def test_pipeline_matches_single(store):
 
 
 @pytest.mark.slow
-@cases(case("gpt2", "single", 1, 4, precision="amp-fp16"),
-       case("gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
-def test_pipeline_amp_fp16_matches_single_with_grad_scaler(store):
-    """amp-fp16: the stages share one loss scale; the reported loss is unscaled and follows
-    `single` with torch's GradScaler (fp16 rounding differs with the micro-batch split: 1e-2)."""
-    ref = _rep(_run(store, "gpt2", "single", 1, 4, precision="amp-fp16"))
-    rec = _rep(_run(store, "gpt2", "pipeline", 2, 4, "microbatches=2", precision="amp-fp16"))
-    _assert_losses(rec["warmup_losses"], ref["warmup_losses"], rel=1e-2)
-    # each reads its scaler around the window: GradScaler's and the stages' shared one
-    for r in (ref, rec):
-        before, after = r["loss_scale"]
-        assert before > 0 and after > 0 and r["skipped_steps"] == max(0, round(math.log2(before / after)))
-        t0, t1 = r["loss_scale_tracker"]      # the growth tracker read at the same two points
-        assert 0 <= t0 < 2000 and 0 <= t1 < 2000
+@cases(case("gpt2", "single", 1, 4, precision="amp-fp16"), case("gpt2", "single", 1, 4))
+def test_amp_fp16_records_the_loss_scale_around_the_window(store):
+    """amp-fp16 reads its scaler around the window: the scale, the steps it skipped (each halves
+    the scale) and the growth tracker. One process, trained in this process; the pipeline stages'
+    shared scale follows the same rule: the test below."""
+    r = _rep(_run(store, "gpt2", "single", 1, 4, precision="amp-fp16"))
+    before, after = r["loss_scale"]
+    assert before > 0 and after > 0 and r["skipped_steps"] == max(0, round(math.log2(before / after)))
+    t0, t1 = r["loss_scale_tracker"]  # the growth tracker read at the same two points
+    assert 0 <= t0 < 2000 and 0 <= t1 < 2000
+    fp32 = _rep(_run(store, "gpt2", "single", 1, 4))
+    assert _close(r["warmup_losses"][0], fp32["warmup_losses"][0], rel=1e-2)  # reported unscaled
+
 
 
 def test_stage_scaler_skips_everywhere_and_moves_the_scale(monkeypatch):
-    """The shared loss scaler: unscale + inf check, then GradScaler's growth/backoff rule."""
+
+    """The shared loss scaler: unscale + inf check, then GradScaler's growth/backoff rule (the
+    stages' one scale for amp-fp16; the pipeline schedule itself: test_pipeline_matches_single)."""
+
     import torch
 
     from dlscale.strategies import pipeline
