@@ -294,26 +294,6 @@ def test_two_hosts_c10d_one_record_with_every_node(net, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_hosts_rank_crash_on_other_node_is_recorded(net, tmp_path):
-    store = tmp_path / "store"
-    procs = _start_nodes(net, store, ["--steps", "4", "--inject-failure", "crash@2:3"], 29512, tmp_path)
-    codes = _wait_all(procs, 120)
-    assert [c for c, _ in codes] == [5, 5], _logs(tmp_path)  # EXIT_FAILED on both nodes
-    recs = _records(store)
-    assert len(recs) == 1, _logs(tmp_path)
-    rec = recs[0]
-    assert rec["status"] == "failed"
-    assert f"rank 3 (node 1, {net.hostnames[1]} {net.addrs[1]}) failed first" in rec["error"]
-    assert "injected crash" in rec["error"]
-    assert rec["repeats"][0]["process_s"] < 90
-    assert [(n["node_rank"], n["host"], n["addr"], n["ranks"]) for n in rec["nodes"]] == [
-        (0, net.hostnames[0], net.addrs[0], [0, 1]), (1, net.hostnames[1], net.addrs[1], [2, 3])]
-    assert rec["recorded_by"] == {"host": net.hostnames[0], "addr": net.addrs[0], "node_rank": 0, "role": "lead"}
-    assert rec["rendezvous"] == {"backend": "static", "nnodes": 2, "master_addr": net.addrs[0],
-                                 "master_port": 29512, "node_rank": 0, "max_restarts": 0}
-
-
-@pytest.mark.slow
 def test_two_hosts_node_lost_mid_run(net, tmp_path):
     """Every process of node B is SIGKILLed mid-run: node A ends well within its limit, failed."""
     store = tmp_path / "store"
