@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from dlscale import ConfigError
+from helpers_cli import names
 from dlscale.cli import main
 from dlscale.config import RunConfig
 from dlscale.inputs import case_words, config_words, dataset_info, images, make
@@ -115,10 +116,9 @@ def test_the_sm_share_needs_a_decode_process(tmp_path):
     assert cfg.case_key() != RunConfig(**proc).case_key()
     assert DecoderSpec(224, True, sm_share=0.2).mps_env() == {MPS_SM_VAR: "20"}
     assert DecoderSpec(224, True).mps_env() == {}
-    with pytest.raises(ConfigError, match="data-decode-sm-share 0.2 caps the SMs of the decode process: it needs "
-                                          "--data-decode-process"):
+    with pytest.raises(ConfigError, match=names("data-decode-sm-share 0.2", "--data-decode-process")):
         RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_sm_share=0.2)
-    with pytest.raises(ConfigError, match="below 1 % of the SMs"):
+    with pytest.raises(ConfigError, match=names("0.004", "1 %")):  # the value and the floor
         RunConfig(**proc, data_decode_sm_share=0.004)
     with pytest.raises(ConfigError, match="data-decode-sm-share"):
         RunConfig(**proc, data_decode_sm_share=1.5)
@@ -133,8 +133,7 @@ def test_the_decode_priority_needs_a_decode_process(tmp_path):
     assert DecoderSpec(224, True, priority="low").mps_env() == {MPS_PRIORITY_VAR: "1"}
     assert DecoderSpec(224, True, sm_share=0.5, priority="low").mps_env() == {MPS_SM_VAR: "50", MPS_PRIORITY_VAR: "1"}
     assert DecoderSpec(224, True, priority="normal").mps_env() == {}
-    with pytest.raises(ConfigError, match="data-decode-priority low sets the MPS priority of the decode process: "
-                                          "it needs --data-decode-process"):
+    with pytest.raises(ConfigError, match=names("data-decode-priority low", "--data-decode-process")):
         RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_priority="low")
     with pytest.raises(ConfigError, match="data-decode-priority"):
         RunConfig(**proc, data_decode_priority="high")
@@ -215,10 +214,10 @@ def test_the_option_needs_gpu_decode_by_a_decoder_dlscale_drives(tmp_path, capsy
     folder = f"imagefolder:{tmp_path}"
     cfg = RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decode_process=True)
     assert cfg.case_key() != RunConfig(model="resnet50", data=folder, data_decode="gpu").case_key()
-    with pytest.raises(ConfigError, match="data-decode-process moves GPU decode .* needs --data imagefolder:PATH "
-                                          "--data-decode gpu"):
+    with pytest.raises(ConfigError, match=names("data-decode-process", "--data imagefolder:PATH", "--data-decode gpu")):
         RunConfig(model="resnet50", data=folder, data_decode_process=True)
-    with pytest.raises(ConfigError, match="does not apply to --data-decoder dali"):
+    with pytest.raises(ConfigError, match=names("data-decode-process", "--data-decoder dali")):
+
         RunConfig(model="resnet50", data=folder, data_decode="gpu", data_decoder="dali", data_decode_process=True)
     assert main(["run", "--model", "resnet50", "--data", folder, "--data-decode-process"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

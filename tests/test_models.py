@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dlscale import ConfigError
+from helpers_cli import names
 from dlscale.models import count_parameters, get_model, model_names
 
 CPU = torch.device("cpu")
@@ -37,7 +38,8 @@ def test_unknown_model_names_choices():
 def test_unknown_flavor():
     with pytest.raises(ConfigError, match="tiny"):
         get_model("gpt2", "huge")
-    with pytest.raises(ConfigError, match="unknown flavor 'full' for model llama; choose one of: 1b, 3b, 8b, tiny"):
+    with pytest.raises(ConfigError, match=names("'full'", "llama", "1b", "3b", "8b", "tiny")):
+
         get_model("llama", "full")
 
 
