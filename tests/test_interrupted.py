@@ -112,7 +112,7 @@ def test_sweep_keeps_the_interrupted_case_and_measures_it_again(tmp_path, capsys
     assert recs[0]["case_key"] == recs[1]["case_key"]
 
 
-MAX = [*WORKLOAD, "--batch-size", "max", "--max-batch-start", "2", "--max-batch-cap", "4", "--repeats", "2"]
+MAX = [*WORKLOAD, "--batch-size", "max", "--max-batch-start", "1", "--max-batch-cap", "2", "--repeats", "2"]
 NOT_A_PROBE = lambda cfg: cfg.repeats > 1  # noqa: E731 - probes run one repeat (batchsearch.probe_config)
 
 
@@ -131,4 +131,4 @@ def test_the_interrupted_case_of_a_batch_search_keeps_its_search(tmp_path, capsy
     assert "SIGTERM" in capsys.readouterr().err
 
     (rec,) = _records(store / "results.jsonl")
-    assert rec["status"] == "interrupted" and rec["batch_search"]["max"] == rec["config"]["batch_size"] == 4
+    assert rec["status"] == "interrupted" and rec["batch_search"]["max"] == rec["config"]["batch_size"] == 2

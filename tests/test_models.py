@@ -236,7 +236,7 @@ def test_tiny_trains(name):
     spec = get_model(name, "tiny")
     model = spec.build()
     assert count_parameters(model) < 500_000
-    batch = spec.make_batch(4, CPU, torch.Generator().manual_seed(0))
+    batch = spec.make_batch(2, CPU, torch.Generator().manual_seed(0))
     if spec.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     else:
