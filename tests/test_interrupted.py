@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+import pytest
+
 from conftest import one_process_here
 
 from dlscale import cli, launch
@@ -56,6 +58,7 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # trains repeats of tiny gpt2 in this process: seconds
 def test_run_interrupted_after_a_repeat_keeps_it(tmp_path, capsys):
     store = tmp_path / "st"
     with signal_at_repeat(2):
@@ -93,6 +96,7 @@ def test_run_interrupted_in_its_first_repeat_stores_nothing(tmp_path, capsys):
     assert not (store / "results.jsonl").exists() or not _records(store / "results.jsonl")
 
 
+@pytest.mark.slow  # trains repeats of tiny gpt2 in this process: seconds
 def test_sweep_keeps_the_interrupted_case_and_measures_it_again(tmp_path, capsys):
     suite, store = tmp_path / "s.yaml", tmp_path / "st"
     suite.write_text(SUITE)
@@ -124,6 +128,7 @@ def test_an_interrupted_batch_probe_stores_nothing(tmp_path, capsys):
     assert not (store / "results.jsonl").exists() or not _records(store / "results.jsonl")
 
 
+@pytest.mark.slow  # trains repeats of tiny gpt2 in this process: seconds
 def test_the_interrupted_case_of_a_batch_search_keeps_its_search(tmp_path, capsys):
     store = tmp_path / "st"
     with signal_at_repeat(2, NOT_A_PROBE):

@@ -230,7 +230,8 @@ def test_full_batch_shapes_and_ranges():
     assert y.shape == (2,) and int(y.max()) < 1000
 
 
-@pytest.mark.parametrize("name", MODELS)
+# tiny resnet50's 224-pixel images: seconds of training, out of the quick tier
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m == "resnet50" else m for m in MODELS])
 def test_tiny_trains(name):
     torch.manual_seed(0)
     spec = get_model(name, "tiny")
