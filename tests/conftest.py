@@ -2,7 +2,7 @@
 
 A test that starts a process (a worker, torchrun, a browser, the dlscale CLI in a subprocess) must
 be marked ``slow``: ``pytest -m "not slow"`` is the quick tier a developer runs while editing, and
-it must stay under a minute. An unmarked test that starts one fails here, naming the command.
+it must stay under half a minute on two cores. An unmarked test that starts one fails here, naming the command.
 Short-lived system tools (git, nvidia-smi, ip, ...) that the code under test asks for facts do
 not count: they are part of reading the environment, not of running a benchmark.
 """

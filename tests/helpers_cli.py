@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -131,7 +132,15 @@ def dlscale_many(calls: Sequence[Sequence[str]], workers: int = 2) -> list[subpr
     return results
 
 
+def names(*parts: str) -> str:
+    """A ``pytest.raises(..., match=)`` pattern: a one-line message that names each of ``parts``
+    (literally, in any order). What a refusal must say (the option, the value, what is allowed)
+    without pinning the sentence around it."""
+    return r"^(?![\s\S]*\n)" + "".join(f"(?=.*{re.escape(p)})" for p in parts)
+
+
 def cases(*keys) -> pytest.MarkDecorator:
+
     """``@cases(KEY, ...)``: the cases (hashable keys, the module's own kind) a test reads."""
     return pytest.mark.cases(*keys)
 

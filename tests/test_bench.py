@@ -190,6 +190,7 @@ def test_the_jax_loop_trains_data_parallel_under_torchrun(tmp_path):
 def test_the_jax_loop_alone_trains_on_one_device_of_several(tmp_path):
     """One process that sees two devices trains on one (a GPU host shows the process all its GPUs)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bare_loop_jax.py"), "--model", "gpt2", "--flavor",
                         "tiny", "--batch-size", "2", "--precision", "fp32", "--device", "cpu", "--warmup", "1",
                         "--steps", "1"], capture_output=True, text=True, env=env, timeout=300)
@@ -338,11 +339,12 @@ def test_driver_bad_suite_exits_2_before_writing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert RUN.main([str(bad), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "bare[0].sgd" in err and "expected one of auto, foreach, fused" in err
+    assert err.count("\n") == 0 and "bare[0].sgd" in err and all(v in err for v in ("auto", "foreach", "fused"))
     assert not out.exists()
     assert RUN.main([str(ROOT / "benchmarks" / "suites" / "smoke-cpu.yaml"), "--filter", "model=bert-base",
                      "--out", str(out)]) == 2
-    assert "no case of suite smoke-cpu matches --filter model=bert-base" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "smoke-cpu" in err and "model=bert-base" in err, err
     assert not out.exists()
 
 
@@ -402,10 +404,13 @@ def test_a_failed_before_command_stops_the_measurements(tmp_path, capsys, monkey
     out = tmp_path / "out"
     assert RUN.main([str(suite), "--out", str(out)]) == 5
     printed = capsys.readouterr().out
-    assert "[before tokens] failed (exit 2)" in printed and "not an empty folder" in printed
+    said = [ln for ln in printed.splitlines() if "[before tokens]" in ln and "exit 2" in ln]
+    assert len(said) == 1 and str(taken) in printed, printed  # the command's own error passes through
     assert not (out / "store").exists() and json.loads((out / "commands.json").read_text())["tokens"]["status"] \
         == "failed (exit 2)"
-    assert "- before commands: 1, 1 ran (commands.log); not ok: tokens: failed (exit 2)" in (out / "index.md").read_text()
+    (line,) = [ln for ln in (out / "index.md").read_text().splitlines() if ln.startswith("- before commands:")]
+    assert "tokens" in line and "exit 2" in line, line
+
 
 
 # ----------------------------------------------------------------------------- compare --ignore
@@ -829,6 +834,8 @@ def drivers_ahead(request, tmp_path_factory):
             with open(tmp / "driver.out", "w") as out, open(tmp / "driver.err", "w") as err:
                 p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tools" / "driver_here.py"), str(path),
                                       "--out", str(tmp / "out"), *args], stdout=out, stderr=err, text=True, cwd=ROOT)
+
+
             started[name] = (tmp, p, time.monotonic())
     yield started
     for _, p, _ in started.values():

@@ -125,7 +125,8 @@ def test_an_interrupted_external_run_keeps_its_finished_repeats(tmp_path, capsys
                "img", "--precision", "fp32", "--warmup", "1", "--steps", "3", "--repeats", "3", "--no-monitor",
                "--device", "cpu", "--command", py("for i in range(6): print(f'rate: {100 + i}')")) == 130
     err = capsys.readouterr().err
-    assert "interrupted by SIGTERM" in err and "1 finished repeat(s) are in" in err, err
+    said = [ln for ln in err.splitlines() if ln.startswith("dlscale:")]
+    assert len(said) == 1 and "SIGTERM" in said[0] and str(store) in said[0], err  # the signal, where the repeat is
     (rec,) = records(store)
     assert rec["kind"] == "external" and rec["status"] == "interrupted" and len(rec["repeats"]) == 1
     assert "during repeat 2/3" in rec["error"] and rec["summary"]["samples_per_s"]["n"] == 1
@@ -146,7 +147,8 @@ def test_time_limit_kills_the_whole_tree(tmp_path):
                "--no-monitor", "--device", "cpu") == 4
     assert time.monotonic() - t < 60
     (rec,) = records(tmp_path / "st")
-    assert rec["status"] == "timeout" and "process tree was killed" in rec["error"]
+    assert rec["status"] == "timeout" and rec["error"], rec["error"]
+
     pid = int(pidfile.read_text())
     for _ in range(50):  # the grandchild went with its session
         try:

@@ -607,24 +607,6 @@ def test_embedding_shard_row_matches_single(world1, tmp_path_factory, store):
 
 
 @pytest.mark.slow
-@cases(_key("wide-deep", "embedding-shard", 4, 8, "shard=table", "shards=2"))
-def test_embedding_shard_table_2d_matches_single(world1, tmp_path_factory, store):
-    """4 ranks, table-wise over groups of 2 (2 copies, their gradients all-reduced)."""
-    ref = _here(tmp_path_factory, model="wide-deep", strategy="single", batch_size=32)
-    rec = _run(store, "wide-deep", "embedding-shard", 4, 8, "shard=table", "shards=2")
-    assert _close(rec["repeats"][0]["loss_after"], ref["loss_after"])
-    info = rec["strategy_info"]
-    assert info["shards"] == 2 and info["replicas"] == 2
-    assert info["rows_held_per_rank"][0] + info["rows_held_per_rank"][1] == info["table_rows"]
-    assert info["rows_held_per_rank"][:2] == info["rows_held_per_rank"][2:]
-    # table-wise: B ids of each field a rank does not own go out, their vectors come back
-    owned0 = sum(1 for o in info["table_owner"].values() if o == 0)
-    kinds = info["exchange_bytes_per_step"]["by_kind_rank0"]
-    assert kinds["ids"] == 8 * 8 * (7 - owned0) and kinds["counts"] == 0
-    assert info["replica_allreduce_bytes_per_step"] > 0
-
-
-@pytest.mark.slow
 @cases(_key("face", "ddp", 2, 8), _key("face", "partial-fc", 2, 8))
 def test_partial_fc_matches_ddp(store):
     """Class-sharded head (50 classes: 25 + 25) against ddp on the same 2 ranks (BatchNorm per rank in both)."""

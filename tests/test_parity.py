@@ -67,7 +67,7 @@ def test_pass_fail_and_the_numbers(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "| single (reference) | 1 | 6.222400 | 6.125700 | 6.051100 | 5.731900 |" in out
     assert "| zero1 | 2 |" in out and "| 3.0e-04 | 1e-04 |" in out and "FAIL" in out
-    assert "1 case(s) outside tolerance: zero1 x2 (3.0e-04)" in err
+    assert err.strip().count("\n") == 0 and "zero1" in err and "3.0e-04" in err, err  # the case and its difference
 
 
 def test_batchnorm_older_records_and_missing_reference(tmp_path, capsys):
@@ -90,7 +90,9 @@ def test_batchnorm_older_records_and_missing_reference(tmp_path, capsys):
     assert cases[("gpt2", 16, "ddp")]["verdict"] == "not comparable"
     assert main(["parity", str(store)]) == 0
     out = capsys.readouterr().out
-    assert "single ran global batch 8; this case trains 16" in out
+    # the 16-sample case is not compared with the 8-sample single: a line of the output names both batches
+    assert any("16" in ln and "8" in ln and "single" in ln for ln in out.splitlines()), out
+
 
 
 def test_repeat_spread_and_bad_input(tmp_path, capsys):
@@ -99,7 +101,9 @@ def test_repeat_spread_and_bad_input(tmp_path, capsys):
     rc, doc = run_json(capsys, write(tmp_path, [a, b]))
     assert doc["groups"][0]["reference"]["repeat_spread"] == pytest.approx(4e-5, rel=1e-3)
     assert main(["parity", str(tmp_path / "results"), "--tolerance", "0"]) == 2
-    assert "--tolerance must be" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--tolerance" in err, err
+
     assert main(["parity", str(tmp_path / "nope")]) == 2
 
 

@@ -55,8 +55,12 @@ TINY = """\
 # ----------------------------------------------------------------------------- parsing
 
 def test_shipped_suites_load_and_expand():
-    counts = {name: len(load_suite(name).cases) for name in shipped_suites()}
-    assert counts == {"quick": 6, "dlperf-resnet50": 20, "dlperf-bert": 60, "gpt2": 17, "dlperf-model-parallel": 47}
+    # every shipped suite loads to distinct cases (how many is the suite file's to say)
+    names = set(shipped_suites())
+    assert {"quick", "dlperf-resnet50", "dlperf-bert", "gpt2", "dlperf-model-parallel"} <= names
+    for name in names:
+        cases = load_suite(name).cases
+        assert cases and len({c.case_key() for c in cases}) == len(cases), name
     quick = load_suite("quick")
     assert [(c.model, c.strategy, c.world_size) for c in quick.cases] == [
         ("gpt2", "single", 1), ("gpt2", "ddp", 2), ("bert-base", "single", 1), ("bert-base", "ddp", 2),
@@ -159,22 +163,34 @@ def test_cli_bad_suite_exits_2_before_running(tmp_path, capsys, monkeypatch):
     Path("suites/x.yaml").write_text("matrix: {models: [gpt2], batch_sizes: abc}\n")
     assert cli.main(["sweep", "suites/x.yaml", "--store", "st"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("dlscale: error: suites/x.yaml: key 'matrix.batch_sizes': expected a list of positive "
-                   "integers or \"max\", got 'abc'")
+    # one line: the file, the key and the value refused (documented format FILE: key 'KEY': ...)
+    assert err.count("\n") == 0 and err.startswith("dlscale: error: suites/x.yaml: key 'matrix.batch_sizes':"), err
+    assert "'abc'" in err
     assert not Path("st").exists()
     assert cli.main(["sweep", "no-such-suite"]) == 2
-    assert "shipped suites: " in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no-such-suite" in err and all(n in err for n in shipped_suites()), err
     assert cli.main(["sweep", "quick", "--filter", "colour=red"]) == 2
     assert cli.main(["sweep", "quick", "--filter", "model=gpt3"]) == 2
-    assert "the suite has model: bert-base, gpt2, resnet50" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "colour" in err[0], err
+    assert "gpt3" in err[1] and all(m in err[1] for m in ("bert-base", "gpt2", "resnet50")), err  # what it has
 
 
 def test_filters():
     s = load_suite("dlperf-bert")
-    assert len(filter_suite(s, parse_filters(["precision=fp32", "compile=false"]))) == 18  # 12 + 2x8, 4x8
-    assert len(filter_suite(s, parse_filters(["devices=1,2", "batch_size=64"]))) == 8
-    assert len(filter_suite(s, parse_filters(["devices=1", "devices=8"]))) == 24  # one key twice: either
-    assert len(filter_suite(load_suite("gpt2"), parse_filters(["batch_size=max"]))) == 1
+
+    def where(pred) -> list[int]:  # the cases a filter must select, by hand
+        return [i for i, c in enumerate(s.cases) if pred(c)]
+
+    assert filter_suite(s, parse_filters(["precision=fp32", "compile=false"])) == where(
+        lambda c: c.precision == "fp32" and not c.compile)
+    assert filter_suite(s, parse_filters(["devices=1,2", "batch_size=64"])) == where(
+        lambda c: c.world_size in (1, 2) and c.batch_size == 64)
+    assert filter_suite(s, parse_filters(["devices=1", "devices=8"])) == where(  # one key twice: either
+        lambda c: c.world_size in (1, 8))
+    g = load_suite("gpt2")
+    assert [g.cases[i].batch_size for i in filter_suite(g, parse_filters(["batch_size=max"]))] == ["max"]
     with pytest.raises(ConfigError, match="allowed: model"):
         parse_filters(["colour=red"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
@@ -189,8 +205,9 @@ def test_filters_on_strategy_options():
     assert [(s.cases[i].model, s.cases[i].precision) for i in one_f] == [("gpt2", "amp-bf16"), ("gpt2", "amp-fp16")]
     assert len(filter_suite(s, parse_filters(["strategy_options.microbatches=8"]))) == 4
     assert len(filter_suite(s, parse_filters(["strategy_options.shard=zero3"]))) == 1
-    with pytest.raises(ConfigError, match="no case of suite two-gpu-strategies matches"):
+    with pytest.raises(ConfigError, match="two-gpu-strategies") as e:  # the suite and the filter named
         filter_suite(s, parse_filters(["strategy_options.microbatches=4"]))
+    assert "microbatches=4" in str(e.value)
     with pytest.raises(ConfigError, match="strategy_options.NAME"):
         parse_filters(["strategy_options.=1"])
     fields = {"strategy_options": {"compiled_autograd": True}, "nnodes": 1, "nproc_per_node": 2}
@@ -362,7 +379,7 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
             proc.kill()
         log.close()
     text = (tmp_path / "sweep.log").read_text()
-    assert "sweep interrupted during case 2/2" in text, text
+    assert "interrupted" in text and "2/2" in text, text  # the case it struck, named
     gone, alive = psutil.wait_procs(kids, timeout=15)
     assert not alive, f"case processes left behind: {alive}"
     first = records(store)
@@ -409,8 +426,10 @@ def test_failing_case_is_recorded_and_the_sweep_goes_on_then_max_batch(tmp_path,
     assert p.returncode == 5  # a case failed
     captured = [p.stdout, p.stderr]
     assert "[1/2] FAILED" in captured[0] and "injected crash" in captured[0], captured
-    assert "[2/2] ok" in captured[0] and "single x1 batch max=3 after 2 probes fp32 eager: " in captured[0], captured
-    assert "1 case(s) failed or timed out" in captured[1], captured
+    done = [ln for ln in captured[0].splitlines() if "[2/2] ok" in ln]
+    assert len(done) == 1 and "max=3" in done[0], captured  # the largest batch found, named
+    assert captured[1].strip().count("\n") == 0 and "failed" in captured[1], captured
+
     recs = records(store)
     assert [r["status"] for r in recs] == ["failed", "ok"]  # probes are not stored as records
     search = recs[1]["batch_search"]
@@ -433,10 +452,12 @@ def test_run_length_overrides(tmp_path, capsys):
     assert s.with_overrides(repeats=1).cases[0].case_key() == s.cases[0].case_key()
     assert short.cases[0].case_key() != s.cases[0].case_key()
     assert s.with_overrides() is s
-    with pytest.raises(ConfigError, match="steps must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="steps") as e:
         s.with_overrides(steps=0)
+    assert "0" in str(e.value) and "\n" not in str(e.value)
     assert cli.main(["sweep", "quick", "--repeats", "0", "--dry-run", "--store", str(tmp_path / "st")]) == 2
-    assert "repeats must be >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "repeats" in err and not (tmp_path / "st").exists(), err
 
 
 def test_sweep_summary_finds_baselines_stored_by_another_sweep(tmp_path):
@@ -465,8 +486,11 @@ def test_huge_suite_is_refused_before_expansion(tmp_path, capsys, monkeypatch):
     sizes = ", ".join(str(b) for b in range(1, 1001))
     p = write(tmp_path, f"matrix: {{models: [gpt2], batch_sizes: [{sizes}], grad_accum: [{sizes}]}}\n", "big.yaml")
     monkeypatch.setattr(suite_mod, "_expand_block", lambda *a: pytest.fail("expanded before counting"))
-    with pytest.raises(ConfigError, match="expands to 1,000,000 cases, more than the limit of 10,000"):
+    with pytest.raises(ConfigError) as e:
         load_suite(p)
+    assert "1,000,000" in str(e.value) and "10,000" in str(e.value)  # the count and the limit named
     monkeypatch.undo()
     assert cli.main(["sweep", str(p), "--dry-run", "--max-cases", "0"]) == 2
-    assert "--max-cases must be >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--max-cases" in err, err
+

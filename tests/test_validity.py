@@ -290,7 +290,9 @@ def test_run_stores_validity_and_the_monitor_sees_a_competing_process(tmp_path):
     u = rec["repeats"][0]["utilisation"]
     assert u["other_cpu_cores_mean"] > 0.5 and u["case_cpu_cores_mean"] > 0.2, u  # the busy loop is one core
     text = out.getvalue()
-    assert "# ! competing_cpu: other processes used" in text and "# ? few_steps: 8 timed steps" in text
+    # the console's flag lines: mark and check (the format), each once
+    assert text.count("# ! competing_cpu:") == 1 and text.count("# ? few_steps:") == 1, text
+
 
 
 def test_side_by_side_compares_one_device_cases_with_verdicts_and_thread_flags(tmp_path, capsys):
