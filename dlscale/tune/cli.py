@@ -28,19 +28,10 @@ def duration(text: str) -> float:
     return seconds
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return v
-
-
 def _add_axes(p: argparse.ArgumentParser) -> None:
     """The searched fields, with `dlscale run`'s option names: a comma list or repeated; each
     restricts its axis (one value pins it)."""
+    from dlscale.commands.perf_args import positive_int
     from dlscale.config import FIELDS
 
     g = p.add_argument_group("axes (as `dlscale run` names them; a comma list or repeated; default: searched)")
@@ -50,13 +41,13 @@ def _add_axes(p: argparse.ArgumentParser) -> None:
         g.add_argument(o.option(name), dest=f"axis_{name}", action="append", metavar="V[,V...]", default=None,
                        help=f"{o.help}" + ("; on, off or on,off" if name == "compile" else "")
                        + " (default: searched; docs/tune.md)", **kw)
-    g.add_argument("--global-batch", type=_positive_int, default=None, metavar="B",
+    g.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
                    help="keep this global batch: per-device batch x gradient accumulation x data-parallel degree")
 
 
 def register(sub) -> None:
     from dlscale.caseargs import add_case_arguments
-    from dlscale.commands.perf_args import positive_float, shapes_type
+    from dlscale.commands.perf_args import positive_float, positive_int, shapes_type
     from dlscale.commands.plan import memory_size
 
     p = sub.add_parser("tune", help="find the fastest configuration that fits, by measurement",
@@ -70,7 +61,7 @@ def register(sub) -> None:
     _add_axes(p)
     p.add_argument("--budget", type=duration, default=duration(DEFAULT_BUDGET), metavar="DURATION",
                    help=f"time for the measurements, e.g. 20m, 90s, 1h (default: {DEFAULT_BUDGET})")
-    p.add_argument("--top", type=_positive_int, default=DEFAULT_TOP, metavar="K",
+    p.add_argument("--top", type=positive_int, default=DEFAULT_TOP, metavar="K",
                    help="candidates measured whatever the model says; after them, only those that could still win")
     p.add_argument("--gpu-memory", type=memory_size, default=None, metavar="SIZE",
                    help="memory of one device, e.g. 80GiB (default: the GPU's; on the CPU the RAM divided among "
