@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 MAX_SEED = 2**32 - 1  # numpy's and torch's seed range (config checks --seed against it)
+MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any model here (config, store)
 
 
 class DlscaleError(Exception):

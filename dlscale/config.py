@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale import MAX_SEED, ConfigError
+from dlscale import MAX_BATCH, MAX_SEED, ConfigError
 from dlscale import compiling
 from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
@@ -38,7 +38,6 @@ AUTO_STRATEGY = "auto"  # single on one device, ddp on more
 _NO_LATE = object()
 # Upper bounds of numbers (docs/sweeps.md "Limits"): a value past one is a typo, refused before anything starts.
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: anything longer is a typo, not a benchmark
-MAX_BATCH = 1 << 20  # per device; no device holds a million samples of any model here
 CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError, DlscaleError
+from dlscale import MAX_BATCH, ConfigError, DlscaleError
 
 SCHEMA = "dlscale.record/1"
 DEFAULT_FILE = "results.jsonl"
@@ -44,7 +44,6 @@ ARTIFACT_DIRS = ("series", "traces", "logs")  # what measurements write below th
 # no figure dlscale stores comes near this (bytes, FLOPs and timestamps included): a record holding a bigger
 # number was edited or imported unchecked, and would overflow the reports' sums; it is skipped, named
 MAX_MAGNITUDE = 1e30
-MAX_STORED_BATCH = 1 << 20  # per device, as config.MAX_BATCH (not imported: the store is below config)
 EXPECTED_CASE_BYTES = 4 << 20
 CLAIM_FILE = ".dlscale-claim"  # a sweep's claim on its store: its pid, held under flock while it runs
 # every writing command holds this shared (flock) while it runs; one that gets it exclusively knows no
@@ -378,8 +377,8 @@ class ResultStore:
 def implausible(rec: dict[str, Any]) -> str | None:
     """Why a stored record cannot be reported (a number no measurement gives), else None."""
     b = (rec.get("config") or {}).get("batch_size") if isinstance(rec.get("config"), dict) else None
-    if isinstance(b, (int, float)) and not isinstance(b, bool) and b > MAX_STORED_BATCH:
-        return f"implausible batch size {b:.3g} (over {MAX_STORED_BATCH:,} per device)"
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b > MAX_BATCH:
+        return f"implausible batch size {b:.3g} (over {MAX_BATCH:,} per device)"
     todo: list[tuple[str, Any]] = [("", rec)]
     while todo:  # iterative: a deeply nested record must not exhaust the stack
         where, o = todo.pop()
