@@ -136,6 +136,7 @@ def _chunk(cfg, denv, par, hooks: Hooks, st: _State, n: int, plan) -> tuple[floa
     warm = st.steps < cfg.warmup
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
     marks = [0.0] * (n + 1)
+    warm_raw = []  # warm-up steps' losses as the step returned them, read after the chunk's timing
     _barrier(denv)
     t0 = marks[0] = time.perf_counter()
     if cuda:
@@ -149,13 +150,15 @@ def _chunk(cfg, denv, par, hooks: Hooks, st: _State, n: int, plan) -> tuple[floa
             hooks.fetch()
             st.waits.append(time.perf_counter() - ta)
         st.loss = hooks.step()
-        if warm:  # as the main warm-up: each step's loss (a host sync; the window's steps do not read it)
-            st.warm_losses.append(parity.global_loss(st.loss if par.reports_loss else None, par, denv))
+        if warm:  # as the main warm-up: each step's loss, kept (reading it is a host sync)
+            warm_raw.append(st.loss if par.reports_loss else None)
         if cuda:
             events[i + 1].record()
         marks[i + 1] = time.perf_counter()
     _barrier(denv)
     seconds = time.perf_counter() - t0
+    # every rank read the same number of losses: the collective global_loss may hold stays in step
+    st.warm_losses += [parity.global_loss(loss, par, denv) for loss in warm_raw]
     if cuda:
         ms = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
     else:
