@@ -61,6 +61,14 @@ def fmt_stdev(stdev: Any, n: Any, digits: int = 2, *, group: bool = False, missi
     return fmt_num(stdev, digits, group=group, missing=missing)
 
 
+def fmt_hms(seconds: float | None) -> str:
+    """A duration as H:MM:SS (an ETA, a budget); "?" where it is not known yet."""
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def fmt_bytes(n: Any, *, missing: str = MISSING) -> str:
     """Bytes in binary units: "1.50 GiB", "2 MiB" (whole values without decimals), "512 B"."""
     x = finite(n)

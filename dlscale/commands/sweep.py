@@ -28,6 +28,7 @@ from typing import Any
 from dlscale import ConfigError, DlscaleError, inputs
 from dlscale.caseargs import command_line
 from dlscale.config import RunConfig
+from dlscale.fmt import fmt_hms
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 5
 from dlscale.procs import EXIT_INTERRUPTED  # noqa: E402
@@ -158,13 +159,6 @@ def plan(suite, indices: list[int], records: list[dict[str, Any]], force: bool,
 
 
 # ----------------------------------------------------------------------------- running
-
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
 
 def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, seconds: float,
               error: str | None = None) -> str:
@@ -403,4 +397,4 @@ def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list)
             results.append((p, rec))
             print(case_line(n, total, p, rec, time.monotonic() - t, error), flush=True)
             elapsed = time.monotonic() - t_start
-            progress.update(task, completed=n, eta=_fmt_eta(elapsed / n * (total - n)))
+            progress.update(task, completed=n, eta=fmt_hms(elapsed / n * (total - n)))

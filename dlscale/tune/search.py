@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dlscale import DlscaleError
+from dlscale.fmt import fmt_hms
 from dlscale.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
@@ -206,13 +207,6 @@ def _check_headroom(search: Search, m: Measurement) -> None:
                      search.headroom)
 
 
-def fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
 def progress_line(search: Search, m: Measurement, left: int) -> str:
     """One line per candidate: what it gave, the time spent and left against the budget."""
     from dlscale.console import validity_suffix
@@ -224,7 +218,7 @@ def progress_line(search: Search, m: Measurement, left: int) -> str:
     how = "resumed from the store" if m.resumed else f"{m.seconds:.1f} s"
     return (f"# tune [{len(search.measured)}] {c.describe()}: {what}{validity_suffix(m.record)}"
             f"{' (not valid: ' + bad + ')' if bad and m.median is not None else ''} [{how}]; "
-            f"spent {fmt_s(search.spent_s)} of {fmt_s(search.budget_s)}, ETA {fmt_s(search.eta_s(left))}")
+            f"spent {fmt_hms(search.spent_s)} of {fmt_hms(search.budget_s)}, ETA {fmt_hms(search.eta_s(left))}")
 
 
 def stderr_say(text: str) -> None:
