@@ -131,7 +131,7 @@ def machine_of(args, cfg, device_type: str, precision: str):
     return TuneMachine(device_type, cfg.world_size, cfg.nnodes, float(memory), peak)
 
 
-def plan_candidates(args):
+def plan_candidates(args, stored: list | None = None):
     """Everything before a measurement: axes, candidates, pruning, ranking (ConfigError: bad input)."""
     from dlscale.config import check_cpu_processes, resolve_device
     from dlscale.tune import prune, space
@@ -153,20 +153,24 @@ def plan_candidates(args):
     if not any(c.pruned is None for c in cands):
         first = next((c.pruned for c in cands if c.pruned_by == "memory"), None) or cands[0].pruned
         raise ConfigError(f"no configuration fits: {first} (see --gpu-memory, --headroom, --batch-size)")
-    evidence = evidence_for(_other_records(args.store, label), base, machine)
+    # the model ranks from what was measured before: its ranking against the measured one would mean
+    # nothing if it read this tune's own results
+    others = [r for r in (stored if stored is not None else _stored(args.store).records)
+              if (r.get("config") or {}).get("label") != label]
+    evidence = evidence_for(others, base, machine)
     return label, cands, rank([c for c in cands if c.pruned is None], machine, evidence), headroom, given
 
 
-def _other_records(store_dir, label: str) -> list:
-    """The store's records other than this tune's own: the model ranks from what was measured before
-    (its ranking against the measured one would mean nothing if it read this tune's results)."""
+def _stored(store_dir):
+    """The store's records, read once for the ranking and the resume (an empty load where the
+    store does not exist yet)."""
     import os
 
-    from dlscale.store import ResultStore
+    from dlscale.store import LoadResult, ResultStore
 
     if not store_dir or not os.path.isdir(store_dir):
-        return []
-    return [r for r in ResultStore(store_dir).load().records if (r.get("config") or {}).get("label") != label]
+        return LoadResult()
+    return ResultStore(store_dir).load()
 
 
 def _has_plan(cfg) -> bool:
@@ -199,17 +203,18 @@ def _dry_run(label: str, cands, ranked) -> int:
 def cmd_tune(args) -> int:
     from dlscale import launch
     from dlscale.caseargs import command_line
+    from dlscale.fmt import fmt_hms
     from dlscale.progress import PhasePrinter
     from dlscale.store import ResultStore
     from dlscale.tune import result, search
 
     targets = _targets(args)
-    label, cands, ranked, headroom, given = plan_candidates(args)
+    loaded = _stored(args.store)
+    label, cands, ranked, headroom, given = plan_candidates(args, loaded.records)
     if args.dry_run:
         return _dry_run(label, cands, ranked)
     store = ResultStore(args.store)
     store.check_writable()
-    loaded = store.load()
     if loaded.warning():
         print(f"dlscale: warning: {loaded.warning()}", file=sys.stderr)
     done = search.resumable(loaded.records, label)
@@ -224,7 +229,7 @@ def cmd_tune(args) -> int:
     s = search.Search(label, ranked, headroom, args.top, args.budget, global_batch=given.global_batch)
     search.stderr_say(f"# tune {label}: {len(cands)} candidate(s), {len(ranked)} runnable, "
                       f"{sum(r.candidate.key in done for r in ranked)} already in {store.file}; "
-                      f"budget {search.fmt_s(args.budget)}")
+                      f"budget {fmt_hms(args.budget)}")
     search.run(s, done, measure_case, search.stderr_say)
     if s.interrupt is not None:
         search.stderr_say(f"dlscale: tune interrupted: {launch.keep_interrupted(s.interrupt, store)}; "
