@@ -35,6 +35,8 @@ def test_mesh_groups_follow_the_mesh_order():
     assert mesh_group(64, 8, 8) == Group(1, 8, 8)  # dp 8 strided by tp x pp = 64: one rank a node, 8 groups share it
     assert mesh_group(2, 4, 8) == Group(4, 1, 1)  # pp 4 strided by tp 2: inside the node
     assert mesh_group(4, 4, 8) == Group(2, 2, 4)
+    assert mesh_group(7, 2, 8) == Group(2, 1, 1)  # pp 8's first and last stage: one node, not two
+    assert mesh_group(3, 4, 8) == Group(3, 2, 2)  # ranks 0, 3, 6 | 9: two nodes
 
 
 def test_collectives_by_hand():
@@ -162,6 +164,13 @@ def test_plan_rows_say_their_basis_and_rank_by_the_model():
     fitting = [r["tokens_per_s_per_gpu"] for r in rows if r["fits"]]
     assert fitting == sorted(fitting, reverse=True)
     assert all(r["runs_here"] for r in rows)
+
+
+def test_plan_of_one_node_needs_no_inter_link_with_tied_embeddings():
+    """GPT-2's tied embedding is summed between a pipeline's first and last stage: one node, no network."""
+    rc, out, err = _cli(["plan", "--model", "gpt2", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--format", "json"])
+    assert rc == 0, err
+    assert any(r["strategy"] == "pipeline" and r["tokens_per_s_per_gpu"] for r in json.loads(out)["rows"])
 
 
 def test_plan_needs_the_inter_link_for_several_nodes():

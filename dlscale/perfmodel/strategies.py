@@ -293,8 +293,10 @@ def mesh_group(stride: int, size: int, gpus_per_node: int) -> Group:
     dp_shard: tp x pp, dp_replicate: tp x pp x dp_shard), on nodes of ``gpus_per_node`` consecutive ranks."""
     if size <= 1:
         return Group(1, 1, 1)
-    k = 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
-    m = max(1, size // k)
+    # members 0, stride, 2 stride, ... that fall in the first node (a pipeline's first and last stage,
+    # stride tp x (pp - 1), share a node of 8 at pp 8 although 8 // 7 is 1)
+    k = 1 if stride >= gpus_per_node else max(1, min(size, (gpus_per_node - 1) // stride + 1))
+    m = max(1, -(-size // k))
     return Group(k, m, max(1, gpus_per_node // k) if m > 1 else 1)
 
 
