@@ -172,15 +172,21 @@ def allreduce_phases_s(nbytes: float, shape: Shape, links: Links) -> tuple[float
         intra = links.intra_for(g)
         if intra is None:
             raise ConfigError(f"shape {shape.label} needs the intra-node link: give --intra-busbw GBPS")
-        t_intra = 2 * (g - 1) * intra.latency_s + 2.0 * nbytes * (g - 1) / g / intra.busbw_bps
+        t_intra = ring_allreduce_s(nbytes, g, intra)  # reduce-scatter + all-gather: a ring's volume
     if m > 1 and nbytes > 0:
         if links.inter is None:
             raise ConfigError(f"shape {shape.label} spans {m} nodes: give the inter-node bandwidth "
                               f"--inter-busbw GBPS (per node)")
-        ring = ring_allreduce_s(nbytes, m, links.inter)
-        tree = tree_allreduce_s(nbytes, m, links.inter)
-        t_inter = {"ring": ring, "tree": tree, "auto": min(ring, tree)}[links.inter_algorithm]
+        t_inter = inter_allreduce_s(nbytes, m, links)
     return t_intra, t_inter
+
+
+def inter_allreduce_s(nbytes: float, m: int, links: Links) -> float:
+    """The nodes' all-reduce of ``nbytes`` over the inter-node link, by ``links.inter_algorithm`` (ring,
+    tree, or auto: the faster, as NCCL's tuner picks)."""
+    ring = ring_allreduce_s(nbytes, m, links.inter)
+    tree = tree_allreduce_s(nbytes, m, links.inter)
+    return {"ring": ring, "tree": tree, "auto": min(ring, tree)}[links.inter_algorithm]
 
 
 def allreduce_s(nbytes: float, shape: Shape, links: Links) -> float:

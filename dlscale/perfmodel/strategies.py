@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.perfmodel.core import Links, ring_allreduce_s, tree_allreduce_s
+from dlscale.perfmodel.core import Links, inter_allreduce_s, ring_allreduce_s
 
 FAMILIES = ("single", "ddp", "zero1", "fsdp", "hsdp", "tensor", "pipeline", "hybrid")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -320,12 +320,10 @@ def allreduce_group_s(nbytes: float, g: Group, links: Links) -> float:
         return 0.0
     t = 0.0
     if g.k > 1:
-        link = _intra(links, g.k)
-        t += 2 * (g.k - 1) * link.latency_s + 2.0 * nbytes * (g.k - 1) / g.k / link.busbw_bps
+        t += ring_allreduce_s(nbytes, g.k, _intra(links, g.k))
     if g.m > 1:
-        inter = _inter(links, g.m)
-        ring, tree = ring_allreduce_s(g.c * nbytes, g.m, inter), tree_allreduce_s(g.c * nbytes, g.m, inter)
-        t += {"ring": ring, "tree": tree}.get(links.inter_algorithm, min(ring, tree))
+        _inter(links, g.m)
+        t += inter_allreduce_s(g.c * nbytes, g.m, links)  # the node's c groups share its link
     return t
 
 
