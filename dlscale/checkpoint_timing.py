@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.record import median_repeat_with
 
 MODES = ("sync", "async")
 SAVES = 2
@@ -274,8 +275,7 @@ def summarise(segments: list[list[float]], worst: list[float], written: list[flo
 
 def record_checkpoint(rec: dict[str, Any]) -> dict[str, Any] | None:
     """The median repeat's ``checkpoint`` (else the first ok repeat's)."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and isinstance(r.get("checkpoint"), dict)]
-    rep = next((r for r in reps if r.get("repeat") == rec.get("median_repeat")), reps[0] if reps else None)
+    rep = median_repeat_with(rec, "checkpoint")
     return rep["checkpoint"] if rep else None
 
 

@@ -17,6 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from dlscale.record import median_repeat_with
 
 RAPL_ROOT = "/sys/class/powercap"
 
@@ -201,8 +202,7 @@ def summary_fields(repeats: list[dict[str, Any]], seq_len: int | None) -> dict[s
 def measured_power(rec: dict[str, Any]) -> tuple[float | None, str]:
     """The mean GPU power of a record's median repeat from its energy counter (joules ÷ window), for
     ``cost``; (None, why) where the record has no measured GPU energy."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and isinstance(r.get("energy"), dict)]
-    rep = next((r for r in reps if r.get("repeat") == rec.get("median_repeat")), reps[0] if reps else {})
+    rep = median_repeat_with(rec, "energy") or {}
     e = rep.get("energy")
     w = e.get("read_s") if e else None
     if not e or not isinstance(e.get("gpu_j"), (int, float)) or not isinstance(w, (int, float)) or w <= 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from dlscale.record import median_repeat_with
 
 TRAINING = ("window",)
 WITH_WARMUP = ("warmup", "window")
@@ -29,10 +30,7 @@ def shares(phases: dict[str, Any] | None) -> dict[str, float] | None:
 
 def record_shares(rec: dict[str, Any]) -> dict[str, float] | None:
     """``shares`` of the record's median repeat (else its first ok repeat with phases)."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"
-            and isinstance(r.get("phases_s"), dict)]
-    med = rec.get("median_repeat")
-    rep = next((r for r in reps if r.get("repeat") == med), reps[0] if reps else None)
+    rep = median_repeat_with(rec, "phases_s", ok_only=True)
     return shares(rep.get("phases_s")) if rep else None
 
 
@@ -50,9 +48,7 @@ def long_run(hours: float, rec: dict[str, Any] | None, interval_min: float | Non
     before the window) and, with ``interval_min``, one checkpoint per that many minutes of training, each
     blocking the median seconds the record's checkpoint phase measured (``--checkpoint-every``). ``goodput``:
     the training hours' share of the total. None without a record with phases."""
-    reps = [r for r in (rec or {}).get("repeats") or []
-            if isinstance(r, dict) and isinstance(r.get("phases_s"), dict)]
-    rep = next((r for r in reps if r.get("repeat") == (rec or {}).get("median_repeat")), reps[0] if reps else None)
+    rep = median_repeat_with(rec, "phases_s")
     if rep is None:
         return None
     startup = sum(float(rep["phases_s"].get(k) or 0.0) for k in STARTUP)

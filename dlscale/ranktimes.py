@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale.metrics import percentile
+from dlscale.record import median_repeat_with
 
 # forward/backward under no_sync run no collective: the solo steps time the rank alone
 SOLO_STRATEGIES = ("ddp", "zero1")
@@ -117,10 +118,7 @@ def slowest(ranks: list[dict[str, Any]] | None) -> dict[str, Any] | None:
 
 def record_slowest(rec: dict[str, Any]) -> dict[str, Any] | None:
     """``slowest`` of the record's median repeat (or the first ok repeat with per-rank steps)."""
-    reps = [r for r in rec.get("repeats") or [] if isinstance(r, dict) and r.get("status", "ok") == "ok"
-            and r.get("rank_steps")]
-    med = rec.get("median_repeat")
-    rep = next((r for r in reps if r.get("repeat") == med), reps[0] if reps else None)
+    rep = median_repeat_with(rec, "rank_steps", ok_only=True, test=bool)
     return slowest(rep.get("rank_steps")) if rep else None
 
 

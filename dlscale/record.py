@@ -10,7 +10,7 @@ import dataclasses
 import datetime as _dt
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from dlscale.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
 
@@ -76,3 +76,14 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+def median_repeat_with(rec: dict[str, Any] | None, key: str, ok_only: bool = False,
+                       test: Callable[[Any], bool] = lambda v: isinstance(v, dict)) -> dict[str, Any] | None:
+    """A stored record's median repeat (``median_repeat``) where it holds ``key`` (``test`` of its value),
+    else the first repeat that does (of the ok ones with ``ok_only``); None where none does. What a
+    section reads from one repeat: its checkpoint phase, energy, phases, per-rank steps."""
+    reps = [r for r in (rec or {}).get("repeats") or [] if isinstance(r, dict) and test(r.get(key))
+            and (not ok_only or r.get("status", "ok") == "ok")]
+    med = (rec or {}).get("median_repeat")
+    return next((r for r in reps if r.get("repeat") == med), reps[0] if reps else None)
