@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import MAX_SEED, ConfigError
+from dlscale import MAX_SEED, ConfigError, metrics
 
 METRICS = {"val_loss": "<=", "val_acc": ">="}  # metric -> the comparison that means "good enough"
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -190,12 +190,6 @@ def repeat_config(cfg, i: int):
     return dataclasses.replace(cfg, seed=(cfg.seed + i) % (MAX_SEED + 1))
 
 
-def _stat(values: list[float]) -> dict[str, Any]:
-    from dlscale.metrics import summarize as _summarize
-
-    return _summarize(values)
-
-
 def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The case's time to quality over its ok repeats: median and spread of samples, steps and
     seconds to the target over the repeats that reached it, and how many did."""
@@ -207,8 +201,8 @@ def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any] | None:
            "all_reached": len(hit) == len(qs), "seeds": [q.get("seed") for q in qs],
            "reached_seeds": [q.get("seed") for q in hit]}
     for key in ("samples_to_target", "steps_to_target", "time_to_target_s", "wall_to_target_s"):
-        out[key] = _stat([q[key] for q in hit if q.get(key) is not None])
-    out["final_val"] = _stat([q["final_val"] for q in qs if q.get("final_val") is not None])
+        out[key] = metrics.summarize([q[key] for q in hit if q.get(key) is not None])
+    out["final_val"] = metrics.summarize([q["final_val"] for q in qs if q.get("final_val") is not None])
     out["reasons"] = sorted({q["reason"] for q in qs if not q.get("reached") and q.get("reason")})
     if 0 < len(hit) < len(qs):
         out["flag"] = f"reached by {len(hit)} of {len(qs)} repeats"
