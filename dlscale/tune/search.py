@@ -12,6 +12,7 @@ Before each case, the mean duration of the cases measured so far must fit in the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,14 +38,15 @@ class Measurement:
     seconds: float = 0.0
     global_batch: int | None = None  # the global batch asked for (None: any)
 
-    @property
+    # the record never changes once measured: its median and verdict are read once, not per access
+    @functools.cached_property
     def median(self) -> float | None:
         from dlscale.report.data import Row
 
         row = Row(self.record)
         return row.median if row.ok else None
 
-    @property
+    @functools.cached_property
     def invalid(self) -> str | None:
         """Why this measurement cannot be the answer (None: it can)."""
         from dlscale import validity
