@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.layout import Layout, split_blocks
+from dlscale.layout import ONE_DEVICE, Layout, ParallelDims, split_blocks
 
 # fp32 optimizer state per parameter: AdamW two moments, SGD one momentum buffer
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
@@ -364,20 +364,21 @@ def candidate_layouts(spec, gpus: int, gpus_per_node: int, nodes: int, microbatc
     arch = spec.arch
     out: list[Layout] = []
     if gpus == 1:
-        return [Layout("single", options={})]
-    out.append(Layout("ddp", dp_replicate=gpus, persistent_grads=True))
-    out.append(Layout("zero1", dp_replicate=gpus, zero=1, persistent_grads=True))
-    out.append(Layout("fsdp", dp_shard=gpus, zero=2, fsdp_params_bf16=True, options={"shard": "zero2"}))
-    out.append(Layout("fsdp", dp_shard=gpus, zero=3, fsdp_params_bf16=True, options={"shard": "zero3"}))
+        return [Layout("single", ONE_DEVICE, options={})]
+    replicas, shards = ParallelDims.of(dp_replicate=gpus), ParallelDims.of(dp_shard=gpus)
+    out.append(Layout("ddp", replicas, persistent_grads=True))
+    out.append(Layout("zero1", replicas, zero=1, persistent_grads=True))
+    out.append(Layout("fsdp", shards, zero=2, fsdp_params_bf16=True, options={"shard": "zero2"}))
+    out.append(Layout("fsdp", shards, zero=3, fsdp_params_bf16=True, options={"shard": "zero3"}))
     if nodes > 1:
-        out.append(Layout("hsdp", dp_replicate=nodes, dp_shard=gpus // nodes, zero=3, fsdp_params_bf16=True,
-                          options={"replicate": nodes}))
+        out.append(Layout("hsdp", ParallelDims.of(dp_replicate=nodes, dp_shard=gpus // nodes), zero=3,
+                          fsdp_params_bf16=True, options={"replicate": nodes}))
     if _tp_ok(arch, gpus) and gpus <= gpus_per_node:
-        out.append(Layout("tensor", tp=gpus, sequence_parallel=sequence_parallel,
+        out.append(Layout("tensor", ParallelDims.of(tp=gpus), sequence_parallel=sequence_parallel,
                           options={"sequence_parallel": sequence_parallel} if sequence_parallel else {}))
     if gpus <= arch.n_layers:  # 1F1B needs at least as many micro-batches as stages
         m = max(microbatches, gpus)
-        out.append(Layout("pipeline", pp=gpus, microbatches=m, schedule=schedule,
+        out.append(Layout("pipeline", ParallelDims.of(pp=gpus), microbatches=m, schedule=schedule,
                           options={"microbatches": m, "schedule": schedule}))
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
@@ -395,10 +396,10 @@ def candidate_layouts(spec, gpus: int, gpus_per_node: int, nodes: int, microbatc
                     opts.update(microbatches=m, schedule=schedule)
                 if tp > 1 and sequence_parallel:
                     opts["sequence_parallel"] = True
-                out.append(Layout("hybrid", dp_replicate=dp if shard == "ddp" else 1,
-                                  dp_shard=dp if shard == "fsdp" else 1, tp=tp, pp=pp,
-                                  zero=3 if shard == "fsdp" else 0, sequence_parallel=sequence_parallel and tp > 1,
-                                  microbatches=m if pp > 1 else 1, schedule=schedule,
+                dims = ParallelDims.of(dp_replicate=dp if shard == "ddp" else 1,
+                                       dp_shard=dp if shard == "fsdp" else 1, tp=tp, pp=pp)
+                out.append(Layout("hybrid", dims, zero=3 if shard == "fsdp" else 0,
+                                  sequence_parallel=sequence_parallel and tp > 1, microbatches=m if pp > 1 else 1, schedule=schedule,
                                   persistent_grads=shard == "ddp" and tp == 1 and pp == 1,
                                   fsdp_params_bf16=shard == "fsdp", options=opts))
     return out
@@ -413,12 +414,10 @@ def _tp_ok(arch, tp: int) -> bool:
 
 
 def layout_for_run(spec, strategy: str, world: int, nnodes: int, options: dict) -> Layout:
-    """The Layout of one ``dlscale run`` case: what its strategy declares (``memory_layout``)."""
-    from dlscale.strategies import get_strategy
+    """The Layout of one ``dlscale run`` case: its strategy's degrees (``dims``) and what it declares
+    of how it holds the model (``memory_layout``)."""
+    from dlscale.strategies import get_strategy  # the registry imports torch: ``dlscale plan`` starts without
 
-    layout = get_strategy(strategy).memory_layout
-    if layout is None:
-        raise ConfigError(f"no memory plan for strategy {strategy!r}")
-    return layout(world, nnodes, dict(options or {}))
+    return get_strategy(strategy).layout(world, nnodes, options)
 
 

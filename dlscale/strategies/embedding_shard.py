@@ -78,9 +78,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies._sharding import data_parallel, materialize, meta_spec, probe, resized
+from dlscale.strategies._sharding import ShardedPart, data_parallel, materialize, probed
 
 MODES = ("row", "table")
 OPTIONS = {"shard": "row", "shards": None, "fields": None, "vocab_scale": None, "dim": None}
@@ -92,8 +92,9 @@ def _knobs(opts: dict) -> dict:
     return {k: opts[k] for k in KNOBS}
 
 
-def supports(spec) -> bool:
-    return hasattr(probe(spec), "embedding_groups")
+def _has_tables(model) -> bool:
+    return hasattr(model, "embedding_groups")
+
 
 
 def table_sizes(model) -> list[tuple[str, int, int, int]]:
@@ -102,8 +103,6 @@ def table_sizes(model) -> list[tuple[str, int, int, int]]:
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options(NAME, cfg, OPTIONS, {"shard": MODES})
     world = cfg.world_size
     k = world if opts["shards"] is None else opts["shards"]
@@ -113,32 +112,16 @@ def options(cfg) -> dict:
         raise ConfigError(f"{NAME} shards {k} does not divide the {world} processes "
                           f"(allowed: the divisors of {world})")
     opts["shards"] = k
-    spec = get_model(cfg.model, cfg.flavor)
-    if supports(spec):
-        spec = resized(spec, _knobs(opts))
-        n_tables = len(table_sizes(probe(spec)))
+    if PART.supports(cfg):
+        n_tables = len(table_sizes(probed(cfg.model, cfg.flavor, _knobs(opts))))
         if opts["shard"] == "table" and n_tables < k:
             raise ConfigError(f"{NAME} shard=table: {n_tables} tables cannot fill {k} shards; "
                               f"use shard=row or shards <= {n_tables}")
     return opts
 
 
-def check(cfg, env) -> str | None:
-    from dlscale.models import get_model
-
-    if not supports(get_model(cfg.model, cfg.flavor)):
-        return f"{NAME} shards embedding tables (model.embedding_groups(), as wide-deep's); this model has none"
-    if cfg.clip_grad_norm is not None:
-        return f"{NAME} does not clip gradients (each rank holds different table rows: a per-rank norm is wrong)"
-    if cfg.compile:
-        return f"{NAME} is not compiled (autograd functions with collectives; row-wise reads split sizes on the host)"
-    return None
-
-
-def model_spec(spec, cfg):
-    if not supports(spec):
-        return spec
-    return meta_spec(resized(spec, _knobs(options(cfg))))
+PART = ShardedPart(NAME, _has_tables, "embedding tables (model.embedding_groups(), as wide-deep's)",
+                   lambda cfg: _knobs(options(cfg)))
 
 
 def plan_tables(sizes: list[tuple[str, int, int, int]], k: int) -> dict[tuple[str, int], int]:
@@ -437,8 +420,13 @@ def _groups(world: int, k: int, rank: int):
 
 
 @register_strategy(NAME, description="embedding tables sharded row- or table-wise (all-to-all of ids and "
-                   "vectors), the rest data parallel", check=check, validate=options, model_spec=model_spec,
-                   precisions=("fp32", "amp-bf16"))  # no amp-fp16: torch's loss scaler would check each rank's shards alone
+                   "vectors), the rest data parallel",
+                   hooks=Hooks(check=PART.check, validate=options, model_spec=PART.model_spec),
+                   # no amp-fp16: torch's loss scaler would check each rank's shards alone
+                   caps=Capabilities(precisions=("fp32", "amp-bf16"),
+                                     no_clip="each rank holds different table rows: a per-rank norm is wrong",
+                                     no_compile="autograd functions with collectives; row-wise reads split sizes "
+                                                "on the host"))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     k, world, device = opts["shards"], denv.world_size, denv.device

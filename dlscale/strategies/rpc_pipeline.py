@@ -44,10 +44,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy, staged
 from dlscale.strategies._common import autocast, optimizer_recipe, parse_options, unique_params
-from dlscale.strategies.pipeline import (StageModule, _shell, _used_children, choose_runs, parse_balance,
-                                         validate_pipeline)
+from dlscale.strategies.pipeline import (PipelineShape, StageModule, _shell, _used_children, choose_runs,
+                                         parse_balance, validate_pipeline)
 
 NAME = "rpc-pipeline"
 OPTIONS = {"microbatches": 4, "balance": "time"}
@@ -58,17 +58,9 @@ def options(cfg) -> dict:
     from dlscale.models import get_model
 
     opts = parse_options(NAME, cfg, OPTIONS)
-    validate_pipeline(NAME, cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", opts["microbatches"], 1,
-                      opts["balance"])
+    validate_pipeline(NAME, cfg, get_model(cfg.model, cfg.flavor), cfg.world_size,
+                      PipelineShape("gpipe", opts["microbatches"], 1, opts["balance"]))
     return opts
-
-
-def check(cfg, env) -> str | None:
-    if cfg.clip_grad_norm is not None:
-        return f"{NAME} does not clip gradients (they live in the distributed-autograd context)"
-    if cfg.compile:
-        return f"{NAME} is not compiled (stages run inside RPC handlers)"
-    return None
 
 
 # ---------------------------------------------------------------- this process's stage (RPC handlers use it)
@@ -182,8 +174,10 @@ def _local_optimizer(params, cls, kwargs):
 
 
 @register_strategy(NAME, description="pipeline over torch.distributed.rpc: micro-batches, distributed "
-                   "autograd, DistributedOptimizer", check=check, validate=options, min_world=2,
-                   precisions=("fp32", "amp-bf16"))  # no loss scaler across RPC stages
+                   "autograd, DistributedOptimizer", hooks=Hooks(validate=options, dims=staged),
+                   caps=Capabilities(min_world=2, precisions=("fp32", "amp-bf16"),  # no loss scaler across RPC stages
+                                     no_clip="they live in the distributed-autograd context",
+                                     no_compile="stages run inside RPC handlers"))
 def parallelize(model, spec, cfg, denv):
     global _STAGE
     from torch.distributed import rpc
@@ -212,7 +206,7 @@ def parallelize(model, spec, cfg, denv):
     if not first:
         return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1,
                             step=_serve(rank, timeout, device), reports_loss=False, info=info, teardown=teardown)
-    drive = _drive(stage, cfg, device, micro, spec.embed_args, tied, _distributed_optimizer(n, cls, kwargs), info)
+    drive = _drive(_STAGE, micro, spec.embed_args, _distributed_optimizer(n, cls, kwargs), info)
     return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1, step=drive,
                         reports_loss=True, info=info, teardown=teardown)
 
@@ -273,11 +267,13 @@ def _distributed_optimizer(n: int, cls, kwargs):
         log.setLevel(level)
 
 
-def _drive(stage, cfg, device, micro: int, n_embed: int, tied: list, optimizer, info: dict):
+def _drive(local: _Stage, micro: int, n_embed: int, optimizer, info: dict):
     """Rank 0's step: every micro-batch's forward issued through the stages asynchronously, then one
-    distributed backward and the distributed optimizer's step."""
+    distributed backward and the distributed optimizer's step. ``local``: rank 0's own stage."""
     from torch.distributed import rpc
     import torch.distributed.autograd as dist_autograd
+
+    stage, cfg, device, tied = local.module, local.cfg, local.device, local.tied
 
     n = info["num_stages"]
     peers = [f"stage{r}" for r in range(1, n)]
