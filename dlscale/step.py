@@ -41,8 +41,9 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
         raise ConfigError(f"{what} is a torch option; framework {cfg.framework} compiles its own step")
     if not get_strategy(cfg.strategy).caps.optimizer_graph:
         able = [s for s in strategy_names() if get_strategy(s).caps.optimizer_graph]
-        raise ConfigError(f"{what} works with strategy {' or '.join(able)} (gradients at fixed addresses; "
-                          f"one process: --strategy {able[0]} --nproc-per-node 1), got {cfg.strategy}")
+        which = (f"strategy {' or '.join(able)} (one process: --strategy {able[0]} --nproc-per-node 1)"
+                 if able else "a strategy that declares it")
+        raise ConfigError(f"{what} works with {which}: gradients at fixed addresses; got {cfg.strategy}")
     if cfg.precision == "amp-fp16":
         raise ConfigError(f"{what} cannot run with amp-fp16: the gradient scaler reads its overflow check on "
                           f"the host every step; use amp-bf16 or fp32")

@@ -33,7 +33,9 @@ def memory_layout(dims, opts: dict):
 
 
 @register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
-                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout), caps=Capabilities(min_world=2))
+                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout),
+                   caps=Capabilities(min_world=2))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
-    return build_pipeline(model, spec, cfg, denv, PipelineJob(_shape(opts), PipelinePlace.of_world(denv), name="model"))
+    job = PipelineJob(_shape(opts), PipelinePlace.of_world(denv), name="model")
+    return build_pipeline(model, spec, cfg, denv, job)

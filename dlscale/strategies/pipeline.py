@@ -774,7 +774,8 @@ def memory_layout(dims, opts: dict):
 
 @register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "
                    "interleaved), stages split by blocks",
-                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout), caps=Capabilities(min_world=2))
+                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout),
+                   caps=Capabilities(min_world=2))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     job = PipelineJob(PipelineShape.of(opts), PipelinePlace.of_world(denv), extra_info={"options": opts})
