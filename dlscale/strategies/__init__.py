@@ -91,6 +91,10 @@ class Capabilities:
     cudagraph_safe: bool = False
     # its gradients stay at fixed addresses from step to step, so --optimizer-graph may capture the step
     optimizer_graph: bool = False
+    # its forward and backward under no_sync run no collective: per-rank solo steps time the rank alone
+    solo_steps: bool = False
+    # a torch module and optimizer that DCP's state_dict API takes: --checkpoint-every saves it
+    checkpoint_saves: bool = False
     # why it does not do what a case asks ("": it does); a case asking for it is recorded unsupported
     # (clipping, compiling) or refused before launch (activation checkpointing)
     no_clip: str = ""

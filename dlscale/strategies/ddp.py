@@ -88,7 +88,7 @@ def memory_layout(dims, opts: dict):
 # CUDA graphs: DDP's all-reduce runs in autograd hooks, outside the compiled region
 @register_strategy("ddp", description="DistributedDataParallel (all-reduce of gradient buckets)",
                    hooks=Hooks(check=check, validate=options, memory_layout=memory_layout),
-                   caps=Capabilities(cudagraph_safe=True, optimizer_graph=True))
+                   caps=Capabilities(cudagraph_safe=True, optimizer_graph=True, solo_steps=True, checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor

@@ -40,7 +40,7 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.precision import compute_dtype
-from dlscale.strategies import Hooks, Parallelized, make_optimizer, register_strategy, sharded
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, sharded
 from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
 from dlscale.layout import Layout
 
@@ -137,7 +137,8 @@ def memory_layout(dims, opts: dict):
 
 
 @register_strategy("fsdp", description="FSDP2 fully_shard per block (ZeRO-3, or ZeRO-2 with -o shard=zero2)",
-                   hooks=Hooks(validate=options, dims=sharded, memory_layout=memory_layout))
+                   hooks=Hooks(validate=options, dims=sharded, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     n_units = apply_fsdp(model, spec, cfg, None, Units.of(opts))

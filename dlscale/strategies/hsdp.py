@@ -13,7 +13,7 @@ Options: ``replicate`` (default: ``--nnodes``; the mesh is ``(replicate, world /
 """
 from __future__ import annotations
 
-from dlscale.strategies import Hooks, Parallelized, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy
 from dlscale.strategies._common import require_divides
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
 from dlscale.strategies.fsdp import Units, apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
@@ -42,7 +42,8 @@ def memory_layout(dims, opts: dict):
 
 
 @register_strategy("hsdp", description="FSDP2 on a (replicate, shard) mesh: shard within a node, replicate across",
-                   hooks=Hooks(validate=options, dims=dims, memory_layout=memory_layout))
+                   hooks=Hooks(validate=options, dims=dims, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     rep = opts["replicate"]

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
-from dlscale.strategies import Hooks, Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_option_dict, parse_options
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
 from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, Units, apply_fsdp, fsdp_no_sync
@@ -142,7 +142,8 @@ def memory_layout(dims: ParallelDims, o: dict):
 
 
 @register_strategy("hybrid", description="dp x tp x pp on a DeviceMesh (-o dp=N -o tp=M -o pp=K, -o dp_shard=fsdp)",
-                   hooks=Hooks(check=check, validate=options, dims=parallel_dims, memory_layout=memory_layout))
+                   hooks=Hooks(check=check, validate=options, dims=parallel_dims, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     dims = parallel_dims(cfg.world_size, cfg.nnodes, opts)

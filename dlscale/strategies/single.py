@@ -22,7 +22,7 @@ def memory_layout(dims, opts: dict):
 
 @register_strategy("single", description="one process on one device",
                    hooks=Hooks(validate=_validate, dims=dims, memory_layout=memory_layout),
-                   caps=Capabilities(cudagraph_safe=True))
+                   caps=Capabilities(cudagraph_safe=True, checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
                         dp_size=1, dp_rank=0)
