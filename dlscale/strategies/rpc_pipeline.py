@@ -43,11 +43,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dlscale import ConfigError
 from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy, staged
 from dlscale.strategies._common import autocast, optimizer_recipe, parse_options, unique_params
-from dlscale.strategies.pipeline import (PipelineShape, StageModule, _shell, _used_children, choose_runs,
-                                         parse_balance, validate_pipeline)
+from dlscale.strategies.pipeline import (PipelineJob, PipelinePlace, PipelineShape, StageModule, _free_unowned,
+                                         _split, validate_pipeline)
 
 NAME = "rpc-pipeline"
 OPTIONS = {"microbatches": 4, "balance": "time"}
@@ -213,27 +212,15 @@ def parallelize(model, spec, cfg, denv):
 
 def _build_stage(model, spec, cfg, denv, opts) -> tuple:
     """This rank's stage (its blocks, with the embedding on the first and the head on the last), the
-    blocks of every stage, the balance facts, and the head's parameters tied to the embedding."""
-    n, rank, device = denv.world_size, denv.rank, denv.device
-    blocks = spec.blocks(model)
-    balance = parse_balance(NAME, opts["balance"], n, len(blocks))
-    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n, cfg.batch_size // opts["microbatches"])
-    embed_names, head_names = _used_children(model, spec, device)
-    block_ids = {id(b) for b in blocks}
-    for nm in embed_names | head_names:
-        if any(id(m) in block_ids for m in getattr(model, nm).modules()):
-            raise ConfigError(f"{NAME}: {spec.name}.embed/head use the container {nm!r} of its blocks")
-    first, last = rank == 0, rank == n - 1
-    keep = (embed_names if first else set()) | (head_names if last else set())
-    stage = StageModule(_shell(model, keep) if keep else None, [blocks[i] for i in runs[rank]], first, last,
-                        spec.embed_args)
-    mine = {id(p) for p in stage.parameters()} | {id(b) for b in stage.buffers()}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in mine:  # free what this rank does not run
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    blocks of every stage, the balance facts, and the head's parameters tied to the embedding: the
+    split of ``pipeline``, one stage per rank."""
+    job = PipelineJob(PipelineShape("gpipe", opts["microbatches"], 1, opts["balance"]), PipelinePlace.of_world(denv),
+                      name=NAME)
+    modules, _, runs, balance_info, (embed_names, head_names) = _split(model, spec, cfg, denv.device, job)
+    _free_unowned(model, modules)
     first_params = {id(p) for nm in embed_names for p in getattr(model, nm).parameters()}
     tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
-    return stage, runs, balance_info, tied
+    return modules[0], runs, balance_info, tied
 
 
 def _serve(rank: int, timeout: float, device):
