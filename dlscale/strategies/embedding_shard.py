@@ -98,7 +98,6 @@ def _has_tables(model) -> bool:
     return hasattr(model, "embedding_groups")
 
 
-
 def table_sizes(model) -> list[tuple[str, int, int, int]]:
     """(group, field, rows, width) of every table, in the model's order."""
     return [(g, f, r, t.dim) for g, t in model.embedding_groups().items() for f, r in enumerate(t.rows)]

@@ -55,7 +55,6 @@ def _has_margin(model) -> bool:
     return margin is not None and hasattr(margin, "fill") and hasattr(margin, "classes")
 
 
-
 def options(cfg) -> dict:
     opts = parse_options(NAME, cfg, OPTIONS)
     if PART.supports(cfg):
