@@ -35,7 +35,6 @@ from dlscale.record import median_repeat_with
 
 MODES = ("sync", "async")
 SAVES = 2
-STRATEGIES = ("single", "ddp", "fsdp", "hsdp", "hybrid")  # a torch module and optimizer DCP's state_dict API takes
 STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments: the most a registered optimizer keeps
 RESTORE_RTOL = 1e-5  # GPU kernels need not be bitwise deterministic; the CPU's are
 
@@ -57,9 +56,12 @@ def check_case(cfg) -> None:
     if getattr(cfg, "optimizer_graph", False):
         raise ConfigError("checkpoint-every does not run with --optimizer-graph: the restore replaces the optimizer "
                           "state the captured graph points at")
-    if cfg.strategy not in STRATEGIES:
+    from dlscale.strategies import get_strategy, strategy_names  # the registry imports torch: not at the CLI's start
+
+    if not get_strategy(cfg.strategy).caps.checkpoint_saves:
+        saved = [s for s in strategy_names() if get_strategy(s).caps.checkpoint_saves]
         raise ConfigError(f"checkpoint-every: strategy {cfg.strategy} is not saved by dlscale's checkpoint phase; "
-                          f"use one of {', '.join(STRATEGIES)}")
+                          f"use one of {', '.join(saved)}")
 
 
 def state_bytes(params: int) -> int:

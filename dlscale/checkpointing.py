@@ -17,8 +17,9 @@ The wrap replaces the block's ``forward`` on the instance, so it is applied once
 strategy, and works with every strategy that runs blocks (DDP, ZeRO, FSDP units, tensor-parallel
 blocks, pipeline stages; torch.compile traces the checkpoint as one region). Refused, before any
 process starts, for models without blocks, for blocks with BatchNorm (the recomputation would
-update its running statistics a second time) and for ``dp`` (nn.DataParallel replicates the
-blocks per step; their instance forward would run the original module).
+update its running statistics a second time) and for strategies that declare they cannot
+(``Capabilities.no_checkpointing``: ``dp``, whose nn.DataParallel replicates the blocks per step;
+their instance forward would run the original module).
 """
 from __future__ import annotations
 
@@ -43,15 +44,30 @@ def check_case(cfg, spec) -> None:
     what = f"activation-checkpointing {cfg.activation_checkpointing}"
     if spec.blocks is None:
         raise ConfigError(f"{what} wraps the model's blocks; {spec.name} declares none")
-    if cfg.strategy == "dp":
-        raise ConfigError(f"{what} does not run under dp (nn.DataParallel copies the blocks every step); use ddp")
-    import torch
+    from dlscale.strategies import get_strategy  # the registry imports torch: not at the CLI's start
 
-    with torch.device("meta"):
-        blocks = spec.blocks(spec.build())
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for b in blocks for m in b.modules()):
+    why_not = get_strategy(cfg.strategy).caps.no_checkpointing
+    if why_not:
+        raise ConfigError(f"{what} does not run under {cfg.strategy} ({why_not})")
+    if _blocks_hold_batchnorm(spec):
         raise ConfigError(f"{what}: {spec.name}'s blocks hold BatchNorm, whose running statistics the "
                           "recomputation would update twice")
+
+
+_BATCHNORM: dict[tuple[str, str, str], bool] = {}
+
+
+def _blocks_hold_batchnorm(spec) -> bool:
+    """Whether any of the model's blocks holds BatchNorm: built on the meta device once per model,
+    flavour and blocks function in a process (every case of a sweep asks)."""
+    key = (spec.name, spec.flavor, getattr(spec.blocks, "__qualname__", repr(spec.blocks)))
+    if key not in _BATCHNORM:
+        import torch
+
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            blocks = spec.blocks(spec.build())
+        _BATCHNORM[key] = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for b in blocks for m in b.modules())
+    return _BATCHNORM[key]
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,11 +30,14 @@ MIN_CAPABILITY = (8, 9)
 
 
 def _tp_degree(cfg) -> int:
-    if cfg.strategy == "tensor":
-        return cfg.world_size
-    if cfg.strategy == "hybrid":
-        return int((cfg.strategy_options or {}).get("tp", 1))
-    return 1
+    """The case's tensor-parallel degree, from the degrees its strategy declares."""
+    from dlscale import ConfigError
+    from dlscale.strategies import get_strategy  # the registry imports torch: not at the CLI's start
+
+    try:
+        return get_strategy(cfg.strategy).parallel_dims(cfg).tp
+    except ConfigError:  # an unknown strategy or impossible degrees: the case's validation says so
+        return 1
 
 
 def check(cfg, env: dict) -> str | None:

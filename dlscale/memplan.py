@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.layout import Layout, split_blocks
+from dlscale.layout import ONE_DEVICE, Layout, ParallelDims, split_blocks
 
 # fp32 optimizer state per parameter: AdamW two moments, SGD one momentum buffer
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
@@ -247,10 +247,24 @@ def _stage_parts(arch, pp: int) -> list[dict[str, float]]:
     return parts
 
 
-def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
-    """The predicted peak of the device that holds the most (see the module's docstring)."""
+@dataclass(frozen=True)
+class _Terms:
+    """What the plan of every pipeline stage shares: dtypes, sizes per block and per token, the head."""
+
+    k_opt: float  # optimizer state bytes per parameter
+    fsdp: bool
+    bf16_params: bool
+    block_dev: float  # parameters of one block on the device (tensor parallel splits its matrices)
+    tokens_mb: float  # tokens of one micro-batch
+    per_block: float  # bytes one block keeps per token
+    head: tuple[float, float, float]  # head_bytes: kept per token, extra per token, fixed
+    recompute: float  # bytes per token one block keeps again when recomputed (0: no checkpointing)
+    recast: float  # its bf16 weight casts made again by the recomputation
+    tied_tail: float  # one graph with tied embeddings: both gradients of the tied weight alive
+
+
+def _terms(work: Workload, layout: Layout, batch_size: int) -> _Terms:
     arch = work.spec.arch
-    k_opt = OPTIMIZER_STATE_BYTES[work.spec.optimizer]
     fsdp = layout.zero >= 2
     bf16_params = fsdp and layout.fsdp_params_bf16 and work.amp
     r = 2 if bf16_params else 4  # residual stream: the parameters' dtype
@@ -258,10 +272,8 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
     width = arch.rows if work.device_type != "cuda" else -(-arch.rows // 64) * 64
     norm_in_block = 2 * arch.norm_params
     block_dev = (arch.block_params() - norm_in_block) / layout.tp + norm_in_block
-    tokens_mb = batch_size / layout.microbatches * arch.seq_len  # tokens of one micro-batch
     per_block = block_bytes_per_token(arch, work.regime, work.checkpointing, r, low, layout.tp,
                                       layout.sequence_parallel)
-    head_kept, head_extra, head_fixed = head_bytes(arch, work.regime, width, r, low)
     # with checkpointing, each block's forward runs again in the backward: what one block keeps
     # without checkpointing, and (autocast over fp32 weights) that block's bf16 weight casts again
     recompute = (block_bytes_per_token(arch, work.regime, "none", r, low, layout.tp, layout.sequence_parallel)
@@ -273,42 +285,59 @@ def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
     # gradient of its own: nothing beyond the gradients). Not counted for eager or wrapped models
     one_graph = work.compiled and layout.world == 1 and layout.zero == 0 and not layout.persistent_grads
     tied_tail = (4 + low) * arch.rows * arch.hidden if one_graph and arch.tied_embeddings else 0.0
-    best = None
-    for s, part in enumerate(_stage_parts(arch, layout.pp)):
-        last = s == layout.pp - 1
-        p_dev = part["blocks"] * block_dev + part["other"]
-        in_flight = _in_flight(layout, s)
-        params = 4 * p_dev / (layout.dp_shard if fsdp else 1)
-        grads = 4 * p_dev / (layout.dp_shard if fsdp else 1)
-        optimizer = k_opt * p_dev / (layout.dp_shard if fsdp else layout.dp_replicate if layout.zero == 1 else 1)
-        activations = part["blocks"] * per_block * tokens_mb * in_flight
-        gathered = _gathered(layout, part, block_dev, bf16_params, work.amp, work.block_casts_kept)
-        head = (head_kept + head_extra) * tokens_mb + head_fixed if last else 0.0
-        inputs = 16 * batch_size * arch.seq_len  # token ids and targets (int64)
-        grads_t1 = grads if (layout.persistent_grads or layout.zero == 1) else 0.0
-        t1 = params + optimizer + grads_t1 + gathered + activations + head + inputs
-        if recompute and work.compiled and work.checkpointing == "full":
-            # one compiled backward graph: the first recomputation runs while the head's tensors live
-            # (measured on the CPU's inductor; selective recomputes op by op, as eager)
-            t1 += (recompute - per_block) * tokens_mb + recast
-        elif recompute:  # the last block recomputed after the head's backward, the head's gradients made
-            t1 = max(t1, t1 - head + recompute * tokens_mb + recast + 4 * (part["other"] if last else 0))
-        tail = tied_tail  # one graph: one stage
-        t2 = params + optimizer + grads + inputs + tail + (gathered if layout.zero == 2 else 0.0)
-        opt_temp = 4 * p_dev / (layout.dp_shard if fsdp else 1) if work.device_type != "cuda" else 0.0
-        t3 = params + optimizer + grads + inputs + opt_temp
-        peak, at = max((t1, "backward start"), (t2, "backward end"), (t3, "optimizer step"))
-        plan = MemoryPlan(layout, batch_size, params, grads if at != "backward start" else grads_t1, optimizer,
-                          activations if at == "backward start" else 0.0,
-                          gathered if at == "backward start" or layout.zero == 2 else 0.0,
-                          head if at == "backward start" else 0.0,
-                          inputs + (opt_temp if at == "optimizer step" else tail if at == "backward end" else 0.0),
-                          peak, at,
-                          {"stage": s, "in_flight_microbatches": in_flight, "block_bytes_per_token": per_block,
-                           "params_on_device": p_dev})
-        if best is None or plan.peak > best.peak:
+    return _Terms(OPTIMIZER_STATE_BYTES[work.spec.optimizer], fsdp, bf16_params, block_dev,
+                  batch_size / layout.microbatches * arch.seq_len, per_block,
+                  head_bytes(arch, work.regime, width, r, low), recompute, recast, tied_tail)
+
+
+def plan_memory(work: Workload, layout: Layout, batch_size: int) -> MemoryPlan:
+    """The predicted peak of the device that holds the most (see the module's docstring)."""
+    terms = _terms(work, layout, batch_size)
+    plans = [_stage_plan(work, layout, batch_size, terms, s, part)
+             for s, part in enumerate(_stage_parts(work.spec.arch, layout.pp))]
+    best = plans[0]
+    for plan in plans[1:]:
+        if plan.peak > best.peak:
             best = plan
     return best
+
+
+def _stage_plan(work: Workload, layout: Layout, batch_size: int, t: _Terms, s: int, part: dict) -> MemoryPlan:
+    """The plan of pipeline stage ``s`` (the only one without a pipeline): its three instants."""
+    arch = work.spec.arch
+    last = s == layout.pp - 1
+    shard = layout.dp_shard if t.fsdp else 1
+    p_dev = part["blocks"] * t.block_dev + part["other"]
+    in_flight = _in_flight(layout, s)
+    params = 4 * p_dev / shard
+    grads = 4 * p_dev / shard
+    optimizer = t.k_opt * p_dev / (layout.dp_shard if t.fsdp else layout.dp_replicate if layout.zero == 1 else 1)
+    activations = part["blocks"] * t.per_block * t.tokens_mb * in_flight
+    gathered = _gathered(layout, part, t.block_dev, t.bf16_params, work.amp, work.block_casts_kept)
+    head_kept, head_extra, head_fixed = t.head
+    head = (head_kept + head_extra) * t.tokens_mb + head_fixed if last else 0.0
+    inputs = 16 * batch_size * arch.seq_len  # token ids and targets (int64)
+    grads_t1 = grads if (layout.persistent_grads or layout.zero == 1) else 0.0
+    t1 = params + optimizer + grads_t1 + gathered + activations + head + inputs
+    if t.recompute and work.compiled and work.checkpointing == "full":
+        # one compiled backward graph: the first recomputation runs while the head's tensors live
+        # (measured on the CPU's inductor; selective recomputes op by op, as eager)
+        t1 += (t.recompute - t.per_block) * t.tokens_mb + t.recast
+    elif t.recompute:  # the last block recomputed after the head's backward, the head's gradients made
+        t1 = max(t1, t1 - head + t.recompute * t.tokens_mb + t.recast + 4 * (part["other"] if last else 0))
+    tail = t.tied_tail  # one graph: one stage
+    t2 = params + optimizer + grads + inputs + tail + (gathered if layout.zero == 2 else 0.0)
+    opt_temp = 4 * p_dev / shard if work.device_type != "cuda" else 0.0
+    t3 = params + optimizer + grads + inputs + opt_temp
+    peak, at = max((t1, "backward start"), (t2, "backward end"), (t3, "optimizer step"))
+    return MemoryPlan(layout, batch_size, params, grads if at != "backward start" else grads_t1, optimizer,
+                      activations if at == "backward start" else 0.0,
+                      gathered if at == "backward start" or layout.zero == 2 else 0.0,
+                      head if at == "backward start" else 0.0,
+                      inputs + (opt_temp if at == "optimizer step" else tail if at == "backward end" else 0.0),
+                      peak, at,
+                      {"stage": s, "in_flight_microbatches": in_flight, "block_bytes_per_token": t.per_block,
+                       "params_on_device": p_dev})
 
 
 def _in_flight(layout: Layout, stage: int) -> int:
@@ -364,20 +393,21 @@ def candidate_layouts(spec, gpus: int, gpus_per_node: int, nodes: int, microbatc
     arch = spec.arch
     out: list[Layout] = []
     if gpus == 1:
-        return [Layout("single", options={})]
-    out.append(Layout("ddp", dp_replicate=gpus, persistent_grads=True))
-    out.append(Layout("zero1", dp_replicate=gpus, zero=1, persistent_grads=True))
-    out.append(Layout("fsdp", dp_shard=gpus, zero=2, fsdp_params_bf16=True, options={"shard": "zero2"}))
-    out.append(Layout("fsdp", dp_shard=gpus, zero=3, fsdp_params_bf16=True, options={"shard": "zero3"}))
+        return [Layout("single", ONE_DEVICE, options={})]
+    replicas, shards = ParallelDims.of(dp_replicate=gpus), ParallelDims.of(dp_shard=gpus)
+    out.append(Layout("ddp", replicas, persistent_grads=True))
+    out.append(Layout("zero1", replicas, zero=1, persistent_grads=True))
+    out.append(Layout("fsdp", shards, zero=2, fsdp_params_bf16=True, options={"shard": "zero2"}))
+    out.append(Layout("fsdp", shards, zero=3, fsdp_params_bf16=True, options={"shard": "zero3"}))
     if nodes > 1:
-        out.append(Layout("hsdp", dp_replicate=nodes, dp_shard=gpus // nodes, zero=3, fsdp_params_bf16=True,
-                          options={"replicate": nodes}))
+        out.append(Layout("hsdp", ParallelDims.of(dp_replicate=nodes, dp_shard=gpus // nodes), zero=3,
+                          fsdp_params_bf16=True, options={"replicate": nodes}))
     if _tp_ok(arch, gpus) and gpus <= gpus_per_node:
-        out.append(Layout("tensor", tp=gpus, sequence_parallel=sequence_parallel,
+        out.append(Layout("tensor", ParallelDims.of(tp=gpus), sequence_parallel=sequence_parallel,
                           options={"sequence_parallel": sequence_parallel} if sequence_parallel else {}))
     if gpus <= arch.n_layers:  # 1F1B needs at least as many micro-batches as stages
         m = max(microbatches, gpus)
-        out.append(Layout("pipeline", pp=gpus, microbatches=m, schedule=schedule,
+        out.append(Layout("pipeline", ParallelDims.of(pp=gpus), microbatches=m, schedule=schedule,
                           options={"microbatches": m, "schedule": schedule}))
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
@@ -395,9 +425,10 @@ def candidate_layouts(spec, gpus: int, gpus_per_node: int, nodes: int, microbatc
                     opts.update(microbatches=m, schedule=schedule)
                 if tp > 1 and sequence_parallel:
                     opts["sequence_parallel"] = True
-                out.append(Layout("hybrid", dp_replicate=dp if shard == "ddp" else 1,
-                                  dp_shard=dp if shard == "fsdp" else 1, tp=tp, pp=pp,
-                                  zero=3 if shard == "fsdp" else 0, sequence_parallel=sequence_parallel and tp > 1,
+                dims = ParallelDims.of(dp_replicate=dp if shard == "ddp" else 1,
+                                       dp_shard=dp if shard == "fsdp" else 1, tp=tp, pp=pp)
+                out.append(Layout("hybrid", dims, zero=3 if shard == "fsdp" else 0,
+                                  sequence_parallel=sequence_parallel and tp > 1,
                                   microbatches=m if pp > 1 else 1, schedule=schedule,
                                   persistent_grads=shard == "ddp" and tp == 1 and pp == 1,
                                   fsdp_params_bf16=shard == "fsdp", options=opts))
@@ -413,12 +444,10 @@ def _tp_ok(arch, tp: int) -> bool:
 
 
 def layout_for_run(spec, strategy: str, world: int, nnodes: int, options: dict) -> Layout:
-    """The Layout of one ``dlscale run`` case: what its strategy declares (``memory_layout``)."""
-    from dlscale.strategies import get_strategy
+    """The Layout of one ``dlscale run`` case: its strategy's degrees (``dims``) and what it declares
+    of how it holds the model (``memory_layout``)."""
+    from dlscale.strategies import get_strategy  # the registry imports torch: ``dlscale plan`` starts without
 
-    layout = get_strategy(strategy).memory_layout
-    if layout is None:
-        raise ConfigError(f"no memory plan for strategy {strategy!r}")
-    return layout(world, nnodes, dict(options or {}))
+    return get_strategy(strategy).layout(world, nnodes, options)
 
 

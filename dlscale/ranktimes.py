@@ -5,7 +5,7 @@ gradients, so the window's step times are the same on every rank: they show *tha
 not *which* rank made it so. Each rank therefore also times a few *solo* steps after the window:
 forward and backward under the strategy's ``no_sync`` (no gradient communication, no optimizer step),
 each step closed by a device sync. For strategies whose forward and backward have no collective under
-``no_sync`` (``SOLO_STRATEGIES``) these are the rank's own compute speed; for the others (FSDP's
+``no_sync`` (``Capabilities.solo_steps``) these are the rank's own compute speed; for the others (FSDP's
 all-gathers, tensor and pipeline parallel) no attribution is possible and none is claimed.
 
 ``gather`` (worker, after the window) collects one ``RankSteps`` per rank on rank 0; ``slowest``
@@ -22,8 +22,6 @@ from typing import Any
 from dlscale.metrics import percentile
 from dlscale.record import median_repeat_with
 
-# forward/backward under no_sync run no collective: the solo steps time the rank alone
-SOLO_STRATEGIES = ("ddp", "zero1")
 SOLO_STEPS = 5  # solo steps timed per rank after the window (the first one more, untimed)
 
 
@@ -135,8 +133,10 @@ def measure(cfg, denv, result: dict[str, Any], par, batches, autocast, before_st
     recompile); every rank runs the same, so the ranks compare alike."""
     if denv.world_size < 2:
         return
+    from dlscale.strategies import get_strategy  # the registry imports torch; reports read this module without it
+
     solo = None
-    if cfg.strategy in SOLO_STRATEGIES:
+    if get_strategy(cfg.strategy).caps.solo_steps:  # no collective under no_sync: the rank alone
         solo = solo_steps(par, batches, autocast, denv.device, before_step=before_step, module=eager)
     mine = summarise(denv.rank, str(result.get("host")), str(denv.device), list(result.get("step_times_ms") or []),
                      solo)

@@ -8,11 +8,11 @@ from typing import Any, Callable
 import torch
 
 from dlscale import ConfigError
+from dlscale.strategies import get_strategy, strategy_names
 
-# strategies whose step is the worker's own (forward, backward, one torch optimizer over every
-# parameter) and whose gradients stay at fixed addresses from step to step (ddp: views of its buckets;
-# a single process's are new tensors each step, which measured at more layouts than GRAPH_MAX_CAPTURES)
-GRAPH_STRATEGIES = ("ddp",)
+# which strategies may capture the step: those that declare Capabilities.optimizer_graph (their step
+# is the worker's own and their gradients stay at fixed addresses from step to step: ddp, views of its
+# buckets; a single process's are new tensors each step, measured at more layouts than GRAPH_MAX_CAPTURES)
 GRAPH_WARMUP = 2  # eager steps before the capture: the first makes the optimizer's state, DDP rebuilds its buckets
 GRAPH_MAX_CAPTURES = 4  # gradient layouts (one graph each) before giving up: the gradients move every step
 
@@ -39,9 +39,11 @@ def check_optimizer_graph(cfg, device: str | None = None) -> None:
     what = "optimizer-graph (the optimizer step as a CUDA graph)"
     if cfg.framework != "torch":
         raise ConfigError(f"{what} is a torch option; framework {cfg.framework} compiles its own step")
-    if cfg.strategy not in GRAPH_STRATEGIES:
-        raise ConfigError(f"{what} works with strategy ddp (gradients at fixed addresses: views of its buckets; "
-                          f"one process: --strategy ddp --nproc-per-node 1), got {cfg.strategy}")
+    if not get_strategy(cfg.strategy).caps.optimizer_graph:
+        able = [s for s in strategy_names() if get_strategy(s).caps.optimizer_graph]
+        which = (f"strategy {' or '.join(able)} (one process: --strategy {able[0]} --nproc-per-node 1)"
+                 if able else "a strategy that declares it")
+        raise ConfigError(f"{what} works with {which}: gradients at fixed addresses; got {cfg.strategy}")
     if cfg.precision == "amp-fp16":
         raise ConfigError(f"{what} cannot run with amp-fp16: the gradient scaler reads its overflow check on "
                           f"the host every step; use amp-bf16 or fp32")

@@ -39,6 +39,16 @@ def test_fp8_refusals(strategy, opts, device, expect):
     assert fp8.check(RunConfig(precision="amp-bf16"), {"device_type": "cpu"}) is None
 
 
+def test_fp8_reads_the_tensor_parallel_degree_the_strategy_declares():
+    from dlscale import fp8
+
+    env = {"device_type": "cuda", "assume_extras": True}
+    for opts, refused in (({"pp": 2}, False), ({"tp": 2}, True), ({"dp": 1, "tp": 2}, True)):
+        cfg = RunConfig(model="llama", flavor="tiny", strategy="hybrid", nproc_per_node=2, precision="fp8",
+                        strategy_options=opts)
+        assert (fp8.check(cfg, env) is not None) is refused, opts
+
+
 def test_fp8_without_torchao(monkeypatch):
     from dlscale import fp8
 

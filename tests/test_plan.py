@@ -10,6 +10,7 @@ import json
 import pytest
 
 from dlscale.cli import main as cli_main
+from dlscale.layout import ParallelDims
 from dlscale.memplan import (GiB, Layout, Workload, block_bytes_per_token, candidate_layouts, largest_batch,
                              layout_for_run, plan_memory, planned_as)
 from dlscale.models import get_model
@@ -122,24 +123,24 @@ def test_strategy_terms_by_hand():
     arch = spec.arch
     P = arch.param_count()
     work = Workload(spec, "amp-bf16", "full", compiled=True)
-    ddp = plan_memory(work, Layout("ddp", dp_replicate=8, persistent_grads=True), 1)
+    ddp = plan_memory(work, Layout("ddp", ParallelDims.of(dp_replicate=8), persistent_grads=True), 1)
     assert (ddp.params, ddp.grads, ddp.optimizer) == (4 * P, 4 * P, 8 * P)  # DDP's buckets hold the grads
-    z1 = plan_memory(work, Layout("zero1", dp_replicate=8, zero=1, persistent_grads=True), 1)
+    z1 = plan_memory(work, Layout("zero1", ParallelDims.of(dp_replicate=8), zero=1, persistent_grads=True), 1)
     assert z1.optimizer == 8 * P / 8 and z1.grads == 4 * P
-    z3 = plan_memory(work, Layout("fsdp", dp_shard=8, zero=3, fsdp_params_bf16=True), 1)
+    z3 = plan_memory(work, Layout("fsdp", ParallelDims.of(dp_shard=8), zero=3, fsdp_params_bf16=True), 1)
     assert z3.params == 4 * P / 8 and z3.optimizer == 8 * P / 8
     block = arch.block_params()
     other = P - arch.n_layers * block
     assert z3.weight_copies == 2 * (other + 2 * block)  # bf16 root unit + two gathered blocks
-    z3k = plan_memory(work, Layout("fsdp", dp_shard=8, zero=3, fsdp_params_bf16=True,
+    z3k = plan_memory(work, Layout("fsdp", ParallelDims.of(dp_shard=8), zero=3, fsdp_params_bf16=True,
                                    options={"blocks_per_unit": 4}), 1)
     assert z3k.weight_copies == 2 * (other + 8 * block)  # two units of 4 blocks in flight
-    z2 = plan_memory(work, Layout("fsdp", dp_shard=8, zero=2, fsdp_params_bf16=True), 1)
+    z2 = plan_memory(work, Layout("fsdp", ParallelDims.of(dp_shard=8), zero=2, fsdp_params_bf16=True), 1)
     assert z2.weight_copies == 2 * P  # gathered from forward to backward
     # FSDP's bf16 parameters make the residual stream bf16: the checkpointed input is 2 h per token
     assert z3.detail["block_bytes_per_token"] == 2 * arch.hidden
     # tensor parallel: block matrices split, norms and embeddings/head replicated
-    tp = plan_memory(work, Layout("tensor", tp=4), 1)
+    tp = plan_memory(work, Layout("tensor", ParallelDims.of(tp=4)), 1)
     norms = 2 * arch.hidden
     assert tp.params == 4 * (arch.n_layers * ((block - norms) / 4 + norms) + other)
 
@@ -148,7 +149,7 @@ def test_pipeline_stage_and_in_flight():
     spec = get_model("llama", "1b")  # 16 blocks, tied: the last stage holds a copy of the embedding
     arch = spec.arch
     work = Workload(spec, "amp-bf16", "none", compiled=True)
-    lay = Layout("pipeline", pp=4, microbatches=8)
+    lay = Layout("pipeline", ParallelDims.of(pp=4), microbatches=8)
     plan = plan_memory(work, lay, 8)
     emb = arch.rows * arch.hidden
     stage0 = 4 * arch.block_params() + emb
@@ -156,7 +157,7 @@ def test_pipeline_stage_and_in_flight():
     # 1F1B: stage 0 holds 4 micro-batches of activations, the last 1 (plus the head)
     assert plan.detail["stage"] in (0, 3)
     assert plan.detail["params_on_device"] in (stage0, last)
-    p0 = plan_memory(work, Layout("pipeline", pp=4, microbatches=8, schedule="gpipe"), 8)
+    p0 = plan_memory(work, Layout("pipeline", ParallelDims.of(pp=4), microbatches=8, schedule="gpipe"), 8)
     assert p0.detail["in_flight_microbatches"] == 8
 
 
@@ -167,7 +168,7 @@ def test_largest_batch_is_the_edge():
     b = largest_batch(work, Layout("single"), cap)
     assert b > 0
     assert plan_memory(work, Layout("single"), b).peak <= cap < plan_memory(work, Layout("single"), b + 1).peak
-    lay = Layout("pipeline", pp=2, microbatches=4)
+    lay = Layout("pipeline", ParallelDims.of(pp=2), microbatches=4)
     bp = largest_batch(work, lay, cap)
     assert bp % 4 == 0 and plan_memory(work, lay, bp).peak <= cap < plan_memory(work, lay, bp + 4).peak
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.cli import main as cli_main
+from dlscale.models import get_model
 from helpers_cli import RunsAhead, cases
 
 REL = 1e-5  # fp32 on the CPU, one thread per process: measured <= 2e-7
@@ -573,3 +574,74 @@ def test_capabilities_are_declared_by_the_strategies():
         assert get_strategy(s).memory_layout is not None, s
     layout = get_strategy("hsdp").memory_layout(8, 2, {"shard": "zero2"})
     assert (layout.dp_replicate, layout.dp_shard, layout.zero) == (2, 4, 2)
+
+
+@pytest.mark.parametrize("strategy, world, nnodes, opts, degrees", [
+    ("ddp", 4, 1, {}, (4, 1, 1, 1)),
+    ("fsdp", 4, 1, {"shard": "zero2"}, (1, 4, 1, 1)),
+    ("hsdp", 8, 2, {}, (2, 4, 1, 1)),
+    ("tensor", 2, 1, {}, (1, 1, 1, 2)),
+    ("pipeline", 3, 1, {"microbatches": 6}, (1, 1, 3, 1)),
+    ("hybrid", 8, 1, {"tp": 2, "pp": 2}, (2, 1, 2, 2)),  # dp left out: world / (tp x pp)
+    ("hybrid", 8, 1, {"dp": 2, "tp": 2, "pp": 2, "dp_shard": "fsdp"}, (1, 2, 2, 2)),
+])
+def test_the_memory_layout_holds_the_degrees_the_strategy_declares(strategy, world, nnodes, opts, degrees):
+    from dlscale.strategies import get_strategy
+
+    info = get_strategy(strategy)
+    dims = info.dims(world, nnodes, opts)
+    assert dims.shape == degrees and dims.world_size == world
+    assert info.layout(world, nnodes, opts).dims == dims
+
+
+def test_impossible_declared_degrees_are_one_config_error():
+    from dlscale import ConfigError
+    from dlscale.strategies import get_strategy
+
+    with pytest.raises(ConfigError, match="do not match the world size 8") as e:
+        get_strategy("hybrid").dims(8, 1, {"dp": 3, "tp": 2})
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="do not match the world size 2"):
+        get_strategy("single").dims(2, 1, {})
+
+
+def test_refusals_follow_the_declared_capabilities(monkeypatch):
+    """A capability read from the registration: the same case is refused or accepted as the strategy
+    declares, whatever its name."""
+    import dataclasses
+
+    from dlscale import ConfigError, checkpointing, step
+    from dlscale.config import RunConfig
+    from dlscale.strategies import _STRATEGIES, get_strategy
+
+    cfg = RunConfig(model="gpt2", flavor="tiny", strategy="ddp", nproc_per_node=2, clip_grad_norm=1.0,
+                    activation_checkpointing="full", optimizer_graph=True, warmup=3)
+    ddp = get_strategy("ddp")
+    assert ddp.unsupported(cfg, {"device_type": "cpu"}) is None
+    checkpointing.check_case(cfg, get_model("gpt2", "tiny"))
+    step.check_optimizer_graph(cfg)
+    caps = dataclasses.replace(ddp.caps, optimizer_graph=False, no_clip="a test", no_checkpointing="a test")
+    monkeypatch.setitem(_STRATEGIES._entries, "ddp", dataclasses.replace(ddp, caps=caps))
+    assert "clip" in get_strategy("ddp").unsupported(cfg, {"device_type": "cpu"})
+    with pytest.raises(ConfigError, match="activation-checkpointing full does not run under ddp"):
+        checkpointing.check_case(cfg, get_model("gpt2", "tiny"))
+    with pytest.raises(ConfigError, match="optimizer-graph"):
+        step.check_optimizer_graph(cfg)
+
+
+def test_sharding_validation_builds_each_model_once(monkeypatch):
+    """Validating many cases of one sharded model builds its meta model once per size."""
+    from dlscale.config import RunConfig
+    from dlscale.strategies import _sharding, get_strategy
+
+    built = []
+    real = _sharding.probe
+    monkeypatch.setattr(_sharding, "probe", lambda spec: built.append(spec.name) or real(spec))
+    _sharding._probed.cache_clear()
+    info = get_strategy("partial-fc")
+    for batch in (4, 8, 16):
+        cfg = RunConfig(model="face", flavor="tiny", strategy="partial-fc", nproc_per_node=2, batch_size=batch)
+        info.validate(cfg)
+        assert info.unsupported(cfg, {"device_type": "cpu"}) is None
+        info.model_spec(get_model("face", "tiny"), cfg)
+    assert built == ["face"]

@@ -53,14 +53,14 @@ def test_a_bad_axis_value_is_one_config_error(name, value):
 
 
 def test_global_batch_pairs_keep_it_and_respect_the_batch_axis_and_microbatches():
-    from dlscale.memplan import Layout
+    from dlscale.memplan import Layout, ParallelDims
 
-    ddp = Layout("ddp", dp_replicate=2)
+    ddp = Layout("ddp", ParallelDims.of(dp_replicate=2))
     pairs, why = space.batch_choices(space.Axes(global_batch=16), ddp, 2, ())
     assert why == "" and pairs == [(8, 1), (4, 2), (2, 4), (1, 8)]
     pairs, _ = space.batch_choices(space.Axes(global_batch=16, batch_size=(4,)), ddp, 2, ())
     assert pairs == [(4, 2)]
-    pipe = Layout("pipeline", pp=2, microbatches=4)  # dp 1: the whole global batch per step
+    pipe = Layout("pipeline", ParallelDims.of(pp=2), microbatches=4)  # dp 1: the whole global batch per step
     pairs, _ = space.batch_choices(space.Axes(global_batch=16), pipe, 2, ())
     assert all(b % 4 == 0 and b * a == 16 for b, a in pairs) and (16, 1) in pairs and (2, 8) not in pairs
     pairs, why = space.batch_choices(space.Axes(global_batch=7), ddp, 2, ())

@@ -2,7 +2,7 @@
 
 A strategy is one function in one file, registered by name:
 
-    @register_strategy("ddp", description="DistributedDataParallel")
+    @register_strategy("ddp", description="DistributedDataParallel", hooks=Hooks(...), caps=Capabilities(...))
     def parallelize(model, spec, cfg, dist) -> Parallelized: ...
 
 It receives the model already on its device, and returns what the worker trains: the module
@@ -10,9 +10,12 @@ to call (``module(*batch) -> loss``), its optimizer, the data-parallel degree (h
 different micro-batches one step consumes), and optionally its own ``step`` for strategies
 whose step is not forward/backward/optimizer (pipelining).
 
-``check(cfg, env)`` returns None when the strategy can run, or the reason it cannot: the
-launcher records such a case ``unsupported`` without starting processes.
-``validate(cfg)`` raises ConfigError for impossible degrees, before any process starts.
+Beside it the strategy declares its ``Hooks`` (``check(cfg, env)``: None when it can run, or
+the reason it cannot, recorded ``unsupported`` without starting processes; ``validate(cfg)``:
+ConfigError for impossible options, before any process starts; ``dims``: the job's
+``ParallelDims``, the one place its degrees are derived; ``memory_layout``; ``model_spec``) and
+its ``Capabilities`` (what it can do: precisions, clipping, compiling, activation checkpointing,
+CUDA graphs), which the rest of the package reads instead of testing strategy names.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dlscale import ConfigError
+from dlscale.layout import Layout, ParallelDims
 from dlscale.registry import Registry
 
 
@@ -72,47 +77,142 @@ class Parallelized:
         return {**out, **self.info}
 
 
-@dataclass
+@dataclass(frozen=True)
+class Capabilities:
+    """What a strategy can do, declared next to its code: the registry and the checks read these,
+    nothing tests a strategy's name."""
+
+    min_world: int = 1
+    # one process drives all nproc-per-node devices (nn.DataParallel): the launcher starts one
+    single_process: bool = False
+    # the precisions it trains in (None: every one); others are recorded unsupported
+    precisions: tuple[str, ...] | None = None
+    # its compiled region holds no collective of its own, so torch.compile may run it as CUDA graphs
+    cudagraph_safe: bool = False
+    # its gradients stay at fixed addresses from step to step, so --optimizer-graph may capture the step
+    optimizer_graph: bool = False
+    # its forward and backward under no_sync run no collective: per-rank solo steps time the rank alone
+    solo_steps: bool = False
+    # a torch module and optimizer that DCP's state_dict API takes: --checkpoint-every saves it
+    checkpoint_saves: bool = False
+    # why it does not do what a case asks ("": it does); a case asking for it is recorded unsupported
+    # (clipping, compiling) or refused before launch (activation checkpointing)
+    no_clip: str = ""
+    no_compile: str = ""
+    no_checkpointing: str = ""
+
+
+def replicated(world: int, nnodes: int, opts: dict) -> ParallelDims:
+    """Degrees of a job of data-parallel replicas only (the default)."""
+    return ParallelDims(world, dp_replicate=world)
+
+
+def sharded(world: int, nnodes: int, opts: dict) -> ParallelDims:
+    """Degrees of a job that shards parameters, gradients and optimizer state over all ranks."""
+    return ParallelDims(world, dp_shard=world)
+
+
+def staged(world: int, nnodes: int, opts: dict) -> ParallelDims:
+    """Degrees of a job that is one pipeline over all ranks."""
+    return ParallelDims(world, pp=world)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A strategy's functions beside ``parallelize``, each optional but ``dims``."""
+
+    # check(cfg, env) -> why the case cannot run here (recorded ``unsupported``), or None
+    check: Callable[[Any, dict], str | None] | None = None
+    # validate(cfg): ConfigError for impossible options or degrees, before any process starts
+    validate: Callable[[Any], None] | None = None
+    # model_spec(spec, cfg) -> the spec this strategy trains (its options may resize the model)
+    model_spec: Callable[[Any, Any], Any] | None = None
+    # dims(world, nnodes, options) -> the job's ParallelDims (its degrees, the one place they are derived)
+    dims: Callable[[int, int, dict], ParallelDims] = replicated
+    # memory_layout(dims, options) -> dlscale.layout.Layout: how it spreads the model state over
+    # devices (the memory planner and the plan's check against a run)
+    memory_layout: Callable[[ParallelDims, dict], Layout] | None = None
+
+
+@dataclass(frozen=True)
 class StrategyInfo:
     name: str
     fn: Callable[..., Parallelized]
     description: str
-    check: Callable[[Any, dict], str | None] | None = None
-    validate: Callable[[Any], None] | None = None
-    min_world: int = 1
-    # one process drives all nproc-per-node devices (nn.DataParallel): the launcher starts one
-    single_process: bool = False
-    # model_spec(spec, cfg) -> the spec this strategy trains (its options may resize the model)
-    model_spec: Callable[[Any, Any], Any] | None = None
-    # capabilities, declared next to the strategy's code:
-    # its compiled region holds no collective of its own, so torch.compile may run it as CUDA graphs
-    cudagraph_safe: bool = False
-    # the precisions it trains in (None: every one); others are recorded unsupported
-    precisions: tuple[str, ...] | None = None
-    # memory_layout(world, nnodes, options) -> dlscale.layout.Layout: how it spreads the model
-    # state over devices (the memory planner and the plan's check against a run)
-    memory_layout: Callable[[int, int, dict], Any] | None = None
+    hooks: Hooks = Hooks()
+    caps: Capabilities = Capabilities()
+
+    @property
+    def check(self):
+        return self.hooks.check
+
+    @property
+    def validate(self):
+        return self.hooks.validate
+
+    @property
+    def model_spec(self):
+        return self.hooks.model_spec
+
+    @property
+    def min_world(self) -> int:
+        return self.caps.min_world
+
+    @property
+    def single_process(self) -> bool:
+        return self.caps.single_process
+
+    @property
+    def cudagraph_safe(self) -> bool:
+        return self.caps.cudagraph_safe
+
+    @property
+    def precisions(self) -> tuple[str, ...] | None:
+        return self.caps.precisions
+
+    def dims(self, world: int, nnodes: int = 1, options: dict | None = None) -> ParallelDims:
+        """The degrees of this strategy's job on ``world`` processes (ConfigError when impossible)."""
+        return self.hooks.dims(world, nnodes, dict(options or {}))
+
+    def parallel_dims(self, cfg) -> ParallelDims:
+        """The degrees of one case's job."""
+        return self.dims(cfg.world_size, cfg.nnodes, cfg.strategy_options)
+
+    def layout(self, world: int, nnodes: int, options: dict | None = None) -> Layout:
+        """How the job spreads the model state over its devices (the memory plan's Layout)."""
+        if self.hooks.memory_layout is None:
+            raise ConfigError(f"no memory plan for strategy {self.name!r}")
+        opts = dict(options or {})
+        return self.hooks.memory_layout(self.hooks.dims(world, nnodes, opts), opts)
+
+    @property
+    def memory_layout(self) -> Callable[[int, int, dict], Layout] | None:
+        """``layout`` where the strategy declares one, else None."""
+        return self.layout if self.hooks.memory_layout is not None else None
 
     def unsupported(self, cfg, env: dict) -> str | None:
         """Why the strategy cannot run this case here (recorded ``unsupported``), or None."""
-        if self.precisions is not None and cfg.precision not in self.precisions:
-            return f"strategy {self.name} runs {' or '.join(self.precisions)}, not {cfg.precision}"
-        return self.check(cfg, env) if self.check else None
+        caps = self.caps
+        if caps.precisions is not None and cfg.precision not in caps.precisions:
+            return f"strategy {self.name} runs {' or '.join(caps.precisions)}, not {cfg.precision}"
+        reason = self.hooks.check(cfg, env) if self.hooks.check else None
+        if reason is None and caps.no_clip and cfg.clip_grad_norm is not None:
+            reason = f"{self.name} does not clip gradients ({caps.no_clip})"
+        if reason is None and caps.no_compile and cfg.compile:
+            reason = f"{self.name} is not compiled ({caps.no_compile})"
+        return reason
 
 
 _STRATEGIES: Registry[StrategyInfo] = Registry("strategy", __name__)
 
 
-def register_strategy(name: str, description: str = "", check=None, validate=None, min_world: int = 1,
-                      single_process: bool = False, model_spec=None, cudagraph_safe: bool = False,
-                      precisions: tuple[str, ...] | None = None, memory_layout=None):
+def register_strategy(name: str, description: str = "", hooks: Hooks = Hooks(), caps: Capabilities = Capabilities()):
     """Decorator registering ``fn(model, spec, cfg, dist) -> Parallelized`` under ``name``, with the
-    strategy's checks and capabilities (StrategyInfo)."""
+    strategy's hooks and capabilities (StrategyInfo)."""
 
     def deco(fn):
         _STRATEGIES.add(name, StrategyInfo(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                       check, validate, min_world, single_process, model_spec, cudagraph_safe,
-                                       precisions, memory_layout))
+                                           hooks, caps))
         return fn
 
     return deco

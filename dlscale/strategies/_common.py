@@ -53,8 +53,13 @@ def parse_options(strategy: str, cfg, defaults: dict[str, Any],
 
     Unknown names raise ConfigError listing the allowed ones (or saying there are none).
     """
+    return parse_option_dict(strategy, dict(cfg.strategy_options or {}), defaults, choices)
+
+
+def parse_option_dict(strategy: str, given: dict[str, Any], defaults: dict[str, Any],
+                      choices: dict[str, tuple] | None = None) -> dict[str, Any]:
+    """``parse_options`` of an options dict (a record's, a planner candidate's)."""
     choices = choices or {}
-    given = dict(cfg.strategy_options or {})
     unknown = sorted(set(given) - set(defaults))
     if unknown:
         allowed = ", ".join(defaults) if defaults else "none (this strategy has no options)"

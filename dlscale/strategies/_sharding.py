@@ -1,6 +1,10 @@
 """Pieces shared by the strategies that shard part of a model across ranks and keep the rest data
 parallel (``embedding-shard``, ``partial-fc``); not a strategy (names starting with "_").
 
+* ``ShardedPart``: what such a strategy shards, its ``check`` (the model has the part) and its
+  ``model_spec`` (the model at the strategy's size knobs, built on the meta device), in one place;
+* ``probed``: the meta model of a registered model at given knobs, built once per process (the
+  checks and the option validation ask for it for every case);
 * ``meta_spec``: the spec a sharding strategy trains: the model resized by its knobs and built on
   the meta device, so no rank ever holds the whole of a table it shards;
 * ``materialize``: the model's other children allocated on the device (``to_empty``) after the
@@ -12,6 +16,7 @@ parallel (``embedding-shard``, ``partial-fc``); not a strategy (names starting w
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import torch
@@ -25,6 +30,46 @@ def probe(spec) -> nn.Module:
     """The model built on the meta device (no memory, global RNG left as it was)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         return spec.build()
+
+
+@functools.lru_cache(maxsize=32)
+def _probed(model: str, flavor: str, knobs: tuple[tuple[str, Any], ...]) -> nn.Module:
+    from dlscale.models import get_model
+
+    return probe(resized(get_model(model, flavor), dict(knobs)))
+
+
+def probed(model: str, flavor: str, knobs: dict[str, Any] | None = None) -> nn.Module:
+    """The registered model at these size knobs, on the meta device, built once per (model, flavour,
+    knobs) in a process: read it, do not change it."""
+    return _probed(model, flavor, tuple(sorted((k, v) for k, v in (knobs or {}).items() if v is not None)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedPart:
+    """What a sharding strategy shards, and the checks and spec that follow from it."""
+
+    strategy: str
+    # has(model) -> whether the (meta) model has the part the strategy shards
+    has: Callable[[nn.Module], bool]
+    needs: str  # what the part is, for the message when a model lacks it
+    # knobs(cfg) -> the size knobs the strategy's options pass to spec.resize
+    knobs: Callable[[Any], dict[str, Any]]
+
+    def supports(self, cfg) -> bool:
+        return self.has(probed(cfg.model, cfg.flavor))
+
+    def check(self, cfg, env) -> str | None:
+        """Why the case cannot run (recorded unsupported): the model has no such part."""
+        if not self.supports(cfg):
+            return f"{self.strategy} shards {self.needs}; this model has none"
+        return None
+
+    def model_spec(self, spec, cfg):
+        """The spec the strategy trains: resized by its knobs and built on the meta device."""
+        if not self.has(probed(spec.name, spec.flavor)):
+            return spec
+        return meta_spec(resized(spec, self.knobs(cfg)))
 
 
 def resized(spec, knobs: dict[str, Any]):

@@ -32,7 +32,7 @@ from torch.optim.adamw import adamw
 from torch.optim.sgd import sgd
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
 from dlscale.layout import Layout
 
@@ -81,13 +81,14 @@ def check(cfg, env) -> str | None:
     return None
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("ddp", dp_replicate=world, persistent_grads=True)  # the buckets hold the gradients
+def memory_layout(dims, opts: dict):
+    return Layout("ddp", dims, persistent_grads=True)  # the buckets hold the gradients
 
 
 # CUDA graphs: DDP's all-reduce runs in autograd hooks, outside the compiled region
 @register_strategy("ddp", description="DistributedDataParallel (all-reduce of gradient buckets)",
-                   check=check, validate=options, cudagraph_safe=True, memory_layout=memory_layout)
+                   hooks=Hooks(check=check, validate=options, memory_layout=memory_layout),
+                   caps=Capabilities(cudagraph_safe=True, optimizer_graph=True, solo_steps=True, checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     # broadcast_buffers is passed only when off: torch 2.13 deprecates the argument, 2.11 lacks its successor

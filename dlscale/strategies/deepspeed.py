@@ -34,7 +34,7 @@ import sys
 import torch
 
 from dlscale.precision import compute_dtype
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, replicated, sharded
 from dlscale.strategies._common import parse_options
 
 OPTIONS = {"stage": 2, "overlap_comm": True, "bucket_mb": 200}
@@ -90,8 +90,14 @@ def ds_config(cfg, opts: dict, world: int) -> dict:
 
 
 # DeepSpeed runs its own mixed precision (bf16/fp16 master-weight copies), not torchao's float8
-@register_strategy("deepspeed", description="DeepSpeed ZeRO stage 1/2/3 (optional extra)", check=check,
-                   validate=options, precisions=("fp32", "amp-bf16", "amp-fp16"))
+def dims(world: int, nnodes: int, opts: dict):
+    """Stage 3 shards the parameters over every rank; stages 1 and 2 keep a replica of them."""
+    return sharded(world, nnodes, opts) if opts.get("stage") == 3 else replicated(world, nnodes, opts)
+
+
+@register_strategy("deepspeed", description="DeepSpeed ZeRO stage 1/2/3 (optional extra)",
+                   hooks=Hooks(check=check, validate=options, dims=dims),
+                   caps=Capabilities(precisions=("fp32", "amp-bf16", "amp-fp16")))
 def parallelize(model, spec, cfg, denv):
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if denv.device.type == "cuda" else "cpu")
     import deepspeed

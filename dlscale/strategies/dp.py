@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
 from dlscale.layout import Layout
 
@@ -50,12 +50,14 @@ class _MeanLoss(nn.Module):
         return out.mean() if out.dim() else out
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("dp", dp_replicate=world)
+def memory_layout(dims, opts: dict):
+    return Layout("dp", dims)
 
 
 @register_strategy("dp", description="nn.DataParallel: one process, all GPUs of the node (single-process baseline)",
-                   check=_check, validate=_validate, single_process=True, memory_layout=memory_layout)
+                   hooks=Hooks(check=_check, validate=_validate, memory_layout=memory_layout),
+                   caps=Capabilities(single_process=True,
+                                     no_checkpointing="nn.DataParallel copies the blocks every step; use ddp"))
 def parallelize(model, spec, cfg, denv):
     n = cfg.nproc_per_node
     if denv.world_size != 1:

@@ -71,6 +71,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -78,9 +80,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies._sharding import data_parallel, materialize, meta_spec, probe, resized
+from dlscale.strategies._sharding import ShardedPart, data_parallel, materialize, probed
 
 MODES = ("row", "table")
 OPTIONS = {"shard": "row", "shards": None, "fields": None, "vocab_scale": None, "dim": None}
@@ -92,8 +94,8 @@ def _knobs(opts: dict) -> dict:
     return {k: opts[k] for k in KNOBS}
 
 
-def supports(spec) -> bool:
-    return hasattr(probe(spec), "embedding_groups")
+def _has_tables(model) -> bool:
+    return hasattr(model, "embedding_groups")
 
 
 def table_sizes(model) -> list[tuple[str, int, int, int]]:
@@ -102,8 +104,6 @@ def table_sizes(model) -> list[tuple[str, int, int, int]]:
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options(NAME, cfg, OPTIONS, {"shard": MODES})
     world = cfg.world_size
     k = world if opts["shards"] is None else opts["shards"]
@@ -113,32 +113,16 @@ def options(cfg) -> dict:
         raise ConfigError(f"{NAME} shards {k} does not divide the {world} processes "
                           f"(allowed: the divisors of {world})")
     opts["shards"] = k
-    spec = get_model(cfg.model, cfg.flavor)
-    if supports(spec):
-        spec = resized(spec, _knobs(opts))
-        n_tables = len(table_sizes(probe(spec)))
+    if PART.supports(cfg):
+        n_tables = len(table_sizes(probed(cfg.model, cfg.flavor, _knobs(opts))))
         if opts["shard"] == "table" and n_tables < k:
             raise ConfigError(f"{NAME} shard=table: {n_tables} tables cannot fill {k} shards; "
                               f"use shard=row or shards <= {n_tables}")
     return opts
 
 
-def check(cfg, env) -> str | None:
-    from dlscale.models import get_model
-
-    if not supports(get_model(cfg.model, cfg.flavor)):
-        return f"{NAME} shards embedding tables (model.embedding_groups(), as wide-deep's); this model has none"
-    if cfg.clip_grad_norm is not None:
-        return f"{NAME} does not clip gradients (each rank holds different table rows: a per-rank norm is wrong)"
-    if cfg.compile:
-        return f"{NAME} is not compiled (autograd functions with collectives; row-wise reads split sizes on the host)"
-    return None
-
-
-def model_spec(spec, cfg):
-    if not supports(spec):
-        return spec
-    return meta_spec(resized(spec, _knobs(options(cfg))))
+PART = ShardedPart(NAME, _has_tables, "embedding tables (model.embedding_groups(), as wide-deep's)",
+                   lambda cfg: _knobs(options(cfg)))
 
 
 def plan_tables(sizes: list[tuple[str, int, int, int]], k: int) -> dict[tuple[str, int], int]:
@@ -437,10 +421,58 @@ def _groups(world: int, k: int, rank: int):
 
 
 @register_strategy(NAME, description="embedding tables sharded row- or table-wise (all-to-all of ids and "
-                   "vectors), the rest data parallel", check=check, validate=options, model_spec=model_spec,
-                   precisions=("fp32", "amp-bf16"))  # no amp-fp16: torch's loss scaler would check each rank's shards alone
+                   "vectors), the rest data parallel",
+                   hooks=Hooks(check=PART.check, validate=options, model_spec=PART.model_spec),
+                   # no amp-fp16: torch's loss scaler would check each rank's shards alone
+                   caps=Capabilities(precisions=("fp32", "amp-bf16"),
+                                     no_clip="each rank holds different table rows: a per-rank norm is wrong",
+                                     no_compile="autograd functions with collectives; row-wise reads split sizes "
+                                                "on the host"))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
+    world = denv.world_size
+    shards = _shard_tables(model, opts, denv)
+    # the shards and their layout buffers (the same constants on every rank: DDP would broadcast
+    # them every forward, a collective per step for nothing)
+    module = data_parallel(model, [f"{n}.{name}" for n, st in shards.tables.items()
+                                   for name, _ in [*st.named_parameters(), *st.named_buffers()]], denv)
+
+    @contextlib.contextmanager
+    def no_sync():
+        shards.sync["on"] = False
+        try:
+            with (module.no_sync() if module is not model else contextlib.nullcontext()):
+                yield
+        finally:
+            shards.sync["on"] = True
+
+    held = [st.held_rows for st in shards.tables.values()]
+    rows_by_rank = [None] * world
+    dist.all_gather_object(rows_by_rank, sum(held))
+    info = {"shard": opts["shard"], "shards": opts["shards"], "replicas": world // opts["shards"],
+            "knobs": {key: opts[key] for key in KNOBS if opts[key] is not None},
+            "table_rows": sum(sum(t.rows) for t in shards.tables.values()), "rows_held_per_rank": rows_by_rank,
+            "exchange_bytes_per_step": None}
+    if shards.owners:
+        info["table_owner"] = {f"{g}[{f}]": o for (g, f), o in sorted(shards.owners.items())}
+    once_after_forward(model, lambda: _record_volume(shards, info, cfg.grad_accum, world, opts["shards"]))
+    return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, denv.device),
+                        dp_size=world, dp_rank=denv.rank, no_sync=no_sync, info=info)
+
+
+@dataclass
+class _Shards:
+    """This rank's shares of the model's tables, how their ids are exchanged, and the copies of them."""
+
+    tables: dict[str, ShardedTables]
+    exchanges: list[Exchange]
+    owners: dict[tuple[str, int], int] | None  # table-wise: the owner of each (group, field)
+    replica_group: Any  # the ranks holding the same shard (None: one copy)
+    sync: dict = field(default_factory=lambda: {"on": True})  # off: no all-reduce across the copies
+
+
+def _shard_tables(model, opts: dict, denv) -> _Shards:
+    """Swap each table module of ``model`` for this rank's share, exchanges set (in place)."""
     k, world, device = opts["shards"], denv.world_size, denv.device
     shard_group, me, replica_group = _groups(world, k, denv.rank)
     groups = model.embedding_groups()
@@ -459,53 +491,26 @@ def parallelize(model, spec, cfg, denv):
         model.embed = exchanges[0]
     else:
         exchanges = [st.exchange for st in sharded.values()]
-
-    sync = {"on": True}
+    out = _Shards(sharded, exchanges, owners, replica_group)
     if replica_group is not None:  # copies of each shard across groups: sum their gradients
         def allreduce(p):
-            if sync["on"]:
+            if out.sync["on"]:
                 dist.all_reduce(p.grad, group=replica_group)
         for st in sharded.values():
             st.weight.register_post_accumulate_grad_hook(allreduce)
+    return out
 
-    # the shards and their layout buffers (the same constants on every rank: DDP would broadcast
-    # them every forward, a collective per step for nothing)
-    module = data_parallel(model, [f"{n}.{name}" for n, st in sharded.items()
-                                   for name, _ in [*st.named_parameters(), *st.named_buffers()]], denv)
 
-    @contextlib.contextmanager
-    def no_sync():
-        sync["on"] = False
-        try:
-            with (module.no_sync() if module is not model else contextlib.nullcontext()):
-                yield
-        finally:
-            sync["on"] = True
-
-    held = [st.held_rows for st in sharded.values()]
-    rows_by_rank = [None] * world
-    dist.all_gather_object(rows_by_rank, sum(held))
-    info = {"shard": opts["shard"], "shards": k, "replicas": world // k,
-            "knobs": {key: opts[key] for key in KNOBS if opts[key] is not None},
-            "table_rows": sum(sum(t.rows) for t in sharded.values()), "rows_held_per_rank": rows_by_rank,
-            "exchange_bytes_per_step": None}
-    if owners:
-        info["table_owner"] = {f"{g}[{f}]": o for (g, f), o in sorted(owners.items())}
-
-    def record_volume():
-        """Bytes each rank sends to the others per optimizer step, from the first forward."""
-        volumes = [ex.volume() for ex in exchanges]
-        sent = {key: sum(v[key] for v in volumes) * cfg.grad_accum for key in volumes[0]}
-        per_rank = [None] * world
-        dist.all_gather_object(per_rank, sent)
-        totals = [sum(d.values()) for d in per_rank]
-        info["exchange_bytes_per_step"] = {"max_per_rank": max(totals), "per_rank": totals,
-                                           "by_kind_rank0": per_rank[0]}
-        if replica_group is not None:  # ring all-reduce sends 2(n-1)/n of the shard per rank
-            n = world // k
-            shard_bytes = sum(st.weight.numel() * st.weight.element_size() for st in sharded.values())
-            info["replica_allreduce_bytes_per_step"] = int(2 * (n - 1) / n * shard_bytes)
-
-    once_after_forward(model, record_volume)
-    return Parallelized(module=module, optimizer=make_optimizer(module.parameters(), spec, cfg, device),
-                        dp_size=world, dp_rank=denv.rank, no_sync=no_sync, info=info)
+def _record_volume(shards: _Shards, info: dict, grad_accum: int, world: int, k: int) -> None:
+    """Bytes each rank sends to the others per optimizer step, from the first forward."""
+    volumes = [ex.volume() for ex in shards.exchanges]
+    sent = {key: sum(v[key] for v in volumes) * grad_accum for key in volumes[0]}
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, sent)
+    totals = [sum(d.values()) for d in per_rank]
+    info["exchange_bytes_per_step"] = {"max_per_rank": max(totals), "per_rank": totals,
+                                       "by_kind_rank0": per_rank[0]}
+    if shards.replica_group is not None:  # ring all-reduce sends 2(n-1)/n of the shard per rank
+        n = world // k
+        shard_bytes = sum(st.weight.numel() * st.weight.element_size() for st in shards.tables.values())
+        info["replica_allreduce_bytes_per_step"] = int(2 * (n - 1) / n * shard_bytes)

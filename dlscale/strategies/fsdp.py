@@ -34,12 +34,13 @@ blocks in flight.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from dlscale import ConfigError
 from dlscale.precision import compute_dtype
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, sharded
 from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
 from dlscale.layout import Layout
 
@@ -65,30 +66,45 @@ def mp_policy(cfg, enabled: bool):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(model, spec, cfg, mesh, shard: str, mixed_precision: bool, blocks_per_unit: int = 1,
-               blocks: list | None = None, units_first: list | None = None) -> int:
-    """fully_shard runs of ``blocks_per_unit`` blocks, then the root; returns the number of block
+@dataclass(frozen=True)
+class Units:
+    """How ``fully_shard`` wraps a model: reshard after forward (zero3) or not (zero2), FSDP's mixed
+    precision, and how many blocks make one unit (one all-gather)."""
+
+    shard: str = "zero3"
+    mixed_precision: bool = True
+    blocks_per_unit: int = 1
+
+    @classmethod
+    def of(cls, opts: dict) -> "Units":
+        return cls(opts["shard"], opts["mixed_precision"], opts.get("blocks_per_unit", 1))
+
+
+def apply_fsdp(model, spec, cfg, mesh, units: Units, blocks: list | None = None,
+               units_first: list | None = None) -> int:
+    """fully_shard runs of ``units.blocks_per_unit`` blocks, then the root; returns the number of block
     units. ``mesh``: 1-D (FSDP) or 2-D (HSDP); None = world. ``blocks``: the model's blocks by
     default (a pipeline stage passes its own); ``units_first``: modules made units of their own
     before the blocks (a last pipeline stage's head modules, which the schedule's loss function
     calls outside the stage's forward: as units they gather their parameters when called)."""
     from torch.distributed.fsdp import fully_shard
 
-    kwargs = {"reshard_after_forward": shard == "zero3"}
+    kwargs = {"reshard_after_forward": units.shard == "zero3"}
     if mesh is not None:
         kwargs["mesh"] = mesh
-    mp = mp_policy(cfg, mixed_precision)
+    mp = mp_policy(cfg, units.mixed_precision)
     if mp is not None:
         kwargs["mp_policy"] = mp
     for m in units_first or []:
         fully_shard(m, **kwargs)
     if blocks is None:
         blocks = list(spec.blocks(model)) if spec.blocks else []
-    units = [blocks[i:i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
-    for unit in units:
+    k = units.blocks_per_unit
+    runs = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+    for unit in runs:
         fully_shard(unit if len(unit) > 1 else unit[0], **kwargs)  # a list: one group, one collective
     fully_shard(model, **kwargs)
-    return len(units)
+    return len(runs)
 
 
 def fsdp_optimizer(model, spec, cfg, device, on_shards: bool):
@@ -115,16 +131,17 @@ def fsdp_no_sync(module):
     return no_sync
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("fsdp", dp_shard=world, zero=2 if opts.get("shard") == "zero2" else 3,
+def memory_layout(dims, opts: dict):
+    return Layout("fsdp", dims, zero=2 if opts.get("shard") == "zero2" else 3,
                   fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)
 
 
 @register_strategy("fsdp", description="FSDP2 fully_shard per block (ZeRO-3, or ZeRO-2 with -o shard=zero2)",
-                   validate=options, memory_layout=memory_layout)
+                   hooks=Hooks(validate=options, dims=sharded, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
-    n_units = apply_fsdp(model, spec, cfg, None, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
+    n_units = apply_fsdp(model, spec, cfg, None, Units.of(opts))
     mp = mp_policy(cfg, opts["mixed_precision"])
     return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
                                                                opts["optimizer_on_shards"]),

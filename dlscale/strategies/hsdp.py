@@ -13,10 +13,10 @@ Options: ``replicate`` (default: ``--nnodes``; the mesh is ``(replicate, world /
 """
 from __future__ import annotations
 
-from dlscale.strategies import Parallelized, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy
 from dlscale.strategies._common import require_divides
-from dlscale.strategies._mesh import ParallelDims
-from dlscale.strategies.fsdp import apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
+from dlscale.strategies._mesh import ParallelDims, ParallelMesh
+from dlscale.strategies.fsdp import Units, apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
 from dlscale.layout import Layout
 
 OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1,
@@ -31,20 +31,24 @@ def options(cfg) -> dict:
     return opts
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
+def dims(world: int, nnodes: int, opts: dict):
     rep = int(opts.get("replicate") or nnodes)
-    return Layout("hsdp", dp_replicate=rep, dp_shard=world // rep, zero=2 if opts.get("shard") == "zero2" else 3,
+    return ParallelDims(world, dp_replicate=rep, dp_shard=world // rep, where="hsdp")
+
+
+def memory_layout(dims, opts: dict):
+    return Layout("hsdp", dims, zero=2 if opts.get("shard") == "zero2" else 3,
                   fsdp_params_bf16=bool(opts.get("mixed_precision", True)), options=opts)
 
 
 @register_strategy("hsdp", description="FSDP2 on a (replicate, shard) mesh: shard within a node, replicate across",
-                   validate=options, memory_layout=memory_layout)
+                   hooks=Hooks(validate=options, dims=dims, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
     rep = opts["replicate"]
-    pm = ParallelDims(dist.world_size, dp_replicate=rep, dp_shard=dist.world_size // rep, where="hsdp").build(
-        dist.device.type)
-    apply_fsdp(model, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"], opts["blocks_per_unit"])
+    pm = ParallelMesh.build(dims(dist.world_size, cfg.nnodes, opts), dist.device.type)
+    apply_fsdp(model, spec, cfg, pm.fsdp_mesh, Units.of(opts))
     mp = mp_policy(cfg, opts["mixed_precision"])
     return Parallelized(module=model, optimizer=fsdp_optimizer(model, spec, cfg, dist.device,
                                                                opts["optimizer_on_shards"]),

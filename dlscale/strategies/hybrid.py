@@ -38,11 +38,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
-from dlscale.strategies._common import is_transformer, parse_options
-from dlscale.strategies._mesh import ParallelDims
-from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, apply_fsdp, fsdp_no_sync
-from dlscale.strategies.pipeline import CHOICES as PP_CHOICES, build_pipeline, validate_pipeline
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
+from dlscale.strategies._common import is_transformer, parse_option_dict, parse_options
+from dlscale.strategies._mesh import ParallelDims, ParallelMesh
+from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, Units, apply_fsdp, fsdp_no_sync
+from dlscale.strategies.pipeline import (CHOICES as PP_CHOICES, PipelineJob, PipelinePlace, PipelineShape,
+                                         build_pipeline, validate_pipeline)
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
 from dlscale.layout import Layout
 
@@ -56,21 +57,26 @@ def options(cfg) -> dict:
     from dlscale.models import get_model
 
     opts = parse_options("hybrid", cfg, OPTIONS, CHOICES)
-    dims = parallel_dims(cfg, opts)
+    dims = parallel_dims(cfg.world_size, cfg.nnodes, opts)
     opts["dp"] = dims.dp
     spec = get_model(cfg.model, cfg.flavor)
     if dims.tp > 1:
         validate_tp("hybrid", cfg, spec, dims.tp, opts["sequence_parallel"])
     if dims.pp > 1:
-        validate_pipeline("hybrid", cfg, spec, dims.pp, opts["schedule"], opts["microbatches"], opts["virtual"],
-                          opts["balance"])
+        validate_pipeline("hybrid", cfg, spec, dims.pp, PipelineShape.of(opts))
     return opts
 
 
-def parallel_dims(cfg, opts: dict) -> ParallelDims:
-    """The job's degrees from hybrid's options (dp defaults to world / (tp x pp))."""
-    world, tp, pp = cfg.world_size, opts["tp"], opts["pp"]
-    ctx = f"nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}"
+DEGREES = ("dp", "tp", "pp", "dp_shard")
+
+
+def parallel_dims(world: int, nnodes: int, given: dict) -> ParallelDims:
+    """The job's degrees from hybrid's options (dp defaults to world / (tp x pp)); the other
+    options are not read (a record's may be of an older spelling)."""
+    opts = parse_option_dict("hybrid", {k: v for k, v in given.items() if k in DEGREES},
+                             {k: OPTIONS[k] for k in DEGREES}, CHOICES)
+    tp, pp = opts["tp"], opts["pp"]
+    ctx = f"nnodes {nnodes} x nproc-per-node {world // max(1, nnodes)}"
     for k in ("tp", "pp"):
         if isinstance(opts[k], bool) or opts[k] < 1:
             raise ConfigError(f"hybrid {k} must be >= 1, got {opts[k]}")
@@ -126,12 +132,9 @@ def _grad_allreduce_hooks(params, group, n: int):
     return no_sync
 
 
-def memory_layout(world: int, nnodes: int, o: dict):
-    tp, pp = int(o.get("tp", 1)), int(o.get("pp", 1))
-    dp = int(o.get("dp") or world // (tp * pp))
-    fsdp = o.get("dp_shard") == "fsdp"
-    return Layout("hybrid", dp_replicate=1 if fsdp else dp, dp_shard=dp if fsdp else 1, tp=tp, pp=pp,
-                  zero=(2 if o.get("shard") == "zero2" else 3) if fsdp else 0,
+def memory_layout(dims: ParallelDims, o: dict):
+    fsdp, tp, pp = o.get("dp_shard") == "fsdp", dims.tp, dims.pp
+    return Layout("hybrid", dims, zero=(2 if o.get("shard") == "zero2" else 3) if fsdp else 0,
                   sequence_parallel=bool(o.get("sequence_parallel")),
                   microbatches=int(o.get("microbatches", 4)) if pp > 1 else 1, schedule=o.get("schedule", "1f1b"),
                   persistent_grads=not fsdp and tp == pp == 1,
@@ -139,11 +142,12 @@ def memory_layout(world: int, nnodes: int, o: dict):
 
 
 @register_strategy("hybrid", description="dp x tp x pp on a DeviceMesh (-o dp=N -o tp=M -o pp=K, -o dp_shard=fsdp)",
-                   check=check, validate=options, min_world=1, memory_layout=memory_layout)
+                   hooks=Hooks(check=check, validate=options, dims=parallel_dims, memory_layout=memory_layout),
+                   caps=Capabilities(checkpoint_saves=True))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
-    dims = parallel_dims(cfg, opts)
-    pm = dims.build(denv.device.type)
+    dims = parallel_dims(cfg.world_size, cfg.nnodes, opts)
+    pm = ParallelMesh.build(dims, denv.device.type)
     fsdp = opts["dp_shard"] == "fsdp"
     info = {**pm.info(), "options": opts}
     if dims.tp > 1:
@@ -155,7 +159,7 @@ def parallelize(model, spec, cfg, denv):
         info["replicated_params"] = replicate_rest(model, pm["tp"])
     dp = dims.dp
     if fsdp:
-        apply_fsdp(model, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"])
+        apply_fsdp(model, spec, cfg, pm.fsdp_mesh, Units.of(opts))
         module, no_sync = model, fsdp_no_sync(model)
         info["dp_impl"] = "fsdp2"
     elif dims.tp == 1:
@@ -183,13 +187,9 @@ def _pipeline(model, spec, cfg, denv, opts, pm, info) -> Parallelized:
             replicate_rest(stage, pm["tp"])
         if fsdp:
             head = list(stage.shell.children()) if stage.last else []
-            apply_fsdp(stage, spec, cfg, pm.fsdp_mesh, opts["shard"], opts["mixed_precision"],
-                       blocks=list(stage.blocks), units_first=head)
+            apply_fsdp(stage, spec, cfg, pm.fsdp_mesh, Units.of(opts), blocks=list(stage.blocks), units_first=head)
 
     info["dp_impl"] = "fsdp2 per stage" if fsdp else ("all-reduce after each step" if dims.dp > 1 else "none")
-    return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
-                          virtual=opts["virtual"], balance=opts["balance"], pp_group=pm.group("pp"),
-                          pp_rank=pm.pp_rank, pp_size=dims.pp, pp_groups=pm.pipelines(), dp_group=pm.dp_group,
-                          dp_size=dims.dp, dp_rank=pm.dp_rank, dp_reduced=fsdp, tp_size=dims.tp,
-                          prepare_stage=prepare_stage if (dims.tp > 1 or fsdp) else None, name="hybrid",
-                          extra_info=info)
+    job = PipelineJob(PipelineShape.of(opts), PipelinePlace.of_mesh(pm), name="hybrid", dp_reduced=fsdp,
+                      prepare_stage=prepare_stage if (dims.tp > 1 or fsdp) else None, extra_info=info)
+    return build_pipeline(model, spec, cfg, denv, job)

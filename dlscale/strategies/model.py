@@ -11,26 +11,31 @@ whole batch, so unlike ``pipeline`` this trains resnet50 exactly as ``single`` d
 from __future__ import annotations
 
 from dlscale.models import get_model
-from dlscale.strategies import register_strategy
+from dlscale.strategies import Capabilities, Hooks, register_strategy, staged
 from dlscale.strategies._common import parse_options
-from dlscale.strategies.pipeline import build_pipeline, validate_pipeline
+from dlscale.strategies.pipeline import PipelineJob, PipelinePlace, PipelineShape, build_pipeline, validate_pipeline
 from dlscale.layout import Layout
+
+
+def _shape(opts: dict) -> PipelineShape:
+    """gpipe on one micro-batch: one device works at a time."""
+    return PipelineShape("gpipe", microbatches=1, virtual=1, balance=opts["balance"])
 
 
 def options(cfg) -> dict:
     opts = parse_options("model", cfg, {"balance": "time"})
-    validate_pipeline("model", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", 1, 1, opts["balance"])
+    validate_pipeline("model", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, _shape(opts))
     return opts
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("model", pp=world, microbatches=1, schedule="gpipe", options=opts)
+def memory_layout(dims, opts: dict):
+    return Layout("model", dims, microbatches=1, schedule="gpipe", options=opts)
 
 
 @register_strategy("model", description="naive model parallel: stages by blocks, one micro-batch (no pipelining)",
-                   validate=options, min_world=2, memory_layout=memory_layout)
+                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout),
+                   caps=Capabilities(min_world=2))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
-    return build_pipeline(model, spec, cfg, denv, schedule="gpipe", microbatches=1, virtual=1,
-                          balance=opts["balance"], pp_group=None,
-                          pp_rank=denv.rank, pp_size=denv.world_size, name="model")
+    job = PipelineJob(_shape(opts), PipelinePlace.of_world(denv), name="model")
+    return build_pipeline(model, spec, cfg, denv, job)

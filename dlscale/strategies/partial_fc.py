@@ -41,28 +41,24 @@ import torch.distributed as dist
 
 from dlscale import ConfigError
 from dlscale.models.face import arcface_logits, cosine
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.strategies._sharding import (data_parallel, first_call, gather_labels, gather_rows, materialize,
-                                          meta_spec, probe, resized)
+from dlscale.strategies._sharding import (ShardedPart, data_parallel, first_call, gather_labels, gather_rows,
+                                          materialize, probed)
 
 NAME = "partial-fc"
 OPTIONS = {"classes": None}
 
 
-def supports(spec) -> bool:
-    margin = getattr(probe(spec), "margin", None)
+def _has_margin(model) -> bool:
+    margin = getattr(model, "margin", None)
     return margin is not None and hasattr(margin, "fill") and hasattr(margin, "classes")
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options(NAME, cfg, OPTIONS)
-    spec = get_model(cfg.model, cfg.flavor)
-    if supports(spec):
-        spec = resized(spec, {"classes": opts["classes"]})
-        n = probe(spec).margin.classes
+    if PART.supports(cfg):
+        n = probed(cfg.model, cfg.flavor, {"classes": opts["classes"]}).margin.classes
         if n < cfg.world_size:
             raise ConfigError(f"{NAME} classes {n} is below the {cfg.world_size} processes: every rank needs "
                               f"at least one class (use classes >= {cfg.world_size})")
@@ -70,22 +66,8 @@ def options(cfg) -> dict:
     return opts
 
 
-def check(cfg, env) -> str | None:
-    from dlscale.models import get_model
-
-    if not supports(get_model(cfg.model, cfg.flavor)):
-        return f"{NAME} shards a margin-softmax classifier (model.margin, as face's); this model has none"
-    if cfg.clip_grad_norm is not None:
-        return f"{NAME} does not clip gradients (each rank holds different class centres: a per-rank norm is wrong)"
-    if cfg.compile:
-        return f"{NAME} is not compiled (custom autograd functions with collectives)"
-    return None
-
-
-def model_spec(spec, cfg):
-    if not supports(spec):
-        return spec
-    return meta_spec(resized(spec, {"classes": options(cfg)["classes"]}))
+PART = ShardedPart(NAME, _has_margin, "a margin-softmax classifier (model.margin, as face's)",
+                   lambda cfg: {"classes": options(cfg)["classes"]})
 
 
 def class_range(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -146,8 +128,12 @@ class ShardedArcFace(torch.nn.Module):
 
 
 @register_strategy(NAME, description="margin-softmax head sharded by class (all-gather of features, "
-                   "distributed softmax), backbone data parallel", check=check, validate=options, model_spec=model_spec,
-                   precisions=("fp32", "amp-bf16"))  # no amp-fp16: torch's loss scaler would check each rank's centres alone
+                   "distributed softmax), backbone data parallel",
+                   hooks=Hooks(check=PART.check, validate=options, model_spec=PART.model_spec),
+                   # no amp-fp16: torch's loss scaler would check each rank's centres alone
+                   caps=Capabilities(precisions=("fp32", "amp-bf16"),
+                                     no_clip="each rank holds different class centres: a per-rank norm is wrong",
+                                     no_compile="custom autograd functions with collectives"))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
     world, device, n = denv.world_size, denv.device, opts["classes"]

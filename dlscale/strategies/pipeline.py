@@ -50,7 +50,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -58,9 +58,9 @@ from torch import nn
 
 from dlscale import ConfigError
 from dlscale.precision import needs_grad_scaler
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, staged
 from dlscale.strategies._common import autocast, parse_options, unique_params
-from dlscale.layout import Layout, split_blocks
+from dlscale.layout import Layout, ParallelDims, split_blocks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2, "balance": "time"}
@@ -100,22 +100,40 @@ def parse_balance(name: str, value, n_stages: int, n_blocks: int) -> str | list[
     return counts
 
 
-def validate_pipeline(name: str, cfg, spec, pp: int, schedule: str, microbatches: int, virtual: int,
-                      balance="blocks") -> None:
+@dataclass(frozen=True)
+class PipelineShape:
+    """The pipeline's options: schedule, micro-batches per step, stages per rank (interleaved), balance."""
+
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    virtual: int = 2
+    balance: Any = "time"
+
+    @classmethod
+    def of(cls, opts: dict) -> "PipelineShape":
+        return cls(opts["schedule"], opts["microbatches"], opts["virtual"], opts["balance"])
+
+    def n_stages(self, pp: int) -> int:
+        """Stages of the whole pipeline over ``pp`` ranks."""
+        return pp * (self.virtual if self.schedule == "interleaved" else 1)
+
+
+def validate_pipeline(name: str, cfg, spec, pp: int, shape: PipelineShape) -> None:
     """Impossible pipeline shapes, as one-line ConfigErrors before any process starts."""
+    schedule, microbatches, virtual = shape.schedule, shape.microbatches, shape.virtual
     if microbatches < 1:
         raise ConfigError(f"{name} microbatches must be >= 1, got {microbatches}")
     if cfg.batch_size % microbatches:
         raise ConfigError(f"{name} microbatches {microbatches} do not divide the batch size {cfg.batch_size}")
     if virtual < 1:
         raise ConfigError(f"{name} virtual must be >= 1, got {virtual}")
-    stages = pp * (virtual if schedule == "interleaved" else 1)
+    stages = shape.n_stages(pp)
     blocks = num_blocks(spec)
     if stages > blocks:
         what = f"{pp} ranks x {virtual} virtual" if schedule == "interleaved" else f"{pp} ranks"
         raise ConfigError(f"{name}: {stages} pipeline stages ({what}) but {spec.name} ({spec.flavor}) "
                           f"has only {blocks} blocks to split")
-    parse_balance(name, balance, stages, blocks)
+    parse_balance(name, shape.balance, stages, blocks)
     if schedule == "1f1b" and microbatches < pp:
         raise ConfigError(f"{name} schedule 1f1b needs microbatches >= stages: got {microbatches} "
                           f"microbatches for {pp} stages")
@@ -130,8 +148,7 @@ def options(cfg) -> dict:
     from dlscale.models import get_model
 
     opts = parse_options("pipeline", cfg, OPTIONS, CHOICES)
-    validate_pipeline("pipeline", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, opts["schedule"],
-                      opts["microbatches"], opts["virtual"], opts["balance"])
+    validate_pipeline("pipeline", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, PipelineShape.of(opts))
     return opts
 
 
@@ -391,52 +408,116 @@ class _Packer:
 # ---------------------------------------------------------------- the builder
 
 
-def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, virtual: int,
-                   balance="time", pp_group, pp_rank: int, pp_size: int, pp_groups: list[list[int]] | None = None,
-                   dp_group=None, dp_size: int = 1, dp_rank: int = 0, dp_reduced: bool = False, tp_size: int = 1,
-                   prepare_stage=None, name: str = "pipeline", extra_info: dict | None = None) -> Parallelized:
-    """Stages of this rank, their schedule and a ``step`` for the worker.
+@dataclass(frozen=True)
+class PipelinePlace:
+    """Where this rank's pipeline sits in the job: the degrees, this rank's coordinates and the
+    groups. The ``pipeline`` and ``model`` strategies are one pipeline over the world (no mesh)."""
 
-    ``pp_group``: this rank's pipeline (None: the world); ``pp_groups``: the global ranks of every
-    pipeline in the job, each in stage order (None: one pipeline of the whole world), needed to
-    create the tied-weight groups; ``dp_group``/``dp_size``: replicas of this pipeline whose
-    gradients the step averages after each schedule run, unless ``dp_reduced`` (FSDP stages
-    reduce-scatter them themselves); ``tp_size``: tensor-parallel ranks per stage (they all hold
-    the last stage's loss); ``prepare_stage(stage_module)``: shards a stage's blocks (tensor
-    parallel, FSDP), applied after the split and before compiling.
-    """
-    device = denv.device
-    n_stages = pp_size * (virtual if schedule == "interleaved" else 1)
+    dims: ParallelDims
+    pp_rank: int
+    dp_rank: int = 0
+    pp_group: Any = None  # this rank's pipeline (None: the world)
+    # the global ranks of every pipeline in the job, each in stage order (None: one pipeline of the
+    # whole world), needed to create the tied-weight groups
+    pp_groups: list[list[int]] | None = None
+    dp_group: Any = None  # the replicas of this pipeline, whose gradients the step averages
+
+    @classmethod
+    def of_world(cls, denv) -> "PipelinePlace":
+        return cls(staged(denv.world_size, 1, {}), pp_rank=denv.rank)
+
+    @classmethod
+    def of_mesh(cls, pm) -> "PipelinePlace":
+        return cls(pm.dims, pp_rank=pm.pp_rank, dp_rank=pm.dp_rank, pp_group=pm.group("pp"),
+                   pp_groups=pm.pipelines(), dp_group=pm.dp_group)
+
+
+@dataclass
+class PipelineJob:
+    """What ``build_pipeline`` builds: the shape, this rank's place and how the stages are prepared.
+
+    ``dp_reduced``: the stages reduce their gradients over the replicas themselves (FSDP stages
+    reduce-scatter them), the step does not average them again; ``prepare_stage(stage_module)``:
+    shards a stage's blocks (tensor parallel, FSDP), applied after the split and before compiling."""
+
+    shape: PipelineShape
+    place: PipelinePlace
+    name: str = "pipeline"
+    dp_reduced: bool = False
+    prepare_stage: Callable[[nn.Module], None] | None = None
+    extra_info: dict = field(default_factory=dict)
+
+
+@dataclass
+class _LocalStages:
+    """This rank's stages of the split model and what their step needs to know of them."""
+
+    modules: list[StageModule]
+    ids: list[int]  # their stage numbers
+    n_stages: int
+    params: list[nn.Parameter]
+
+
+@dataclass
+class _Ties:
+    """Weights shared by the first and the last stage (tied embeddings): their gradients are summed."""
+
+    params: list[nn.Parameter] = field(default_factory=list)  # as this rank holds them
+    group: Any = None  # the first and last stage's ranks of this pipeline (None: nothing to sum)
+    norm_skip: set = field(default_factory=set)  # ids counted on another rank in the gradient norm
+
+
+def _split(model, spec, cfg, device, job: PipelineJob):
+    """(this rank's StageModules and their stage ids, the runs of blocks, the balance's info, the
+    embed's and the head's children)."""
+    name, shape, place = job.name, job.shape, job.place
+    pp_size = place.dims.pp
+    n_stages = shape.n_stages(pp_size)
     blocks = spec.blocks(model)
     if n_stages > len(blocks):
         raise ConfigError(f"{name}: {n_stages} stages but only {len(blocks)} blocks")
-    balance = parse_balance(name, balance, n_stages, len(blocks))
-    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n_stages, cfg.batch_size // microbatches)
+    balance = parse_balance(name, shape.balance, n_stages, len(blocks))
+    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n_stages, cfg.batch_size // shape.microbatches)
     embed_names, head_names = _used_children(model, spec, device)
     block_ids = {id(b) for b in blocks}
     for nm in embed_names | head_names:
         if any(id(m) in block_ids for m in getattr(model, nm).modules()):
             raise ConfigError(f"{name}: {spec.name}.embed/head use the container {nm!r} of its blocks")
-
     # looped assignment (torch's default): stage s lives on pp rank s % pp_size
-    my_stages = [s for s in range(n_stages) if s % pp_size == pp_rank]
+    my_stages = [s for s in range(n_stages) if s % pp_size == place.pp_rank]
     modules: list[StageModule] = []
     for s in my_stages:
         first, last = s == 0, s == n_stages - 1
         keep = (embed_names if first else set()) | (head_names if last else set())
         shell = _shell(model, keep) if keep else None
         modules.append(StageModule(shell, [blocks[i] for i in runs[s]], first, last, spec.embed_args))
+    return modules, my_stages, runs, balance_info, (embed_names, head_names)
+
+
+def _ties(model, modules, tied_names, place: PipelinePlace, n_stages: int) -> _Ties:
+    """The tied weights as this rank's (prepared) stages hold them, and their group."""
+    tied = _resolve_tied(model, tied_names, modules)
+    pp_size = place.dims.pp
+    tie_ranks = sorted({0, (n_stages - 1) % pp_size})  # pp ranks of the first and the last stage
+    group = _tie_group(tie_ranks, place.pp_groups) if tied_names and len(tie_ranks) > 1 else None
+    # count each tied weight once in the gradient norm: on the first stage's rank
+    return _Ties(tied if place.pp_rank in tie_ranks else [], group,
+                 {id(p) for p in tied} if place.pp_rank != 0 else set())
+
+
+def build_pipeline(model, spec, cfg, denv, job: PipelineJob) -> Parallelized:
+    """Stages of this rank, their schedule and a ``step`` for the worker (see ``PipelineJob``)."""
+    device, place, shape = denv.device, job.place, job.shape
+    modules, my_stages, runs, balance_info, (embed_names, head_names) = _split(model, spec, cfg, device, job)
+    n_stages = shape.n_stages(place.dims.pp)
     _free_unowned(model, modules)
     # weights shared by the first and the last stage (tied embeddings), by name: sharding replaces
     # the Parameter objects, the modules stay
     tied_names = _tied_names(model, embed_names, head_names)
-    if prepare_stage is not None:
+    if job.prepare_stage is not None:
         for m in modules:
-            prepare_stage(m)
-    tied = _resolve_tied(model, tied_names, modules)
-    tie_ranks = sorted({0, (n_stages - 1) % pp_size})  # pp ranks of the first and the last stage
-    tie_group = _tie_group(tie_ranks, pp_groups) if tied_names and len(tie_ranks) > 1 else None
-
+            job.prepare_stage(m)
+    ties = _ties(model, modules, tied_names, place, n_stages)
     if cfg.compile:
         from dlscale.compiling import inductor_options
 
@@ -444,26 +525,21 @@ def build_pipeline(model, spec, cfg, denv, *, schedule: str, microbatches: int, 
         for m in modules:
             for b in m.blocks:
                 b.compile(options=options)
-
-    params = unique_params(modules)
-    step = _PipelineStep(cfg, device, modules, my_stages, n_stages, schedule, microbatches, pp_group,
-                         params, spec, tied if pp_rank in tie_ranks else [], tie_group,
-                         # count each tied weight once in the gradient norm: on the first stage's rank
-                         {id(p) for p in tied} if pp_rank != 0 else set(),
-                         dp_group, dp_size, dp_reduced, tp_size)
+    stages = _LocalStages(modules, my_stages, n_stages, unique_params(modules))
+    step = _PipelineStep(cfg, device, spec, job, stages, ties)
     step.prime(spec)
-    info = {"pp_rank": pp_rank, "pp": pp_size, "schedule": schedule,
-            "microbatches": microbatches, "stages": my_stages, "num_stages": n_stages,
+    info = {"pp_rank": place.pp_rank, "pp": place.dims.pp, "schedule": shape.schedule,
+            "microbatches": shape.microbatches, "stages": my_stages, "num_stages": n_stages,
             "blocks_per_stage": [len(r) for r in runs], **balance_info, "embed_modules": sorted(embed_names),
             "head_modules": sorted(head_names), "tied_params": len(tied_names),
-            "stage_params": sum(p.numel() for p in params),
+            "stage_params": sum(p.numel() for p in stages.params),
             "reported_loss": "global batch mean (all-reduced from the last stage every step)"}
-    if schedule == "interleaved":
-        info["virtual"] = virtual
-    info.update(extra_info or {})
-    return Parallelized(module=nn.ModuleList(modules), optimizer=step.optimizer, dp_size=dp_size, dp_group=dp_group,
-                        step=step, reports_loss=True, eval_loss=step.eval_loss, dp_rank=dp_rank,
-                        loss_global=True, info=info)
+    if shape.schedule == "interleaved":
+        info["virtual"] = shape.virtual
+    info.update(job.extra_info)
+    return Parallelized(module=nn.ModuleList(modules), optimizer=step.optimizer, dp_size=place.dims.dp,
+                        dp_group=place.dp_group, step=step, reports_loss=True, eval_loss=step.eval_loss,
+                        dp_rank=place.dp_rank, loss_global=True, info=info)
 
 
 def _free_unowned(model: nn.Module, modules: list[StageModule]) -> None:
@@ -520,30 +596,32 @@ class _PipelineStep:
     """One optimizer step: the schedule over the accumulated batches, gradient averaging (micro-batches,
     accumulation, data-parallel replicas), tied-weight sums, clipping, the optimizer, the loss."""
 
-    def __init__(self, cfg, device, modules, my_stages, n_stages, schedule, microbatches, pp_group, params, spec,
-                 tied, tie_group, norm_skip, dp_group, dp_size, dp_reduced, tp_size):
+    def __init__(self, cfg, device, spec, job: PipelineJob, stages: _LocalStages, ties: _Ties):
         from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                                   ScheduleInterleaved1F1B)
 
-        self.cfg, self.device, self.params, self._modules = cfg, device, params, modules
+        place, shape, modules = job.place, job.shape, stages.modules
+        self.cfg, self.device, self.params, self._modules = cfg, device, stages.params, modules
         self.n_embed = spec.embed_args
-        stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
+        pipe = [PipelineStage(m, s, stages.n_stages, device, group=place.pp_group)
+                for m, s in zip(modules, stages.ids)]
         self.packer = _Packer()
         self.last_module = next((m for m in modules if m.last), None)
         self.has_first = any(m.first for m in modules)
         self.scaler = _StageScaler(device) if needs_grad_scaler(cfg.precision) else None
-        cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        kwargs = {"n_microbatches": microbatches, "loss_fn": self._loss}
+        cls = {"interleaved": ScheduleInterleaved1F1B, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[shape.schedule]
+        kwargs = {"n_microbatches": shape.microbatches, "loss_fn": self._loss}
         # The schedules' own scaling divides *all* of .grad by the micro-batch count at the end of each
         # step, which would also shrink what earlier --grad-accum steps accumulated: scale here instead.
         if "scale_grads" in inspect.signature(cls.__init__).parameters:
             kwargs["scale_grads"] = False
-        self.sched = cls(stages if schedule == "interleaved" else stages[0], **kwargs)
-        self.optimizer = make_optimizer(params, spec, cfg, device)
-        self.divisor = float(microbatches * cfg.grad_accum)
-        self.tied, self.tie_group, self.norm_skip = tied, tie_group, norm_skip
-        self.pp_group, self.dp_group, self.dp_size, self.dp_reduced = pp_group, dp_group, dp_size, dp_reduced
-        self.loss_ranks = dp_size * tp_size  # ranks that hold the last stage's loss, per pipeline stage
+        self.sched = cls(pipe if shape.schedule == "interleaved" else pipe[0], **kwargs)
+        self.optimizer = make_optimizer(stages.params, spec, cfg, device)
+        self.divisor = float(shape.microbatches * cfg.grad_accum)
+        self.tied, self.tie_group, self.norm_skip = ties.params, ties.group, ties.norm_skip
+        self.pp_group, self.dp_group, self.dp_size = place.pp_group, place.dp_group, place.dims.dp
+        self.dp_reduced = job.dp_reduced
+        self.loss_ranks = place.dims.dp * place.dims.tp  # ranks that hold the last stage's loss, per pipeline stage
         self.world = dist.get_world_size()
 
     def _loss(self, output, target):
@@ -689,15 +767,16 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
         torch._foreach_mul_(local, coef.reshape(()).to(local[0].dtype))
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("pipeline", pp=world, microbatches=int(opts.get("microbatches", 4)),
+def memory_layout(dims, opts: dict):
+    return Layout("pipeline", dims, microbatches=int(opts.get("microbatches", 4)),
                   schedule=opts.get("schedule", "1f1b"), options=opts)
 
 
 @register_strategy("pipeline", description="pipeline parallel (torch.distributed.pipelining: gpipe, 1f1b, "
-                   "interleaved), stages split by blocks", validate=options, min_world=2, memory_layout=memory_layout)
+                   "interleaved), stages split by blocks",
+                   hooks=Hooks(validate=options, dims=staged, memory_layout=memory_layout),
+                   caps=Capabilities(min_world=2))
 def parallelize(model, spec, cfg, denv):
     opts = options(cfg)
-    return build_pipeline(model, spec, cfg, denv, schedule=opts["schedule"], microbatches=opts["microbatches"],
-                          virtual=opts["virtual"], balance=opts["balance"], pp_group=None, pp_rank=denv.rank, pp_size=denv.world_size,
-                          extra_info={"options": opts})
+    job = PipelineJob(PipelineShape.of(opts), PipelinePlace.of_world(denv), extra_info={"options": opts})
+    return build_pipeline(model, spec, cfg, denv, job)

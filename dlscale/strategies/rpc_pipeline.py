@@ -43,11 +43,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dlscale import ConfigError
-from dlscale.strategies import Parallelized, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy, staged
 from dlscale.strategies._common import autocast, optimizer_recipe, parse_options, unique_params
-from dlscale.strategies.pipeline import (StageModule, _shell, _used_children, choose_runs, parse_balance,
-                                         validate_pipeline)
+from dlscale.strategies.pipeline import (PipelineJob, PipelinePlace, PipelineShape, StageModule, _free_unowned,
+                                         _split, validate_pipeline)
 
 NAME = "rpc-pipeline"
 OPTIONS = {"microbatches": 4, "balance": "time"}
@@ -58,17 +57,9 @@ def options(cfg) -> dict:
     from dlscale.models import get_model
 
     opts = parse_options(NAME, cfg, OPTIONS)
-    validate_pipeline(NAME, cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, "gpipe", opts["microbatches"], 1,
-                      opts["balance"])
+    validate_pipeline(NAME, cfg, get_model(cfg.model, cfg.flavor), cfg.world_size,
+                      PipelineShape("gpipe", opts["microbatches"], 1, opts["balance"]))
     return opts
-
-
-def check(cfg, env) -> str | None:
-    if cfg.clip_grad_norm is not None:
-        return f"{NAME} does not clip gradients (they live in the distributed-autograd context)"
-    if cfg.compile:
-        return f"{NAME} is not compiled (stages run inside RPC handlers)"
-    return None
 
 
 # ---------------------------------------------------------------- this process's stage (RPC handlers use it)
@@ -182,8 +173,10 @@ def _local_optimizer(params, cls, kwargs):
 
 
 @register_strategy(NAME, description="pipeline over torch.distributed.rpc: micro-batches, distributed "
-                   "autograd, DistributedOptimizer", check=check, validate=options, min_world=2,
-                   precisions=("fp32", "amp-bf16"))  # no loss scaler across RPC stages
+                   "autograd, DistributedOptimizer", hooks=Hooks(validate=options, dims=staged),
+                   caps=Capabilities(min_world=2, precisions=("fp32", "amp-bf16"),  # no loss scaler across RPC stages
+                                     no_clip="they live in the distributed-autograd context",
+                                     no_compile="stages run inside RPC handlers"))
 def parallelize(model, spec, cfg, denv):
     global _STAGE
     from torch.distributed import rpc
@@ -212,34 +205,22 @@ def parallelize(model, spec, cfg, denv):
     if not first:
         return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1,
                             step=_serve(rank, timeout, device), reports_loss=False, info=info, teardown=teardown)
-    drive = _drive(stage, cfg, device, micro, spec.embed_args, tied, _distributed_optimizer(n, cls, kwargs), info)
+    drive = _drive(_STAGE, micro, spec.embed_args, _distributed_optimizer(n, cls, kwargs), info)
     return Parallelized(module=nn.ModuleList([stage]), optimizer=None, dp_size=1, step=drive,
                         reports_loss=True, info=info, teardown=teardown)
 
 
 def _build_stage(model, spec, cfg, denv, opts) -> tuple:
     """This rank's stage (its blocks, with the embedding on the first and the head on the last), the
-    blocks of every stage, the balance facts, and the head's parameters tied to the embedding."""
-    n, rank, device = denv.world_size, denv.rank, denv.device
-    blocks = spec.blocks(model)
-    balance = parse_balance(NAME, opts["balance"], n, len(blocks))
-    runs, balance_info = choose_runs(model, spec, cfg, device, balance, n, cfg.batch_size // opts["microbatches"])
-    embed_names, head_names = _used_children(model, spec, device)
-    block_ids = {id(b) for b in blocks}
-    for nm in embed_names | head_names:
-        if any(id(m) in block_ids for m in getattr(model, nm).modules()):
-            raise ConfigError(f"{NAME}: {spec.name}.embed/head use the container {nm!r} of its blocks")
-    first, last = rank == 0, rank == n - 1
-    keep = (embed_names if first else set()) | (head_names if last else set())
-    stage = StageModule(_shell(model, keep) if keep else None, [blocks[i] for i in runs[rank]], first, last,
-                        spec.embed_args)
-    mine = {id(p) for p in stage.parameters()} | {id(b) for b in stage.buffers()}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in mine:  # free what this rank does not run
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    blocks of every stage, the balance facts, and the head's parameters tied to the embedding: the
+    split of ``pipeline``, one stage per rank."""
+    job = PipelineJob(PipelineShape("gpipe", opts["microbatches"], 1, opts["balance"]), PipelinePlace.of_world(denv),
+                      name=NAME)
+    modules, _, runs, balance_info, (embed_names, head_names) = _split(model, spec, cfg, denv.device, job)
+    _free_unowned(model, modules)
     first_params = {id(p) for nm in embed_names for p in getattr(model, nm).parameters()}
     tied = [p for nm in head_names for p in getattr(model, nm).parameters() if id(p) in first_params]
-    return stage, runs, balance_info, tied
+    return modules[0], runs, balance_info, tied
 
 
 def _serve(rank: int, timeout: float, device):
@@ -273,11 +254,13 @@ def _distributed_optimizer(n: int, cls, kwargs):
         log.setLevel(level)
 
 
-def _drive(stage, cfg, device, micro: int, n_embed: int, tied: list, optimizer, info: dict):
+def _drive(local: _Stage, micro: int, n_embed: int, optimizer, info: dict):
     """Rank 0's step: every micro-batch's forward issued through the stages asynchronously, then one
-    distributed backward and the distributed optimizer's step."""
+    distributed backward and the distributed optimizer's step. ``local``: rank 0's own stage."""
     from torch.distributed import rpc
     import torch.distributed.autograd as dist_autograd
+
+    stage, cfg, device, tied = local.module, local.cfg, local.device, local.tied
 
     n = info["num_stages"]
     peers = [f"stage{r}" for r in range(1, n)]

@@ -1,8 +1,8 @@
 """`single`: one process, one device, no parallelism (the 1-device baseline)."""
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.layout import Layout
+from dlscale.layout import Layout, ParallelDims
 
 
 def _validate(cfg) -> None:
@@ -12,12 +12,17 @@ def _validate(cfg) -> None:
                           f"(nnodes {cfg.nnodes} x nproc-per-node {cfg.nproc_per_node}); use ddp for more")
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("single")
+def dims(world: int, nnodes: int, opts: dict):
+    return ParallelDims(world, where="single")
 
 
-@register_strategy("single", description="one process on one device", validate=_validate, cudagraph_safe=True,
-                   memory_layout=memory_layout)
+def memory_layout(dims, opts: dict):
+    return Layout("single", dims)
+
+
+@register_strategy("single", description="one process on one device",
+                   hooks=Hooks(validate=_validate, dims=dims, memory_layout=memory_layout),
+                   caps=Capabilities(cudagraph_safe=True, checkpoint_saves=True))
 def parallelize(model, spec, cfg, dist):
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),
                         dp_size=1, dp_rank=0)

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, make_optimizer, register_strategy
+from dlscale.strategies import Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
-from dlscale.strategies._mesh import ParallelDims
+from dlscale.strategies._mesh import ParallelDims, ParallelMesh
 from dlscale.layout import Layout
 
 OPTIONS = {"sequence_parallel": False}
@@ -240,15 +240,19 @@ def replicate_rest(model: nn.Module, mesh) -> int:
     return count
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("tensor", tp=world, sequence_parallel=bool(opts.get("sequence_parallel")), options=opts)
+def dims(world: int, nnodes: int, opts: dict):
+    return ParallelDims(world, tp=world, where="tensor")
+
+
+def memory_layout(dims, opts: dict):
+    return Layout("tensor", dims, sequence_parallel=bool(opts.get("sequence_parallel")), options=opts)
 
 
 @register_strategy("tensor", description="tensor parallel (DTensor column/row-parallel attention and MLP)",
-                   check=check_tp, validate=options, min_world=1, memory_layout=memory_layout)
+                   hooks=Hooks(check=check_tp, validate=options, dims=dims, memory_layout=memory_layout))
 def parallelize(model, spec, cfg, dist):
     opts = options(cfg)
-    pm = ParallelDims(dist.world_size, tp=dist.world_size, where="tensor").build(dist.device.type)
+    pm = ParallelMesh.build(dims(dist.world_size, 1, opts), dist.device.type)
     apply_tensor_parallel(spec.blocks(model), spec, pm["tp"], opts["sequence_parallel"])
     replicated = replicate_rest(model, pm["tp"])
     return Parallelized(module=model, optimizer=make_optimizer(model.parameters(), spec, cfg, dist.device),

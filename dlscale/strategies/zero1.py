@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
-from dlscale.strategies import Parallelized, register_strategy
+from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy
 from dlscale.strategies._common import optimizer_recipe, parse_options
 from dlscale.layout import Layout
 
@@ -59,12 +59,13 @@ class _NoopStepOptimizer(torch.optim.Optimizer):
         self.zero.zero_grad(set_to_none=set_to_none)
 
 
-def memory_layout(world: int, nnodes: int, opts: dict):
-    return Layout("zero1", dp_replicate=world, zero=1, persistent_grads=True)
+def memory_layout(dims, opts: dict):
+    return Layout("zero1", dims, zero=1, persistent_grads=True)
 
 
 @register_strategy("zero1", description="DDP + ZeroRedundancyOptimizer (optimizer state sharded, ZeRO-1)",
-                   check=check, validate=options, memory_layout=memory_layout)
+                   hooks=Hooks(check=check, validate=options, memory_layout=memory_layout),
+                   caps=Capabilities(solo_steps=True))
 def parallelize(model, spec, cfg, dist):
     # imported here: torch.distributed.optim takes about a second to import, and every worker
     # process imports the whole strategy registry
