@@ -91,6 +91,62 @@ def test_layer_flops_t5_decoder_by_hand():
         layer_flops("vit", 1, 1, 1, 1)
 
 
+def test_layer_flops_llama_grouped_query_swiglu_by_hand():
+    # llama tiny: h=64, f=128, 4 heads of 16, 2 kv heads: k = 32; b=1, s=8
+    f = layer_flops("llama", 1, 8, 64, 128, kv_dim=32)
+    assert f["attn_proj"] == 4 * 8 * 64 * 64 + 4 * 8 * 64 * 32 == 196_608  # Q, O: h x h; K, V: h x k
+    assert f["attn_core"] == 4 * 8 * 8 * 64 == 16_384
+    assert f["ffn"] == 6 * 8 * 64 * 128 == 393_216  # three SwiGLU matrices
+    assert f["forward"] == 606_208 and f["forward_backward"] == 3 * 606_208
+    # without grouped heads the projections are the multi-head 8*b*s*h^2
+    assert layer_flops("llama", 1, 8, 64, 128)["attn_proj"] == 8 * 8 * 64 * 64
+
+
+def test_layer_llama_and_gpt3_are_the_model_blocks():
+    import torch
+
+    from dlscale.micro.layer import build_layer
+    from dlscale.models import gpt2, llama
+
+    block = build_layer("llama", "tiny", max_seq=16)
+    assert isinstance(block, llama.Block)
+    # by hand: wq, wo 64x64; wk, wv 64x32 (2 of 4 heads shared); w1, w2, w3 64x128; two RMSNorms of 64
+    assert sum(p.numel() for p in block.parameters()) == 2 * 4096 + 2 * 2048 + 3 * 8192 + 2 * 64
+    assert block(torch.randn(2, 16, 64)).shape == (2, 16, 64)
+    gpt = build_layer("gpt3", "tiny")
+    assert isinstance(gpt, gpt2.Block)
+    assert gpt.mlp.fc.out_features == 256  # d_ff = 4 x d_model
+
+
+def test_layer_record_feeds_the_strategy_model(tmp_path):
+    from dlscale.models._arch import BlockLayout, TransformerArch
+    from dlscale.perfmodel.evidence import layer_timing
+
+    store = tmp_path / "st"
+    assert cli_main(["micro", "layer", "--device", "cpu", "--model", "llama", "--size", "tiny", "--batch-size", "1",
+                     "--seq-len", "8,16", "--warmup", "0", "--steps", "1", "--store", str(store)]) == 0
+    (rec,) = records(store)
+    check_record(rec, "layer")
+    assert [r["seq"] for r in rec["results"]] == [8, 8, 16, 16]
+    assert {r["kv_heads"] for r in rec["results"]} == {2}
+    arch = TransformerArch(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=512, seq_len=16,
+                           layout=BlockLayout("attn", "mlp", (), (), ()), mlp="swiglu", norm="rmsnorm", bias=False)
+    both = rec["results"][3]
+    lt = layer_timing([rec], arch, batch=1)
+    assert lt.flops == both["flops"] == layer_flops("llama", 1, 16, 64, 128, kv_dim=32)["forward_backward"]
+    assert lt.seconds == pytest.approx(both["time_us"] * 1e-6)
+
+
+def test_layer_fp8_on_cpu_is_unsupported_not_failed(tmp_path):
+    store = tmp_path / "st"
+    rc = cli_main(["micro", "layer", "--device", "cpu", "--model", "llama", "--size", "tiny", "--precision", "fp8",
+                   "--batch-size", "1", "--seq-len", "8", "--warmup", "0", "--steps", "1", "--store", str(store)])
+    assert rc == 0
+    (rec,) = records(store)
+    assert rec["status"] == "unsupported"
+    assert [(r["precision"], r["status"], r["time_us"]) for r in rec["results"]] == [("fp8", "unsupported", None)] * 2
+
+
 def test_bandwidth_bytes():
     size = 64 * 2**20
     assert bandwidth_bytes("copy", size) == 2 * size
@@ -288,6 +344,8 @@ BAD = [
     ["micro", "layer", "--model", "vit"],
     ["micro", "layer", "--size", "xl"],
     ["micro", "layer", "--precision", "int8"],
+    ["micro", "layer", "--model", "llama", "--size", "base"],
+    ["micro", "layer", "--model", "llama", "--dropout", "0.1"],
     ["micro", "comm", "--op", "gather"],
     ["micro", "comm", "--min-bytes", "2M", "--max-bytes", "1M"],
     ["micro", "comm", "--max-bytes", "lots"],
