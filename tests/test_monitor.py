@@ -485,11 +485,12 @@ def test_cli_live_table():
 def test_gpus_by_uuid_map_to_nvml_indices():
     """The worker names its GPUs by UUID (CUDA order and CUDA_VISIBLE_DEVICES do not apply to NVML)."""
     from dlscale import monitor
+    from dlscale.monitor.nvml import nvml_indices
 
-    assert monitor._parse_gpus("all") is None
-    assert monitor._parse_gpus("1,GPU-abc") == [1, "GPU-abc"]
+    assert monitor.parse_gpus("all") is None
+    assert monitor.parse_gpus("1,GPU-abc") == [1, "GPU-abc"]
     with pytest.raises(ConfigError, match="GPU UUIDs"):
-        monitor._parse_gpus("first")
+        monitor.parse_gpus("first")
 
     class FakeNvml:
         uuids = ["GPU-aaa", "GPU-BBB", "GPU-ccc"]
@@ -500,10 +501,9 @@ def test_gpus_by_uuid_map_to_nvml_indices():
         def nvmlDeviceGetUUID(self, h):
             return self.uuids[h].encode()
 
-    col = monitor._Collector.__new__(monitor._Collector)
-    col.pynvml, col.errors = FakeNvml(), []
-    assert col._nvml_indices(["GPU-ccc", "gpu-bbb", 0], 3) == [2, 1, 0]
-    assert col._nvml_indices(["GPU-zzz"], 3) == [] and "GPU-zzz not present" in col.errors[0]
+    errors: list[str] = []
+    assert nvml_indices(FakeNvml(), ["GPU-ccc", "gpu-bbb", 0], 3, errors) == [2, 1, 0] and errors == []
+    assert nvml_indices(FakeNvml(), ["GPU-zzz"], 3, errors) == [] and len(errors) == 1
 
 
 def test_the_mps_server_is_not_a_competing_gpu_process():
@@ -523,7 +523,7 @@ def test_the_mps_server_is_not_a_competing_gpu_process():
                 raise psutil.NoSuchProcess(pid)
             return type("P", (), {"name": lambda _self, n=self.names[pid]: n})()
 
-    col = monitor._Collector.__new__(monitor._Collector)
+    col = monitor.Collector.__new__(monitor.Collector)
     col.psutil, col._tree, col.own_pid, col.cores, col._names = FakePsutil(), [Proc(10), Proc(11)], 12, None, {}
     col._case_cpu_s = lambda: 0.5
     s = {"gpus": [{"pids": [10, 11, 70]}, {"pids": [10, 70, 80, 90]}]}
