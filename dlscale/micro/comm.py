@@ -228,9 +228,9 @@ def main(args) -> int:
     plot = {"x": "bytes", "y": "busbw_gbps", "series": "op",
             "xlabel": "size S (bytes, nccl-tests convention)", "ylabel": "bus bandwidth (GB/s)", "logx": True}
     dev_name = meta.get("device_name") or common.device_name(common.torch_device(device))
-    record = common.make_record("comm", res["status"], res["error"], config, rows, plot, device, dev_name,
-                                nranks=meta.get("world_size", args.nproc_per_node),
-                                backend=meta.get("backend"))
+    record = common.make_record(common.Outcome("comm", res["status"], config, rows, plot, device, dev_name,
+                                               res["error"]),
+                                nranks=meta.get("world_size", args.nproc_per_node), backend=meta.get("backend"))
     n = meta.get("world_size", args.nproc_per_node)
     if rows:
         common.print_table(f"collectives on {n} rank(s), {meta.get('backend', '?')} on {dev_name}, "

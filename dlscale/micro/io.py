@@ -214,8 +214,8 @@ def main(args) -> int:
     plot = {"x": "workers", "y": "samples_per_s", "series": "pipeline", "xlabel": "DataLoader workers",
             "ylabel": "samples/s", "logx": False}
     dev_name = common.device_name(common.torch_device(device))
-    errors = [f"{r['pipeline']} x{r['workers']}: {r['reason']}" for r in rows if r["status"] == "failed"]
-    record = common.make_record("io", status, "; ".join(errors) or None, config, rows, plot, device, dev_name)
+    error = common.failed_reasons(rows, lambda r: f"{r['pipeline']} x{r['workers']}")
+    record = common.make_record(common.Outcome("io", status, config, rows, plot, device, dev_name, error))
     common.print_table(f"input pipelines on {_cpus()} CPU cores, finishing on {dev_name} ({device}), "
                        f"{args.seconds:g} s per row",
                        [("pipeline", "pipeline"), ("workers", "workers"), ("batch", "batch"),

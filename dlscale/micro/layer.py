@@ -15,7 +15,7 @@ import sys
 import contextlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from dlscale import ConfigError
 from dlscale.micro import common
@@ -192,98 +192,114 @@ def precision_context(precision: str, dev):
             yield
 
 
-def run_layer(kind: str, size: str, batches: Sequence[int], seqs: Sequence[int], precision: str = "auto",
-              device: str = "auto", warmup: int = 5, iters: int = 20, dropout: float = 0.0,
-              min_sample_s: float | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LayerCase:
+    """What ``run_layer`` measures: one layer of ``kind`` at ``size``, at every (batch, seq), in one
+    precision (``PRECISIONS`` or "auto" = bf16 autocast on GPU, fp32 on CPU)."""
+
+    kind: str
+    size: str
+    batches: tuple[int, ...]
+    seqs: tuple[int, ...]
+    precision: str = "auto"
+    dropout: float = 0.0
+
+
+def run_layer(case: LayerCase, device: str = "auto", timing: common.Timing | None = None) -> list[dict[str, Any]]:
     """Forward and forward+backward TFLOPS of one layer for each (batch, seq); two rows each.
 
-    ``precision`` "auto" = bf16 autocast on GPU, fp32 on CPU. Rows: kind, size, d_model, d_ff,
-    heads, batch, seq, precision, pass ("forward" | "forward+backward"), flops, time_us,
-    tflops, tokens_per_s, peak_tflops, pct_of_peak, status, reason.
+    Rows: kind, size, d_model, d_ff, heads, kv_heads, batch, seq, precision, pass ("forward" |
+    "forward+backward"), flops, time_us, tflops, tokens_per_s, peak_tflops, pct_of_peak, status, reason.
     """
-    import torch
-
     dev = common.torch_device(common.resolve_device(device))
-    if precision == "auto":
-        precision = "bf16" if dev.type == "cuda" else "fp32"
+    precision = case.precision if case.precision != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
-    if min_sample_s is None:
-        min_sample_s = 1e-3 if dev.type == "cuda" else 0.0
-    shape = shape_of(kind, size)
-    d, ff, heads = shape.d_model, shape.d_ff, shape.heads
+    shape = check_layer(case.kind, case.size, case.dropout)
     from dlscale.metrics import peak_flops
 
     # fp8 against the bf16 peak, as dlscale run reports an fp8 run's MFU: it compares with the bf16 row
     peak, peak_src = peak_flops(common.device_name(dev), "bf16" if precision == "fp8" else precision)
-    unsupported = precision_support(precision, dev)
-    check_layer(kind, size, dropout)
-    layer = float8 = None
-    if not unsupported:
-        with dev:  # built where it runs: a GPT-3 block's 1.8 G parameters are slow to initialise on the host
-            layer = build_layer(kind, size, dropout, max(seqs, default=1))
-        torch.manual_seed(0)
-        layer = layer.to(dev).train()
-        float8 = to_float8(layer, dev) if precision == "fp8" else None
+    bench = _Bench(case, shape, precision, dev, timing or common.Timing())
     rows: list[dict[str, Any]] = []
-    for batch in batches:
-        for seq in seqs:
-            flops = layer_flops(kind, batch, seq, d, ff, kv_dim=shape.kv_dim)
-            base = {"kind": kind, "size": size, "d_model": d, "d_ff": ff, "heads": heads, "kv_heads": shape.kv,
-                    "batch": batch,
-                    "seq": seq, "precision": precision, "status": "ok", "reason": None,
-                    "time_us": None, "tflops": None, "tokens_per_s": None,
-                    "peak_tflops": peak / 1e12 if peak else None, "pct_of_peak": None,
-                    "peak_source": peak_src}
-            if float8:
-                base["fp8_linears"] = float8["converted_linears"]
-            pair = [{**base, "pass": p, "flops": flops["forward" if p == "forward" else "forward_backward"]}
-                    for p in PASSES]
-            if unsupported:
-                for r in pair:
-                    r.update(status="unsupported", reason=unsupported)
-            else:
-                for r in pair:
-                    try:
-                        r.update(_time_pass(layer, kind, r["pass"], batch, seq, d, precision, dev,
-                                            warmup, iters, min_sample_s))
-                        secs = r["time_us"] * 1e-6
-                        r.update(tflops=r["flops"] / secs / 1e12, tokens_per_s=batch * seq / secs)
-                        r["pct_of_peak"] = common.pct(r["tflops"] * 1e12, peak)
-                    except Exception as e:  # noqa: BLE001
-                        r.update(status=common.classify_error(e), reason=common.error_reason(e))
-                    layer.zero_grad(set_to_none=True)
-                    if r["status"] == "oom":
-                        common.free_memory(dev)
-            rows.extend(pair)
+    for batch in case.batches:
+        for seq in case.seqs:
+            flops = layer_flops(case.kind, batch, seq, shape.d_model, shape.d_ff, kv_dim=shape.kv_dim)
+            base = {"kind": case.kind, "size": case.size, "d_model": shape.d_model, "d_ff": shape.d_ff,
+                    "heads": shape.heads, "kv_heads": shape.kv, "batch": batch, "seq": seq, "precision": precision,
+                    "status": "ok", "reason": None, "time_us": None, "tflops": None, "tokens_per_s": None,
+                    "peak_tflops": peak / 1e12 if peak else None, "pct_of_peak": None, "peak_source": peak_src}
+            if bench.float8:
+                base["fp8_linears"] = bench.float8["converted_linears"]
+            for p in PASSES:
+                row = {**base, "pass": p, "flops": flops["forward" if p == "forward" else "forward_backward"]}
+                bench.measure(row, peak)
+                rows.append(row)
     return rows
 
 
-def _time_pass(layer, kind: str, which: str, batch: int, seq: int, d: int, precision: str, dev,
-               warmup: int, iters: int, min_sample_s: float) -> dict[str, Any]:
-    import torch
+class _Bench:
+    """The layer built on its device (or why it is not: an unsupported precision, no memory for it)
+    and how each pass is timed."""
 
-    x = torch.randn(batch, seq, d, device=dev, requires_grad=True)
-    inputs = [x]
-    if kind == "t5-decoder":  # encoder output of the same length, part of the graph like in training
-        inputs.append(torch.randn(batch, seq, d, device=dev, requires_grad=True))
-    if which == "forward":
-        # as in training: autograd records the graph, the output is dropped
-        def step() -> None:
-            with precision_context(precision, dev):
-                layer(*inputs)
-    else:
-        with precision_context(precision, dev):
-            grad_out = torch.randn_like(layer(*inputs))
+    def __init__(self, case: LayerCase, shape: LayerShape, precision: str, dev, timing: common.Timing):
+        import torch
 
-        def step() -> None:
-            layer.zero_grad(set_to_none=True)
-            for t in inputs:
-                t.grad = None
+        self.case, self.d_model, self.precision, self.dev, self.timing = case, shape.d_model, precision, dev, timing
+        self.layer = self.float8 = None
+        self.status, self.reason = "unsupported", precision_support(precision, dev)
+        if self.reason:
+            return
+        try:
+            with dev:  # built where it runs: a GPT-3 block's 1.8 G parameters are slow to initialise on the host
+                layer = build_layer(case.kind, case.size, case.dropout, max(case.seqs, default=1))
+            torch.manual_seed(0)
+            self.layer = layer.to(dev).train()
+            self.float8 = to_float8(self.layer, dev) if precision == "fp8" else None
+        except Exception as e:  # noqa: BLE001 - a layer too large for the device is its rows' status
+            self.status, self.reason = common.classify_error(e), common.error_reason(e)
+            common.free_memory(dev)
+
+    def measure(self, row: dict[str, Any], peak: float | None) -> None:
+        """Time ``row``'s pass at its batch and sequence length; fill its timing or its status."""
+        if self.layer is None:
+            row.update(status=self.status, reason=self.reason)
+            return
+        try:
+            row.update(self._time_pass(row["pass"], row["batch"], row["seq"]))
+            secs = row["time_us"] * 1e-6
+            row.update(tflops=row["flops"] / secs / 1e12, tokens_per_s=row["batch"] * row["seq"] / secs)
+            row["pct_of_peak"] = common.pct(row["tflops"] * 1e12, peak)
+        except Exception as e:  # noqa: BLE001
+            row.update(status=common.classify_error(e), reason=common.error_reason(e))
+        self.layer.zero_grad(set_to_none=True)
+        if row["status"] == "oom":
+            common.free_memory(self.dev)
+
+    def _time_pass(self, which: str, batch: int, seq: int) -> dict[str, Any]:
+        import torch
+
+        layer, precision, dev = self.layer, self.precision, self.dev
+        inputs = [torch.randn(batch, seq, self.d_model, device=dev, requires_grad=True)]
+        if self.case.kind == "t5-decoder":  # encoder output of the same length, part of the graph like in training
+            inputs.append(torch.randn(batch, seq, self.d_model, device=dev, requires_grad=True))
+        if which == "forward":
+            # as in training: autograd records the graph, the output is dropped
+            def step() -> None:
+                with precision_context(precision, dev):
+                    layer(*inputs)
+        else:
             with precision_context(precision, dev):
-                out = layer(*inputs)
-            out.backward(grad_out)
-    return common.timing_fields(common.measure(step, dev, warmup, iters, min_sample_s))
+                grad_out = torch.randn_like(layer(*inputs))
+
+            def step() -> None:
+                layer.zero_grad(set_to_none=True)
+                for t in inputs:
+                    t.grad = None
+                with precision_context(precision, dev):
+                    out = layer(*inputs)
+                out.backward(grad_out)
+        return common.timing_fields(self.timing.measure(step, dev))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +372,8 @@ def main(args) -> int:
     precision = row_precision(precision, device, _capability(device))
     common.check_store(args.store)
 
-    rows = run_layer(kind, size, batches, seqs, precision, device, warmup, iters, args.dropout)
+    rows = run_layer(LayerCase(kind, size, tuple(batches), tuple(seqs), precision, args.dropout), device,
+                     common.Timing(warmup, iters))
     status = common.record_status(rows)
     config = common.args_config(args)
     config.update(resolved={"device": device, "kind": kind, "size": size, "batches": batches, "seqs": seqs,
@@ -365,8 +382,8 @@ def main(args) -> int:
     plot = {"x": x, "y": "tflops", "series": "pass", "xlabel": "sequence length" if x == "seq" else "batch size",
             "ylabel": f"TFLOPS ({precision})", "logx": True}
     dev_name = common.device_name(common.torch_device(device))
-    errors = [f"b={r['batch']} s={r['seq']} {r['pass']}: {r['reason']}" for r in rows if r["status"] == "failed"]
-    record = common.make_record("layer", status, "; ".join(errors) or None, config, rows, plot, device, dev_name)
+    error = common.failed_reasons(rows, lambda r: f"b={r['batch']} s={r['seq']} {r['pass']}")
+    record = common.make_record(common.Outcome("layer", status, config, rows, plot, device, dev_name, error))
     common.print_table(f"{kind}-{size} layer on {dev_name} ({device}, {precision}), median of {iters}",
                        [("batch", "batch"), ("seq", "seq"), ("pass", "pass"), ("flops", "GFLOP"),
                         ("time_us", "time (us)"), ("tflops", "TFLOPS"), ("tokens_per_s", "tokens/s"),
