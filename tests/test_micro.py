@@ -13,7 +13,7 @@ from dlscale import ConfigError
 from dlscale.cli import main as cli_main
 from dlscale.micro import common
 from dlscale.micro.bandwidth import bandwidth_bytes
-from dlscale.micro.comm import algbw_busbw, busbw_factor, op_layout, size_sweep
+from dlscale.micro.comm import OPS, algbw_busbw, busbw_factor, op_layout, size_sweep
 from dlscale.micro.layer import layer_flops
 from dlscale.micro.matmul import matmul_flops, parse_shape
 from dlscale.micro.peaks import peak_bandwidth
@@ -272,9 +272,9 @@ def test_matmul_cpu_writes_record(tmp_path, capsys):
     assert ok["pct_of_peak"] is None  # no CPU peak in the table
     assert by[("8x16x24", "bf16")]["status"] == "ok"
     tf = by[("16x16x16", "tf32")]
-    assert tf["status"] == "unsupported" and "tf32 is a CUDA tensor-core mode" in tf["reason"]
+    assert tf["status"] == "unsupported" and "tf32" in tf["reason"] and tf["time_us"] is None
     out = capsys.readouterr().out
-    assert "TFLOPS" in out and f"record {rec['id']} appended to" in out
+    assert rec["id"] in out  # the record it appended is named
 
 
 def test_tf32_on_cpu_is_unsupported_not_a_crash(tmp_path):
@@ -377,9 +377,8 @@ def test_bad_input_subprocess(tmp_path):
                         "--nproc-per-node", "2", "--store", str(store)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [
-        "dlscale: error: unknown op 'bogus'; choose from: all_reduce, all_gather, reduce_scatter, "
-        "broadcast, reduce, all_to_all"]
+    (line,) = p.stderr.strip().splitlines()  # one line naming the bad value and the choices
+    assert "'bogus'" in line and all(op in line for op in OPS)
     assert not store.exists()
 
 
@@ -420,8 +419,7 @@ def test_comm_gloo_two_ranks_every_op(tmp_path, monkeypatch):
         assert r["nranks"] == 2
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * busbw_factor(r["op"], 2))
-    assert f"record {rec['id']} appended to" in p.stdout
-    assert "busbw (GB/s)" in p.stdout
+    assert rec["id"] in p.stdout
 
 
 @pytest.mark.slow
@@ -433,5 +431,5 @@ def test_comm_worker_failure_exits_5(tmp_path):
     assert p.returncode == 5, p.stdout + p.stderr
     (rec,) = records(store)
     assert rec["status"] == "failed"
-    assert "injected failure on rank 1" in rec["error"]
+    assert "rank 1" in rec["error"]  # the failing rank's own line leads the record's error
     assert len(rec["results"]) == 1 and rec["results"][0]["correct"] is True  # kept what it measured
