@@ -43,8 +43,7 @@ def run_bandwidth(sizes: Sequence[int], ops: Sequence[str] = OPS, device: str = 
     for op in ops:
         bandwidth_bytes(op, 1)
     dev = common.torch_device(common.resolve_device(device))
-    if min_sample_s is None:
-        min_sample_s = 1e-3 if dev.type == "cuda" else 0.0
+    timing = common.Timing(warmup, iters, min_sample_s)
     peak, peak_src = peak_bandwidth(common.device_name(dev))
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
@@ -58,7 +57,7 @@ def run_bandwidth(sizes: Sequence[int], ops: Sequence[str] = OPS, device: str = 
                                    "peak_gbps": peak / 1e9 if peak else None, "pct_of_peak": None,
                                    "peak_source": peak_src}
             try:
-                row.update(_time_op(op, size, dev, gen, warmup, iters, min_sample_s))
+                row.update(_time_op(op, size, dev, gen, timing))
                 gbps = moved / (row["time_us"] * 1e-6) / 1e9
                 row.update(gbps=gbps, pct_of_peak=common.pct(gbps * 1e9, peak))
             except Exception as e:  # noqa: BLE001 - one size that does not fit never ends the sweep
@@ -69,7 +68,7 @@ def run_bandwidth(sizes: Sequence[int], ops: Sequence[str] = OPS, device: str = 
     return rows
 
 
-def _time_op(op: str, size: int, dev, gen, warmup: int, iters: int, min_sample_s: float) -> dict[str, Any]:
+def _time_op(op: str, size: int, dev, gen, timing: common.Timing) -> dict[str, Any]:
     import torch
 
     numel = size // 4
@@ -86,7 +85,7 @@ def _time_op(op: str, size: int, dev, gen, warmup: int, iters: int, min_sample_s
 
         def step() -> None:
             torch.add(a, b, out=c)
-    return common.timing_fields(common.measure(step, dev, warmup, iters, min_sample_s))
+    return common.timing_fields(timing.measure(step, dev))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,9 +129,8 @@ def main(args) -> int:
     plot = {"x": "size_bytes", "y": "gbps", "series": "op", "xlabel": "buffer size (bytes)",
             "ylabel": "bandwidth (GB/s, read + written)", "logx": True}
     dev_name = common.device_name(common.torch_device(device))
-    errors = [f"{r['op']} {r['size_bytes']}: {r['reason']}" for r in rows if r["status"] == "failed"]
-    record = common.make_record("bandwidth", status, "; ".join(errors) or None, config, rows, plot,
-                                device, dev_name)
+    error = common.failed_reasons(rows, lambda r: f"{r['op']} {r['size_bytes']}")
+    record = common.make_record(common.Outcome("bandwidth", status, config, rows, plot, device, dev_name, error))
     common.print_table(f"memory bandwidth on {dev_name} ({device}), median of {iters}",
                        [("op", "op"), ("size_bytes", "buffer"), ("bytes_moved", "moved (B)"),
                         ("time_us", "time (us)"), ("gbps", "GB/s"), ("peak_gbps", "peak (GB/s)"),

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from dlscale import ConfigError
@@ -83,22 +84,49 @@ def parse_ops(values: str | Sequence[str] | None) -> list[str]:
     return common.parse_choices([i.replace("-", "_") for i in items], OPS, "op")
 
 
-def run_comm(ops: Sequence[str], min_bytes: int, max_bytes: int, factor: float, nproc: int,
-             device: str = "auto", dtype: str = "fp32", warmup: int = 5, iters: int = 20,
-             timeout: float = 300.0, time_limit: float = 1800.0,
-             on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CommSweep:
+    """The collectives ``micro comm`` runs, each at the sizes min, min*factor, ..., max (bytes S, as
+    nccl-tests' -b/-e/-f), in one element type."""
+
+    ops: tuple[str, ...]
+    min_bytes: int
+    max_bytes: int
+    factor: float = 2.0
+    dtype: str = "fp32"
+
+    def check(self) -> None:
+        """ConfigError (one line) for an unknown op or dtype, or a sweep that is empty or does not grow."""
+        for op in self.ops:
+            busbw_factor(op, 1)
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; choose from: {', '.join(DTYPE_BYTES)}")
+        self.sizes()
+
+    def sizes(self) -> list[int]:
+        return size_sweep(self.min_bytes, self.max_bytes, self.factor)
+
+    def worker_args(self) -> list[str]:
+        return ["--ops", ",".join(self.ops), "--min-bytes", str(self.min_bytes), "--max-bytes", str(self.max_bytes),
+                "--factor", str(self.factor), "--dtype", self.dtype]
+
+
+@dataclass(frozen=True)
+class CommLimits:
+    """How long a collective may stall (the process-group timeout) and the whole torchrun run may last."""
+
+    timeout: float = 300.0
+    time_limit: float = 1800.0
+
+
+def run_comm(sweep: CommSweep, nproc: int, device: str = "auto", timing: common.Timing = common.Timing(5, 20),
+             limits: CommLimits = CommLimits(), on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the collectives on ``nproc`` local ranks through torchrun; rank 0's rows come back.
 
     Returns {"status": ok|oom|failed|timeout, "error": str|None, "rows": [...], "meta": {...},
     "returncode": int|None}. Rows written before a failure are kept.
     """
-    from dlscale.procs import spawn_torchrun
-
-    for op in ops:
-        busbw_factor(op, 1)
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose from: {', '.join(DTYPE_BYTES)}")
-    size_sweep(min_bytes, max_bytes, factor)
+    sweep.check()
     if nproc < 1:
         raise ConfigError(f"nproc-per-node must be >= 1, got {nproc}")
     device = common.resolve_device(device)
@@ -108,23 +136,48 @@ def run_comm(ops: Sequence[str], min_bytes: int, max_bytes: int, factor: float, 
         if nproc > torch.cuda.device_count():
             raise ConfigError(f"nproc-per-node {nproc} exceeds the {torch.cuda.device_count()} GPU(s) "
                               f"on this machine")
+    worker_args = sweep.worker_args() + ["--device", device, "--warmup", str(timing.warmup), "--iters",
+                                         str(timing.iters), "--timeout", str(limits.timeout)]
+    proc, data, errors = _spawn_workers(worker_args, nproc, limits.time_limit, on_line)
+    rows = data.get("rows", [])
+    tail = "\n".join(proc.output_tail.splitlines()[-40:])
+    first = f" ({'; '.join(errors[:4])})" if errors else ""
+    if proc.timed_out:
+        status = "timeout"
+        error = f"comm worker killed after the {limits.time_limit:g} s time limit{first}; output tail:\n{tail}"
+    elif proc.returncode != 0 or not data.get("done"):
+        status = "failed"
+        error = f"comm worker exited with code {proc.returncode}{first}; output tail:\n{tail}"
+    else:
+        wrong = [f"{r['op']} {r['bytes']} B" for r in rows if r.get("status") == "ok" and not r.get("correct")]
+        if wrong:
+            status, error = "failed", f"wrong results: {', '.join(wrong)}"
+        else:
+            status, error = common.record_status(rows), None
+    return {"status": status, "error": error, "rows": rows, "meta": data.get("meta", {}),
+            "returncode": proc.returncode}
+
+
+def _spawn_workers(worker_args: list[str], nproc: int, time_limit: float,
+                   on_line: Callable[[str], None] | None) -> tuple[Any, dict[str, Any], list[str]]:
+    """torchrun of the worker module: its process result, what rank 0 wrote (empty: nothing) and the
+    ranks' ``[comm-error]`` lines."""
+    from dlscale.procs import spawn_torchrun
+
     fd, out_path = tempfile.mkstemp(prefix="dlscale-comm-", suffix=".json")
     os.close(fd)
     os.unlink(out_path)  # the worker creates it; absent = the worker wrote nothing
-    worker_args = ["--ops", ",".join(ops), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
-                   "--factor", str(factor), "--dtype", dtype, "--device", device, "--warmup", str(warmup),
-                   "--iters", str(iters), "--timeout", str(timeout), "--out", out_path]
+    errors: list[str] = []
+
+    def watch(line: str) -> None:
+        at = line.find("[comm-error] ")  # anywhere: a peer's partial line may precede it
+        if at >= 0:
+            errors.append(line[at + len("[comm-error] "):])
+        if on_line:
+            on_line(line)
+
     try:
-        errors: list[str] = []
-
-        def watch(line: str) -> None:
-            at = line.find("[comm-error] ")  # anywhere: a peer's partial line may precede it
-            if at >= 0:
-                errors.append(line[at + len("[comm-error] "):])
-            if on_line:
-                on_line(line)
-
-        proc = spawn_torchrun(WORKER_MODULE, worker_args, nproc, time_limit, on_line=watch)
+        proc = spawn_torchrun(WORKER_MODULE, worker_args + ["--out", out_path], nproc, time_limit, on_line=watch)
         data: dict[str, Any] = {}
         if os.path.exists(out_path):
             try:
@@ -135,23 +188,7 @@ def run_comm(ops: Sequence[str], min_bytes: int, max_bytes: int, factor: float, 
     finally:
         if os.path.exists(out_path):
             os.unlink(out_path)
-    rows = data.get("rows", [])
-    meta = data.get("meta", {})
-    tail = "\n".join(proc.output_tail.splitlines()[-40:])
-    first = f" ({'; '.join(errors[:4])})" if errors else ""
-    if proc.timed_out:
-        status = "timeout"
-        error = f"comm worker killed after the {time_limit:g} s time limit{first}; output tail:\n{tail}"
-    elif proc.returncode != 0 or not data.get("done"):
-        status = "failed"
-        error = f"comm worker exited with code {proc.returncode}{first}; output tail:\n{tail}"
-    else:
-        wrong = [f"{r['op']} {r['bytes']} B" for r in rows if r.get("status") == "ok" and not r.get("correct")]
-        if wrong:
-            status, error = "failed", f"wrong results: {', '.join(wrong)}"
-        else:
-            status, error = common.record_status(rows), None
-    return {"status": status, "error": error, "rows": rows, "meta": meta, "returncode": proc.returncode}
+    return proc, data, errors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,19 +255,20 @@ def main(args) -> int:
         if line.startswith("[comm] "):
             print(line[7:], file=sys.stderr, flush=True)
 
-    res = run_comm(ops, min_bytes, max_bytes, args.factor, args.nproc_per_node, device, dtype, warmup, iters,
-                   args.timeout, args.time_limit, on_line=progress)
+    sweep = CommSweep(tuple(ops), min_bytes, max_bytes, args.factor, dtype)
+    res = run_comm(sweep, args.nproc_per_node, device, common.Timing(warmup, iters),
+                   CommLimits(args.timeout, args.time_limit), on_line=progress)
     rows, meta = res["rows"], res["meta"]
     config = common.args_config(args)
     config.update(resolved={"device": device, "ops": ops, "dtype": dtype, "min_bytes": min_bytes,
                             "max_bytes": max_bytes, "factor": args.factor, "warmup": warmup, "iters": iters,
-                            "sizes": size_sweep(min_bytes, max_bytes, args.factor)})
+                            "sizes": sweep.sizes()})
     plot = {"x": "bytes", "y": "busbw_gbps", "series": "op",
             "xlabel": "size S (bytes, nccl-tests convention)", "ylabel": "bus bandwidth (GB/s)", "logx": True}
     dev_name = meta.get("device_name") or common.device_name(common.torch_device(device))
-    record = common.make_record("comm", res["status"], res["error"], config, rows, plot, device, dev_name,
-                                nranks=meta.get("world_size", args.nproc_per_node),
-                                backend=meta.get("backend"))
+    record = common.make_record(common.Outcome("comm", res["status"], config, rows, plot, device, dev_name,
+                                               res["error"]),
+                                nranks=meta.get("world_size", args.nproc_per_node), backend=meta.get("backend"))
     n = meta.get("world_size", args.nproc_per_node)
     if rows:
         common.print_table(f"collectives on {n} rank(s), {meta.get('backend', '?')} on {dev_name}, "

@@ -112,6 +112,40 @@ class _Case:
         self.expected = []
 
 
+class _Ranks:
+    """What the ranks agree on together: any rank out of memory, every rank correct, the slowest time."""
+
+    def __init__(self, dev):
+        import torch
+        import torch.distributed as dist
+
+        self.dist, self.dev = dist, dev
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self._flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._time = torch.zeros(1, dtype=torch.float64, device=dev)
+
+    def barrier(self) -> None:
+        if self.dev.type == "cuda":
+            self.dist.barrier(device_ids=[self.dev.index])
+        else:
+            self.dist.barrier()
+
+    def any(self, value: bool) -> bool:
+        self._flag.fill_(1 if value else 0)
+        self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX)
+        return bool(self._flag.item())
+
+    def all(self, value: bool) -> bool:
+        self._flag.fill_(1 if value else 0)
+        self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MIN)
+        return bool(self._flag.item())
+
+    def slowest(self, seconds: float) -> float:
+        self._time.fill_(seconds)
+        self.dist.all_reduce(self._time, op=self.dist.ReduceOp.MAX)
+        return float(self._time.item())
+
+
 def run_collectives(ops: Sequence[str], sizes: Sequence[int], dtype: str = "fp32", device=None,
                     warmup: int = 5, iters: int = 20,
                     on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -123,75 +157,62 @@ def run_collectives(ops: Sequence[str], sizes: Sequence[int], dtype: str = "fp32
     import torch
     import torch.distributed as dist
 
-    n, rank = dist.get_world_size(), dist.get_rank()
-    backend = dist.get_backend()
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    dev = torch.device(device)
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    ranks = _Ranks(torch.device(device))
+    timing = common.Timing(warmup, iters, min_sample_s=0.0)  # every rank makes the same number of calls
     elt = DTYPE_BYTES[dtype]
-    flag = torch.zeros(1, dtype=torch.int32, device=dev)
-    timing = torch.zeros(1, dtype=torch.float64, device=dev)
-
-    def barrier() -> None:
-        if dev.type == "cuda":
-            dist.barrier(device_ids=[dev.index])
-        else:
-            dist.barrier()
-
     rows: list[dict[str, Any]] = []
     for op in ops:
         seen: set[int] = set()
         for req in sizes:
-            count, nbytes = op_layout(op, req, n, elt)
+            count, nbytes = op_layout(op, req, ranks.n, elt)
             if nbytes in seen:  # rounding made two requested sizes the same
                 continue
             seen.add(nbytes)
             row: dict[str, Any] = {"op": op, "dtype": dtype, "requested_bytes": req, "bytes": nbytes,
-                                   "count": nbytes // elt, "nranks": n, "in_place": op in IN_PLACE_OPS,
+                                   "count": nbytes // elt, "nranks": ranks.n, "in_place": op in IN_PLACE_OPS,
                                    "status": "ok", "reason": None, "correct": None, "time_us": None,
-                                   "algbw_gbps": None, "busbw_gbps": None, "busbw_factor": busbw_factor(op, n),
+                                   "algbw_gbps": None, "busbw_gbps": None, "busbw_factor": busbw_factor(op, ranks.n),
                                    "samples": None}
-            case = None
-            reason = None
-            try:
-                case = _Case(op, count, n, rank, dtype, dev)
-                common.synchronize(dev)
-            except Exception as e:  # noqa: BLE001
-                if common.classify_error(e) != "oom":
-                    raise
-                case, reason = None, common.error_reason(e)
-            flag.fill_(0 if case is not None else 1)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank skips if any rank ran out
-            if int(flag.item()):
-                row.update(status="oom", reason=reason or "out of memory on another rank")
-                case = None
-                common.free_memory(dev)
-                rows.append(row)
-                if on_row:
-                    on_row(row)
-                continue
-            barrier()
-            case.fn()
-            common.synchronize(dev)
-            flag.fill_(1 if case.check() else 0)
-            case.drop_reference()
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # correct on every rank
-            row["correct"] = bool(flag.item())
-            barrier()
-            t = common.measure(case.fn, dev, warmup, iters, min_sample_s=0.0)
-            timing.fill_(t["median_s"])
-            dist.all_reduce(timing, op=dist.ReduceOp.MAX)
-            secs = float(timing.item())
-            alg, bus = algbw_busbw(op, nbytes, secs, n)
-            row.update(time_us=secs * 1e6, algbw_gbps=alg, busbw_gbps=bus, samples=t["samples"])
-            case = None
+            _measure(row, count, ranks, timing)
             rows.append(row)
             if on_row:
                 on_row(row)
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _measure(row: dict[str, Any], count: int, ranks: _Ranks, timing: common.Timing) -> None:
+    """Allocate, check and time one row's collective, every rank together; fills ``row``."""
+    dev = ranks.dev
+    reason = None
+    try:
+        case = _Case(row["op"], count, ranks.n, ranks.rank, row["dtype"], dev)
+        common.synchronize(dev)
+    except Exception as e:  # noqa: BLE001
+        if common.classify_error(e) != "oom":
+            raise
+        case, reason = None, common.error_reason(e)
+    if ranks.any(case is None):  # every rank skips if any rank ran out
+        row.update(status="oom", reason=reason or "out of memory on another rank")
+        del case
+        common.free_memory(dev)
+        return
+    ranks.barrier()
+    case.fn()
+    common.synchronize(dev)
+    correct = case.check()
+    case.drop_reference()
+    row["correct"] = ranks.all(correct)  # correct on every rank
+    ranks.barrier()
+    t = timing.measure(case.fn, dev)
+    secs = ranks.slowest(t["median_s"])
+    alg, bus = algbw_busbw(row["op"], row["bytes"], secs, ranks.n)
+    row.update(time_us=secs * 1e6, algbw_gbps=alg, busbw_gbps=bus, samples=t["samples"])
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m dlscale.micro.comm_worker")
     ap.add_argument("--ops", required=True)
     ap.add_argument("--min-bytes", type=int, required=True)
@@ -204,21 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    ops = [o for o in args.ops.split(",") if o]
-    for op in ops:
+    args.ops = [o for o in args.ops.split(",") if o]
+    for op in args.ops:
         if op not in OPS:
             ap.error(f"unknown op {op!r}")
-    sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
+    return args
 
+
+def _meta(backend: str, n: int, dev) -> dict[str, Any]:
+    """What the record says of the run: backend, world size, device, torch and NCCL versions."""
     import torch
-    import torch.distributed as dist
 
-    from dlscale.worker import dist_env_from_environ
-
-    denv = dist_env_from_environ(args.device)  # the training worker's rank/device/backend rules
-    dev, backend = denv.device, denv.backend
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
-    rank, n = dist.get_rank(), dist.get_world_size()
     meta: dict[str, Any] = {"backend": backend, "world_size": n, "device_name": common.device_name(dev),
                             "torch": torch.__version__, "nccl": None}
     if backend == "nccl":
@@ -226,45 +243,64 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
         except Exception:  # noqa: BLE001
             pass
-    rows: list[dict[str, Any]] = []
+    return meta
 
-    def write(done: bool) -> None:
-        tmp = args.out + ".tmp"
+
+class _Output:
+    """Rank 0's rows so far in the ``--out`` JSON file (rewritten after every row, so that a run killed
+    half-way keeps what it did) and its progress lines; the failure-injection hook of the tests."""
+
+    def __init__(self, path: str, meta: dict[str, Any], rank: int):
+        self.path, self.meta, self.rank = path, meta, rank
+        self.rows: list[dict[str, Any]] = []
+        # testing hook: DLSCALE_MICRO_COMM_INJECT_FAILURE=RANK makes that rank raise after its first row
+        self.inject = os.environ.get("DLSCALE_MICRO_COMM_INJECT_FAILURE")
+
+    def write(self, done: bool) -> None:
+        if self.rank != 0:
+            return
+        tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "rows": rows, "done": done}, f)
-        os.replace(tmp, args.out)
+            json.dump({"meta": self.meta, "rows": self.rows, "done": done}, f)
+        os.replace(tmp, self.path)
 
-    def on_row(row: dict[str, Any]) -> None:
-        rows.append(row)
-        write(False)
-        if row["status"] == "ok":
-            print(f"[comm] {row['op']:>14} {row['bytes']:>12} B {row['time_us']:>12.2f} us "
-                  f"algbw {row['algbw_gbps']:8.3f} GB/s busbw {row['busbw_gbps']:8.3f} GB/s "
-                  f"correct={row['correct']}", flush=True)
-        else:
-            print(f"[comm] {row['op']:>14} {row['bytes']:>12} B {row['status']}: {row['reason']}", flush=True)
+    def after_row(self, row: dict[str, Any]) -> None:
+        if self.rank == 0:
+            self.rows.append(row)
+            self.write(False)
+            if row["status"] == "ok":
+                print(f"[comm] {row['op']:>14} {row['bytes']:>12} B {row['time_us']:>12.2f} us "
+                      f"algbw {row['algbw_gbps']:8.3f} GB/s busbw {row['busbw_gbps']:8.3f} GB/s "
+                      f"correct={row['correct']}", flush=True)
+            else:
+                print(f"[comm] {row['op']:>14} {row['bytes']:>12} B {row['status']}: {row['reason']}", flush=True)
+        if self.inject is not None and self.inject.strip() == str(self.rank):
+            raise RuntimeError(f"injected failure on rank {self.rank} (DLSCALE_MICRO_COMM_INJECT_FAILURE)")
 
-    # testing hook: DLSCALE_MICRO_COMM_INJECT_FAILURE=RANK makes that rank raise after its first row
-    inject = os.environ.get("DLSCALE_MICRO_COMM_INJECT_FAILURE")
 
-    def after_row(row: dict[str, Any]) -> None:
-        if rank == 0:
-            on_row(row)
-        if inject is not None and inject.strip() == str(rank):
-            raise RuntimeError(f"injected failure on rank {rank} (DLSCALE_MICRO_COMM_INJECT_FAILURE)")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
 
-    if rank == 0:
-        write(False)
+    import torch.distributed as dist
+
+    from dlscale.worker import dist_env_from_environ
+
+    denv = dist_env_from_environ(args.device)  # the training worker's rank/device/backend rules
+    dev, backend = denv.device, denv.backend
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    rank = dist.get_rank()
+    out = _Output(args.out, _meta(backend, dist.get_world_size(), dev), rank)
+    out.write(False)
     try:
-        run_collectives(ops, sizes, args.dtype, dev, args.warmup, args.iters, on_row=after_row)
+        run_collectives(args.ops, sizes, args.dtype, dev, args.warmup, args.iters, on_row=out.after_row)
     except Exception as e:
         # one line the parent puts first in the record's error; torchrun prints the traceback
         # one write (under PIPE_BUF): the line cannot interleave with a peer's output in torchrun's pipe
         sys.stdout.write(f"[comm-error] rank {rank}: {common.error_reason(e, 500)}\n")
         sys.stdout.flush()
         raise
-    if rank == 0:
-        write(True)
+    out.write(True)
     dist.barrier(device_ids=[denv.local_rank]) if backend == "nccl" else dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -8,6 +8,7 @@ import os
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -242,6 +243,24 @@ def measure(fn: Callable[[], Any], device, warmup: int, iters: int,
             "samples": len(times), "inner": inner, "cv": cv}
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How every case of a micro-benchmark is timed: ``warmup`` untimed calls, ``iters`` samples, each
+    sample at least ``min_sample_s`` long (``measure``); None = 1 ms on a GPU (hides the launch latency of
+    small kernels), 0 on the CPU."""
+
+    warmup: int = 5
+    iters: int = 20
+    min_sample_s: float | None = None
+
+    def measure(self, fn: Callable[[], Any], device) -> dict[str, float | int]:
+        import torch
+
+        dev = torch.device(device) if isinstance(device, str) else device
+        least = self.min_sample_s if self.min_sample_s is not None else (1e-3 if dev.type == "cuda" else 0.0)
+        return measure(fn, dev, self.warmup, self.iters, least)
+
+
 def timing_fields(t: dict[str, float | int]) -> dict[str, Any]:
     """Row fields of a ``measure`` result, in microseconds."""
     return {"time_us": t["median_s"] * 1e6, "time_us_min": t["min_s"] * 1e6,
@@ -381,20 +400,39 @@ def args_config(args: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("func", "command", "micro_command")}
 
 
-def make_record(micro: str, status: str, error: str | None, config: dict[str, Any],
-                rows: list[dict[str, Any]], plot: dict[str, Any], device: str,
-                dev_name: str | None, env: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+@dataclass
+class Outcome:
+    """What one micro-benchmark run measured, as its record keeps it: the rows, the options and what they
+    resolved to (``config``), how to plot the rows, the device; ``error``: the failed rows' reasons."""
+
+    micro: str
+    status: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    plot: dict[str, Any]
+    device: str
+    device_name: str | None
+    error: str | None = None
+
+
+def make_record(out: Outcome, env: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     from dlscale import envinfo
     from dlscale.store import new_record
 
     from dlscale import validity
 
     watch = _WATCH.get()
-    rec = new_record("micro", micro=micro, status=status, error=error, config=config,
-                     env=env if env is not None else envinfo.capture(), results=rows, plot=plot,
-                     device=device, device_name=dev_name, load=watch.result() if watch else None, **extra)
+    rec = new_record("micro", micro=out.micro, status=out.status, error=out.error, config=out.config,
+                     env=env if env is not None else envinfo.capture(), results=out.rows, plot=out.plot,
+                     device=out.device, device_name=out.device_name, load=watch.result() if watch else None,
+                     **extra)
     rec["validity"] = validity.assess_micro(rec).to_dict()
     return rec
+
+
+def failed_reasons(rows: Iterable[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> str | None:
+    """The record's error: each failed row's ``label(row)`` and reason, joined (None: no row failed)."""
+    return "; ".join(f"{label(r)}: {r['reason']}" for r in rows if r["status"] == "failed") or None
 
 
 def append_record(store_dir: str, record: dict[str, Any]) -> str:

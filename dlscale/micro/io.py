@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from dlscale.fmt import fmt_cell
@@ -38,20 +39,27 @@ def _cpus() -> int:
     return cpus()
 
 
-def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds: float, device: str,
-                     flavor: str = "full", seed: int = 0) -> dict[str, Any]:
-    """One row: the loader of ``pipeline`` over ``data`` with ``workers`` DataLoader workers."""
-    from dlscale.inputs.sampler import GlobalBatchSampler
-    from dlscale.inputs.source import make_reader, start_source
-    from dlscale.inputs.spec import parse_data
-    from dlscale.models import get_model
+@dataclass(frozen=True)
+class PipelineCase:
+    """One row of ``micro io``: the loader of ``pipeline`` over the data spec ``data`` with ``workers``
+    DataLoader workers, ``batch`` samples a batch, at the model shapes of ``flavor``."""
 
-    row: dict[str, Any] = {"pipeline": pipeline, "workers": workers, "batch": batch, "status": "ok",
+    pipeline: str
+    data: str
+    workers: int
+    batch: int
+    flavor: str = "full"
+    seed: int = 0
+
+
+def measure_pipeline(case: PipelineCase, seconds: float, device: str) -> dict[str, Any]:
+    """One row: batches taken as fast as they come for ``seconds`` after every worker has made one."""
+    row: dict[str, Any] = {"pipeline": case.pipeline, "workers": case.workers, "batch": case.batch, "status": "ok",
                            "reason": None, "samples_per_s": None, "samples_per_s_per_worker": None,
                            "loader_cpu_cores": None, "samples_per_core_s": None, "read_mb_s": None,
                            "decoder": None, "seconds": None}
     dev = common.torch_device(device)
-    decode = "gpu" if pipeline == "image-gpu" else "cpu"
+    decode = "gpu" if case.pipeline == "image-gpu" else "cpu"
     if decode == "gpu" and dev.type != "cuda":
         row.update(status="unsupported", reason="image-gpu decodes on a CUDA device; none here")
         return row
@@ -63,33 +71,11 @@ def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds
         except ConfigError as e:  # no torchvision: this row cannot run, the others can
             row.update(status="unsupported", reason=str(e))
             return row
-    spec = parse_data(data)
-    model = get_model(MODEL[pipeline], flavor)
     src = None
     try:
-        reader = make_reader(spec, model, dev, decode, seed)
-        sampler = GlobalBatchSampler(len(reader.dataset), batch, 0, batch, seed, what=f"{spec.kind} {spec.path}")
-        src = start_source(reader, spec, sampler, workers, decode, dev, 1, {})
-        for _ in range(max(2, 2 * workers)):  # every worker has produced a batch
-            src.next()
-        common.synchronize(dev)
-        waits = []
-        src.window_start()
-        t0 = time.perf_counter()
-        n = 0
-        while time.perf_counter() - t0 < seconds:
-            ta = time.perf_counter()
-            src.next()
-            waits.append(time.perf_counter() - ta)
-            n += 1
-        common.synchronize(dev)
-        elapsed = time.perf_counter() - t0
-        src.window_end()
-        s = src.summary(waits, elapsed)
-        row.update(samples_per_s=n * batch / elapsed, loader_cpu_cores=s["loader_cpu_cores"],
-                   samples_per_core_s=s["samples_per_loader_core_s"], read_mb_s=s["read_mb_s"],
-                   decoder=s["loader"]["decoder"], seconds=elapsed, batches=n)
-        row["samples_per_s_per_worker"] = row["samples_per_s"] / workers if workers else None
+        src = _start(case, decode, dev)
+        row.update(_take(src, case.batch, seconds, dev))
+        row["samples_per_s_per_worker"] = row["samples_per_s"] / case.workers if case.workers else None
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - one pipeline that fails never ends the sweep
@@ -98,6 +84,48 @@ def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds
         if src is not None:
             src.close()
     return row
+
+
+def _start(case: PipelineCase, decode: str, dev):
+    """The input source ``dlscale run --data`` would start for this case, its workers warmed up."""
+    from dlscale.inputs.sampler import GlobalBatchSampler
+    from dlscale.inputs.source import make_reader, start_source
+    from dlscale.inputs.spec import parse_data
+    from dlscale.models import get_model
+
+    spec = parse_data(case.data)
+    reader = make_reader(spec, get_model(MODEL[case.pipeline], case.flavor), dev, decode, case.seed)
+    sampler = GlobalBatchSampler(len(reader.dataset), case.batch, 0, case.batch, case.seed,
+                                 what=f"{spec.kind} {spec.path}")
+    src = start_source(reader, spec, sampler, case.workers, decode, dev, 1, {})
+    try:
+        for _ in range(max(2, 2 * case.workers)):  # every worker has produced a batch
+            src.next()
+    except BaseException:
+        src.close()
+        raise
+    return src
+
+
+def _take(src, batch: int, seconds: float, dev) -> dict[str, Any]:
+    """Batches from ``src`` for ``seconds``: the row's rates and the loader's cost."""
+    common.synchronize(dev)
+    waits = []
+    src.window_start()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        ta = time.perf_counter()
+        src.next()
+        waits.append(time.perf_counter() - ta)
+        n += 1
+    common.synchronize(dev)
+    elapsed = time.perf_counter() - t0
+    src.window_end()
+    s = src.summary(waits, elapsed)
+    return {"samples_per_s": n * batch / elapsed, "loader_cpu_cores": s["loader_cpu_cores"],
+            "samples_per_core_s": s["samples_per_loader_core_s"], "read_mb_s": s["read_mb_s"],
+            "decoder": s["loader"]["decoder"], "seconds": elapsed, "batches": n}
 
 
 def _generated(tmp: str, pipelines: list[str], images: int, tokens: int, flavor: str) -> dict[str, str]:
@@ -159,6 +187,36 @@ def parse_workers(values) -> list[int]:
     return out
 
 
+def _data_kind(pipeline: str) -> str:
+    return "image" if pipeline.startswith("image") else "tokens"
+
+
+def _pipelines(chosen: list[str] | None, by_kind: dict[str, str], device: str, alone: bool) -> list[str]:
+    """The pipelines asked for, else those the data given allows (every one without data, image-gpu only on
+    CUDA); none when ``alone`` (the write test by itself)."""
+    if alone:
+        return []
+    out = chosen or [p for p in PIPELINES if not by_kind or _data_kind(p) in by_kind]
+    return out if chosen is not None or device == "cuda" else [p for p in out if p != "image-gpu"]
+
+
+def _measure_all(args, pipelines: list[str], by_kind: dict[str, str], workers: list[int],
+                 device: str) -> list[dict[str, Any]]:
+    """A row per pipeline and worker count, then the write test's where asked; a line on each."""
+    rows = []
+    for p in pipelines:
+        for w in workers:
+            case = PipelineCase(p, by_kind[_data_kind(p)], w, args.batch_size or BATCH[p], args.flavor)
+            rows.append(measure_pipeline(case, args.seconds, device))
+            r = rows[-1]
+            print(f"# {p} workers {w}: {fmt_cell(r['samples_per_s'])} samples/s ({r['status']})", flush=True)
+    if args.write_dir is not None:
+        rows.append(diskwrite.measure_write(args.write_dir, int(args.write_mb * 1e6)))
+        print(f"# write {args.write_mb:g} MB into {args.write_dir}: {fmt_cell(rows[-1]['write_mb_s'])} MB/s",
+              flush=True)
+    return rows
+
+
 def main(args) -> int:
     from dlscale.inputs.spec import parse_data
 
@@ -174,36 +232,19 @@ def main(args) -> int:
     chosen = common.parse_choices(args.pipeline, PIPELINES, "pipeline") if args.pipeline else None
     diskwrite.check(args.write_dir, args.write_mb)
     common.check_store(args.store)
+    by_kind = {("image" if s.kind == "imagefolder" else "tokens"): f"{s.kind}:{s.path}" + (
+        f":{s.dtype}" if s.dtype else "") for s in specs}
+    pipelines = _pipelines(chosen, by_kind, device, alone=args.write_dir is not None and chosen is None and not specs)
+    missing = [p for p in pipelines if _data_kind(p) not in by_kind]
+    if missing and specs:
+        raise ConfigError(f"pipeline(s) {', '.join(missing)} need a matching --data")
     tmp = None
     try:
-        by_kind = {("image" if s.kind == "imagefolder" else "tokens"): f"{s.kind}:{s.path}" + (
-            f":{s.dtype}" if s.dtype else "") for s in specs}
-        pipelines = chosen or [p for p in PIPELINES if not by_kind or
-                               (p.startswith("image") and "image" in by_kind) or
-                               (p in ("gpt", "bert") and "tokens" in by_kind)]
-        if args.write_dir is not None and chosen is None and not specs:
-            pipelines = []  # the write test alone
-        if chosen is None and device != "cuda":
-            pipelines = [p for p in pipelines if p != "image-gpu"]
-        missing = [p for p in pipelines if ("image" if p.startswith("image") else "tokens") not in by_kind]
-        if missing and specs:
-            raise ConfigError(f"pipeline(s) {', '.join(missing)} need a matching --data")
         if missing:
             tmp = tempfile.mkdtemp(prefix="dlscale-io-")
             print(f"# generating a temporary data set in {tmp} ({args.images} images, {args.tokens} tokens)")
             by_kind.update(_generated(tmp, pipelines, args.images, args.tokens, args.flavor))
-        rows = []
-        for p in pipelines:
-            data = by_kind["image" if p.startswith("image") else "tokens"]
-            for w in workers:
-                rows.append(measure_pipeline(p, data, w, args.batch_size or BATCH[p], args.seconds, device,
-                                             args.flavor))
-                r = rows[-1]
-                print(f"# {p} workers {w}: {fmt_cell(r['samples_per_s'])} samples/s ({r['status']})", flush=True)
-        if args.write_dir is not None:
-            rows.append(diskwrite.measure_write(args.write_dir, int(args.write_mb * 1e6)))
-            print(f"# write {args.write_mb:g} MB into {args.write_dir}: {fmt_cell(rows[-1]['write_mb_s'])} MB/s",
-                  flush=True)
+        rows = _measure_all(args, pipelines, by_kind, workers, device)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -214,8 +255,8 @@ def main(args) -> int:
     plot = {"x": "workers", "y": "samples_per_s", "series": "pipeline", "xlabel": "DataLoader workers",
             "ylabel": "samples/s", "logx": False}
     dev_name = common.device_name(common.torch_device(device))
-    errors = [f"{r['pipeline']} x{r['workers']}: {r['reason']}" for r in rows if r["status"] == "failed"]
-    record = common.make_record("io", status, "; ".join(errors) or None, config, rows, plot, device, dev_name)
+    error = common.failed_reasons(rows, lambda r: f"{r['pipeline']} x{r['workers']}")
+    record = common.make_record(common.Outcome("io", status, config, rows, plot, device, dev_name, error))
     common.print_table(f"input pipelines on {_cpus()} CPU cores, finishing on {dev_name} ({device}), "
                        f"{args.seconds:g} s per row",
                        [("pipeline", "pipeline"), ("workers", "workers"), ("batch", "batch"),

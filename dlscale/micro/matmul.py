@@ -90,8 +90,7 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
         if d not in DTYPES:
             raise ConfigError(f"unknown dtype {d!r}; choose from: {', '.join(DTYPES)}")
     dev = common.torch_device(common.resolve_device(device))
-    if min_sample_s is None:
-        min_sample_s = 1e-3 if dev.type == "cuda" else 0.0
+    timing = common.Timing(warmup, iters, min_sample_s)
     name = common.device_name(dev)
     cache = common.cache_bytes(dev)
     gen = torch.Generator(device=dev)
@@ -123,7 +122,7 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
                 rows.append(row)
                 continue
             try:
-                row.update(_time_shape(m, n, k, dtype, dev, gen, cache, warmup, iters, min_sample_s))
+                row.update(_time_shape((m, n, k), dtype, dev, gen, cache, timing))
                 row["tflops"] = flops / (row["time_us"] * 1e-6) / 1e12
                 row["pct_of_peak"] = common.pct(row["tflops"] * 1e12, peak)
             except Exception as e:  # noqa: BLE001 - one bad shape never ends the sweep
@@ -134,11 +133,12 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
     return rows
 
 
-def _time_shape(m: int, n: int, k: int, dtype: str, dev, gen, cache: int, warmup: int, iters: int,
-                min_sample_s: float) -> dict[str, Any]:
-    """Allocate the buffers (freed on return, also on an exception) and time one shape."""
+def _time_shape(shape: tuple[int, int, int], dtype: str, dev, gen, cache: int,
+                timing: common.Timing) -> dict[str, Any]:
+    """Allocate the buffers (freed on return, also on an exception) and time one (M, N, K) shape."""
     import torch
 
+    m, n, k = shape
     with float32_precision(dtype):
         tdt = torch_dtype(dtype)
         elt = torch.empty((), dtype=tdt).element_size()
@@ -152,7 +152,7 @@ def _time_shape(m: int, n: int, k: int, dtype: str, dev, gen, cache: int, warmup
             a, b = bufs[next(order)]
             torch.matmul(a, b, out=out)
 
-        t = common.measure(step, dev, warmup, iters, min_sample_s)
+        t = timing.measure(step, dev)
     return {**common.timing_fields(t), "buffer_sets": nsets}
 
 
@@ -211,9 +211,8 @@ def main(args) -> int:
             "ylabel": "TFLOPS", "logx": True}
     dev = common.torch_device(device)
     dev_name = common.device_name(dev)
-    errors = [f"{r['shape']} {r['dtype']}: {r['reason']}" for r in rows if r["status"] == "failed"]
-    record = common.make_record("matmul", status, "; ".join(errors) or None, config, rows, plot,
-                                device, dev_name)
+    error = common.failed_reasons(rows, lambda r: f"{r['shape']} {r['dtype']}")
+    record = common.make_record(common.Outcome("matmul", status, config, rows, plot, device, dev_name, error))
     common.print_table(f"matmul on {dev_name} ({device}), median of {iters}",
                        [("shape", "M x N x K"), ("dtype", "dtype"), ("time_us", "time (us)"),
                         ("tflops", "TFLOPS"), ("peak_tflops", "peak (TFLOPS)"), ("pct_of_peak", "% of peak")],
