@@ -119,7 +119,6 @@ ALLOWED_OVER: dict[str, str] = {
     "dlscale.commands.plan:register": "61 lines, 1 parameters",
     "dlscale.commands.slurm:check_script_input": "27 lines, 10 parameters",
     "dlscale.commands.slurm:render_script": "75 lines, 15 parameters",
-    "dlscale.external.measure:measure_external": "78 lines, 4 parameters",
     "dlscale.frameworks.jax.train:setup": "34 lines, 9 parameters",
     "dlscale.frameworks.jax.worker:_measure": "80 lines, 9 parameters",
     "dlscale.importers.records:imported_record": "56 lines, 22 parameters",
