@@ -117,8 +117,6 @@ ALLOWED_OVER: dict[str, str] = {
     "dlscale.breakdown:_phased_steps": "43 lines, 8 parameters",
     "dlscale.breakdown:measure_breakdown": "29 lines, 8 parameters",
     "dlscale.commands.plan:register": "61 lines, 1 parameters",
-    "dlscale.commands.slurm:check_script_input": "27 lines, 10 parameters",
-    "dlscale.commands.slurm:render_script": "75 lines, 15 parameters",
     "dlscale.frameworks.jax.train:setup": "34 lines, 9 parameters",
     "dlscale.frameworks.jax.worker:_measure": "80 lines, 9 parameters",
     "dlscale.importers.records:imported_record": "56 lines, 22 parameters",
