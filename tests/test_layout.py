@@ -117,8 +117,6 @@ ALLOWED_OVER: dict[str, str] = {
     "dlscale.breakdown:_phased_steps": "43 lines, 8 parameters",
     "dlscale.breakdown:measure_breakdown": "29 lines, 8 parameters",
     "dlscale.commands.plan:register": "61 lines, 1 parameters",
-    "dlscale.frameworks.jax.train:setup": "34 lines, 9 parameters",
-    "dlscale.frameworks.jax.worker:_measure": "80 lines, 9 parameters",
     "dlscale.inputs.source:LoaderSource.__init__": "26 lines, 9 parameters",
     "dlscale.inputs.source:LoaderSource.summary": "61 lines, 4 parameters",
     "dlscale.inputs.source:make_reader": "47 lines, 11 parameters",
