@@ -2,7 +2,7 @@
 
 Measured after the timed window (never inside it), on the same model, batches and optimizer:
 
-1. ``k`` steps with device events between the phases (CUDA events on the stream, read after one
+1. ``k`` (``STEPS``) steps with device events between the phases (CUDA events on the stream, read after one
    synchronisation at the end of the ``k`` steps, so the host runs ahead of the GPU as it does in the
    window and its launch time is not counted where the window hides it; host clocks on the CPU, where
    every op is synchronous): data (taking the next micro-batch: with real data
@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from dlscale import precision
+
+STEPS = 10  # timed steps per phase measurement (each with and, distributed, without gradient sync)
 
 
 class _PhaseTimer:
@@ -59,11 +62,24 @@ class _PhaseTimer:
         return [(self.host[i + 1] - self.host[i]) * 1e3 for i in range(len(self.host) - 1)]
 
 
-def _phased_steps(par, cfg, device, batches, autocast, k: int, sync_off: bool,
-                  fetch: Callable[[], list] | None = None) -> list[list[float]]:
+@dataclass(frozen=True)
+class StepParts:
+    """What a breakdown step runs: the strategy's parallel model, the case, the pre-made batches and
+    the autocast context; ``fetch`` takes the next micro-batches from the loader (real data)."""
+    par: Any
+    cfg: Any
+    device: torch.device
+    batches: list[tuple]
+    autocast: Callable
+    fetch: Callable[[], list] | None = None
+
+
+def _phased_steps(parts: StepParts, k: int, sync_off: bool) -> list[list[float]]:
     from dlscale.compiling import step_marker
     from dlscale.step import optimizer_step
 
+    par, cfg, device, batches, autocast, fetch = (parts.par, parts.cfg, parts.device, parts.batches,
+                                                  parts.autocast, parts.fetch)
     mark_step = step_marker(cfg)
     module, opt = par.module, par.optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -119,16 +135,18 @@ def _allreduce_ms(params, device, group, k: int) -> float:
 
 
 def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], autocast: Callable,
-                      world_size: int, k: int = 10, fetch: Callable[[], list] | None = None) -> dict[str, Any]:
-    """Median per-phase times (ms) of k steps with and without gradient sync; see module doc.
+                      world_size: int, fetch: Callable[[], list] | None = None) -> dict[str, Any]:
+    """Median per-phase times (ms) of STEPS steps with and without gradient sync; see module doc.
 
     Every collective here is issued the same number of times on every rank.
     """
     if par.step is not None:
         return {"supported": False, "reason": "strategy has its own step (pipeline schedule)"}
+    k = STEPS
+    parts = StepParts(par, cfg, device, batches, autocast, fetch)
     # two untimed steps first: the breakdown's own warm-up (e.g. no_sync variants compile anew)
-    _phased_steps(par, cfg, device, batches, autocast, 2, sync_off=False, fetch=fetch)
-    with_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=False, fetch=fetch)
+    _phased_steps(parts, 2, sync_off=False)
+    with_sync = _phased_steps(parts, k, sync_off=False)
     med = [statistics.median(col) for col in zip(*with_sync)]
     data_ms, fwd_ms, bwd_ms, opt_ms = med
     res: dict[str, Any] = {"supported": True, "steps": k, "data_ms": data_ms, "forward_ms": fwd_ms,
@@ -138,8 +156,8 @@ def measure_breakdown(par, cfg, device: torch.device, batches: list[tuple], auto
                            "backward_compute_ms": None, "host_ahead": True}
     distributed = world_size > 1 and par.dp_size > 1 and par.no_sync is not contextlib.nullcontext
     if distributed:
-        _phased_steps(par, cfg, device, batches, autocast, 1, sync_off=True, fetch=fetch)
-        no_sync = _phased_steps(par, cfg, device, batches, autocast, k, sync_off=True, fetch=fetch)
+        _phased_steps(parts, 1, sync_off=True)
+        no_sync = _phased_steps(parts, k, sync_off=True)
         bwd_compute = statistics.median(r[2] for r in no_sync)
         exposed = max(0.0, bwd_ms - bwd_compute)
         params = [p for g in par.optimizer.param_groups for p in g["params"]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dlscale.metrics import percentile
 from dlscale.record import median_repeat_with
@@ -45,23 +45,35 @@ def summarise(rank: int, host: str, device: str, window_ms: list[float], solo_ms
                      percentile(window_ms, 90) if window_ms else None, solo_ms)
 
 
-def solo_steps(par, batches, autocast, device, n: int = SOLO_STEPS, before_step=None,
-               module=None) -> list[float] | None:
-    """``n`` forward/backward steps of ``module`` (default the strategy's) under ``par.no_sync`` (no optimizer
-    step), each timed to a device sync (ms); the gradients are dropped after. None where the strategy runs its
-    own step."""
+@dataclass(frozen=True)
+class SoloInputs:
+    """What the solo steps run: the strategy's parallel model, this rank's batches and autocast context,
+    ``before_step`` (the slow-rank injection's sleep, part of the rank's step) and ``module`` (default
+    the strategy's; the worker passes the module before torch.compile)."""
+
+    par: Any
+    batches: list[tuple]
+    autocast: Any
+    before_step: Callable[[], None] | None = None
+    module: Any = None
+
+
+def solo_steps(run: SoloInputs, device, n: int = SOLO_STEPS) -> list[float] | None:
+    """``n`` forward/backward steps of ``run.module`` under ``par.no_sync`` (no optimizer step), each timed
+    to a device sync (ms); the gradients are dropped after. None where the strategy runs its own step."""
     import torch
 
+    par, autocast, before_step = run.par, run.autocast, run.before_step
     if par.step is not None:
         return None
-    module, opt = module if module is not None else par.module, par.optimizer
+    module, opt = run.module if run.module is not None else par.module, par.optimizer
     out = []
     for i in range(n + 1):  # the first: no_sync's own first-use costs, untimed
         t = time.perf_counter()
         if before_step is not None:  # the slow-rank injection's sleep is part of the rank's step
             before_step()
         with par.no_sync():
-            for b in batches:
+            for b in run.batches:
                 with autocast():
                     loss = module(*b)
                 with par.backward_context():
@@ -126,18 +138,16 @@ def gap_pct(rec: dict[str, Any]) -> float | None:
     return None if s is None or s.get("gap") is None else s["gap"] * 100.0
 
 
-def measure(cfg, denv, result: dict[str, Any], par, batches, autocast, before_step=None, eager=None) -> None:
+def measure(cfg, denv, result: dict[str, Any], run: SoloInputs) -> None:
     """Worker hook after the window: time the solo steps where they run alone, gather every rank's steps,
-    and keep them in rank 0's result (``rank_steps``). Single-process cases have no other rank. ``eager``:
-    the module before torch.compile, which the solo steps run (no_sync would make a compiled one
+    and keep them in rank 0's result (``rank_steps``). Single-process cases have no other rank. The solo
+    steps run ``run.module``, the module before torch.compile (no_sync would make a compiled one
     recompile); every rank runs the same, so the ranks compare alike."""
     if denv.world_size < 2:
         return
     from dlscale.strategies import get_strategy  # the registry imports torch; reports read this module without it
 
-    solo = None
-    if get_strategy(cfg.strategy).caps.solo_steps:  # no collective under no_sync: the rank alone
-        solo = solo_steps(par, batches, autocast, denv.device, before_step=before_step, module=eager)
+    solo = solo_steps(run, denv.device) if get_strategy(cfg.strategy).caps.solo_steps else None  # alone: no_sync
     mine = summarise(denv.rank, str(result.get("host")), str(denv.device), list(result.get("step_times_ms") or []),
                      solo)
     got = gather(mine)

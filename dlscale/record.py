@@ -10,7 +10,7 @@ import dataclasses
 import datetime as _dt
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Iterable
 
 from dlscale.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
 
@@ -87,3 +87,16 @@ def median_repeat_with(rec: dict[str, Any] | None, key: str, ok_only: bool = Fal
             and (not ok_only or r.get("status", "ok") == "ok")]
     med = (rec or {}).get("median_repeat")
     return next((r for r in reps if r.get("repeat") == med), reps[0] if reps else None)
+
+
+def newest_per_key(records: Iterable[dict[str, Any]],
+                   keys: Callable[[dict[str, Any]], Iterable[Hashable]]) -> dict[Hashable, dict[str, Any]]:
+    """Key -> the newest record (by ``created``; of two as new, the later in ``records``) of each key
+    that ``keys`` gives a record; a record given no key (or a false one) is left out. What a rerun
+    reads back and a report shows of a case measured more than once."""
+    out: dict[Hashable, dict[str, Any]] = {}
+    for r in records:
+        for k in keys(r):
+            if k and (k not in out or str(r.get("created")) >= str(out[k].get("created"))):
+                out[k] = r
+    return out

@@ -505,8 +505,8 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     device = denv.device
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + result.get("window_steps", cfg.steps)  # steps taken (parity)
-    ranktimes.measure(cfg, denv, result, par, batches, _autocast(cfg, device), getattr(inject, "slow", None),
-                      eager_module)
+    ranktimes.measure(cfg, denv, result, ranktimes.SoloInputs(par, batches, _autocast(cfg, device),
+                                                               getattr(inject, "slow", None), eager_module))
     if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/checkpoint_timing.py)
         progress.phase("checkpoint", "start", denv.rank)
         result["checkpoint"] = checkpoint_timing.run_phase(cfg, denv, par, step, out_dir, fetch is None,

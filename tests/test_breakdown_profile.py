@@ -155,7 +155,7 @@ def test_breakdown_on_cuda_synchronises_once_per_k_steps(monkeypatch):
                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     cfg = SimpleNamespace(grad_accum=1, precision="fp32", clip_grad_norm=None, compile=False,
                           compile_mode="default")
-    rows = breakdown._phased_steps(par, cfg, torch.device("cuda"), [(torch.ones(8, 4),)],
-                                   contextlib.nullcontext, 5, sync_off=False)
+    parts = breakdown.StepParts(par, cfg, torch.device("cuda"), [(torch.ones(8, 4),)], contextlib.nullcontext)
+    rows = breakdown._phased_steps(parts, 5, sync_off=False)
     assert len(syncs) == 1 and len(rows) == 5
     assert all(len(r) == 4 and min(r) >= 0 for r in rows)  # data, forward, backward, optimizer

@@ -287,10 +287,10 @@ def test_generated_script_runs_no_injected_command(tmp_path):
     payload = "x; touch PWNED1 $(touch PWNED2) `touch PWNED3` 'q\" && touch PWNED4"
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", precision="fp32", label=payload)
     store = str(work / "st $(touch PWNED5);touch PWNED6")
-    script = slurm_cmd.render_script(
-        [cfg], nodes=1, per_node=1, store=store, job_name="j", account="a",  # hostile names: refused (test_slurm)
+    script = slurm_cmd.render_script([cfg], slurm_cmd.SlurmJob(
+        nodes=1, per_node=1, store=store, job_name="j", account="a",  # hostile names: refused (test_slurm)
         sbatch_options=["--comment=$(touch PWNED9)"], python="python3; touch PWNED10",
-        command="dlscale slurm --label 'a\ntouch PWNED11'\rtouch PWNED12")
+        command="dlscale slurm --label 'a\ntouch PWNED11'\rtouch PWNED12"))
     assert all(not ln.startswith("touch") for ln in script.splitlines())
     path = tmp_path / "job.sbatch"
     path.write_text(script)

@@ -107,3 +107,111 @@ def test_no_function_over_80_lines():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, long
+
+
+MAX_LINES = 60
+MAX_PARAMS = 7
+# Offenders in other areas of the package, each to be fixed there; the list may only shrink (a
+# fixed function fails the test until its entry is removed). Keys: ``module:qualname``.
+ALLOWED_OVER: dict[str, str] = {
+    "dlscale.commands.plan:register": "61 lines, 1 parameters",
+    "dlscale.inputs.source:LoaderSource.__init__": "26 lines, 9 parameters",
+    "dlscale.inputs.source:LoaderSource.summary": "61 lines, 4 parameters",
+    "dlscale.inputs.source:make_reader": "47 lines, 11 parameters",
+    "dlscale.inputs.source:start_source": "32 lines, 8 parameters",
+    "dlscale.inputs.source:open_source": "16 lines, 8 parameters",
+    "dlscale.inputs.spec:check_fields": "48 lines, 9 parameters",
+    "dlscale.launch:classify": "66 lines, 8 parameters",
+    "dlscale.launch:_repeat_loop": "33 lines, 9 parameters",
+    "dlscale.memplan:plan_memory": "62 lines, 3 parameters",
+    "dlscale.micro.comm:run_comm": "69 lines, 12 parameters",
+    "dlscale.micro.comm_worker:run_collectives": "77 lines, 7 parameters",
+    "dlscale.micro.comm_worker:main": "77 lines, 1 parameters",
+    "dlscale.micro.common:make_record": "14 lines, 10 parameters",
+    "dlscale.micro.io:measure_pipeline": "60 lines, 8 parameters",
+    "dlscale.micro.io:main": "66 lines, 1 parameters",
+    "dlscale.micro.layer:build_layer": "72 lines, 3 parameters",
+    "dlscale.micro.layer:run_layer": "55 lines, 10 parameters",
+    "dlscale.micro.layer:_time_pass": "25 lines, 11 parameters",
+    "dlscale.micro.matmul:_time_shape": "20 lines, 10 parameters",
+    "dlscale.perfmodel.cost:training_cost": "41 lines, 9 parameters",
+    "dlscale.perfmodel.inputs:build_model": "70 lines, 5 parameters",
+    "dlscale.perfmodel.model:WorkloadModel.predict": "67 lines, 1 parameters",
+    "dlscale.procs:spawn": "69 lines, 7 parameters",
+    "dlscale.procs:spawn_torchrun": "7 lines, 8 parameters",
+    "dlscale.report.cli:register": "72 lines, 1 parameters",
+    "dlscale.report.compare:compare": "25 lines, 9 parameters",
+    "dlscale.report.plots:over_time_plot": "63 lines, 5 parameters",
+    "dlscale.report.plots:scaling_plots": "61 lines, 3 parameters",
+    "dlscale.report.plots:_other_plots": "75 lines, 3 parameters",
+    "dlscale.report.render:to_markdown": "69 lines, 2 parameters",
+    "dlscale.strategies:register_strategy": "13 lines, 10 parameters",
+    "dlscale.strategies.embedding_shard:parallelize": "70 lines, 4 parameters",
+    "dlscale.strategies.fsdp:apply_fsdp": "24 lines, 9 parameters",
+    "dlscale.strategies.pipeline:validate_pipeline": "24 lines, 8 parameters",
+    "dlscale.strategies.pipeline:build_pipeline": "73 lines, 20 parameters",
+    "dlscale.strategies.pipeline:_PipelineStep.__init__": "25 lines, 17 parameters",
+    "dlscale.strategies.rpc_pipeline:_drive": "48 lines, 8 parameters",
+    "dlscale.worker:_train_loop": "80 lines, 11 parameters",
+    "dlscale.worker:_after_window": "32 lines, 10 parameters",
+}
+
+
+def _is_gpu_kernel(node: ast.FunctionDef) -> bool:
+    """A jitted kernel's parameters are its launch ABI (pointers, strides), not a grouping choice."""
+    return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _n_params(node) -> int:
+    a = node.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args)]
+    n = len(names) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+    return n - (names[:1] in (["self"], ["cls"]))
+
+
+def function_sizes(tree: ast.Module):
+    """(qualname, lines, parameters) of every function of a module, nested ones included, except
+    dataclass constructors and GPU kernels for the parameter count (they report 0 parameters)."""
+    out = []
+
+    def walk(node, prefix: str, in_dataclass: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                walk(child, prefix + child.name + ".", _is_dataclass(child))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                exempt = _is_gpu_kernel(child) or (in_dataclass and child.name == "__init__")
+                out.append((prefix + child.name, child.end_lineno - child.lineno + 1,
+                            0 if exempt else _n_params(child)))
+                walk(child, prefix + child.name + ".", False)
+            else:
+                walk(child, prefix, in_dataclass)
+
+    walk(tree, "", False)
+    return out
+
+
+def test_function_sizes_reads_qualnames_and_exemptions():
+    src = ("class A:\n    def f(self, a, b, c, d, e, f, g, h):\n        def g():\n            pass\n"
+           "@dataclass\nclass D:\n    def __init__(self, a, b, c, d, e, f, g, h):\n        pass\n"
+           "if X:\n    @triton.jit\n    def k(a, b, c, d, e, f, g, h, *, i, **kw):\n        pass\n"
+           "def m(a, b, c, d, e, f, g, *r):\n    pass\n")
+    got = {q: (n, p) for q, n, p in function_sizes(ast.parse(src))}
+    assert got == {"A.f": (3, 8), "A.f.g": (2, 0), "D.__init__": (2, 0), "k": (2, 0), "m": (2, 8)}
+
+
+def test_no_function_over_60_lines_or_7_parameters():
+    over, fixed = [], set(ALLOWED_OVER)
+    for name, path in _modules().items():
+        for qual, lines, params in function_sizes(_tree(path)):
+            if lines <= MAX_LINES and params <= MAX_PARAMS:
+                continue
+            key = f"{name}:{qual}"
+            fixed.discard(key)
+            if key not in ALLOWED_OVER:
+                over.append(f"{key} ({lines} lines, {params} parameters)")
+    assert not over, over
+    assert not fixed, f"no longer over the limits, remove from ALLOWED_OVER: {sorted(fixed)}"

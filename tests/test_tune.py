@@ -495,3 +495,12 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
     assert again.returncode == 0
     assert all(m["resumed"] for m in json.loads(again.stdout)["measured"])
     assert len([r for r in _tune_records(store) if r["status"] == "ok"]) == 4
+
+
+def test_newest_per_key_keeps_the_newest_record_of_each_key():
+    from dlscale.record import newest_per_key
+
+    recs = [{"id": "a", "created": "2", "k": ["x"]}, {"id": "b", "created": "1", "k": ["x", "y"]},
+            {"id": "c", "created": "2", "k": ["x"]}, {"id": "d", "created": "9", "k": [None, ""]}]
+    got = {k: r["id"] for k, r in newest_per_key(recs, lambda r: r["k"]).items()}
+    assert got == {"x": "c", "y": "b"}  # of two as new the later; a record may count for two keys

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale import ConfigError, DlscaleError
@@ -63,15 +64,34 @@ def _one_line(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def check_script_input(cases: list[RunConfig], *, job_name: str | None, partition: str | None, time: str | None,
-                       account: str | None, sbatch_options: list[str] | None, store: str | None,
-                       output_dir: str | None, python: str | None, cpus_per_task: int | None) -> None:
+@dataclass(frozen=True)
+class SlurmJob:
+    """The allocation and the script's settings, as ``dlscale slurm`` takes them from the user."""
+    nodes: int
+    per_node: int
+    store: str
+    mode: str = "torchrun"
+    python: str = sys.executable
+    job_name: str = "dlscale"
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    port: int | None = None
+    sbatch_options: list[str] | None = None
+    output_dir: str | None = None
+    command: str | None = None  # the command line that made the script, shown in a comment
+    cpus_per_task: int | None = None
+
+
+def check_script_input(cases: list[RunConfig], job: SlurmJob) -> None:
     """Everything the job script takes from the user, checked before it is written (ConfigError)."""
+    job_name, partition, time, account = job.job_name, job.partition, job.time, job.account
+    store, output_dir, cpus_per_task = job.store, job.output_dir, job.cpus_per_task
     for what, value in (("--job-name", job_name), ("--partition", partition), ("--time", time),
                         ("--account", account), ("--store", store), ("--store (output directory)", output_dir),
-                        ("--python", python)):
+                        ("--python", job.python)):
         _control_free(what, value)
-    for opt in sbatch_options or []:
+    for opt in job.sbatch_options or []:
         _control_free("--sbatch-option", opt)
     for c in cases:
         for f in ("label", "data", "model", "strategy", "flavor"):
@@ -199,51 +219,37 @@ def _step_cpus(cpus_per_task: int | None, tasks_per_node: int) -> str:
     return f"--cpus-per-task={share}"
 
 
-def render_script(cases: list[RunConfig], *, nodes: int, per_node: int,
-                  store: str, mode: str = "torchrun",
-                  python: str = sys.executable, job_name: str = "dlscale", partition: str | None = None,
-                  time: str | None = None, account: str | None = None, port: int | None = None,
-                  sbatch_options: list[str] | None = None, output_dir: str | None = None,
-                  command: str | None = None, cpus_per_task: int | None = None) -> str:
-    """The sbatch script (bash) for ``cases`` on ``nodes`` x ``per_node`` processes; bad strings
-    (a newline that would start a command) raise ConfigError before anything is written."""
-    check_script_input(cases, job_name=job_name, partition=partition, time=time, account=account,
-                       sbatch_options=sbatch_options, store=store, output_dir=output_dir, python=python,
-                       cpus_per_task=cpus_per_task)
-    q = shlex.quote
-    gpu = any(c.device != "cpu" for c in cases)
-    out_dir = output_dir or str(Path(store) / "slurm")
+def _script_header(cases: list[RunConfig], job: SlurmJob, gpu: bool) -> list[str]:
+    """The #SBATCH lines, the comments and the shell's set-up (the step() wrapper) of the script."""
+    out_dir = job.output_dir or str(Path(job.store) / "slurm")
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name={job_name}",
-             f"#SBATCH --nodes={nodes}",
-             f"#SBATCH --ntasks-per-node={1 if mode == 'torchrun' else per_node}"]
+             f"#SBATCH --job-name={job.job_name}",
+             f"#SBATCH --nodes={job.nodes}",
+             f"#SBATCH --ntasks-per-node={1 if job.mode == 'torchrun' else job.per_node}"]
     if gpu:
-        lines.append(f"#SBATCH --gpus-per-node={per_node}")
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if time:
-        lines.append(f"#SBATCH --time={time}")
-    if account:
-        lines.append(f"#SBATCH --account={account}")
-    if cpus_per_task is not None:
-        lines.append(f"#SBATCH --cpus-per-task={int(cpus_per_task)}")
-    elif "--exclusive" not in (sbatch_options or []):
+        lines.append(f"#SBATCH --gpus-per-node={job.per_node}")
+    for opt in ("partition", "time", "account"):
+        if getattr(job, opt):
+            lines.append(f"#SBATCH --{opt}={getattr(job, opt)}")
+    if job.cpus_per_task is not None:
+        lines.append(f"#SBATCH --cpus-per-task={int(job.cpus_per_task)}")
+    elif "--exclusive" not in (job.sbatch_options or []):
         lines.append("#SBATCH --exclusive")  # the whole node, so its CPUs: Slurm may allot one CPU per task
     lines.append(f"#SBATCH --output={_sbatch_output(out_dir)}")
-    for opt in sbatch_options or []:
+    for opt in job.sbatch_options or []:
         lines.append(f"#SBATCH {opt}")
     lines += [
-        f"# dlscale slurm job: {len(cases)} case(s) on {nodes} node(s) x {per_node} process(es), "
-        f"mode {mode}",
+        f"# dlscale slurm job: {len(cases)} case(s) on {job.nodes} node(s) x {job.per_node} process(es), "
+        f"mode {job.mode}",
     ]
-    if command:
-        lines.append(f"# generated by: {_one_line(command)}")
-    lines += [
+    if job.command:
+        lines.append(f"# generated by: {_one_line(job.command)}")
+    return lines + [
         "set -u",
         "export DLSCALE_SLURM=1 PYTHONUNBUFFERED=1",
         "unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK  # from the submitting shell, if any",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"port={int(port)}" if port else "port=$((20000 + SLURM_JOB_ID % 10000))",
+        f"port={int(job.port)}" if job.port else "port=$((20000 + SLURM_JOB_ID % 10000))",
         'echo "dlscale slurm: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (first node $head)"',
         "status=0",
         "step() {  # one case = one job step; a failed case does not stop the next",
@@ -253,25 +259,40 @@ def render_script(cases: list[RunConfig], *, nodes: int, per_node: int,
         '    if [ "$status" -eq 0 ] && [ "$rc" -ne 0 ]; then status=$rc; fi',
         "}",
     ]
+
+
+def _case_steps(cases: list[RunConfig], job: SlurmJob, gpu: bool) -> list[str]:
+    """One job step per case, each on its own layout (cfg.nnodes x cfg.nproc_per_node)."""
     # --kill-on-bad-exit=0: a node that fails first must not take the node that records with it;
     # --wait=0: no Slurm limit after the first task ends (each dlscale bounds itself in time).
-    # Each case runs on its own layout (cfg.nnodes x cfg.nproc_per_node, within the allocation).
+    q = shlex.quote
+    lines = []
     for i, cfg in enumerate(cases):
         n, g = cfg.nnodes, cfg.nproc_per_node
-        srun = f"srun --nodes={n} --kill-on-bad-exit=0 --wait=0 {_step_cpus(cpus_per_task, 1 if mode == 'torchrun' else g)}"
+        srun = (f"srun --nodes={n} --kill-on-bad-exit=0 --wait=0 "
+                f"{_step_cpus(job.cpus_per_task, 1 if job.mode == 'torchrun' else g)}")
         if gpu:  # every task of a node sees all its GPUs; the worker picks cuda:LOCAL_RANK
             srun += f" --gpus-per-node={g}"
         args = " ".join(q(a) for a in to_cli_args(cfg))
         lines.append(_one_line(f"# case {i + 1}/{len(cases)}: {cfg.model}/{cfg.strategy} on {n} x {g}, "
                                f"{cfg.case_key()}"))
-        if mode == "torchrun":
+        if job.mode == "torchrun":
             rdzv = f' --rdzv-endpoint "$head:$((port + {i}))"' if n > 1 else ""
-            lines.append(f"step {srun} --ntasks={n} --ntasks-per-node=1 {q(python)} -m dlscale run "
-                         f"--store {q(store)} {args}{rdzv}")
+            lines.append(f"step {srun} --ntasks={n} --ntasks-per-node=1 {q(job.python)} -m dlscale run "
+                         f"--store {q(job.store)} {args}{rdzv}")
         else:
-            lines.append(f"step {srun} --ntasks={n * g} --ntasks-per-node={g} {q(python)} "
-                         f"-m dlscale slurm-task --store {q(store)} {args} "
+            lines.append(f"step {srun} --ntasks={n * g} --ntasks-per-node={g} {q(job.python)} "
+                         f"-m dlscale slurm-task --store {q(job.store)} {args} "
                          f"--port $((port + {i * 100}))")
+    return lines
+
+
+def render_script(cases: list[RunConfig], job: SlurmJob) -> str:
+    """The sbatch script (bash) for ``cases`` on ``job.nodes`` x ``job.per_node`` processes; bad
+    strings (a newline that would start a command) raise ConfigError before anything is written."""
+    check_script_input(cases, job)
+    gpu = any(c.device != "cpu" for c in cases)
+    lines = _script_header(cases, job, gpu) + _case_steps(cases, job, gpu)
     lines += ['echo "dlscale slurm: done, exit $status"', "exit $status", ""]
     return "\n".join(lines)
 
@@ -286,11 +307,11 @@ def cmd_slurm(args) -> int:
     store = str(Path(args.store).expanduser().resolve())
     command = "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out_dir = str(Path(store) / "slurm")
-    script = render_script(cases, nodes=args.nnodes, per_node=per_node, store=store, mode=args.mode,
-                           python=args.python, job_name=args.job_name, partition=args.partition,
-                           time=args.time, account=args.account, port=args.port,
-                           sbatch_options=args.sbatch_option, output_dir=out_dir, command=command,
-                           cpus_per_task=args.cpus_per_task)
+    script = render_script(cases, SlurmJob(
+        nodes=args.nnodes, per_node=per_node, store=store, mode=args.mode, python=args.python,
+        job_name=args.job_name, partition=args.partition, time=args.time, account=args.account,
+        port=args.port, sbatch_options=args.sbatch_option, output_dir=out_dir, command=command,
+        cpus_per_task=args.cpus_per_task))
     if args.dry_run:
         print(script, end="")
         if not Path(out_dir).is_dir():  # sbatch does not make it, and a job without it fails without a word

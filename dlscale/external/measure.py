@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import shlex
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -78,6 +79,79 @@ def summarize(case: ExternalCase, repeats: list[dict], device_type: str, device_
     }
 
 
+@dataclass
+class _Repeats:
+    """What the repeats of a case left: their entries, how the case ended, what rank 0 reported."""
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "ok"
+    error: str | None = None
+    device_name: str | None = None
+    parsed_unit: str = "sample"
+    stopped_by: KeyboardInterrupt | None = None
+
+    def median(self) -> dict[str, Any] | None:
+        ok = sorted((r for r in self.entries if r["status"] == "ok"), key=lambda r: r["samples_per_s"])
+        return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def _run_repeats(case: ExternalCase, spawner: ExternalSpawner, rec_id: str,
+                 emit: Callable[[str, Any], None]) -> _Repeats:
+    """Run the repeats until one is not ok; a signal after an ok repeat keeps those that finished."""
+    from dlscale import launch  # Interrupted; not at import: launch brings torch
+
+    out = _Repeats()
+    try:
+        for i in range(case.repeats):
+            proc, ranks = spawner(i)
+            r0 = ranks[0]
+            entry = repeat_entry(i, proc, r0)
+            entry["log"] = str(Path("logs") / f"{rec_id}-r{i}.log")
+            if case.monitor:
+                entry["series"] = [str(Path("series") / f"{rec_id}-r{i}-rank0.jsonl")]
+            out.device_name = out.device_name or r0.get("device_name")
+            if r0.get("parse"):
+                out.parsed_unit = r0["parse"]["unit"]
+            out.entries.append(entry)
+            emit("repeat", entry)
+            if entry["status"] != "ok":
+                out.status, out.error = entry["status"], entry["error"]
+                break
+    except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
+        if not any(r["status"] == "ok" for r in out.entries):
+            raise
+        out.stopped_by = e
+        out.status, out.error = "interrupted", launch.interrupted_error(e, len(out.entries), case.repeats)
+    return out
+
+
+def _external_record(case: ExternalCase, rec_id: str, device_type: str, env: dict[str, Any],
+                     done: _Repeats) -> dict[str, Any]:
+    device_name = done.device_name
+    if device_type == "cuda" and device_name is None:
+        device_name = next((g.get("name") for g in env.get("gpus") or []), None)
+    unit = case.workload_unit(done.parsed_unit)
+    spec = case.registered_spec()
+    med_rep = done.median()
+    repeats = done.entries
+    logged = next(((r.get("parse") or {}).get("seq_len") for r in repeats if (r.get("parse") or {}).get("seq_len")),
+                  None)
+    seq_len, seq_source = case.seq_len_for(logged)
+    return new_record(
+        kind="external", id=rec_id, case_key=case.case_key(), label=case.label,
+        command=shlex.join(case.command), config=case.to_dict(), device_type=device_type,
+        world_size=case.world_size, global_batch=case.global_batch, env=env, ranks=[],
+        status=done.status, error=done.error, repeats=repeats,
+        model={"unit": unit, "seq_len": seq_len, "seq_len_source": seq_source, "params": None,
+               "flops_per_sample": spec.flops_per_sample if spec is not None and spec.unit == unit else None,
+               "registered": spec is not None},
+        summary=summarize(case, repeats, device_type, device_name, unit) if med_rep else None,
+        utilisation=med_rep.get("utilisation") if med_rep else None,
+        median_repeat=med_rep["repeat"] if med_rep else None,
+        external={"parser": case.parser, "framework": case.framework,
+                  "packages": env["external_packages"]},
+    )
+
+
 def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = False,
                      on_event: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
     """Run ``case.repeats`` repeats of the command; returns the record (the caller stores it).
@@ -103,56 +177,8 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     spawner = ExternalSpawner(case, device_type, verbose=verbose,
                               log_path=lambda i: logs / f"{rec_id}-r{i}.log",
                               series_path=lambda i: series / f"{rec_id}-r{i}-rank0.jsonl" if case.monitor else None)
-    emit = on_event or (lambda kind, payload: None)
-    repeats: list[dict[str, Any]] = []
-    status, error = "ok", None
-    device_name = None
-    parsed_unit = "sample"
-    stopped_by = None
-    try:
-        for i in range(case.repeats):
-            proc, ranks = spawner(i)
-            r0 = ranks[0]
-            entry = repeat_entry(i, proc, r0)
-            entry["log"] = str(Path("logs") / f"{rec_id}-r{i}.log")
-            if case.monitor:
-                entry["series"] = [str(Path("series") / f"{rec_id}-r{i}-rank0.jsonl")]
-            device_name = device_name or r0.get("device_name")
-            if r0.get("parse"):
-                parsed_unit = r0["parse"]["unit"]
-            repeats.append(entry)
-            emit("repeat", entry)
-            if entry["status"] != "ok":
-                status, error = entry["status"], entry["error"]
-                break
-    except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
-        if not any(r["status"] == "ok" for r in repeats):
-            raise
-        stopped_by = e
-        status, error = "interrupted", launch.interrupted_error(e, len(repeats), case.repeats)
-    if device_type == "cuda" and device_name is None:
-        device_name = next((g.get("name") for g in env.get("gpus") or []), None)
-    unit = case.workload_unit(parsed_unit)
-    spec = case.registered_spec()
-    med = sorted((r for r in repeats if r["status"] == "ok"), key=lambda r: r["samples_per_s"])
-    med_rep = med[(len(med) - 1) // 2] if med else None
-    logged = next(((r.get("parse") or {}).get("seq_len") for r in repeats if (r.get("parse") or {}).get("seq_len")),
-                  None)
-    seq_len, seq_source = case.seq_len_for(logged)
-    rec = new_record(
-        kind="external", id=rec_id, case_key=case.case_key(), label=case.label,
-        command=shlex.join(case.command), config=case.to_dict(), device_type=device_type,
-        world_size=case.world_size, global_batch=case.global_batch, env=env, ranks=[],
-        status=status, error=error, repeats=repeats,
-        model={"unit": unit, "seq_len": seq_len, "seq_len_source": seq_source, "params": None,
-               "flops_per_sample": spec.flops_per_sample if spec is not None and spec.unit == unit else None,
-               "registered": spec is not None},
-        summary=summarize(case, repeats, device_type, device_name, unit) if med else None,
-        utilisation=med_rep.get("utilisation") if med_rep else None,
-        median_repeat=med_rep["repeat"] if med_rep else None,
-        external={"parser": case.parser, "framework": case.framework,
-                  "packages": env["external_packages"]},
-    )
-    if stopped_by is not None:
-        raise launch.Interrupted(rec, *stopped_by.args) from None
+    done = _run_repeats(case, spawner, rec_id, on_event or (lambda kind, payload: None))
+    rec = _external_record(case, rec_id, device_type, env, done)
+    if done.stopped_by is not None:
+        raise launch.Interrupted(rec, *done.stopped_by.args) from None
     return rec

@@ -7,7 +7,8 @@ from typing import Any
 from dlscale import ConfigError
 from dlscale.external.parsers import ParseError, ParseOptions, ParseResult, get_parser, parse_file
 from dlscale.importers import ImportOptions
-from dlscale.importers.records import check_precision, check_rate, imported_record, need, provenance, workload_unit
+from dlscale.importers.records import (Figures, ImportedCase, Provenance, check_precision, check_rate, imported_record,
+                                      need, workload_unit)
 
 LOG_SUFFIXES = (".log", ".txt", ".out")
 
@@ -43,15 +44,15 @@ def case_record(fmt: str, path: Path, opts: ImportOptions, results: list[ParseRe
     runs = [check_rate(r.samples_per_s * to_samples, f"{f.name}: the window's throughput")
             for f, r in zip(files, results)]
     warnings = sorted({w for r in results for w in r.warnings})
-    prov = provenance(source=opts.source, tool=opts.tool, date=opts.date, fmt=fmt, file=str(path), gpu=opts.gpu,
+    prov = Provenance(source=opts.source, tool=opts.tool, date=opts.date, fmt=fmt, file=str(path), gpu=opts.gpu,
                       gpus_per_node=opts.gpus_per_node, interconnect=opts.interconnect, method=results[0].method)
     extra = [{"file": str(f), "window_steps": r.window_steps, "skipped_steps": r.skipped_steps,
               "window_s": r.window_s, "step_times_ms": r.step_times_ms or None} for f, r in zip(files, results)]
-    return imported_record(model=opts.model, precision=opts.precision, batch_size=opts.batch_size,
-                           nnodes=opts.nnodes or 1, gpus_per_node=opts.nproc_per_node or 1, unit=unit,
-                           provenance=prov, runs=runs, strategy=opts.strategy or "ddp", compile=bool(opts.compile),
-                           framework=opts.framework, seq_len=seq, params=opts.params, label=opts.label,
-                           repeat_extra=extra, warnings=warnings)
+    case = ImportedCase(model=opts.model, precision=opts.precision, batch_size=opts.batch_size,
+                        nnodes=opts.nnodes or 1, gpus_per_node=opts.nproc_per_node or 1, unit=unit,
+                        strategy=opts.strategy or "ddp", compile=bool(opts.compile), framework=opts.framework,
+                        seq_len=seq, params=opts.params)
+    return imported_record(case, Figures(runs=runs, repeat_extra=extra), prov, label=opts.label, warnings=warnings)
 
 
 def parse_options(opts: ImportOptions, **kw: Any) -> ParseOptions:

@@ -18,8 +18,8 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.importers import ImportOptions, Importer, register_importer
-from dlscale.importers.records import (check_batch, check_precision, check_rate, imported_record, need, provenance,
-                                       workload_unit)
+from dlscale.importers.records import (Figures, ImportedCase, Provenance, check_batch, check_precision, check_rate,
+                                       imported_record, need, workload_unit)
 
 CASE = re.compile(r"^(\d+)n(\d+)g$")
 
@@ -82,7 +82,7 @@ class DLPerfJSON(Importer):
         if not rows:
             raise ConfigError(f"model {model}: no cases named like 1n1g")
         base = {b: med for n, g, b, st, med, _, _, _ in rows if n * g == 1 and st == "ok"}
-        prov = provenance(source=opts.source, tool=opts.tool, date=opts.date, fmt=self.name, file=str(path),
+        prov = Provenance(source=opts.source, tool=opts.tool, date=opts.date, fmt=self.name, file=str(path),
                           gpu=opts.gpu, gpus_per_node=opts.gpus_per_node, interconnect=opts.interconnect,
                           method="DLPerf: median of the runs' window averages (as published)")
         out = []
@@ -92,10 +92,10 @@ class DLPerfJSON(Importer):
                 mine = med / base[batch]
                 if abs(mine - sp) > 0.006 + 1e-9:
                     warnings.append(f"{name}: the file's speedup {sp} differs from median / 1n1g median = {mine:.3f}")
-            out.append(imported_record(model=model, precision=opts.precision, batch_size=batch, nnodes=n,
-                                       gpus_per_node=g, unit=unit, provenance=prov, median=med, mean=mean,
-                                       status=status, error=f"{status} in the file" if status != "ok" else None,
-                                       strategy=opts.strategy or "ddp", compile=bool(opts.compile),
-                                       framework=opts.framework, seq_len=seq, params=opts.params,
-                                       label=opts.label, warnings=warnings))
+            case = ImportedCase(model=model, precision=opts.precision, batch_size=batch, nnodes=n, gpus_per_node=g,
+                                unit=unit, strategy=opts.strategy or "ddp", compile=bool(opts.compile),
+                                framework=opts.framework, seq_len=seq, params=opts.params)
+            figures = Figures(median=med, mean=mean, status=status,
+                              error=f"{status} in the file" if status != "ok" else None)
+            out.append(imported_record(case, figures, prov, label=opts.label, warnings=warnings))
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError, metrics
@@ -67,71 +68,112 @@ def registered_unit(model: str) -> tuple[str | None, int | None, float | None]:
     return spec.unit, spec.seq_len, spec.flops_per_sample
 
 
-def imported_record(*, model: str, precision: str, batch_size: int, nnodes: int, gpus_per_node: int,
-                    unit: str, provenance: dict[str, Any], runs: list[float] | None = None,
-                    median: float | None = None, mean: float | None = None, status: str = "ok",
-                    error: str | None = None, strategy: str = "ddp", compile: bool = False,
-                    framework: str | None = None, seq_len: int | None = None, params: int | None = None,
-                    system: dict[str, Any] | None = None, label: str | None = None, note: str | None = None,
-                    repeat_extra: list[dict[str, Any]] | None = None,
-                    warnings: list[str] | None = None) -> dict[str, Any]:
-    """One imported record. ``runs``: per-run figures (median, mean, spread recomputed); else
-    ``median`` (and ``mean`` where the source gives it) as published."""
-    if status not in STATUSES:
-        raise ConfigError(f"status {status!r} is not one of {', '.join(STATUSES)}")
-    if unit not in UNITS:
-        raise ConfigError(f"unit {unit!r} is not one of {', '.join(UNITS)}")
-    world = nnodes * gpus_per_node
-    config = {"model": model, "flavor": "full", "strategy": strategy, "nproc_per_node": gpus_per_node,
-              "nnodes": nnodes, "batch_size": batch_size, "precision": precision, "compile": bool(compile),
-              "device": "cuda", "framework": framework}
+@dataclass(frozen=True)
+class ImportedCase:
+    """What was run elsewhere: the workload, its layout and how it was trained."""
+    model: str
+    precision: str
+    batch_size: int
+    nnodes: int
+    gpus_per_node: int
+    unit: str
+    strategy: str = "ddp"
+    compile: bool = False
+    framework: str | None = None
+    seq_len: int | None = None
+    params: int | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"model": self.model, "flavor": "full", "strategy": self.strategy,
+                "nproc_per_node": self.gpus_per_node, "nnodes": self.nnodes, "batch_size": self.batch_size,
+                "precision": self.precision, "compile": bool(self.compile), "device": "cuda",
+                "framework": self.framework}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the source reports of the case: per-run figures (``runs``, with ``repeat_extra`` per
+    run where the logs give more), else the published ``median`` (and ``mean``)."""
+    runs: list[float] | None = None
+    median: float | None = None
+    mean: float | None = None
+    status: str = "ok"
+    error: str | None = None
+    repeat_extra: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an imported figure comes from, as the user and the file state it."""
+    source: str | None
+    tool: str | None
+    date: str | None
+    fmt: str
+    file: str
+    gpu: str | None = None
+    gpus_per_node: int | None = None
+    interconnect: str | None = None
+    method: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source or self.file, "tool": self.tool, "date": self.date, "format": self.fmt,
+                "file": self.file,
+                "hardware": {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node,
+                             "interconnect": self.interconnect},
+                "method": self.method}
+
+
+def _summary(case: ImportedCase, figures: Figures, gpu: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(repeats, summary) of an ok case: per-run figures summarised, else the published ones."""
+    runs, world = figures.runs, case.nnodes * case.gpus_per_node
     repeats: list[dict[str, Any]] = []
-    summary = None
-    if status == "ok":
-        if runs:
-            tput = metrics.summarize(runs)
-            repeats = [{"repeat": i, "status": "ok", "samples_per_s": float(x), **(repeat_extra[i] if repeat_extra
-                                                                                   else {})}
-                       for i, x in enumerate(runs)]
-        else:
-            tput = {"n": None, "median": median, "mean": mean, "min": None, "max": None, "stdev": None}
-        med = tput["median"]
-        _, _, flops = registered_unit(model)
-        summary = {"samples_per_s": tput, "samples_per_s_per_device": med / world if med else None,
-                   "tokens_per_s": med * seq_len if (med and seq_len and unit == "seq") else None,
-                   "device_name": (provenance.get("hardware") or {}).get("gpu"),
-                   "step_ms_p50": None, "step_ms_p90": None}
-        gpu = summary["device_name"]
-        if flops and med and gpu:
-            dtype = metrics.precision_dtype(precision, "cuda", gpu)  # a V100's fp32: its fp32 peak, no TF32
-            peak, src = metrics.peak_flops(gpu, dtype)
-            summary.update(mfu=metrics.mfu(flops, med / world, peak) if peak else None, peak_flops=peak,
-                           peak_flops_source=src, dtype=dtype, peak=metrics.peak_used(gpu, dtype))
-    key = {"kind": "imported", "config": config, "source": provenance.get("source"), "tool": provenance.get("tool"),
-           "gpu": (provenance.get("hardware") or {}).get("gpu")}
-    gpu_name = (provenance.get("hardware") or {}).get("gpu")
-    rec = new_record(
+    if runs:
+        tput = metrics.summarize(runs)
+        extra = figures.repeat_extra
+        repeats = [{"repeat": i, "status": "ok", "samples_per_s": float(x), **(extra[i] if extra else {})}
+                   for i, x in enumerate(runs)]
+    else:
+        tput = {"n": None, "median": figures.median, "mean": figures.mean, "min": None, "max": None, "stdev": None}
+    med = tput["median"]
+    _, _, flops = registered_unit(case.model)
+    summary = {"samples_per_s": tput, "samples_per_s_per_device": med / world if med else None,
+               "tokens_per_s": med * case.seq_len if (med and case.seq_len and case.unit == "seq") else None,
+               "device_name": gpu, "step_ms_p50": None, "step_ms_p90": None}
+    if flops and med and gpu:
+        dtype = metrics.precision_dtype(case.precision, "cuda", gpu)  # a V100's fp32: its fp32 peak, no TF32
+        peak, src = metrics.peak_flops(gpu, dtype)
+        summary.update(mfu=metrics.mfu(flops, med / world, peak) if peak else None, peak_flops=peak,
+                       peak_flops_source=src, dtype=dtype, peak=metrics.peak_used(gpu, dtype))
+    return repeats, summary
+
+
+def imported_record(case: ImportedCase, figures: Figures, provenance: Provenance, *,
+                    system: dict[str, Any] | None = None, label: str | None = None, note: str | None = None,
+                    warnings: list[str] | None = None) -> dict[str, Any]:
+    """One imported record. ``figures.runs``: per-run figures (median, mean, spread recomputed);
+    else ``figures.median`` (and ``mean`` where the source gives it) as published."""
+    if figures.status not in STATUSES:
+        raise ConfigError(f"status {figures.status!r} is not one of {', '.join(STATUSES)}")
+    if case.unit not in UNITS:
+        raise ConfigError(f"unit {case.unit!r} is not one of {', '.join(UNITS)}")
+    prov = provenance.as_dict()
+    world = case.nnodes * case.gpus_per_node
+    config = case.config()
+    gpu_name = provenance.gpu
+    repeats, summary = _summary(case, figures, gpu_name) if figures.status == "ok" else ([], None)
+    key = {"kind": "imported", "config": config, "source": prov["source"], "tool": provenance.tool, "gpu": gpu_name}
+    return new_record(
         kind="imported", case_key=hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16],
-        label=label, config=config, world_size=world, device_type="cuda", status=status, error=error,
-        global_batch=batch_size * world, repeats=repeats, summary=summary,
-        model={"unit": unit, "seq_len": seq_len, "params": params},
+        label=label, config=config, world_size=world, device_type="cuda", status=figures.status,
+        error=figures.error, global_batch=case.batch_size * world, repeats=repeats, summary=summary,
+        model={"unit": case.unit, "seq_len": case.seq_len, "params": case.params},
         # the node's GPUs as stated (hardware.gpus_per_node, else what this case used)
         env={"gpus": [{"index": i, "name": gpu_name, "memory_total_bytes": None}
-                      for i in range((provenance.get("hardware") or {}).get("gpus_per_node") or gpus_per_node)]
+                      for i in range(provenance.gpus_per_node or case.gpus_per_node)]
              if gpu_name else [],
-             "host": None, "stated_by": provenance.get("source")},
-        provenance=provenance, system=system, note=note, warnings=list(warnings or []), ranks=[],
+             "host": None, "stated_by": prov["source"]},
+        provenance=prov, system=system, note=note, warnings=list(warnings or []), ranks=[],
         command=None)
-    return rec
-
-
-def provenance(*, source: str | None, tool: str | None, date: str | None, fmt: str, file: str,
-               gpu: str | None = None, gpus_per_node: int | None = None,
-               interconnect: str | None = None, method: str | None = None) -> dict[str, Any]:
-    """Where an imported figure comes from, as the user and the file state it."""
-    return {"source": source or file, "tool": tool, "date": date, "format": fmt, "file": file,
-            "hardware": {"gpu": gpu, "gpus_per_node": gpus_per_node, "interconnect": interconnect},
-            "method": method}
 
 
 def need(opts: Any, *names: str) -> None:

@@ -23,7 +23,7 @@ from dlscale import ConfigError
 from dlscale.external.parsers import UNITS
 from dlscale.importers import ImportOptions, Importer, register_importer
 from dlscale.importers.records import (FORMAT_ID, MAX_PARAMS, check_batch, check_int, check_precision, check_rate,
-                                       imported_record, provenance, registered_unit)
+                                       Figures, ImportedCase, Provenance, imported_record, registered_unit)
 from dlscale.store import STATUSES
 
 TOP_KEYS = {"format", "source", "tool", "date", "framework", "model", "unit", "seq_len", "params", "hardware",
@@ -146,7 +146,7 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
     rows = table.get("rows")
     if not isinstance(rows, list) or not rows:
         raise ConfigError("rows must be a non-empty list of cases")
-    prov = provenance(source=source, tool=tool, date=_text(table.get("date"), "date"), fmt="table",
+    prov = Provenance(source=source, tool=tool, date=_text(table.get("date"), "date"), fmt="table",
                       file=file, gpu=gpu, gpus_per_node=gpn, interconnect=_text(hw.get("interconnect"),
                                                                                    "hardware.interconnect"))
     out, seen = [], set()
@@ -165,12 +165,13 @@ def table_records(table: dict[str, Any], file: str, label: str | None = None) ->
             raise ConfigError(f"{where}: a second row for batch {batch}, {nodes}x{per_node}, {precision}, {strategy}"
                               f"{', compiled' if compile_ else ''}")
         seen.add(key)
-        out.append(imported_record(
-            model=model, precision=precision, batch_size=batch, nnodes=nodes, gpus_per_node=per_node, unit=unit,
-            provenance=prov, runs=runs, median=tput, mean=mean, status=status,
-            error=f"{status} as published" if status != "ok" else None, strategy=strategy, compile=compile_,
-            framework=framework, seq_len=seq_len, params=params, system=row_system(system, precision), label=label,
-            note=_text(r.get("note"), "note")))
+        case = ImportedCase(model=model, precision=precision, batch_size=batch, nnodes=nodes, gpus_per_node=per_node,
+                            unit=unit, strategy=strategy, compile=compile_, framework=framework, seq_len=seq_len,
+                            params=params)
+        figures = Figures(runs=runs, median=tput, mean=mean, status=status,
+                          error=f"{status} as published" if status != "ok" else None)
+        out.append(imported_record(case, figures, prov, system=row_system(system, precision), label=label,
+                                   note=_text(r.get("note"), "note")))
     return out
 
 

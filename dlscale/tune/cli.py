@@ -6,6 +6,7 @@ import re
 import sys
 
 from dlscale import ConfigError
+from dlscale.report.data import rec_label
 from dlscale.tune.space import AXIS_FIELDS
 
 DEFAULT_BUDGET = "20m"
@@ -156,7 +157,7 @@ def plan_candidates(args, stored: list | None = None):
     # the model ranks from what was measured before: its ranking against the measured one would mean
     # nothing if it read this tune's own results
     others = [r for r in (stored if stored is not None else _stored(args.store).records)
-              if (r.get("config") or {}).get("label") != label]
+              if rec_label(r) != label]
     evidence = evidence_for(others, base, machine)
     return label, cands, rank([c for c in cands if c.pruned is None], machine, evidence), headroom, given
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from dlscale.record import newest_per_key
+from dlscale.report.data import rec_label
 from dlscale.tune.space import LABEL_PREFIX
 
 
 def stored_tunes(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """label -> the newest run record of each case of that tune."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in records:
-        label = str(r.get("label") or "")
-        if r.get("kind") == "run" and label.startswith(LABEL_PREFIX):
-            cases = out.setdefault(label, {})
-            k = str(r.get("case_key"))
-            if k not in cases or str(r.get("created")) >= str(cases[k].get("created")):
-                cases[k] = r
-    return {label: list(cases.values()) for label, cases in out.items()}
+    def key(r: dict[str, Any]) -> list[tuple[str, str]]:
+        label = str(rec_label(r) or "")
+        return [(label, str(r.get("case_key")))] if r.get("kind") == "run" and label.startswith(LABEL_PREFIX) else []
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (label, _), r in newest_per_key(records, key).items():
+        out.setdefault(label, []).append(r)
+    return out
 
 
 def tune_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

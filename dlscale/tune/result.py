@@ -9,6 +9,7 @@ from typing import Any
 
 from dlscale import ConfigError, DlscaleError
 from dlscale.fmt import fmt_bytes, md_table
+from dlscale.report.data import rec_label
 
 FINALISTS = 3  # the winner and two runners-up are predicted at the target shapes
 DDP_LIKE = ("ddp", "single")  # what dlscale/perfmodel's predict path models (one data-parallel rank per device)
@@ -121,7 +122,7 @@ def build(search, candidates: list, records: list[dict[str, Any]], targets: Targ
     for i, r in enumerate(ranked, 1):
         r["measured_rank"] = i
     if targets and targets.shapes:
-        mine = [r for r in records if r.get("label") == search.label]
+        mine = [r for r in records if rec_label(r) == search.label]
         res.targets = [predict_targets(m, mine, targets) for m in valid[:FINALISTS]]
     return res
 

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from dlscale import DlscaleError
 from dlscale.fmt import fmt_hms
+from dlscale.record import newest_per_key
+from dlscale.report.data import rec_label
 from dlscale.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
@@ -112,13 +114,8 @@ class Search:
 
 def resumable(records: list[dict[str, Any]], label: str) -> dict[str, dict[str, Any]]:
     """Case key -> the newest record of this tune with a result (what a rerun reads back)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in records:
-        if r.get("kind") == "run" and r.get("label") == label and r.get("status") in RESUMED_STATUSES:
-            k = r.get("case_key")
-            if k and (k not in out or str(r.get("created")) >= str(out[k].get("created"))):
-                out[k] = r
-    return out
+    return newest_per_key(records, lambda r: [r.get("case_key")] if (
+        r.get("kind") == "run" and rec_label(r) == label and r.get("status") in RESUMED_STATUSES) else [])
 
 
 def run(search: Search, done: dict[str, dict[str, Any]], measure_case: Callable, say: Callable[[str], None]) -> None:

@@ -110,9 +110,23 @@ def build_step(model: JaxModel, ctx: Ctx, tx, accum: int, fp16: bool, seed: int)
     return step
 
 
-def setup(model: JaxModel, *, precision: str, strategy: str, accum: int, seed: int, clip: float | None,
-          attention: str | None, vocab_multiple: int, devices: list | None = None) -> Setup:
+@dataclass(frozen=True)
+class StepOptions:
+    """How a case trains under JAX: what :func:`setup` takes from the run's configuration."""
+
+    precision: str
+    strategy: str
+    accum: int  # micro-batches per step
+    seed: int
+    clip: float | None  # global gradient-norm clip, None: none
+    attention: str | None  # "cudnn" or "xla"
+    vocab_multiple: int  # the embedding's rows padded to a multiple of this
+
+
+def setup(model: JaxModel, opts: StepOptions, devices: list | None = None) -> Setup:
     """Mesh, shardings, initial state (identical on every process: same seed) and the jitted step."""
+    precision, strategy, accum, seed = opts.precision, opts.strategy, opts.accum, opts.seed
+    clip, attention, vocab_multiple = opts.clip, opts.attention, opts.vocab_multiple
     mesh = make_mesh(devices)
     n = mesh.devices.size
     dp = 1 if strategy == "single" else n

@@ -27,8 +27,9 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _STARTED = time.time()
 
@@ -184,8 +185,9 @@ def train(cfg: RunConfig, device_type: str, ids: tuple[int, int, int, int], resu
         raise RuntimeError(f"JAX sees {jax.device_count()} devices for {world} processes (one device per process)")
     model = get_jax_model(cfg.model, cfg.flavor)
     attention = "cudnn" if device_type == "cuda" and cfg.precision != "fp32" else "xla"
-    s = T.setup(model, precision=cfg.precision, strategy=cfg.strategy, accum=cfg.grad_accum, seed=cfg.seed,
-                clip=cfg.clip_grad_norm, attention=attention, vocab_multiple=64 if device_type == "cuda" else 1)
+    s = T.setup(model, T.StepOptions(precision=cfg.precision, strategy=cfg.strategy, accum=cfg.grad_accum,
+                                     seed=cfg.seed, clip=cfg.clip_grad_norm, attention=attention,
+                                     vocab_multiple=64 if device_type == "cuda" else 1))
     result["params"] = count_params(s.state.params)
     result["dp_size"] = s.dp_size
     batches = T.global_batches(s, local_batches(model, cfg, s.dp_size, s.dp_rank))
@@ -194,29 +196,49 @@ def train(cfg: RunConfig, device_type: str, ids: tuple[int, int, int, int], resu
     inject = _injection(cfg, rank)
     sampler = _start_sampler(cfg, local_rank, local_world, device_type, rank, out_dir)
     try:
-        _measure(cfg, device_type, rank, s, batches, inject, sampler, result, out_dir)
+        _measure(_Run(cfg, device_type, rank, s, batches, inject, sampler, result, out_dir))
     finally:
         if sampler is not None:
             sampler.stop()
 
 
-def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sampler, result: dict[str, Any],
-             out_dir: Path) -> None:
+@dataclass
+class _Run:
+    """One rank's measurement: the case, what train.setup built, and where the figures go."""
+    cfg: RunConfig
+    device_type: str
+    rank: int
+    s: Any  # train.Setup
+    batches: tuple
+    inject: Callable[[int], None]  # the failure hook, called with the global step
+    sampler: Any  # monitor.HardwareSampler or None
+    result: dict[str, Any]
+    out_dir: Path
+
+
+def _measure(run: _Run) -> None:
     """Compile, warm up, the timed window, then the extras after it (profile, loss check)."""
+    step, state = _compile_and_warm_up(run)
+    state = _timed_window(run, step, state)
+    _after_window(run, step, state)
+
+
+def _compile_and_warm_up(run: _Run):
+    """(the compiled step, the state after the warm-up steps); their times and the strategy's info."""
     import jax
-    from jax.experimental import multihost_utils
 
     from dlscale.frameworks.jax import layers, train as T
 
+    cfg, s, result = run.cfg, run.s, run.result
     t_c = time.perf_counter()
-    step = s.step.lower(s.state, batches).compile()  # XLA's compile, timed on its own
+    step = s.step.lower(s.state, run.batches).compile()  # XLA's compile, timed on its own
     result["compile_s"] = time.perf_counter() - t_c
     state = s.state
     losses = []
     t_w = time.perf_counter()
     for i in range(cfg.warmup):
-        inject(i)
-        state, loss = step(state, batches)
+        run.inject(i)
+        state, loss = step(state, run.batches)
         losses.append(_value(loss))
     jax.block_until_ready(state)
     result["warmup_s"] = time.perf_counter() - t_w
@@ -228,7 +250,15 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
         "attention": sorted(layers.ATTENTION_USED) or None, "compute_dtype": s.ctx.dtype,
         "state_bytes_per_device": T.state_bytes_per_device(state),
     }
+    return step, state
 
+
+def _timed_window(run: _Run, step, state):
+    """The timed steps and the figures of the window; returns the state after them."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    cfg, batches, result = run.cfg, run.batches, run.result
     n = cfg.steps
     marks = [0.0] * (n + 1)
     jax.block_until_ready(state)
@@ -239,7 +269,7 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     t0 = marks[0] = time.perf_counter()
     prev = None
     for i in range(n):
-        inject(cfg.warmup + i)
+        run.inject(cfg.warmup + i)
         state, loss = step(state, batches)
         if prev is not None:
             prev.block_until_ready()
@@ -263,12 +293,18 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
         "loss_last": _value(loss),
     })
     result.update(metrics.loss_scale_fields(scale_before, None if scale_before is None else _scale_reading(state), n))
-    result.update(_peak_memory(device_type))
-    if sampler is not None:
-        result["utilisation"] = sampler.summary(wall_start, wall_end)
+    result.update(_peak_memory(run.device_type))
+    if run.sampler is not None:
+        result["utilisation"] = run.sampler.summary(wall_start, wall_end)
+    return state
+
+
+def _after_window(run: _Run, step, state) -> None:
+    """The trained model's loss, the count of non-finite losses, then the profile's extra steps."""
+    cfg, batches, result = run.cfg, run.batches, run.result
     # the trained model's loss before the profile trains further steps (as the torch worker)
     mb0 = tuple(b[0] for b in batches)
-    result["loss_after"] = _value(s.eval_loss(state.params, state.stats, mb0))
+    result["loss_after"] = _value(run.s.eval_loss(state.params, state.stats, mb0))
     result["loss_after_steps"] = cfg.warmup + cfg.steps
     read = [*result["warmup_losses"], result["loss_last"], result["loss_after"]]  # each step has a loss:
     result["nonfinite_losses"] = sum(v is None for v in read)  # a null one was NaN or inf (torch: _read_loss)
@@ -278,7 +314,7 @@ def _measure(cfg: RunConfig, device_type: str, rank: int, s, batches, inject, sa
     if cfg.profile:
         from dlscale.frameworks.jax.profile import profile_steps
 
-        trace = out_dir / "trace.json" if rank == 0 else None
+        trace = run.out_dir / "trace.json" if run.rank == 0 else None
         state, result["profile"] = profile_steps(step, state, batches, trace)
 
 
