@@ -1,22 +1,29 @@
 """torchtitan's own trainer on dlscale's Llama shapes (the harness of benchmarks/suites/titan.yaml).
 
-torchtitan 0.3.0 configures a run in Python: ``--module M --config F`` names a function that
-returns a ``Trainer.Config``, and its CLI options override fields of it. This file is such a module
-(``llama_1b``, ``llama_3b``, ``llama_8b``, ``llama_debug``: torchtitan's own Llama 3 flavours ``1B``,
-``3B``, ``8B``, whose shapes are dlscale's ``llama`` flavours: layers, width, heads, kv heads,
-SwiGLU width, vocabulary 128,256, tied head for 1B and 3B) and the launcher that runs
-``torchtitan.train.main`` with the workload's options::
-
     torchrun --standalone --nproc-per-node 1 benchmarks/titan_llama.py --flavor 1b --batch-size 4 \\
         --seq-len 2048 --steps 60 --compile --out DIR [-- MORE TORCHTITAN OPTIONS]
 
+runs ``torchtitan.train`` on the Llama 3 shape of dlscale's ``llama`` flavour (layers, width, heads,
+kv heads, SwiGLU width, vocabulary 128,256) with the workload as torchtitan's own options. Two
+releases, told apart by the installed version:
+
+* **0.2.x** (runs on torch 2.11): flavours are a dict in code, so ``1B`` and ``3B`` are added to
+  ``torchtitan.models.llama3.llama3_args`` here (``8B`` is its own); its Llama has an untied head
+  (dlscale's 1b and 3b tie it: the same FLOPs, 262M more parameters for AdamW at 1B) and SDPA
+  causal attention.
+* **0.3.x** (needs a newer torch than 2.11: it imports ``torch.distributed.fsdp.DataParallelMeshDims``
+  and passes ``separate_full_blocks`` to ``create_block_mask``): a run is configured in Python,
+  ``--module M --config F`` naming a function that returns a ``Trainer.Config``; this file is that
+  module (``llama_1b``, ``llama_3b``, ``llama_8b``, ``llama_debug``: its own flavours, tied 1B/3B
+  heads), with flex attention on a document-causal mask and CUDA graphs by default.
+
 The run needs no network: the tokenizer is torchtitan's test tokenizer (benchmarks/assets-titan,
-BSD-3; 2,020 ids, so the token ids stay below 2,048 while the model's vocabulary and head are the
-full 128,256), and the text is written here before the run: pseudo-words in documents of about
-``ROWS_PER_DOC`` rows, so nearly every row is one document and torchtitan's document-causal
-attention mask is the plain causal mask dlscale trains with. torchtitan's dataloader reads it as
-its ``c4_test`` dataset from ``--dataloader.dataset-path``. ``--check`` builds the configuration,
-the tokenizer, the first batch and the model on the meta device and prints them, with no GPU.
+BSD-3; 2,020 ids, so token ids stay below 2,048 while the model's vocabulary and head are the full
+128,256), and the text is written here first: pseudo-words in documents of about ``ROWS_PER_DOC``
+rows, so nearly every row is one document (0.3's document-causal mask is then the causal mask).
+torchtitan's dataloader reads it as its ``c4_test`` dataset from a local folder. ``--check`` builds
+the configuration, the tokenizer, the first batch and the model on the meta device and prints them
+as one JSON line, with no GPU.
 """
 from __future__ import annotations
 
@@ -32,11 +39,15 @@ HERE = Path(__file__).resolve().parent
 TOKENIZER = HERE / "assets-titan" / "tokenizer"
 # dlscale flavour -> torchtitan's llama3 flavour of the same shape
 FLAVORS = {"1b": "1B", "3b": "3B", "8b": "8B", "debug": "debugmodel"}
+# torchtitan 0.2's TransformerModelArgs of the flavours it lacks (its 8B and debugmodel are its own);
+# rope scaling factor 32 as Llama 3.2 (speed does not depend on it)
+V02_FLAVORS = {"1B": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5, multiple_of=1024),
+               "3B": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0, multiple_of=1024)}
 ROWS_PER_DOC = 64  # a document boundary in about one row of 64
 TOKENS_PER_WORD = 4  # a lower bound for the test tokenizer on the words below (measured: about 4.5)
 
 
-# ----------------------------------------------------------------------------- torchtitan configs
+# ----------------------------------------------------------------------------- torchtitan 0.3 configs
 
 def _config(flavor: str):
     """The Trainer.Config of one flavour: torchtitan's defaults for a Llama 3 pre-training run
@@ -82,7 +93,30 @@ def llama_debug():
     return _config("debug")
 
 
+# ----------------------------------------------------------------------------- torchtitan 0.2 flavours
+
+def register_v02_flavors() -> None:
+    """Add the flavours torchtitan 0.2 lacks to its llama3 flavour dict (the train spec holds it)."""
+    from torchtitan.models.llama3 import llama3_args
+    from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs
+
+    for name, kw in V02_FLAVORS.items():
+        llama3_args.setdefault(name, TransformerModelArgs(**kw, vocab_size=128256, rope_theta=500000,
+                                                          rope_scaling_args=RoPEScalingArgs(scaling_factor=32.0)))
+
+
 # ----------------------------------------------------------------------------- the launcher
+
+def titan_release() -> tuple[int, int] | None:
+    """(major, minor) of the installed torchtitan, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version("torchtitan").split(".")
+    except PackageNotFoundError:
+        return None
+    return int(parts[0]), int(parts[1])
+
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     rest: list[str] = []
@@ -98,8 +132,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="steps between torchtitan's metrics lines (default: 5)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile the model and the loss, as torchtitan does (default: off)")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="torchtitan's CUDA-graph capture of forward and backward (default: on, torchtitan's default)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="torchtitan 0.3's CUDA-graph capture of forward and backward (default: torchtitan's, on)")
     p.add_argument("--activation-checkpointing", choices=("none", "selective", "full"), default="none",
                    help="torchtitan's activation checkpointing policy (default: none)")
     p.add_argument("--data-workers", type=int, default=1, metavar="N",
@@ -114,6 +148,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.data_workers < 0:
         p.error(f"--data-workers must be 0 or more, got {args.data_workers}")
+    args.release = titan_release()
+    if args.release is None:
+        p.error("torchtitan is not installed (benchmarks/run.py --wheels DIR installs its wheels)")
+    if args.release < (0, 3) and args.cuda_graphs is not None:
+        p.error(f"--cuda-graphs/--no-cuda-graphs: torchtitan {args.release[0]}.{args.release[1]} has no CUDA graphs "
+                f"(0.3 and later)")
     return args, rest
 
 
@@ -140,45 +180,88 @@ def write_text(folder: Path, rows: int, seq_len: int, seed: int = 0) -> Path:
     return path
 
 
-def titan_argv(args: argparse.Namespace, data: Path, rest: list[str]) -> list[str]:
-    """torchtitan's command line for the workload (the subcommand last, as tyro wants it)."""
-    argv = ["--module", "titan_llama", "--config", f"llama_{args.flavor}",
-            "--dump-folder", str(Path(args.out) / "titan"),
-            "--training.local-batch-size", str(args.batch_size), "--training.seq-len", str(args.seq_len),
+def _common(args: argparse.Namespace, data: Path) -> list[str]:
+    return ["--training.local-batch-size", str(args.batch_size), "--training.seq-len", str(args.seq_len),
             "--training.steps", str(args.steps), "--metrics.log-freq", str(args.log_freq),
+            "--metrics.disable-color-printing", "--debug.seed", str(args.seed),
+            "--compile.enable" if args.compile else "--compile.no-enable"]
+
+
+def titan_argv(args: argparse.Namespace, data: Path, rest: list[str]) -> list[str]:
+    """torchtitan's command line for the workload, in the release's own option names."""
+    dump = str(Path(args.out) / "titan")
+    if args.release < (0, 3):
+        return ["--job.dump-folder", dump, "--model.name", "llama3", "--model.flavor", FLAVORS[args.flavor],
+                "--model.hf-assets-path", str(TOKENIZER), "--optimizer.lr", "3e-4",
+                "--lr-scheduler.warmup-steps", "2", "--training.dataset", "c4_test",
+                "--training.dataset-path", str(data.parent),
+                "--training.dataloader.num-workers", str(args.data_workers), *_common(args, data),
+                "--activation-checkpoint.mode", args.activation_checkpointing, *rest]
+    argv = ["--module", "titan_llama", "--config", f"llama_{args.flavor}", "--dump-folder", dump,
             "--dataloader.dataset-path", str(data.parent), "--dataloader.num-workers", str(args.data_workers),
-            "--debug.seed", str(args.seed),
-            "--compile.enable" if args.compile else "--compile.no-enable",
-            "--training.no-disable-cuda-graphs" if args.cuda_graphs else "--training.disable-cuda-graphs"]
+            *_common(args, data)]
+    if args.cuda_graphs is not None:
+        argv.append("--training.no-disable-cuda-graphs" if args.cuda_graphs else "--training.disable-cuda-graphs")
+    # tyro wants the subcommand after the options
     return [*argv, *rest, f"activation-checkpoint:{args.activation_checkpointing}"]
 
 
-def check(argv: list[str]) -> None:
-    """What the run would train, built on the CPU: shape, parameters, the first batch."""
+def built(argv: list[str], release: tuple[int, int]) -> tuple[dict, object, object, object]:
+    """(facts, model on the meta device, tokenizer, dataloader) of the run, as torchtitan builds them."""
     import torch
     from torchtitan.config import ConfigManager
 
     cfg = ConfigManager().parse_args(argv)
-    model_cfg = cfg.model_spec.model
+    if release < (0, 3):
+        from torchtitan.protocols.train_spec import get_train_spec
+
+        spec = get_train_spec(cfg.model.name)
+        margs = spec.model_args[cfg.model.flavor]
+        margs.update_from_config(cfg)
+        with torch.device("meta"):
+            model = spec.model_cls(margs)
+        tok = spec.build_tokenizer_fn(cfg)
+        loader = spec.build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=tok, job_config=cfg)
+        facts = {"flavor": cfg.model.flavor, "attention": margs.attn_type, "cuda_graphs": False,
+                 "activation_checkpoint": cfg.activation_checkpoint.mode}
+        return facts, model, tok, loader
     with torch.device("meta"):
-        model = model_cfg.build()
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        model = cfg.model_spec.model.build()
     tok = cfg.tokenizer.build(tokenizer_path=cfg.hf_assets_path)
     loader = cfg.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=cfg.training.seq_len,
                                   local_batch_size=cfg.training.local_batch_size, snapshot_every_n_steps=None)
+    ac = cfg.activation_checkpoint
+    facts = {"flavor": cfg.model_spec.flavor,
+             "attention": type(cfg.model_spec.model.layers[0].attention.inner_attention).__qualname__,
+             "cuda_graphs": not cfg.training.disable_cuda_graphs,
+             "activation_checkpoint": type(ac).__qualname__ if ac is not None else "none"}
+    return facts, model, tok, loader
+
+
+def check(argv: list[str], release: tuple[int, int], compile_: bool) -> dict:
+    """What the run would train, built on the CPU: shape, parameters, the first batch."""
+    from torch import nn
+
+    facts, model, tok, loader = built(argv, release)
+    layers = model.layers
+    block = next(iter(layers.values())) if isinstance(layers, nn.ModuleDict) else layers[0]
+    head = getattr(model, "output", None) or getattr(model, "lm_head", None)
     inputs, labels = next(iter(loader))
-    pos = inputs["positions"]
-    starts = int((pos == 0).sum()) - pos.shape[0]  # document starts past each row's first token
-    layer = model_cfg.layers[0]
-    print(json.dumps({"flavor": cfg.model_spec.flavor, "layers": len(model_cfg.layers), "dim": model_cfg.dim,
-                      "vocab": model_cfg.vocab_size, "tied": getattr(model_cfg, "enable_weight_tying", None),
-                      "n_heads": layer.attention.n_heads, "n_kv_heads": layer.attention.n_kv_heads,
-                      "ffn_hidden": layer.feed_forward.w1.out_features, "params": params,
-                      "batch": list(inputs["input"].shape), "labels": list(labels.shape),
-                      "document_starts_inside_rows": starts, "tokenizer_vocab": tok.get_vocab_size(),
-                      "compile": cfg.compile.enable, "cuda_graphs": not cfg.training.disable_cuda_graphs,
-                      "activation_checkpoint": type(cfg.activation_checkpoint).__qualname__
-                      if cfg.activation_checkpoint is not None else None}))
+    tokens = inputs["input"]
+    out = {"torchtitan": ".".join(map(str, release)), **facts, "layers": len(layers),
+           "dim": model.norm.weight.shape[0], "vocab": model.tok_embeddings.weight.shape[0],
+           "tied": head is not None and head.weight is model.tok_embeddings.weight,
+           "attn_projections": {n: m.out_features for n, m in block.attention.named_modules()
+                                if isinstance(m, nn.Linear)},
+           "ffn_hidden": block.feed_forward.w1.out_features,
+           "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+           "batch": list(tokens.shape), "labels": list(labels.shape), "tokenizer_vocab": tok.get_vocab_size(),
+           "max_token_id": int(tokens.max()), "compile": compile_}
+    if "positions" in inputs:  # 0.3: document starts past each row's first token
+        pos = inputs["positions"]
+        out["document_starts_inside_rows"] = int((pos == 0).sum()) - pos.shape[0]
+    print(json.dumps(out))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,15 +274,23 @@ def main(argv: list[str] | None = None) -> None:
     rows = args.batch_size * args.steps * int(os.environ.get("WORLD_SIZE", "1"))
     data = write_text(Path(args.out) / "titan-data", rows, args.seq_len, args.seed)
     targv = titan_argv(args, data, rest)
-    if str(HERE) not in sys.path:  # --module titan_llama imports this file by name
+    # before any torchtitan import: 0.2's ConfigManager.parse_args binds sys.argv[1:] as its default
+    sys.argv = ["torchtitan.train", *targv]
+    if args.release < (0, 3):
+        register_v02_flavors()
+    elif str(HERE) not in sys.path:  # --module titan_llama imports this file by name
         sys.path.insert(0, str(HERE))
     if args.check:
-        check(targv)
+        check(targv, args.release, args.compile)
         return
-    from torchtitan.train import main as titan_main
+    if args.release < (0, 3):
+        from torchtitan.train import Trainer, main as titan_main
 
-    sys.argv = ["torchtitan.train", *targv]
-    titan_main()
+        titan_main(Trainer)
+    else:
+        from torchtitan.train import main as titan_main
+
+        titan_main()
 
 
 if __name__ == "__main__":
