@@ -922,3 +922,56 @@ def test_mp_interleaved_refuses_bad_cases_before_building(monkeypatch, capsys, c
         mod.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and expect in err[0], err
+
+
+# ----------------------------------------------------------------------------- torchtitan's launcher
+
+def _titan(monkeypatch, release):
+    mod = _load("bench_titan_llama", ROOT / "benchmarks" / "titan_llama.py")
+    monkeypatch.setattr(mod, "titan_release", lambda: release)
+    return mod
+
+
+@pytest.mark.parametrize("release, argv", [
+    ((0, 2), ["--batch-size", "0"]),
+    ((0, 2), ["--cuda-graphs"]),  # 0.2 has no CUDA graphs
+    ((0, 3), ["--flavor", "70b"]),
+    (None, []),  # torchtitan not installed
+])
+def test_titan_launcher_refuses_bad_input_in_one_line(monkeypatch, capsys, tmp_path, release, argv):
+    mod = _titan(monkeypatch, release)
+    with pytest.raises(SystemExit) as e:
+        mod.main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("titan_llama.py: error:")
+    assert not (tmp_path / "o").exists()
+
+
+def test_titan_launcher_speaks_each_releases_options(monkeypatch, tmp_path):
+    data = tmp_path / "d" / "data.json"
+    v02 = _titan(monkeypatch, (0, 2))
+    args, rest = v02.parse_args(["--flavor", "1b", "--compile", "--out", str(tmp_path), "--", "--x.y", "1"])
+    argv = v02.titan_argv(args, data, rest)
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--model.flavor"] == "1B" and pairs["--training.dataset-path"] == str(data.parent)
+    assert pairs["--activation-checkpoint.mode"] == "none" and "--compile.enable" in argv
+    assert argv[-2:] == ["--x.y", "1"] and not any("cuda-graphs" in a for a in argv)
+    v03 = _titan(monkeypatch, (0, 3))
+    args, rest = v03.parse_args(["--flavor", "8b", "--no-cuda-graphs", "--activation-checkpointing", "selective",
+                                 "--out", str(tmp_path)])
+    argv = v03.titan_argv(args, data, rest)
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--config"] == "llama_8b" and callable(getattr(v03, pairs["--config"]))
+    assert "--training.disable-cuda-graphs" in argv and "--compile.no-enable" in argv
+    assert argv[-1] == "activation-checkpoint:selective"  # tyro: the subcommand after the options
+
+
+def test_titan_text_is_long_documents_written_once(monkeypatch, tmp_path):
+    mod = _titan(monkeypatch, (0, 2))
+    path = mod.write_text(tmp_path / "t", rows=mod.ROWS_PER_DOC * 2 + 1, seq_len=16)
+    docs = [json.loads(line)["text"] for line in path.read_text().splitlines()]
+    assert len(docs) == 4  # three documents hold the rows, one more to spare
+    per_doc = mod.ROWS_PER_DOC * 16 / mod.TOKENS_PER_WORD
+    assert all(len(d.split()) >= per_doc for d in docs) and len(set(docs)) == len(docs)
+    before = path.stat().st_mtime_ns
+    assert mod.write_text(tmp_path / "t", rows=1, seq_len=16) == path and path.stat().st_mtime_ns == before

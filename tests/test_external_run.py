@@ -233,3 +233,15 @@ def test_report_puts_external_beside_native_and_marks_it(torchrun_store, tmp_pat
     rep = json.loads(out.read_text())
     assert {g["kind"] for g in rep["groups"].values()} == {"run", "external"}
     assert {r["kind"] for r in rep["stacks"][0]["rows"]} == {"measured", "external"}
+
+
+def test_a_model_of_sizes_is_free_text_and_one_of_full_is_registered():
+    """llama's flavours are sizes (no ``full``): the case builds, and dlscale assumes no shape for it."""
+    from dlscale.external.case import ExternalCase
+
+    sized = ExternalCase(command=["true"], parser="torchtitan", model="llama", batch_size=4, precision="amp-bf16",
+                         seq_len=2048)
+    assert sized.registered_spec() is None
+    assert sized.workload_seq_len() == 2048
+    full = ExternalCase(command=["true"], parser="hf-trainer", model="gpt2", batch_size=4, precision="amp-bf16")
+    assert full.registered_spec() is not None and full.registered_spec().flavor == "full"

@@ -117,10 +117,14 @@ class ExternalCase:
                             unit=self.unit, options=dict(self.parser_options))
 
     def registered_spec(self):
-        """dlscale's ModelSpec when ``model`` names a registered model (its unit, sequence, FLOPs)."""
-        from dlscale.models import get_model, model_names
+        """dlscale's ModelSpec when ``model`` names a registered model with a ``full`` flavour (its
+        unit, sequence, FLOPs). A model whose flavours are sizes (llama: 1b, 3b, 8b) names no one
+        shape, so it is free text here: the command may train any of them."""
+        from dlscale.models import get_model, model_flavors, model_names
 
-        return get_model(self.model, "full") if self.model in model_names() else None
+        if self.model not in model_names() or "full" not in model_flavors(self.model):
+            return None
+        return get_model(self.model, "full")
 
     def seq_len_for(self, logged: int | None) -> tuple[int | None, str | None]:
         """(tokens per sample, where it comes from): --seq-len ("option"), else what the log states
