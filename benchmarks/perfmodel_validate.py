@@ -170,7 +170,8 @@ def comm_links():
 
 def strategies_section(own: dict[str, list[dict]]) -> str:
     cases = vs.published_cases(TABLES)
-    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()))
+    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()),
+                                                                               vs.own_host_samples(own, comm_links()))
     out = ["## The strategy model: published sharded-training tables and the project's own records\n",
            md_table(["source", "family", "protocol", "n", "mean |error|", "max |error|"],
                     [[src, fam, proto, str(n), fmt(mae, 1, " %"), fmt(mx, 1, " %")]

@@ -10,6 +10,9 @@ from dlscale.perfmodel.core import Links
 from dlscale.perfmodel.strategies import Candidate, Evidence, LayerTiming, Machine, Reference
 
 
+ONE_DEVICE_KEPT = ("fsdp", "hsdp", "tensor")
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else None
 
@@ -24,7 +27,8 @@ def record_candidate(rec: dict[str, Any]) -> Candidate | None:
     try:
         spec = get_model(cfg.get("model"), cfg.get("flavor") or "full")
         world = int(cfg.get("nproc_per_node") or 1) * int(cfg.get("nnodes") or 1)
-        name = "single" if world == 1 else str(cfg.get("strategy"))
+        # one device of a strategy that shards or splits still runs its machinery (FSDP's units, DTensor): kept
+        name = str(cfg.get("strategy")) if world > 1 or cfg.get("strategy") in ONE_DEVICE_KEPT else "single"
         if name == "single":
             from dlscale.memplan import Layout
             layout = Layout("single")
