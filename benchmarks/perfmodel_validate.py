@@ -186,6 +186,15 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
                          [[r.case.table, r.case.candidate.label, str(r.case.candidate.devices), r.protocol,
                            fmt(r.case.measured, 0), fmt(r.predicted, 0), fmt(r.error_pct, 1, " %"), r.limited_by]
                           for r in rows]), ""]
+    same = [abs(r.error_pct) for r in rows if r.protocol == "from-1-gpu" and f"; {r.case.source} " in r.basis_ref]
+    if same:
+        out.append(f"- from-1-gpu with the 1-GPU record of the same store: {len(same)} point(s), mean |error| "
+                   f"{sum(same) / len(same):.1f} %, max {max(same):.1f} %")
+    repeats = vs.repeat_rows(vs.own_cases(own, comm_links()))
+    if repeats:
+        errs = [abs(r.error_pct) for r in repeats]
+        out += [f"- the bound of the own records: {len(errs)} of them have the same configuration measured in another "
+                f"store; that store's figure is off by mean {sum(errs) / len(errs):.1f} %, max {max(errs):.1f} %", ""]
     for what, ranked, ok in vs.ranking(cases):
         order = "; ".join(f"{label}: predicted {p:,.0f}, measured {m:,.0f}" for label, p, m in ranked)
         out.append(f"- ranking, {what}: {order} -> the fastest published {'is' if ok else 'is NOT'} in the top three")

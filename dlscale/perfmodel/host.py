@@ -60,22 +60,26 @@ def implied(s: HostSample) -> tuple[str, float] | None:
     return (kind, (s.step_s - t.host_s) / count) if count > 0 else None
 
 
-def fit_host_costs(samples: Iterable[HostSample], exclude_source: str | None = None) -> dict[bool, HostCosts]:
-    """The median implied coefficient of each kind, per compile setting, over the samples not of
-    ``exclude_source``."""
-    by: dict[tuple[bool, str], list[float]] = {}
+def fit_host_costs(samples: Iterable[HostSample], exclude_source: str | None = None
+                   ) -> dict[tuple[bool, bool], HostCosts]:
+    """The median implied coefficient of each kind over the samples not of ``exclude_source``, keyed by (compile
+    setting, several ranks): one rank's FSDP collectives have no peer to wait for, so its units cost the host
+    less than several ranks' do; a kind without samples of the rank count takes the other count's."""
+    by: dict[tuple[bool, bool, str], list[float]] = {}
     for s in samples:
         if s.source == exclude_source:
             continue
         got = implied(s)
         if got is not None:
-            by.setdefault((s.candidate.compiled, got[0]), []).append(got[1])
+            by.setdefault((s.candidate.compiled, s.candidate.devices > 1, got[0]), []).append(got[1])
     out = {}
     for compiled in sorted({k[0] for k in by}):
-        vals = {kind: by.get((compiled, kind), []) for kind in (FSDP, TP)}
-        what = ", ".join(f"{kind} from {len(v)}" for kind, v in vals.items() if v)
-        out[compiled] = HostCosts(**{k: statistics.median(v) for k, v in vals.items() if v},
-                                  source=f"median of host-bound records ({what})")
+        for multi in (False, True):
+            vals = {kind: by.get((compiled, multi, kind)) or by.get((compiled, not multi, kind)) or []
+                    for kind in (FSDP, TP)}
+            what = ", ".join(f"{kind} from {len(v)}" for kind, v in vals.items() if v)
+            out[(compiled, multi)] = HostCosts(**{k: statistics.median(v) for k, v in vals.items() if v},
+                                               source=f"median of host-bound records ({what})")
     return out
 
 

@@ -186,8 +186,9 @@ class Evidence:
     assumed_mfu: float = DEFAULT_MFU
     # the block floor by compile setting, for a target machine given without one (``Machine.block_floor_s``)
     block_floors: dict[bool, float] = field(default_factory=dict)
-    # the strategies' host work by compile setting, for a target machine given without it (``Machine.host``)
-    host_costs: dict[bool, HostCosts] = field(default_factory=dict)
+    # the strategies' host work by (compile setting, several ranks), for a target machine given without it
+    # (``Machine.host``; ``host.fit_host_costs``)
+    host_costs: dict[tuple[bool, bool], HostCosts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -732,8 +733,9 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     check_candidate(candidate, arch, machine)
     if not machine.block_floor_s and evidence.block_floors.get(candidate.compiled):
         machine = replace(machine, block_floor_s=evidence.block_floors[candidate.compiled])
-    if not machine.host and evidence.host_costs.get(candidate.compiled):
-        machine = replace(machine, host=evidence.host_costs[candidate.compiled])
+    host = evidence.host_costs.get((candidate.compiled, candidate.devices > 1))
+    if not machine.host and host:
+        machine = replace(machine, host=host)
     rate = compute_rate(candidate, arch, machine, evidence)
     t = step_terms(candidate, arch, machine, rate.efficiency)
     tps = tokens_per_step(candidate, arch) / t.step_s / candidate.devices

@@ -244,6 +244,18 @@ def own_rows(pairs: list[tuple[Case, Reference]], samples: list = ()) -> list[Ro
             for case, ref in pairs]
 
 
+def repeat_rows(pairs: list[tuple[Case, Reference]]) -> list[Row]:
+    """Each case "predicted" by the median measurement of the same configuration in the other stores: the error no
+    model from a reference can beat, since the same configuration measured another day differs by this much."""
+    cases = [c for c, _ in pairs]
+    rows = []
+    for c in cases:
+        same = [o.measured for o in cases if o.source != c.source and o.arch == c.arch and o.candidate == c.candidate]
+        if same:
+            rows.append(Row(c, "repeat in another store", statistics.median(same), "", ""))
+    return rows
+
+
 def ranking(cases: list[Case]) -> list[tuple[str, list[tuple[str, float, float]], bool]]:
     """For each source, model and GPU count with several published configurations: the configurations ranked by
     the model (at the rate fitted without the source), with their measured figure, and whether the fastest
