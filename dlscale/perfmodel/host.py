@@ -1,7 +1,7 @@
 """The strategies' host work (``strategies.HostCosts``: seconds per FSDP unit, per tensor-parallel Linear) fitted
 on measured records.
 
-A sample is a measured run of a sharded strategy (fsdp or tensor parallel, on one GPU or more) with the
+A sample (``evidence.record_samples`` reads them from a store) is a measured run of a sharded strategy (fsdp or tensor parallel, on one GPU or more) with the
 single-device run of the same workload (model, batch, precision, compile setting, GPU) from the same store. The
 single run gives the compute rate, the model the GPU's critical path of the sharded run at that rate; where the
 measured step is longer than that path by more than ``HOST_BOUND`` the host set the step (the step model's
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from dlscale.perfmodel.strategies import (Candidate, HostCosts, Machine, Reference, calibrate, step_terms,
                                           tokens_per_step)
@@ -81,42 +81,3 @@ def fit_host_costs(samples: Iterable[HostSample], exclude_source: str | None = N
             out[(compiled, multi)] = HostCosts(**{k: statistics.median(v) for k, v in vals.items() if v},
                                                source=f"median of host-bound records ({what})")
     return out
-
-
-def _workload(rec: dict[str, Any]) -> tuple:
-    cfg = rec.get("config") or {}
-    return (cfg.get("model"), cfg.get("flavor") or "full", cfg.get("batch_size"), cfg.get("precision"),
-            bool(cfg.get("compile")), cfg.get("activation_checkpointing") or "none",
-            str((rec.get("summary") or {}).get("device_name")))
-
-
-def record_samples(records: list[dict[str, Any]], source: str, links: Any, peak_flops: float,
-                   floor: Callable[[str, str, bool], float]) -> list[HostSample]:
-    """The samples of one store: each ok fsdp / tensor run with the newest single-device run of its workload in
-    the same store; ``floor(model, flavor, compiled)``: the block floor their machines take."""
-    from dlscale.models import get_model
-    from dlscale.perfmodel.evidence import record_candidate, record_tokens_per_s
-
-    singles: dict[tuple, Reference] = {}
-    runs = []
-    for rec in sorted(records, key=lambda r: str(r.get("created") or "")):
-        cfg = rec.get("config") or {}
-        if rec.get("kind", "run") != "run" or rec.get("status") != "ok" or not cfg.get("model"):
-            continue
-        cand = record_candidate(rec)
-        if cand is None or cand.strategy not in ("single", "fsdp", "tensor"):
-            continue
-        arch = get_model(cfg["model"], cfg.get("flavor") or "full").arch
-        tps = record_tokens_per_s(rec, arch.seq_len)
-        if not tps:
-            continue
-        peak = float((rec.get("summary") or {}).get("peak_flops") or peak_flops)
-        machine = Machine(cand.devices, int(cfg.get("nproc_per_node") or 1), peak, links,
-                          block_floor_s=floor(cfg["model"], cfg.get("flavor") or "full", cand.compiled))
-        ident = f"{source} {str(rec.get('id'))[:8]}"
-        if cand.strategy == "single":
-            singles[_workload(rec)] = Reference(cand, machine, tps, ident)
-        else:
-            runs.append((_workload(rec), (cand, arch, machine, tps, ident)))
-    return [HostSample(source, cand, arch, machine, tps, singles[key], ident)
-            for key, (cand, arch, machine, tps, ident) in runs if key in singles]

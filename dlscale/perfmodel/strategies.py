@@ -758,5 +758,11 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     tps = tokens_per_step(candidate, arch) / t.step_s / candidate.devices
     below, above = (math.hypot(b, rate.rel_spread) for b in BAND[rate.basis])
     mfu = tps * arch.flops_per_token() / machine.peak_flops
+    notes = list(rate.notes)
+    if t.host_exposed_s > 0:
+        h = machine.host
+        notes.append(f"host-bound: {t.host_s * 1e3:.1f} ms of host work against a {(t.step_s - t.host_exposed_s) * 1e3:.1f}"
+                     f" ms GPU path ({h.fsdp_unit_s * 1e3:.2f} ms per FSDP unit, {h.tp_linear_s * 1e3:.2f} ms per "
+                     f"tensor-parallel Linear; {h.source or 'given'})")
     return StepPrediction(candidate, t, tps, mfu, rate.basis, rate.evidence, tps * max(0.0, 1 - below),
-                          tps * (1 + above), _limited_by(t), rate.efficiency, list(rate.notes))
+                          tps * (1 + above), _limited_by(t), rate.efficiency, notes)

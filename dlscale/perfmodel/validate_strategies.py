@@ -224,9 +224,8 @@ def held_out_by_source(cases: list[Case]) -> list[Row]:
 
 
 def own_host_samples(stores: dict[str, list[dict[str, Any]]], links: Links) -> list:
-    """Every store's host samples (``host.record_samples``), their block floor measured in the other stores."""
-    from dlscale.perfmodel.evidence import block_floor
-    from dlscale.perfmodel.host import record_samples
+    """Every store's host samples (``evidence.record_samples``), their block floor measured in the other stores."""
+    from dlscale.perfmodel.evidence import block_floor, record_samples
 
     out = []
     for name, records in stores.items():
