@@ -243,7 +243,7 @@ def test_plan_command_table_and_json():
 
 @pytest.mark.parametrize("args, expect", [
     (["--model", "resnet50", "--nproc-per-node", "2", "--gpu-memory", "80GiB"], "plan models transformer architectures"),
-    (["--model", "llama", "--nproc-per-node", "0", "--gpu-memory", "80GiB"], "expected a positive int"),
+    (["--model", "llama", "--nproc-per-node", "0", "--gpu-memory", "80GiB"], "--nproc-per-node"),
     (["--model", "llama", "--flavor", "full", "--nproc-per-node", "8", "--gpu-memory", "80GiB"], "unknown flavor 'full'"),
     (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "eighty"], "memory size must look like 80GiB"),
     (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--gpu", "Z9"], "no peak FLOP/s known"),
