@@ -201,6 +201,19 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
     return "\n".join(out)
 
 
+def own_pairs(val: Validation, own: dict) -> str:
+    """The project's own 2-GPU records predicted from their 1-GPU records, and their summary line."""
+    body = [[r.group, r.series, r.shape, fmt(r.measured, 1), fmt(r.predicted, 1), fmt(r.error_pct, 1, " %")]
+            for r in val.rows if r.group in own]
+    out = ["The project's own 2-GPU records, predicted from their 1-GPU records (each store held out):\n",
+           md_table(["store", "case", "shape", "measured", "predicted", "error"], body)]
+    so = val.summary("from-1-gpu", own)
+    if so.n:
+        out.append(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
+                   f"over / under {so.over} / {so.under}")
+    return "\n".join(out)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for validation.json and validation.png")
@@ -245,14 +258,7 @@ def main() -> int:
     if args.points:
         print(points(val))
         print()
-    print("The project's own 2-GPU records, predicted from their 1-GPU records (each store held out):\n")
-    body = [[r.group, r.series, r.shape, fmt(r.measured, 1), fmt(r.predicted, 1), fmt(r.error_pct, 1, " %")]
-            for r in val.rows if r.group in own]
-    print(md_table(["store", "case", "shape", "measured", "predicted", "error"], body))
-    so = val.summary("from-1-gpu", own)
-    if so.n:
-        print(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
-              f"over / under {so.over} / {so.under}")
+    print(own_pairs(val, own))
     if args.node_sizes:
         print("\n## Single-node points from the other node sizes of their series (leave one node size out)\n")
         print(node_sizes(pub, everything, opts))

@@ -23,6 +23,30 @@ def memory_size(text: str) -> float:
     return device_memory(float(m.group(1)) * _UNITS[m.group(2).lower()], text)
 
 
+def _link_args(p) -> None:
+    """The links' options, named as dlscale predict's."""
+    p.add_argument("--intra-busbw", type=positive_float, default=None,
+                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
+                        "--store, else an assumed 300, NVLink class; the header says which)")
+    p.add_argument("--inter-busbw", type=positive_float, default=None,
+                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
+                        "required with --nodes > 1")
+    p.add_argument("--intra-latency-us", type=non_negative_float, default=None, metavar="US",
+                   help="intra-node latency per ring step (default: the micro comm record's, 0 with --intra-busbw)")
+    p.add_argument("--inter-latency-us", type=non_negative_float, default=0.0, metavar="US",
+                   help="inter-node latency per step, as dlscale predict's")
+
+
+def _check_args(p) -> None:
+    """--check STORE and its --tolerance."""
+    p.add_argument("--check", metavar="STORE", default=None,
+                   help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
+                        "one file) with a transformer model, the plan's peak per device beside the measured peak, "
+                        "with the error (dlscale/plancheck.py; default: off)")
+    p.add_argument("--tolerance", type=positive_float, default=None,
+                   help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
+
+
 def register(sub) -> None:
     from dlscale.checkpointing import MODES
     from dlscale.cli import deprecated_alias
@@ -65,28 +89,14 @@ def register(sub) -> None:
     p.add_argument("--store", default=None, metavar="STORE",
                    help="result store whose measured records of the model (any strategy, any device count) and "
                         "micro layer records set the compute rate (default: none, the assumed --mfu)")
-    p.add_argument("--intra-busbw", type=positive_float, default=None,
-                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
-                        "--store, else an assumed 300, NVLink class; the header says which)")
-    p.add_argument("--inter-busbw", type=positive_float, default=None,
-                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
-                        "required with --nodes > 1")
-    p.add_argument("--intra-latency-us", type=non_negative_float, default=None, metavar="US",
-                   help="intra-node latency per ring step (default: the micro comm record's, 0 with --intra-busbw)")
-    p.add_argument("--inter-latency-us", type=non_negative_float, default=0.0, metavar="US",
-                   help="inter-node latency per step, as dlscale predict's")
+    _link_args(p)
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
     p.add_argument("--checkpoint-write-gbps", type=positive_float, default=None, metavar="GB/S",
                    help="a node's measured durable write bandwidth (dlscale micro io --write-dir): estimate how "
                         "long a synchronous checkpoint of the state blocks (default: its size only)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
-    p.add_argument("--check", metavar="STORE", default=None,
-                   help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
-                        "one file) with a transformer model, the plan's peak per device beside the measured peak, "
-                        "with the error (dlscale/plancheck.py; default: off)")
-    p.add_argument("--tolerance", type=positive_float, default=None,
-                   help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
+    _check_args(p)
     p.set_defaults(func=cmd_plan)
 
 
