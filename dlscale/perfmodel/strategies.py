@@ -4,7 +4,11 @@ parallel strategies").
 
 Per optimizer step and device::
 
-    step = compute + communication on the critical path - what the implementation hides
+    GPU path = compute + communication on the critical path - what the implementation hides
+    step     = max(GPU path, host work)
+
+(host work: the block passes at the measured block floor, plus per FSDP unit and per tensor-parallel Linear the
+``HostCosts`` fitted on measured records by ``host.fit_host_costs``; none measured, nothing added)
 
 Compute is FLOPs over an achieved rate, ``peak x efficiency``; the efficiency comes from a
 measurement wherever one exists (``predict`` picks it in this order: the same configuration at
@@ -735,7 +739,8 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     * ``machine`` (``Machine``): GPUs, GPUs per node, peak FLOP/s of one device, the ``Links`` (intra-node
       busbw by GPUs spanned, inter-node busbw per node, latencies);
     * ``evidence`` (``Evidence``): measured ``Reference`` points of the model, a ``LayerTiming`` from
-      ``micro layer``, the MFU assumed where neither exists.
+      ``micro layer``, the MFU assumed where neither exists, the block floors and the strategies' ``HostCosts``
+      (by compile setting and rank count) for a machine given without them.
 
     Ranking configurations on N GPUs (what a tuner does): build one ``Machine`` and one ``Evidence`` (from a
     store: ``evidence.evidence_from_records(records, model, flavor, peak, links, batch, assumed_mfu)``), then
