@@ -170,7 +170,8 @@ def comm_links():
 
 def strategies_section(own: dict[str, list[dict]]) -> str:
     cases = vs.published_cases(TABLES)
-    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()))
+    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()),
+                                                                               vs.own_host_samples(own, comm_links()))
     out = ["## The strategy model: published sharded-training tables and the project's own records\n",
            md_table(["source", "family", "protocol", "n", "mean |error|", "max |error|"],
                     [[src, fam, proto, str(n), fmt(mae, 1, " %"), fmt(mx, 1, " %")]
@@ -185,9 +186,31 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
                          [[r.case.table, r.case.candidate.label, str(r.case.candidate.devices), r.protocol,
                            fmt(r.case.measured, 0), fmt(r.predicted, 0), fmt(r.error_pct, 1, " %"), r.limited_by]
                           for r in rows]), ""]
+    same = [abs(r.error_pct) for r in rows if r.protocol == "from-1-gpu" and f"; {r.case.source} " in r.basis_ref]
+    if same:
+        out.append(f"- from-1-gpu with the 1-GPU record of the same store: {len(same)} point(s), mean |error| "
+                   f"{sum(same) / len(same):.1f} %, max {max(same):.1f} %")
+    repeats = vs.repeat_rows(vs.own_cases(own, comm_links()))
+    if repeats:
+        errs = [abs(r.error_pct) for r in repeats]
+        out += [f"- the bound of the own records: {len(errs)} of them have the same configuration measured in another "
+                f"store; that store's figure is off by mean {sum(errs) / len(errs):.1f} %, max {max(errs):.1f} %", ""]
     for what, ranked, ok in vs.ranking(cases):
         order = "; ".join(f"{label}: predicted {p:,.0f}, measured {m:,.0f}" for label, p, m in ranked)
         out.append(f"- ranking, {what}: {order} -> the fastest published {'is' if ok else 'is NOT'} in the top three")
+    return "\n".join(out)
+
+
+def own_pairs(val: Validation, own: dict) -> str:
+    """The project's own 2-GPU records predicted from their 1-GPU records, and their summary line."""
+    body = [[r.group, r.series, r.shape, fmt(r.measured, 1), fmt(r.predicted, 1), fmt(r.error_pct, 1, " %")]
+            for r in val.rows if r.group in own]
+    out = ["The project's own 2-GPU records, predicted from their 1-GPU records (each store held out):\n",
+           md_table(["store", "case", "shape", "measured", "predicted", "error"], body)]
+    so = val.summary("from-1-gpu", own)
+    if so.n:
+        out.append(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
+                   f"over / under {so.over} / {so.under}")
     return "\n".join(out)
 
 
@@ -235,14 +258,7 @@ def main() -> int:
     if args.points:
         print(points(val))
         print()
-    print("The project's own 2-GPU records, predicted from their 1-GPU records (each store held out):\n")
-    body = [[r.group, r.series, r.shape, fmt(r.measured, 1), fmt(r.predicted, 1), fmt(r.error_pct, 1, " %")]
-            for r in val.rows if r.group in own]
-    print(md_table(["store", "case", "shape", "measured", "predicted", "error"], body))
-    so = val.summary("from-1-gpu", own)
-    if so.n:
-        print(f"\n{so.n} pair(s): mean |error| {so.mean_abs_error_pct:.1f} %, max {so.max_abs_error_pct:.1f} %, "
-              f"over / under {so.over} / {so.under}")
+    print(own_pairs(val, own))
     if args.node_sizes:
         print("\n## Single-node points from the other node sizes of their series (leave one node size out)\n")
         print(node_sizes(pub, everything, opts))

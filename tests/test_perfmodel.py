@@ -401,8 +401,7 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert "3.20 cores for 320.0 samples/s" in out["inputs"]["host_input_floor"]
     assert main(argv) == 0
     md = capsys.readouterr().out
-    assert "* host input floor: the 1-device record's loaders used 3.20 cores" in md and "| host input |" in md
-    assert "1x8: the host input floor (320.0 ms) is above the modelled step" in md
+    assert "| host input |" in md and "320.0 ms" in md  # the row's limit and the floor it rests on
     lifted = run_json(argv + ["--host-cores", "64"], capsys)["rows"][-1]
     assert lifted["limiting"] != "host input" and lifted["samples_per_s"] > 2000
     assert "--host-cores" in run_json(argv + ["--host-cores", "64"], capsys)["inputs"]["host_input_floor"]

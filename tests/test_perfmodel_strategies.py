@@ -179,6 +179,14 @@ def test_plan_needs_the_inter_link_for_several_nodes():
     rc, out, err = _cli(["plan", "--model", "llama", "--nproc-per-node", "8", "--nnodes", "2", "--gpu-memory", "80GiB",
                          "--inter-busbw", "400", "--format", "json"])
     assert rc == 0, err
+    # the inter-node latency reaches the model: every row crossing nodes is slower, none faster
+    rc, slow, err = _cli(["plan", "--model", "llama", "--nproc-per-node", "8", "--nnodes", "2", "--gpu-memory",
+                          "80GiB", "--inter-busbw", "400", "--inter-latency-us", "1000", "--format", "json"])
+    assert rc == 0, err
+    fast_rows = {r["config"]: r["step_ms"] for r in json.loads(out)["rows"]}
+    slow_rows = {r["config"]: r["step_ms"] for r in json.loads(slow)["rows"]}
+    assert fast_rows.keys() == slow_rows.keys()
+    assert all(slow_rows[k] >= fast_rows[k] for k in fast_rows) and any(slow_rows[k] > fast_rows[k] for k in fast_rows)
 
 
 STORE = "docs/results/stores/h200x2-2026-11-22/strategies.jsonl"

@@ -243,14 +243,14 @@ def test_plan_command_table_and_json():
 
 
 @pytest.mark.parametrize("args, expect", [
-    (["--model", "resnet50", "--nproc-per-node", "2", "--gpu-memory", "80GiB"], "plan models transformer architectures"),
-    (["--model", "llama", "--nproc-per-node", "0", "--gpu-memory", "80GiB"], "expected a positive int"),
-    (["--model", "llama", "--flavor", "full", "--nproc-per-node", "8", "--gpu-memory", "80GiB"], "unknown flavor 'full'"),
-    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "eighty"], "memory size must look like 80GiB"),
-    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--gpu", "Z9"], "no peak FLOP/s known"),
-    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--model", "resnet50", "--nproc-per-node", "2", "--gpu-memory", "80GiB"], "resnet50"),
+    (["--model", "llama", "--nproc-per-node", "0", "--gpu-memory", "80GiB"], "--nproc-per-node"),
+    (["--model", "llama", "--flavor", "full", "--nproc-per-node", "8", "--gpu-memory", "80GiB"], "full"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "eighty"], "--gpu-memory"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--gpu", "Z9"], "Z9"),
+    (["--model", "llama", "--nproc-per-node", "8", "--gpu-memory", "80GiB", "--strategy", "nope"], "nope"),
 ])
 def test_plan_bad_input(args, expect):
     rc, out, err = _cli(["plan", *args])
-    assert rc == 2, (out, err)
+    assert rc == 2 and not out, (out, err)  # nothing printed but the one line
     assert len(err.strip().splitlines()) == 1 and expect in err, err

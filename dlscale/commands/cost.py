@@ -13,7 +13,7 @@ from dlscale import ConfigError, energy, goodput
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, arg_type, options_from_args,
                                         positive_float, positive_int, query_from_args, shapes_type)
 from dlscale.perfmodel.core import Shape, parse_shapes
-from dlscale.perfmodel.cost import (BUILTIN_PRICES, CostOption, cheapest_meeting_deadline, gpu_name, pick_price,
+from dlscale.perfmodel.cost import (BUILTIN_PRICES, Amount, CostOption, cheapest_meeting_deadline, gpu_name, pick_price,
                                     plan_options, training_cost, workload_seq_len, workload_unit)
 from dlscale.perfmodel.render import fmt, md_table
 from dlscale.report.data import load_records, rec_config, rec_device_type
@@ -71,8 +71,8 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_cost)
 
 
-def _amount(args) -> dict[str, Any]:
-    return {"samples": args.samples, "tokens": args.tokens, "epochs": args.epochs, "dataset_size": args.dataset_size}
+def _amount(args, seq_len: int | None = None) -> Amount:
+    return Amount(args.samples, args.tokens, seq_len, args.epochs, args.dataset_size)
 
 
 def _qualifier(rec: dict[str, Any]) -> str:
@@ -87,8 +87,7 @@ def _qualifier(rec: dict[str, Any]) -> str:
 
 def _cost_of(o: CostOption, price, seq_len, args) -> dict[str, Any]:
     d = training_cost(o.samples_per_s, o.shape.devices, price.usd_per_gpu_hour,
-                      seq_len=int(seq_len) if (args.tokens is not None and seq_len) else None,
-                      power_w=o.power_w, **_amount(args))
+                      _amount(args, int(seq_len) if (args.tokens is not None and seq_len) else None), o.power_w)
     d.update(o.to_dict())
     d["overheads"] = goodput.long_run(d["hours"], getattr(args, "records_by_id", {}).get(o.record) if o.kind == "run"
                                       else None, args.checkpoint_interval_min)

@@ -7,6 +7,7 @@ import re
 
 from dlscale import ConfigError
 from dlscale.checkpoint_timing import STATE_BYTES_PER_PARAM, plan_estimate
+from dlscale.commands.perf_args import non_negative_float, positive_float, positive_int
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -22,16 +23,28 @@ def memory_size(text: str) -> float:
     return device_memory(float(m.group(1)) * _UNITS[m.group(2).lower()], text)
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not 0 < v < float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
-        return v
-    return parse
+def _link_args(p) -> None:
+    """The links' options, named as dlscale predict's."""
+    p.add_argument("--intra-busbw", type=positive_float, default=None,
+                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
+                        "--store, else an assumed 300, NVLink class; the header says which)")
+    p.add_argument("--inter-busbw", type=positive_float, default=None,
+                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
+                        "required with --nodes > 1")
+    p.add_argument("--intra-latency-us", type=non_negative_float, default=None, metavar="US",
+                   help="intra-node latency per ring step (default: the micro comm record's, 0 with --intra-busbw)")
+    p.add_argument("--inter-latency-us", type=non_negative_float, default=0.0, metavar="US",
+                   help="inter-node latency per step, as dlscale predict's")
+
+
+def _check_args(p) -> None:
+    """--check STORE and its --tolerance."""
+    p.add_argument("--check", metavar="STORE", default=None,
+                   help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
+                        "one file) with a transformer model, the plan's peak per device beside the measured peak, "
+                        "with the error (dlscale/plancheck.py; default: off)")
+    p.add_argument("--tolerance", type=positive_float, default=None,
+                   help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
 
 
 def register(sub) -> None:
@@ -52,48 +65,38 @@ def register(sub) -> None:
     p.add_argument("--model", default=None,
                    help="registered model with a transformer architecture (gpt2, llama...); required without --check")
     p.add_argument("--flavor", default=None, help="the model's size (default: its first flavour)")
-    p.add_argument("--nproc-per-node", type=_positive(int), default=None, metavar="G",
+    p.add_argument("--nproc-per-node", type=positive_int, default=None, metavar="G",
                    help="GPUs per node, as dlscale run's; required without --check")
-    p.add_argument("--nnodes", type=_positive(int), default=1, help="nodes, as dlscale run's")
+    p.add_argument("--nnodes", type=positive_int, default=1, help="nodes, as dlscale run's")
     deprecated_alias(p, "--gpus", "--nproc-per-node and --nnodes (--gpus was the job's total)", dest="gpus_total",
-                     type=_positive(int))
-    deprecated_alias(p, "--nodes", "--nnodes", dest="nnodes", type=_positive(int))
+                     type=positive_int)
+    deprecated_alias(p, "--nodes", "--nnodes", dest="nnodes", type=positive_int)
     p.add_argument("--gpu-memory", type=memory_size, default=None,
                    help="memory of one GPU, e.g. 80GiB, 141GB; required without --check")
-    p.add_argument("--batch-size", type=_positive(int), default=4,
+    p.add_argument("--batch-size", type=positive_int, default=4,
                    help="per-device micro-batch as in dlscale run (pipelines: the batch their micro-batches share)")
     p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS, help="as dlscale run's --precision")
     p.add_argument("--activation-checkpointing", default="none", choices=MODES, help="as dlscale run's")
     p.add_argument("--eager", action="store_true", help="plan an eager model (default: compiled, --compile)")
-    p.add_argument("--microbatches", type=_positive(int), default=4, help="pipeline micro-batches per step")
+    p.add_argument("--microbatches", type=positive_int, default=4, help="pipeline micro-batches per step")
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"), help="pipeline schedule")
     p.add_argument("--sequence-parallel", action="store_true", help="tensor parallel with sequence parallelism")
     p.add_argument("--strategy", action="append", default=None, help="only these strategies (repeatable)")
     p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/metrics.py)")
-    p.add_argument("--peak-tflops", type=_positive(float), default=None, help="peak dense TFLOP/s (overrides --gpu)")
-    p.add_argument("--mfu", type=_positive(float), default=0.40,
+    p.add_argument("--peak-tflops", type=positive_float, default=None, help="peak dense TFLOP/s (overrides --gpu)")
+    p.add_argument("--mfu", type=positive_float, default=0.40,
                    help="compute rate (fraction of the peak) assumed where the store has no measurement of the model")
     p.add_argument("--store", default=None, metavar="STORE",
                    help="result store whose measured records of the model (any strategy, any device count) and "
                         "micro layer records set the compute rate (default: none, the assumed --mfu)")
-    p.add_argument("--intra-busbw", type=_positive(float), default=None,
-                   help="GB/s bus bandwidth within a node (default: the newest micro comm all_reduce record of "
-                        "--store, else an assumed 300, NVLink class; the header says which)")
-    p.add_argument("--inter-busbw", type=_positive(float), default=None,
-                   help="GB/s bus bandwidth per node across nodes (all its GPUs share it, as dlscale predict's); "
-                        "required with --nodes > 1")
+    _link_args(p)
     p.add_argument("--headroom", type=float, default=0.10,
                    help="fraction of the GPU memory left free (CUDA context, allocator cache, fragmentation)")
-    p.add_argument("--checkpoint-write-gbps", type=_positive(float), default=None, metavar="GB/S",
+    p.add_argument("--checkpoint-write-gbps", type=positive_float, default=None, metavar="GB/S",
                    help="a node's measured durable write bandwidth (dlscale micro io --write-dir): estimate how "
                         "long a synchronous checkpoint of the state blocks (default: its size only)")
     p.add_argument("--format", default="md", choices=("md", "json"), help="table or JSON rows")
-    p.add_argument("--check", metavar="STORE", default=None,
-                   help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
-                        "one file) with a transformer model, the plan's peak per device beside the measured peak, "
-                        "with the error (dlscale/plancheck.py; default: off)")
-    p.add_argument("--tolerance", type=_positive(float), default=None,
-                   help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
+    _check_args(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -139,9 +142,11 @@ def _machine(args, records=()):
         if not peak:
             raise ConfigError(f"no peak FLOP/s known for --gpu {args.gpu!r}; give --peak-tflops")
     bw, lat, src = _intra_link(args, list(records))
+    lat = lat if args.intra_latency_us is None else args.intra_latency_us * 1e-6
     return Machine(gpus=args.gpus, nodes=args.nodes, memory_bytes=args.gpu_memory, peak_flops=peak,
                    efficiency=args.mfu, intra_busbw=bw, intra_latency_s=lat,
-                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None, headroom=args.headroom,
+                   inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None,
+                   inter_latency_s=args.inter_latency_us * 1e-6, headroom=args.headroom,
                    intra_source=src)
 
 

@@ -125,6 +125,11 @@ class Links:
             raise ConfigError(f"inter-node algorithm must be one of {', '.join(INTER_ALGORITHMS)}, "
                               f"got {self.inter_algorithm!r}")
 
+    def key(self) -> tuple:
+        """A hashable stand-in for these links (what a cache of results priced on them is keyed by); the
+        sources are descriptions and left out."""
+        return tuple(sorted(self.intra.items())), self.inter, self.inter_algorithm
+
     def intra_for(self, gpus: int) -> Link | None:
         """The intra-node figure for ``gpus`` GPUs: stated for that count, else the smallest stated count
         above it, else the largest stated (a ring's busbw changes little with its length)."""

@@ -23,36 +23,51 @@ BUILTIN_PRICES = Path(__file__).resolve().parent.parent / "data" / "prices.yaml"
 KIND_RANK = {"run": 0, "imported": 1}  # measured beats imported
 
 
-def training_cost(samples_per_s: float, devices: int, price_per_gpu_hour: float, *,
-                  samples: float | None = None, tokens: float | None = None, seq_len: int | None = None,
-                  epochs: float | None = None, dataset_size: float | None = None,
-                  power_w: float | None = None) -> dict[str, Any]:
-    """Wall time, GPU-hours, money (and energy when ``power_w``, the GPUs' summed mean power, is given).
+@dataclass(frozen=True)
+class Amount:
+    """How much training a cost is for: exactly one of ``samples``; ``tokens`` (samples = tokens / ``seq_len``);
+    or ``epochs`` of ``dataset_size`` samples."""
 
-    Exactly one amount: ``samples``; ``tokens`` (samples = tokens / ``seq_len``); or ``epochs`` with
-    ``dataset_size``. hours = samples / samples_per_s / 3600, gpu_hours = hours x devices, cost =
-    gpu_hours x price, cost per million samples = 1e6 x devices x price / (samples_per_s x 3600),
-    energy per sample (J) = power_w / samples_per_s, energy (kWh) = power_w x hours / 1000.
+    samples: float | None = None
+    tokens: float | None = None
+    seq_len: int | None = None
+    epochs: float | None = None
+    dataset_size: float | None = None
+
+    def n_samples(self) -> float:
+        """The samples it amounts to; ConfigError (one line) for none or several amounts, or a missing part."""
+        given = [k for k, v in (("samples", self.samples), ("tokens", self.tokens), ("epochs", self.epochs))
+                 if v is not None]
+        if len(given) != 1:
+            raise ConfigError("give exactly one of --samples, --tokens, --epochs (with --dataset-size)"
+                              + (f"; got {', '.join('--' + k for k in given)}" if given else ""))
+        if self.tokens is not None:
+            tokens = positive("tokens", self.tokens)
+            if not self.seq_len:
+                raise ConfigError("--tokens needs a language model with a sequence length; give --samples instead")
+            return tokens / positive("sequence length", self.seq_len)
+        if self.epochs is not None:
+            if self.dataset_size is None:
+                raise ConfigError("--epochs needs --dataset-size (samples per epoch)")
+            return positive("epochs", self.epochs) * positive("dataset size", self.dataset_size)
+        return positive("samples", self.samples)
+
+
+def training_cost(samples_per_s: float, devices: int, price_per_gpu_hour: float, amount: Amount,
+                  power_w: float | None = None) -> dict[str, Any]:
+    """Wall time, GPU-hours, money (and energy when ``power_w``, the GPUs' summed mean power, is given) of
+    ``amount`` of training.
+
+    hours = samples / samples_per_s / 3600, gpu_hours = hours x devices, cost = gpu_hours x price, cost per
+    million samples = 1e6 x devices x price / (samples_per_s x 3600), energy per sample (J) = power_w /
+    samples_per_s, energy (kWh) = power_w x hours / 1000.
     """
     sps = positive("samples/s", samples_per_s)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ConfigError(f"device count must be a positive integer, got {devices!r}")
     price = positive("price per GPU-hour", price_per_gpu_hour)
-    given = [k for k, v in (("samples", samples), ("tokens", tokens), ("epochs", epochs)) if v is not None]
-    if len(given) != 1:
-        raise ConfigError("give exactly one of --samples, --tokens, --epochs (with --dataset-size)"
-                          + (f"; got {', '.join('--' + k for k in given)}" if given else ""))
-    if tokens is not None:
-        tokens = positive("tokens", tokens)
-        if not seq_len:
-            raise ConfigError("--tokens needs a language model with a sequence length; give --samples instead")
-        n_samples = tokens / positive("sequence length", seq_len)
-    elif epochs is not None:
-        if dataset_size is None:
-            raise ConfigError("--epochs needs --dataset-size (samples per epoch)")
-        n_samples = positive("epochs", epochs) * positive("dataset size", dataset_size)
-    else:
-        n_samples = positive("samples", samples)
+    n_samples = amount.n_samples()
+    tokens, seq_len = (None if amount.tokens is None else float(amount.tokens)), amount.seq_len
     hours = n_samples / sps / 3600.0
     gpu_hours = hours * devices
     out = {"samples": n_samples, "tokens": tokens, "seq_len": seq_len, "samples_per_s": sps,

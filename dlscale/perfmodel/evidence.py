@@ -3,11 +3,16 @@ configuration read the way the strategy declares its memory layout), ``micro lay
 shape as ``LayerTiming``; ``micro comm`` records as the links (``inputs.links_for``'s rule)."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Links
-from dlscale.perfmodel.strategies import Candidate, Evidence, LayerTiming, Machine, Reference
+from dlscale.perfmodel.host import HostSample, fit_host_costs
+from dlscale.perfmodel.strategies import DEFAULT_MFU, Candidate, Evidence, LayerTiming, Machine, Reference
+
+
+ONE_DEVICE_KEPT = ("fsdp", "hsdp", "tensor")
 
 
 def _num(x: Any) -> float | None:
@@ -24,7 +29,8 @@ def record_candidate(rec: dict[str, Any]) -> Candidate | None:
     try:
         spec = get_model(cfg.get("model"), cfg.get("flavor") or "full")
         world = int(cfg.get("nproc_per_node") or 1) * int(cfg.get("nnodes") or 1)
-        name = "single" if world == 1 else str(cfg.get("strategy"))
+        # one device of a strategy that shards or splits still runs its machinery (FSDP's units, DTensor): kept
+        name = str(cfg.get("strategy")) if world > 1 or cfg.get("strategy") in ONE_DEVICE_KEPT else "single"
         if name == "single":
             from dlscale.memplan import Layout
             layout = Layout("single")
@@ -115,12 +121,80 @@ def layer_timing(records: Iterable[dict[str, Any]], arch: Any, batch: int) -> La
     return best[1] if best else None
 
 
-def evidence_from_records(records: list[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,
-                          batch: int, assumed_mfu: float) -> Evidence:
-    """Everything a store holds for the strategy model of ``model``/``flavor``."""
+def _workload(rec: dict[str, Any]) -> tuple:
+    cfg = rec.get("config") or {}
+    return (cfg.get("model"), cfg.get("flavor") or "full", cfg.get("batch_size"), cfg.get("precision"),
+            bool(cfg.get("compile")), cfg.get("activation_checkpointing") or "none",
+            str((rec.get("summary") or {}).get("device_name")))
+
+
+def record_samples(records: list[dict[str, Any]], source: str, links: Any, peak_flops: float,
+                   floor: Callable[[str, str, bool], float]) -> list[HostSample]:
+    """The samples of one store: each ok fsdp / tensor run with the newest single-device run of its workload in
+    the same store; ``floor(model, flavor, compiled)``: the block floor their machines take."""
     from dlscale.models import get_model
 
-    arch = get_model(model, flavor).arch
-    floors = {c: block_floor(records, model, flavor, c)[0] for c in (False, True)}
-    return Evidence(tuple(references(records, model, flavor, peak_flops, links, floors=floors)),
-                    layer_timing(records, arch, batch), assumed_mfu, floors)
+    singles: dict[tuple, Reference] = {}
+    runs = []
+    for rec in sorted(records, key=lambda r: str(r.get("created") or "")):
+        cfg = rec.get("config") or {}
+        if rec.get("kind", "run") != "run" or rec.get("status") != "ok" or not cfg.get("model"):
+            continue
+        cand = record_candidate(rec)
+        if cand is None or cand.strategy not in ("single", "fsdp", "tensor"):
+            continue
+        arch = get_model(cfg["model"], cfg.get("flavor") or "full").arch
+        tps = record_tokens_per_s(rec, arch.seq_len)
+        if not tps:
+            continue
+        peak = float((rec.get("summary") or {}).get("peak_flops") or peak_flops)
+        machine = Machine(cand.devices, int(cfg.get("nproc_per_node") or 1), peak, links,
+                          block_floor_s=floor(cfg["model"], cfg.get("flavor") or "full", cand.compiled))
+        ident = f"{source} {str(rec.get('id'))[:8]}"
+        if cand.strategy == "single":
+            singles[_workload(rec)] = Reference(cand, machine, tps, ident)
+        else:
+            runs.append((_workload(rec), (cand, arch, machine, tps, ident)))
+    return [HostSample(source, cand, arch, machine, tps, singles[key], ident)
+            for key, (cand, arch, machine, tps, ident) in runs if key in singles]
+
+
+@dataclass(frozen=True)
+class StoreQuery:
+    """Whose evidence a store is read for: the model, the peak FLOP/s and links its records' machines take, the
+    batch a ``micro layer`` row is picked for, the MFU assumed where nothing is measured, the device type."""
+
+    model: str
+    flavor: str
+    peak_flops: float
+    links: Links
+    batch: int = 1
+    assumed_mfu: float = DEFAULT_MFU
+    device_type: str = "cuda"
+
+
+def store_host_samples(records: list[dict[str, Any]], links: Links, peak_flops: float) -> list[HostSample]:
+    """The host samples of one store, their block floor measured in the same store."""
+    return record_samples(records, "the store", links, peak_flops,
+                          lambda model, flavor, compiled: block_floor(records, model, flavor, compiled)[0])
+
+
+def store_evidence(records: list[dict[str, Any]], q: StoreQuery, store: list[dict[str, Any]] | None = None
+                   ) -> Evidence:
+    """Everything ``records`` hold for the strategy model of ``q.model``: measured references, the block floors,
+    a ``micro layer`` timing and the strategies' host costs, the last two read from ``store`` (default: the
+    same records) since they are not the model's runs."""
+    from dlscale.models import get_model
+
+    store = records if store is None else store
+    arch = get_model(q.model, q.flavor).arch
+    floors = {c: block_floor(records, q.model, q.flavor, c)[0] for c in (False, True)}
+    refs = references(records, q.model, q.flavor, q.peak_flops, q.links, q.device_type, floors)
+    return Evidence(tuple(refs), layer_timing(store, arch, q.batch), q.assumed_mfu, floors,
+                    fit_host_costs(store_host_samples(store, q.links, q.peak_flops)))
+
+
+def evidence_from_records(records: list[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,
+                          batch: int, assumed_mfu: float) -> Evidence:
+    """Everything a store holds for the strategy model of ``model``/``flavor`` (``store_evidence``)."""
+    return store_evidence(records, StoreQuery(model, flavor, peak_flops, links, batch, assumed_mfu))

@@ -549,6 +549,47 @@ class BuiltModel:
     limit_why: str = ""
 
 
+@dataclass(frozen=True)
+class _OneDevice:
+    """The 1-device step a workload's model starts from, its compute split, host input floor and spread."""
+
+    step_s: float
+    step_src: str
+    compute: Any
+    host: Any
+    host_src: str
+    spread: float | None
+    twin: Row | None = None
+
+
+def _one_device(base: Row | None, ref: Row, records: list[dict[str, Any]], opts: ModelOptions) -> _OneDevice:
+    """From the 1-device record (or its synthetic-data twin on another host); without one, the node's step
+    (``build_model`` infers the 1-device step from it)."""
+    if base is None:
+        step_s = measured_point(ref).step_s
+        return _OneDevice(step_s, "", compute_terms(step_s), None,
+                          "none: no 1-device record to measure the loaders' CPU time on", rel_spread(ref))
+    step_s, step_src = base_step_s(base)
+    host, host_src = host_input(base, opts)
+    twin, twin_note = gpu_step_on_other_host(base, records, host)
+    if twin is None:
+        return _OneDevice(step_s, step_src, compute_terms(step_s, base.breakdown), host, host_src + twin_note,
+                          rel_spread(base))
+    step_s, step_src = base_step_s(twin)
+    return _OneDevice(step_s, f"the synthetic run's {step_src}", compute_terms(step_s, twin.breakdown), host,
+                      host_src + twin_note, rel_spread(twin), twin)
+
+
+def _overhead_source(opts: ModelOptions, points: list) -> tuple[float | None, str]:
+    """The fixed overhead (s) of --overhead-ms, if given, and what the overhead rests on."""
+    if opts.overhead_ms is not None:
+        return opts.overhead_ms / 1000.0, f"--overhead-ms {opts.overhead_ms:g}: fixed at every N > 1"
+    if points:
+        return None, ("fitted on the measured " + ", ".join(f"{p.shape.label} ({p.ref})" for p in points)
+                      + f"; elsewhere the law: {opts.law.describe()}")
+    return None, f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
+
+
 def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOptions,
                 calibrate_on: Iterable[Shape] | None = None, exclude: Row | None = None) -> BuiltModel:
     """The workload's model. ``calibrate_on``: the measured shapes the overhead may be fitted on (None:
@@ -568,29 +609,12 @@ def build_model(workload: Workload, records: list[dict[str, Any]], opts: ModelOp
     points = [measured_point(r) for sh, r in sorted(measured_rows.items()) if sh in allowed and r is not exclude]
     usable_points = [p for p in points if (p.shape.gpus_per_node == 1 or links.intra_for(p.shape.gpus_per_node))
                      and (p.shape.nodes == 1 or links.inter is not None)]
-    if base is not None:
-        step_s, step_src = base_step_s(base)
-        compute = compute_terms(step_s, base.breakdown)
-        host, host_src = host_input(base, opts)
-        twin, twin_note = gpu_step_on_other_host(base, records, host)
-        host_src += twin_note
-        spread = rel_spread(base)
-        if twin is not None:
-            step_s, step_src = base_step_s(twin)
-            step_src = f"the synthetic run's {step_src}"
-            compute, spread, usable_points = compute_terms(step_s, twin.breakdown), rel_spread(twin), []
-    else:  # the 1-device step is inferred below, from the node's
-        step_s, step_src = measured_point(ref).step_s, ""
-        compute, twin, spread = compute_terms(step_s), None, rel_spread(ref)
-        host, host_src = None, "none: no 1-device record to measure the loaders' CPU time on"
-    fixed = opts.overhead_ms / 1000.0 if opts.overhead_ms is not None else None
-    if fixed is not None:
-        oh_src = f"--overhead-ms {opts.overhead_ms:g}: fixed at every N > 1"
-    elif usable_points:
-        oh_src = ("fitted on the measured " + ", ".join(f"{p.shape.label} ({p.ref})" for p in usable_points)
-                  + f"; elsewhere the law: {opts.law.describe()}")
-    else:
-        oh_src = f"no measured multi-device {opts.strategy} point: the default law, {opts.law.describe()}"
+    one = _one_device(base, ref, records, opts)
+    step_s, step_src, compute, host, host_src, spread = (one.step_s, one.step_src, one.compute, one.host,
+                                                         one.host_src, one.spread)
+    if one.twin is not None:  # the synthetic run's step: the real-data points do not calibrate it
+        usable_points = []
+    fixed, oh_src = _overhead_source(opts, usable_points)
     cfg = rec_config(ref.record)
     compiled = bool(cfg.get("compile")) and cfg.get("framework") in (None, "torch")
     model = WorkloadModel(compute, samples_per_device_step(ref), grads.buckets, links, overlap, opts.law,

@@ -142,6 +142,19 @@ def _rel(x: float | None) -> float:
     return x if x is not None and math.isfinite(x) and x > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class _Overheads:
+    """What ``WorkloadModel.predict`` adds to the 1-device step at one shape, and on what it rests."""
+
+    node_s: float
+    net_s: float
+    basis: str
+    how: str
+    rel_in: float
+    anchor: Measured | None = None
+    notes: tuple[str, ...] = ()
+
+
 @dataclass
 class WorkloadModel:
     """Everything the model needs for one workload (see the module docstring)."""
@@ -297,42 +310,48 @@ class WorkloadModel:
 
     # ------------------------------------------------------------------ prediction
 
+    def _overheads(self, shape: Shape) -> _Overheads:
+        """The node and network overhead of ``shape``, its basis, how it was found, the measured node it rests
+        on and the input spread the band carries."""
+        n = shape.devices
+        rel_in = _rel(self.base_rel_spread)
+        if n == 1:
+            # on a host of other cores the 1-device row is a prediction from the 1-device record
+            basis = "from-1-gpu" if self.host is not None and self.host.other_host else "measured"
+            if self.t1_inferred:
+                return _Overheads(0.0, 0.0, "from-node", "1-device step inferred from the measured node step",
+                                  rel_in)
+            return _Overheads(0.0, 0.0, basis, "1-device step", rel_in)
+        if self.fixed_overhead_s is not None:
+            return _Overheads(self.fixed_overhead_s, 0.0, "fixed overhead", self.overhead_source or "fixed overhead",
+                              rel_in)
+        o_node, how_node, anchor, notes = self.node_overhead(shape.gpus_per_node)
+        o_net, how = 0.0, how_node
+        if shape.nodes > 1:
+            t_node = self.t1_s + self.exposed(Shape(1, shape.gpus_per_node)).exposed_s + o_node
+            o_net, how_net, net_notes = self.net_overhead(shape, t_node)
+            how, notes = f"node: {how_node}; network: {how_net}", notes + net_notes
+        measured_here = any(m.shape == shape for m in self.measured)
+        if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
+            rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
+            basis = "measured" if (shape.nodes == 1 or measured_here) else "from-node"
+            net_pts = self.network.points
+            if basis == "from-node" and net_pts:  # the network term's amplitude is the workload's own
+                basis = "from-multinode"
+                rel_in = math.hypot(rel_in, max(_rel(m.rel_spread) for m in net_pts))
+        else:  # another node size: from the 1-device step, or from the node that step was inferred from
+            basis = "from-node" if self.t1_inferred else "from-1-gpu"
+        return _Overheads(o_node, o_net, basis, how, rel_in, anchor, tuple(notes))
+
     def predict(self, shape: Shape) -> ShapePrediction:
         c = self.compute
         n = shape.devices
         sps1 = self.samples_per_device_step / self.t1_s
         ideal = n * sps1
         ov = self.exposed(shape)
-        notes: list[str] = []
-        rel_in = _rel(self.base_rel_spread)
-        anchor: Measured | None = None
-        if n == 1:
-            o_node = o_net = 0.0
-            # on a host of other cores the 1-device row is a prediction from the 1-device record
-            basis = "from-1-gpu" if self.host is not None and self.host.other_host else "measured"
-            how = "1-device step"
-            if self.t1_inferred:
-                basis, how = "from-node", "1-device step inferred from the measured node step"
-        elif self.fixed_overhead_s is not None:
-            o_node, o_net = self.fixed_overhead_s, 0.0
-            basis, how = "fixed overhead", self.overhead_source or "fixed overhead"
-        else:
-            o_node, how_node, anchor, notes = self.node_overhead(shape.gpus_per_node)
-            o_net, how = 0.0, how_node
-            if shape.nodes > 1:
-                t_node = self.t1_s + self.exposed(Shape(1, shape.gpus_per_node)).exposed_s + o_node
-                o_net, how_net, net_notes = self.net_overhead(shape, t_node)
-                how, notes = f"node: {how_node}; network: {how_net}", notes + net_notes
-            measured_here = any(m.shape == shape for m in self.measured)
-            if anchor is not None and anchor.shape.gpus_per_node == shape.gpus_per_node:
-                rel_in = math.hypot(rel_in, _rel(anchor.rel_spread))
-                basis = "measured" if (shape.nodes == 1 or measured_here) else "from-node"
-                net_pts = self.network.points
-                if basis == "from-node" and net_pts:  # the network term's amplitude is the workload's own
-                    basis = "from-multinode"
-                    rel_in = math.hypot(rel_in, max(_rel(m.rel_spread) for m in net_pts))
-            else:  # another node size: from the 1-device step, or from the node that step was inferred from
-                basis = "from-node" if self.t1_inferred else "from-1-gpu"
+        o = self._overheads(shape)
+        o_node, o_net, basis, how, rel_in, anchor, notes = (o.node_s, o.net_s, o.basis, o.how, o.rel_in, o.anchor,
+                                                            list(o.notes))
         t = self.t1_s + ov.exposed_s + o_node + o_net
         floor = (self.host.floor_s(shape.gpus_per_node, self.samples_per_device_step)
                  if self.host and (n > 1 or self.host.other_host) else 0.0)

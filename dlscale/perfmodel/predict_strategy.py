@@ -3,12 +3,13 @@ shapes from the strategy model (``strategies.predict``), with the measured recor
 configuration beside it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Shape, error_pct
-from dlscale.perfmodel.evidence import block_floor, layer_timing, record_candidate, references
+from dlscale.perfmodel.evidence import StoreQuery, record_candidate, store_evidence, store_host_samples
+from dlscale.perfmodel.host import fit_host_costs
 from dlscale.perfmodel.inputs import ModelOptions, Query, links_for, pick_workload
 from dlscale.perfmodel.strategies import FAMILIES, Candidate, Evidence, Machine, StepPrediction, predict
 
@@ -79,6 +80,11 @@ def _measured(records: list[dict[str, Any]], cand: Candidate, shape: Shape, seq_
     return (best[0], best[1]) if best else None
 
 
+def _others(points, cand: Candidate, gpus_per_node: int) -> list:
+    """The references or host samples not of ``cand`` on nodes of ``gpus_per_node``."""
+    return [p for p in points if not (p.candidate == cand and p.machine.gpus_per_node == gpus_per_node)]
+
+
 def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOptions, options: dict[str, Any],
                      shapes: list[Shape], store: str = "the store") -> StrategyPrediction:
     """One row per shape for ``opts.strategy -o options``: the strategy model's prediction from the records of
@@ -100,15 +106,17 @@ def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     if not peak:
         raise ConfigError(f"no peak FLOP/s known for {summ.get('device_name')!r}: the strategy model needs it")
     mine = [r.record for r in w.rows]
-    floors = {c: block_floor(mine, spec.name, spec.flavor, c)[0] for c in (False, True)}
-    refs = references(mine, spec.name, spec.flavor, float(peak), links, str(cfg.get("device") or "cuda"), floors)
+    ev = store_evidence(mine, StoreQuery(spec.name, spec.flavor, float(peak), links, int(cfg.get("batch_size") or 1),
+                                         device_type=str(cfg.get("device") or "cuda")), store=records)
+    samples = store_host_samples(records, links, float(peak))
     out = StrategyPrediction(spec.name, spec.flavor, opts.strategy, dict(options), dict(links.sources))
     for sh in shapes:
         cand = shape_candidate(spec, opts.strategy, options, sh, cfg)
         machine = Machine(sh.devices, sh.gpus_per_node, float(peak), links)
-        own = [r for r in refs if not (r.candidate == cand and r.machine.gpus_per_node == sh.gpus_per_node)]
-        ev = Evidence(tuple(own), layer_timing(records, spec.arch, cand.batch_size), block_floors=floors)
-        pred = predict(cand, spec.arch, machine, ev)
+        # the row's own measured point informs neither its compute rate nor its host costs
+        row_ev = replace(ev, references=tuple(_others(ev.references, cand, sh.gpus_per_node)),
+                         host_costs=fit_host_costs(_others(samples, cand, sh.gpus_per_node)))
+        pred = predict(cand, spec.arch, machine, row_ev)
         meas = _measured(mine, cand, sh, spec.arch.seq_len)
         out.rows.append(StrategyRow(sh, pred, meas[0] if meas else None, meas[1] if meas else None))
     out.notes.append("compute rate: inferred from the measured record named in each row's evidence (the model "
@@ -130,5 +138,6 @@ def render_strategy(p: StrategyPrediction) -> str:
                      f"{q.basis} | {f'{m:,.0f}' if m else '-'} | "
                      f"{f'{error_pct(q.tokens_per_s_per_device, m):+.1f} %' if m else '-'} |")
     lines += [f"- {r.shape.label}: {r.prediction.evidence}" for r in p.rows]
+    lines += [f"- {r.shape.label}: {n}" for r in p.rows for n in r.prediction.notes]
     lines += [f"- {n}" for n in p.notes]
     return "\n".join(lines)

@@ -4,7 +4,11 @@ parallel strategies").
 
 Per optimizer step and device::
 
-    step = compute + communication on the critical path - what the implementation hides
+    GPU path = compute + communication on the critical path - what the implementation hides
+    step     = max(GPU path, host work)
+
+(host work: the block passes at the measured block floor, plus per FSDP unit and per tensor-parallel Linear the
+``HostCosts`` fitted on measured records by ``host.fit_host_costs``; none measured, nothing added)
 
 Compute is FLOPs over an achieved rate, ``peak x efficiency``; the efficiency comes from a
 measurement wherever one exists (``predict`` picks it in this order: the same configuration at
@@ -34,13 +38,12 @@ BASES = ("measured", "from-1-gpu", "from-node", "from-multinode", "other-strateg
 # 80th percentile of each side over the validation's held-out points of that basis (benchmarks/
 # perfmodel_validate.py --strategies-only), at least 5 %: from-node and from-multinode on the published tables
 # (the same configuration at fewer devices: under 2 % below, none above); from-1-gpu on the project's own 2-GPU
-# records (host-bound eager runs: FSDP's per-unit host work and tensor parallelism's DTensor dispatch are not in
-# the model); assumed-mfu as the
-# published tables predicted at a compute rate fitted on the other sources. Bases without points of their own
+# records (with the host-work term; their spread is mostly the same configuration measured on different days);
+# assumed-mfu as the published tables predicted at a compute rate fitted on the other sources. Bases without points of their own
 # borrow: measured the from-node figure, other-strategy and micro-layer from-1-gpu's.
 BAND: dict[str, tuple[float, float]] = {
     "measured": (0.05, 0.05), "from-node": (0.05, 0.05), "from-multinode": (0.05, 0.05),
-    "from-1-gpu": (0.32, 0.46), "other-strategy": (0.32, 0.46), "micro-layer": (0.32, 0.46),
+    "from-1-gpu": (0.22, 0.45), "other-strategy": (0.22, 0.45), "micro-layer": (0.22, 0.45),
     "assumed-mfu": (0.32, 0.34)}
 DEFAULT_MFU = 0.40  # the assumption where nothing is measured (plan's --mfu)
 
@@ -120,12 +123,29 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class HostCosts:
+    """Host seconds a step of dlscale's strategies spends beyond the model's own kernel launches, which no GPU
+    work hides once they exceed it: per FSDP unit (FSDP2's all-gather and reduce-scatter launches, the
+    per-parameter copy-in / copy-out, its hooks) and per tensor-parallel Linear of a block (DTensor's dispatch
+    and sharding propagation, forward and backward). Fitted on measured records (``host.fit_host_costs``);
+    0: none measured, nothing added."""
+
+    fsdp_unit_s: float = 0.0
+    tp_linear_s: float = 0.0
+    source: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.fsdp_unit_s or self.tp_linear_s)
+
+
+@dataclass(frozen=True)
 class Machine:
     """The devices of a job: how many, GPUs per node, peak FLOP/s of one device and the links.
 
     ``block_floor_s``: the shortest forward + backward one block of the model takes on this stack whatever its
     FLOPs (the host's time to launch its kernels: an eager model at small micro-batches), from a measured
-    block timing (``evidence.block_floor``); 0: none known, a block's time is its FLOPs over the rate."""
+    block timing (``evidence.block_floor``); 0: none known, a block's time is its FLOPs over the rate.
+    ``host``: the strategies' own host work (``HostCosts``) on this stack."""
 
     gpus: int
     gpus_per_node: int
@@ -133,6 +153,7 @@ class Machine:
     links: Links = field(default_factory=Links)
     name: str = ""
     block_floor_s: float = 0.0
+    host: HostCosts = field(default_factory=HostCosts)
 
     @property
     def nodes(self) -> int:
@@ -168,6 +189,9 @@ class Evidence:
     assumed_mfu: float = DEFAULT_MFU
     # the block floor by compile setting, for a target machine given without one (``Machine.block_floor_s``)
     block_floors: dict[bool, float] = field(default_factory=dict)
+    # the strategies' host work by (compile setting, several ranks), for a target machine given without it
+    # (``Machine.host``; ``host.fit_host_costs``)
+    host_costs: dict[tuple[bool, bool], HostCosts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,10 +217,18 @@ class Terms:
     dp_exposed_s: float = 0.0  # of which not hidden behind compute
     step_s: float = 0.0
     dp_what: str = ""
+    host_s: float = 0.0  # the host's work of the step (kernel launches, FSDP units, DTensor dispatch)
+    host_exposed_s: float = 0.0  # by how much it exceeds the GPU's critical path
 
     def losses(self) -> dict[str, float]:
         return {"tensor-parallel collectives": self.tp_s, "pipeline p2p": self.p2p_s, "pipeline bubble": self.bubble_s,
-                self.dp_what or "data-parallel traffic": self.dp_exposed_s}
+                self.dp_what or "data-parallel traffic": self.dp_exposed_s, "host work": self.host_exposed_s}
+
+    def with_host(self, host_s: float) -> "Terms":
+        """The step as the longer of the GPU's critical path and the host's work: the host launches ahead of
+        the GPU, so whichever is longer sets the step."""
+        gpu = self.step_s
+        return replace(self, host_s=host_s, host_exposed_s=max(0.0, host_s - gpu), step_s=max(gpu, host_s))
 
 
 @dataclass
@@ -224,6 +256,7 @@ class StepPrediction:
         return {"strategy": self.candidate.strategy, "config": self.candidate.label, "step_ms": t.step_s * 1e3,
                 "compute_ms": t.compute_s * 1e3, "tp_ms": t.tp_s * 1e3, "p2p_ms": t.p2p_s * 1e3,
                 "bubble_ms": t.bubble_s * 1e3, "dp_comm_ms": t.dp_total_s * 1e3, "dp_exposed_ms": t.dp_exposed_s * 1e3,
+                "host_ms": t.host_s * 1e3,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_device, "tokens_per_s_per_gpu_low": self.low,
                 "tokens_per_s_per_gpu_high": self.high, "mfu": self.mfu, "basis": self.basis,
                 "evidence": self.evidence, "limited_by": self.limited_by, "efficiency": self.efficiency,
@@ -477,6 +510,21 @@ def two_streams(tasks: list[tuple[float, float, float]]) -> float:
     return max(comp, comm)
 
 
+def tp_linears(arch: Any) -> int:
+    """The Linears of a block that tensor parallelism shards (column- and row-wise): each a DTensor op forward
+    and backward."""
+    return len(arch.layout.colwise) + len(arch.layout.rowwise)
+
+
+def host_s(c: Candidate, arch: Any, machine: Machine, block_passes: int, units: int) -> float:
+    """The host's work of a step on the busiest device: ``block_passes`` forward + backward block passes at the
+    block floor (the model's own launches), each with its tensor-parallel Linears' DTensor dispatch when
+    tp > 1, and ``units`` FSDP units' per-step work when the parameters are sharded (zero 2/3)."""
+    h = machine.host
+    per_block = machine.block_floor_s + (tp_linears(arch) * h.tp_linear_s if c.tp > 1 else 0.0)
+    return block_passes * per_block + (units * h.fsdp_unit_s if c.zero >= 2 else 0.0)
+
+
 def _dp_collectives(c: Candidate, machine: Machine, params: float) -> tuple[float, float, float]:
     """(gather before a unit's forward/backward, reduction after its backward, the zero1 parameter broadcast)
     seconds for ``params`` parameters of one unit on a device."""
@@ -502,14 +550,15 @@ def _dp_overlap(c: Candidate) -> bool:
     return not (c.strategy == "hybrid" and c.pp > 1 and c.zero < 2)
 
 
-def _flat_step(c: Candidate, machine: Machine, p: _Pieces) -> Terms:
+def _flat_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Terms:
     """No pipeline: the blocks' forward and backward (tensor-parallel collectives in them) on one stream, the
     data-parallel traffic per unit on the other (``two_streams``)."""
     units = [min(c.blocks_per_unit, p.blocks - i) for i in range(0, p.blocks, c.blocks_per_unit)]
     compute = p.blocks * (p.block_f + p.block_b) + p.head_f + p.head_b
     tp = p.blocks * (p.tp_block_f + p.tp_block_b)
+    host = host_s(c, arch, machine, p.blocks, len(units) + 1)
     if c.dp == 1:
-        return Terms(compute, tp, step_s=compute + tp)
+        return Terms(compute, tp, step_s=compute + tp).with_host(host)
     zero3 = c.zero == 3
     g_root, r_root, b_root = _dp_collectives(c, machine, p.root_params)
     per = [_dp_collectives(c, machine, n * p.block_params) for n in units]
@@ -529,7 +578,7 @@ def _flat_step(c: Candidate, machine: Machine, p: _Pieces) -> Terms:
     what = {0: "gradient all-reduce", 1: "gradient all-reduce + parameter broadcast"}.get(
         c.zero, "FSDP all-gather/reduce-scatter" + (" + replica all-reduce" if c.dp_replicate > 1 else ""))
     return Terms(compute, tp, dp_total_s=total + bcast, dp_exposed_s=max(0.0, exposed), step_s=busy + max(0.0, exposed),
-                 dp_what=what)
+                 dp_what=what).with_host(host)
 
 
 def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Terms:
@@ -557,8 +606,9 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
         tied = allreduce_group_s(4.0 * arch.embedding_params() / (c.tp if c.head_sharded else 1), pair, machine.links)
     t_pipe = (m + fill) * slot + tied
     terms = Terms(m * mb_compute, m * mb_tp, m * mb_p2p + tied, fill * slot, step_s=t_pipe)
+    host = host_s(c, arch, machine, m * p.blocks, -(-p.blocks // c.blocks_per_unit) + 1)
     if c.dp == 1:
-        return terms
+        return terms.with_host(host)
     stage_params = p.blocks * p.block_params + p.root_params
     g, r, b = _dp_collectives(c, machine, stage_params)
     total = g * (2 if c.zero == 3 else 1) + r + b
@@ -567,13 +617,13 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     else:
         exposed = total
     what = "FSDP all-gather/reduce-scatter" if c.zero >= 2 else "gradient all-reduce"
-    return replace(terms, dp_total_s=total, dp_exposed_s=exposed, step_s=t_pipe + exposed, dp_what=what)
+    return replace(terms, dp_total_s=total, dp_exposed_s=exposed, step_s=t_pipe + exposed, dp_what=what).with_host(host)
 
 
 def step_terms(c: Candidate, arch: Any, machine: Machine, efficiency: float) -> Terms:
     """Every term of one step of ``c`` on ``machine`` at a compute rate of ``peak x efficiency``."""
     p = _pieces(c, arch, machine, efficiency)
-    return _pipeline_step(c, arch, machine, p) if c.pp > 1 else _flat_step(c, machine, p)
+    return _pipeline_step(c, arch, machine, p) if c.pp > 1 else _flat_step(c, arch, machine, p)
 
 
 def tokens_per_step(c: Candidate, arch: Any) -> float:
@@ -586,9 +636,27 @@ def throughput(c: Candidate, arch: Any, machine: Machine, efficiency: float) -> 
     return tokens_per_step(c, arch) / step_terms(c, arch, machine, efficiency).step_s / c.devices
 
 
+_CALIBRATED: dict[tuple, tuple[float, tuple[str, ...]]] = {}
+_CALIBRATED_MAX = 4096  # entries kept; a plan or a validation run calibrates a few dozen references
+
+
 def calibrate(ref: Reference, arch: Any) -> tuple[float, list[str]]:
     """The compute efficiency at which the model gives the reference's measured throughput (bisection: the
-    throughput grows with it), and notes where none in 0.1 %..300 % of the peak does."""
+    throughput grows with it), and notes where none in 0.1 %..300 % of the peak does. Cached by the
+    reference's content: ``plan`` and the validation calibrate the same reference for every row."""
+    m = ref.machine
+    key = (ref.candidate, m.gpus, m.gpus_per_node, m.peak_flops, m.name, m.block_floor_s, m.host, m.links.key(),
+           ref.tokens_per_s_per_device, ref.ref, arch)
+    hit = _CALIBRATED.get(key)
+    if hit is None:
+        eff, notes = _calibrate(ref, arch)
+        if len(_CALIBRATED) >= _CALIBRATED_MAX:
+            _CALIBRATED.clear()
+        hit = _CALIBRATED[key] = (eff, tuple(notes))
+    return hit[0], list(hit[1])
+
+
+def _calibrate(ref: Reference, arch: Any) -> tuple[float, list[str]]:
     lo, hi = math.log(1e-3), math.log(3.0)
     target = ref.tokens_per_s_per_device
     if throughput(ref.candidate, arch, ref.machine, math.exp(hi)) < target:
@@ -613,7 +681,7 @@ def _protocol(ref: Reference, c: Candidate, machine: Machine) -> str:
 def _same_config(ref: Reference, c: Candidate) -> bool:
     r = ref.candidate
     if r.devices == 1:
-        return (r.batch_size == c.batch_size and r.precision == c.precision and r.checkpointing == c.checkpointing
+        return (r.strategy == "single" and r.batch_size == c.batch_size and r.precision == c.precision and r.checkpointing == c.checkpointing
                 and r.compiled == c.compiled)
     return c.same_config(r) and r.devices <= c.devices
 
@@ -671,7 +739,8 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     * ``machine`` (``Machine``): GPUs, GPUs per node, peak FLOP/s of one device, the ``Links`` (intra-node
       busbw by GPUs spanned, inter-node busbw per node, latencies);
     * ``evidence`` (``Evidence``): measured ``Reference`` points of the model, a ``LayerTiming`` from
-      ``micro layer``, the MFU assumed where neither exists.
+      ``micro layer``, the MFU assumed where neither exists, the block floors and the strategies' ``HostCosts``
+      (by compile setting and rank count) for a machine given without them.
 
     Ranking configurations on N GPUs (what a tuner does): build one ``Machine`` and one ``Evidence`` (from a
     store: ``evidence.evidence_from_records(records, model, flavor, peak, links, batch, assumed_mfu)``), then
@@ -686,10 +755,19 @@ def predict(candidate: Candidate, arch: Any, machine: Machine, evidence: Evidenc
     check_candidate(candidate, arch, machine)
     if not machine.block_floor_s and evidence.block_floors.get(candidate.compiled):
         machine = replace(machine, block_floor_s=evidence.block_floors[candidate.compiled])
+    host = evidence.host_costs.get((candidate.compiled, candidate.devices > 1))
+    if not machine.host and host:
+        machine = replace(machine, host=host)
     rate = compute_rate(candidate, arch, machine, evidence)
     t = step_terms(candidate, arch, machine, rate.efficiency)
     tps = tokens_per_step(candidate, arch) / t.step_s / candidate.devices
     below, above = (math.hypot(b, rate.rel_spread) for b in BAND[rate.basis])
     mfu = tps * arch.flops_per_token() / machine.peak_flops
+    notes = list(rate.notes)
+    if t.host_exposed_s > 0:
+        h = machine.host
+        notes.append(f"host-bound: {t.host_s * 1e3:.1f} ms of host work against a {(t.step_s - t.host_exposed_s) * 1e3:.1f}"
+                     f" ms GPU path ({h.fsdp_unit_s * 1e3:.2f} ms per FSDP unit, {h.tp_linear_s * 1e3:.2f} ms per "
+                     f"tensor-parallel Linear; {h.source or 'given'})")
     return StepPrediction(candidate, t, tps, mfu, rate.basis, rate.evidence, tps * max(0.0, 1 - below),
-                          tps * (1 + above), _limited_by(t), rate.efficiency, list(rate.notes))
+                          tps * (1 + above), _limited_by(t), rate.efficiency, notes)

@@ -143,11 +143,11 @@ def own_cases(stores: dict[str, list[dict[str, Any]]], links: Links) -> list[tup
             key = (cfg["model"], cfg.get("flavor"), cand.batch_size, cand.precision, cand.compiled, cand.checkpointing,
                    str((rec.get("summary") or {}).get("device_name")))
             machine = Machine(cand.devices, int(cfg.get("nproc_per_node") or 1), peak, links)
-            if cand.devices == 1 and tps:
+            if cand.devices == 1 and cand.strategy == "single" and tps:
                 ref = Reference(cand, machine, tps, f"{name} {str(rec.get('id'))[:8]}")
                 ones[key] = (name, ref)
                 ones[(name, *key)] = (name, ref)
-            elif cand.strategy in ("fsdp", "hsdp", "tensor", "pipeline", "hybrid") and tps:
+            elif cand.devices > 1 and cand.strategy in ("fsdp", "hsdp", "tensor", "pipeline", "hybrid") and tps:
                 multi.append((key, Case(name, name, arch, cand, machine, tps, f"{cfg['model']} {cand.label}")))
     # a store without the 1-GPU record of its workload takes the newest of another store on the same GPU model
     pairs = [(key, case, (ones.get((case.source, *key)) or ones[key])[1]) for key, case in multi
@@ -223,8 +223,36 @@ def held_out_by_source(cases: list[Case]) -> list[Row]:
     return rows
 
 
-def own_rows(pairs: list[tuple[Case, Reference]]) -> list[Row]:
-    return [_row(case, "from-1-gpu", Evidence((ref,))) for case, ref in pairs]
+def own_host_samples(stores: dict[str, list[dict[str, Any]]], links: Links) -> list:
+    """Every store's host samples (``evidence.record_samples``), their block floor measured in the other stores."""
+    from dlscale.perfmodel.evidence import block_floor, record_samples
+
+    out = []
+    for name, records in stores.items():
+        others = [r for n, recs in stores.items() if n != name for r in recs]
+        out += record_samples(records, name, links, H100_PEAK,
+                              lambda model, flavor, compiled: block_floor(others, model, flavor, compiled)[0])
+    return out
+
+
+def own_rows(pairs: list[tuple[Case, Reference]], samples: list = ()) -> list[Row]:
+    """Each case from its 1-GPU reference, the host costs fitted on the samples of the other stores."""
+    from dlscale.perfmodel.host import fit_host_costs
+
+    return [_row(case, "from-1-gpu", Evidence((ref,), host_costs=fit_host_costs(samples, exclude_source=case.source)))
+            for case, ref in pairs]
+
+
+def repeat_rows(pairs: list[tuple[Case, Reference]]) -> list[Row]:
+    """Each case "predicted" by the median measurement of the same configuration in the other stores: the error no
+    model from a reference can beat, since the same configuration measured another day differs by this much."""
+    cases = [c for c, _ in pairs]
+    rows = []
+    for c in cases:
+        same = [o.measured for o in cases if o.source != c.source and o.arch == c.arch and o.candidate == c.candidate]
+        if same:
+            rows.append(Row(c, "repeat in another store", statistics.median(same), "", ""))
+    return rows
 
 
 def ranking(cases: list[Case]) -> list[tuple[str, list[tuple[str, float, float]], bool]]:

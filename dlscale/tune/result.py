@@ -154,11 +154,11 @@ def predict_targets(m, records: list[dict[str, Any]], targets: Targets) -> dict[
         cell = {k: row.get(k) for k in ("shape", "devices", "samples_per_s", "samples_per_s_low",
                                         "samples_per_s_high", "efficiency", "basis")}
         if targets.price_per_gpu_hour and row.get("samples_per_s"):
-            from dlscale.perfmodel.cost import training_cost
+            from dlscale.perfmodel.cost import Amount, training_cost
 
             cell["cost_per_million_samples"] = training_cost(row["samples_per_s"], int(row["devices"]),
                                                              targets.price_per_gpu_hour,
-                                                             samples=1e6)["cost_per_million_samples"]
+                                                             Amount(samples=1e6))["cost_per_million_samples"]
         out["rows"].append(cell)
     return out
 
