@@ -131,3 +131,35 @@ def test_one_h200_core_table_is_the_records():
             rec = _dlscale(store, model, compiled, 1)
             d, b = rec["summary"]["samples_per_s"]["median"], _bare(bare, model, compiled, 1)
             assert got[:4] == [f"{d:,.1f}", f"{b:,.1f}", f"{d / b:.3f}", f"{100 * rec['summary']['mfu']:.1f} %"], label
+
+
+PEERS = "h200-2026-12-02"
+# row label on the page -> (store, record kind, flavor, activation checkpointing); the selection, not the figures
+PEER_ROWS = {
+    "1B, torchtitan 0.2.2 trainer, b4": ("titan.jsonl", "external", None, None),
+    "1B, dlscale, b4": ("titan.jsonl", "run", "1b", "none"),
+    "3B, Hugging Face `LlamaForCausalLM`, b4": ("llama-3b-bare.jsonl", "run", "3b", "none"),
+    "3B, dlscale, b4": ("llama-3b.jsonl", "run", "3b", "none"),
+    "3B, dlscale, selective checkpointing, b4": ("llama-3b.jsonl", "run", "3b", "selective"),
+    "8B, dlscale, selective checkpointing, b2": ("llama-8b.jsonl", "run", "8b", "selective"),
+}
+
+
+def test_one_h200_llama_peers_table_is_the_records():
+    """Each row of the Llama peers table: tokens/s from its record, and dlscale's ratio to the peer above it."""
+    page = (ROOT / "docs" / "results" / "h200.md").read_text()
+    section = page[page.index("## Llama 1B, 3B and 8B against their peers"):]
+    section = section[:section.index("\n## ", 1)]
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in section.splitlines() if line.startswith("| ") and not line.startswith("| case")}
+    assert set(table) == set(PEER_ROWS)
+    tps = {}
+    for label, (store, kind, flavor, ckpt) in PEER_ROWS.items():
+        (rec,) = [r for r in _lines(f"{PEERS}/{store}") if r["kind"] == kind and r["status"] == "ok"
+                  and (flavor is None or (r["config"]["flavor"], r["config"]["activation_checkpointing"])
+                       == (flavor, ckpt))]
+        tps[label] = rec["summary"]["tokens_per_s"]
+        assert table[label][0] == f"{tps[label]:,.0f}", label
+    for dl, peer in (("1B, dlscale, b4", "1B, torchtitan 0.2.2 trainer, b4"),
+                     ("3B, dlscale, b4", "3B, Hugging Face `LlamaForCausalLM`, b4")):
+        assert table[dl][2] == f"**{tps[dl] / tps[peer]:.3f}**"
