@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dlscale.compiling import COMPILE_MODES
+from dlscale.train.compiling import COMPILE_MODES
 from dlscale.models import get_model
 
 

@@ -125,7 +125,7 @@ def main() -> None:
     import torch
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from dlscale import metrics
+    from dlscale.results import metrics
     from dlscale.frameworks.jax import layers
     from dlscale.frameworks.jax.layers import Ctx, HostInit
     from dlscale.frameworks.jax.models import count_params, get_jax_model

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dlscale.metrics import percentile
+from dlscale.results.metrics import percentile
 from dlscale.models import get_model
 
 

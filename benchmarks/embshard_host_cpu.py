@@ -153,7 +153,7 @@ class OpCount(TorchDispatchMode):
 
 def build(strategy: str, opts: dict, flavor: str, batch: int, rank: int = 0, world: int = 1):
     """(step function, parallelized) of one case, on this process's group."""
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import DistEnv, get_strategy, resolve_spec
 
     cfg = RunConfig(model="wide-deep", flavor=flavor, strategy="single" if strategy == "bare" else strategy,

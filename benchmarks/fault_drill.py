@@ -103,7 +103,7 @@ def workers(tag: str) -> dict[int, psutil.Process]:
     out = {}
     for p in tagged(tag):
         c = _cmd(p)
-        if "dlscale.worker" in c or ("dlscale.micro" in c and "worker" in c):
+        if "dlscale.train.worker" in c or ("dlscale.micro" in c and "worker" in c):
             try:
                 out[int(p.environ().get("RANK", "-1"))] = p
             except (psutil.NoSuchProcess, ValueError):
@@ -253,7 +253,7 @@ SUITE_CASE = "{model: gpt2, flavor: tiny, batch_size: %d, precision: fp32, strat
 # a short first case, then two that are still running when the fault comes
 SWEEP3 = ("device: cpu\nwarmup: 1\nrepeats: 1\nmonitor: false\ntime_limit: 120\ncases:\n"
           + "".join(f"  - {SUITE_CASE % (b, n)}\n" for b, n in ((2, 2), (4, 100000), (6, 100000))))
-ENOSPC = ("import errno, os\nimport dlscale.store as _s\n_w = os.write\n"
+ENOSPC = ("import errno, os\nimport dlscale.results.store as _s\n_w = os.write\n"
           "def _full(fd, b):\n"
           "    if '/st/' in os.readlink(f'/proc/self/fd/{fd}'):\n"
           "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"

@@ -36,7 +36,7 @@ def profiled_steps(framework: str) -> int:
     """How many steps the worker's profiler traces: the torch worker's default, or JAX's."""
     if framework == "jax":
         return PROFILE_STEPS
-    from dlscale.breakdown import profile_steps
+    from dlscale.train.breakdown import profile_steps
 
     return int(inspect.signature(profile_steps).parameters["active"].default)
 
@@ -51,7 +51,7 @@ def describe(cfg: dict[str, Any]) -> str:
 
 def select(store: str, filters: list[str], label: str | None) -> tuple[str, list[dict[str, Any]]]:
     """(store directory, the newest ok record with a trace of each matching case, in store order)."""
-    from dlscale.suite import matches, parse_filters
+    from dlscale.case.suite import matches, parse_filters
 
     loaded = load_records(store)
     wanted = parse_filters(filters)

@@ -39,13 +39,13 @@ import torch.distributed as dist
 
 import bare_mp
 from dlscale import ConfigError
-from dlscale.benchsuite import mp_knobs
-from dlscale.config import RunConfig
+from dlscale.case.benchsuite import mp_knobs
+from dlscale.case.config import RunConfig
 from dlscale.models import get_model
 from dlscale.report.stats import bootstrap_median_ci
 from dlscale.strategies import DistEnv, resolve_spec
 from dlscale.strategies._sharding import resized
-from dlscale.worker import build_parallel, build_step, make_batches
+from dlscale.train.worker import build_parallel, build_step, make_batches
 
 
 DEFAULT_CASES = ("single", "embedding-shard:shard=table", "embedding-shard:shard=row")

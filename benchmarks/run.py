@@ -7,7 +7,7 @@ SUITE: a suite of benchmarks/suites/ by name (core, ddp-overlap, ...), a shipped
 (dlperf-bert) or a .yaml path. In order, each step skipped when it has nothing to do:
 
 1. the suite is validated whole (cases, ``bare``, ``compare`` and ``commands`` sections:
-   dlscale/benchsuite.py); bad input is one line and exit 2, before anything runs or is written;
+   dlscale/case/benchsuite.py); bad input is one line and exit 2, before anything runs or is written;
 2. the environment every benchmark on the lent hosts needs is set once (NVLink multicast off,
    unbuffered output, this checkout on PYTHONPATH), and `dlscale env` is captured;
 3. the suite's ``before`` commands (making a data set), each a bounded process, output in
@@ -137,7 +137,7 @@ def set_host_env(extra_path: list[str]) -> None:
 
 @dataclass
 class Plan:
-    suite: Any  # dlscale.suite.Suite, with the command line's overrides
+    suite: Any  # dlscale.case.suite.Suite, with the command line's overrides
     path: Path
     out: Path
     case_idx: list[int]
@@ -160,8 +160,8 @@ class Plan:
 def unmade_compares(plan: Plan) -> list[str]:
     """The suite's comparisons that this run cannot make: a side that none of the selected cases
     and bare runs, nor a record already in its store, matches (a --filter that left it out)."""
-    from dlscale.store import ResultStore
-    from dlscale.suite import case_fields, matches, parse_filters
+    from dlscale.results.store import ResultStore
+    from dlscale.case.suite import case_fields, matches, parse_filters
 
     fields = {"dlscale": [case_fields(plan.suite.cases[i]) for i in plan.case_idx],
               "bare": [case_fields(b.cfg) for b in plan.bare if b.store == "bare"],
@@ -185,7 +185,7 @@ def unmade_compares(plan: Plan) -> list[str]:
 
 
 def resolve_suite(name: str) -> Path:
-    from dlscale.suite import resolve_suite_path
+    from dlscale.case.suite import resolve_suite_path
 
     mine = SUITES_DIR / f"{name}.yaml"
     return mine if ("/" not in name and not name.endswith((".yaml", ".yml")) and mine.is_file()) \
@@ -194,9 +194,10 @@ def resolve_suite(name: str) -> Path:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """Everything validated before anything runs: suite, overrides, filters, output directory."""
-    from dlscale import ConfigError, benchsuite
-    from dlscale.suite import load_bench_suite
-    from dlscale.suite import case_fields, filter_suite, matches, parse_filters
+    from dlscale import ConfigError
+    from dlscale.case import benchsuite
+    from dlscale.case.suite import load_bench_suite
+    from dlscale.case.suite import case_fields, filter_suite, matches, parse_filters
 
     if not args.suite:
         raise ConfigError("a SUITE is needed: a name of benchmarks/suites/ (see --list), a shipped suite or a "
@@ -242,7 +243,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def visible_gpus(plan: Plan, dry_run: bool) -> int | None:
     """GPUs here when a bare run needs CUDA (None: none does, or a dry run without GPUs)."""
     from dlscale import ConfigError
-    from dlscale.config import resolve_device
+    from dlscale.case.config import resolve_device
 
     if not any(resolve_device(b.cfg.device) == "cuda" for b in plan.bare):
         return None
@@ -260,7 +261,7 @@ def visible_gpus(plan: Plan, dry_run: bool) -> int | None:
 
 @dataclass
 class BareSpawner:
-    """A bare run's yardstick script (dlscale.benchsuite.LOOPS) as a dlscale Spawner: alone on one
+    """A bare run's yardstick script (dlscale.case.benchsuite.LOOPS) as a dlscale Spawner: alone on one
     device, under torchrun on more; each rank writes rank<R>.json into the repeat's directory,
     which ``measure`` merges."""
 
@@ -269,8 +270,8 @@ class BareSpawner:
     on_line: Callable[[str], None] | None = None
 
     def command(self, out: str | None = None) -> list[str]:
-        from dlscale.benchsuite import bare_args
-        from dlscale.procs import Rendezvous
+        from dlscale.case.benchsuite import bare_args
+        from dlscale.case.procs import Rendezvous
 
         script = str(REPO / self.run.script)
         args = bare_args(self.run, self.device_type) + (["--out", out] if out else [])
@@ -284,7 +285,7 @@ class BareSpawner:
         return cfg.world_size
 
     def start(self, cfg, workdir: Path, env: dict[str, str]):
-        from dlscale.procs import spawn
+        from dlscale.case.procs import spawn
 
         return spawn(self.command(str(workdir)), cfg.time_limit, env=env, on_line=self.on_line)
 
@@ -315,7 +316,7 @@ def bare_done(run, records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def bare_record(run, spawner: BareSpawner) -> dict[str, Any]:
     """Measure one bare run through dlscale's repeat loop; the record, marked as its yardstick's."""
-    from dlscale import launch
+    from dlscale.case import launch
 
     rec = launch.measure(run.cfg, spawner, files_root=None, command=shown_command(spawner.command())).to_dict()
     rec["bare"] = {"script": run.script, "variant": run.variant}
@@ -324,8 +325,8 @@ def bare_record(run, spawner: BareSpawner) -> dict[str, Any]:
 
 def run_bare(plan: Plan, gpus: int | None, force: bool, verbose: bool, log) -> list[tuple[str, str]]:
     """Measure the bare runs not yet ok in their stores; (description, status) of each that ran."""
-    from dlscale.config import resolve_device
-    from dlscale.store import ResultStore
+    from dlscale.case.config import resolve_device
+    from dlscale.results.store import ResultStore
 
     results = []
     for n, run in enumerate(plan.bare, 1):
@@ -417,10 +418,10 @@ def external_done(case, records: list[dict[str, Any]]) -> dict[str, Any] | None:
 def run_external(plan: Plan, force: bool, verbose: bool) -> list[tuple[str, str]]:
     """Measure the external cases not yet ok in the dlscale store (each as `dlscale run --command`
     measures it: fresh processes per repeat, bounded, logs in STORE/logs); (description, status)."""
-    from dlscale import launch
-    from dlscale.config import resolve_device
+    from dlscale.case import launch
+    from dlscale.case.config import resolve_device
     from dlscale.external.measure import measure_external
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     store = ResultStore(plan.stores["dlscale"])
     gpus = None
@@ -472,7 +473,7 @@ def command_line(cmd, plan: Plan) -> list[str]:
 
 def cuda_gpus(plan: Plan) -> int | None:
     """GPUs visible here when the suite's cases run on CUDA (None: on the CPU)."""
-    from dlscale.config import resolve_device
+    from dlscale.case.config import resolve_device
 
     if not any(resolve_device(c.device) == "cuda" for c in plan.suite.cases):
         return None
@@ -503,7 +504,7 @@ def command_action(cmd, plan: Plan, gpus: int | None, state: dict[str, Any], for
 def run_commands(plan: Plan, phase: str, args: argparse.Namespace, log) -> list[tuple[str, str]]:
     """The suite's commands of a phase (before, after), each a bounded process; (name, status) of
     each that ran. A finished command is remembered in DIR/commands.json (resume)."""
-    from dlscale.procs import spawn
+    from dlscale.case.procs import spawn
 
     cmds = plan.suite.bench.when(phase)
     gpus = cuda_gpus(plan) if any(c.gpus for c in cmds) else None
@@ -541,7 +542,7 @@ def during_commands(plan: Plan, verbose: bool, lines: list[str], failed: list[st
     begins, in its own session, its output in DIR/commands.log, and its whole tree ended when the
     block ends (or at its time limit). One that ended before the block did is named in ``failed``:
     the measurements after it ran without the load the suite asked for."""
-    from dlscale.procs import kill_tree
+    from dlscale.case.procs import kill_tree
 
     cmds = plan.suite.bench.when("during") if plan.dlscale_half else []
     gpus = cuda_gpus(plan) if any(c.gpus for c in cmds) else None
@@ -597,7 +598,7 @@ class Table:
 
 
 def planned_tables(plan: Plan) -> list[Table]:
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     s = plan.stores
     have = {k: bool(ResultStore(v).load().records) for k, v in s.items()}
@@ -723,9 +724,9 @@ def pending_data(plan: Plan) -> list[str]:
 
 def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
     from dlscale.cli import main as dlscale_main
-    from dlscale.config import resolve_device
+    from dlscale.case.config import resolve_device
     from dlscale.inputs import files_pending
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     print(f"# benchmark {plan.suite.name} ({os.path.relpath(plan.path, REPO)}) -> {plan.out}")
     for line in unmade_compares(plan):
@@ -766,7 +767,7 @@ def dry_run(plan: Plan, args: argparse.Namespace, gpus: int | None) -> int:
 
 def list_suites() -> int:
     from dlscale import ConfigError
-    from dlscale.suite import load_bench_suite
+    from dlscale.case.suite import load_bench_suite
 
     for p in sorted(SUITES_DIR.glob("*.yaml")):
         try:
@@ -780,7 +781,7 @@ def list_suites() -> int:
 
 def execute(plan: Plan, args: argparse.Namespace, argv: list[str], gpus: int | None) -> int:
     """Steps 2-6; returns the exit code."""
-    from dlscale import envinfo
+    from dlscale.results import envinfo
 
     for line in unmade_compares(plan):  # said first: a filter may have left a side out by mistake
         print(f"benchmarks/run.py: note: {line}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ backward. The script stops once the partition is made -- nothing runs -- so the 
 shapes take seconds. With two layer counts the difference is one block between two others, in
 bytes per token. Parameters, and the per-tensor scalars of float8 scaling, are not per-token.
 
-``--precision fp8`` converts the blocks' Linears as dlscale/fp8.py does (needs torchao). torchao's
+``--precision fp8`` converts the blocks' Linears as dlscale/train/fp8.py does (needs torchao). torchao's
 Float8Linear casts its input to the *CUDA* autocast dtype; on the CPU the script casts to bf16.
 
 ``--timeline`` runs two warm-up steps and one profiled step instead (bf16 autocast, fused AdamW as
@@ -31,7 +31,7 @@ from dataclasses import replace
 def build(args, layers: int):
     import torch
 
-    from dlscale import checkpointing as ck
+    from dlscale.train import checkpointing as ck
     from dlscale.models import llama as L
 
     cfg = replace(L._CONFIGS[args.flavor], n_layers=layers, seq_len=args.seq or L._CONFIGS[args.flavor].seq_len)
@@ -52,7 +52,7 @@ def build(args, layers: int):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8 import float8_linear as FL
 
-        from dlscale.fp8 import RECIPE, _filter
+        from dlscale.train.fp8 import RECIPE, _filter
 
         inside = {id(m) for b in model.blocks for m in b.modules()}
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(RECIPE),
@@ -117,7 +117,7 @@ def timeline(args, layers: int) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from dlscale.memmeasure import _alive_bytes
+    from dlscale.train.memmeasure import _alive_bytes
 
     cfg, model = build(args, layers)
     fn = torch.compile(model)

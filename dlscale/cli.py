@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from dlscale import ConfigError, DlscaleError, __version__
-from dlscale.storeargs import resolve_store_args
+from dlscale.results.storeargs import resolve_store_args
 
 COMMAND_MODULES = (
     "dlscale.commands.run",      # run, env
@@ -34,7 +34,7 @@ EXIT_OOM = 3
 EXIT_TIMEOUT = 4
 EXIT_FAILED = 5
 EXIT_UNSUPPORTED = 6
-from dlscale.store import EXIT_NOT_STORED  # noqa: E402,F401  (7: finished, but the store could not take it)
+from dlscale.results.store import EXIT_NOT_STORED  # noqa: E402,F401  (7: finished, but the store could not take it)
 STATUS_EXIT = {"ok": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT, "failed": EXIT_FAILED,
                "unsupported": EXIT_UNSUPPORTED}
 
@@ -151,7 +151,7 @@ def check_store_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dlscale.procs import EXIT_INTERRUPTED, interrupts
+    from dlscale.case.procs import EXIT_INTERRUPTED, interrupts
 
     # SIGTERM and SIGHUP end every command as Ctrl-C does (its processes too); the handler stays while
     # the outcome is printed, so a burst of signals ends in 130, never in death by SIGTERM (143)

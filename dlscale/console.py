@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import validity
-from dlscale.config import RunConfig, resolve_device
+from dlscale.results import validity
+from dlscale.case.config import RunConfig, resolve_device
 from dlscale.fmt import fmt_bytes, fmt_num, fmt_stdev
-from dlscale.progress import PhasePrinter
+from dlscale.case.progress import PhasePrinter
 
 MISSING = "-"  # terminals: a plain dash keeps the columns aligned everywhere
 WARN_MARK, NOTE_MARK = "!", "?"
@@ -220,7 +220,7 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
     if rec.get("status") == "ok":
         for line in validity_lines(rec):
             print(line)
-    from dlscale.checkpoint_timing import console_line
+    from dlscale.train.checkpoint_timing import console_line
     from dlscale.quality.lines import summary_line
 
     for line in (summary_line(rec.get("quality")), batch_search_line(rec.get("batch_search")),

@@ -73,7 +73,7 @@ _HERE_LOCK = threading.Lock()
 
 
 def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
-    """One repeat of a one-process case as dlscale/worker.py's ``main`` runs it, but in this process on a
+    """One repeat of a one-process case as dlscale/train/worker.py's ``main`` runs it, but in this process on a
     one-rank gloo group (no torchrun, no interpreter to start): the same ``train``, the same
     ``rank0.json`` for the launcher to merge, phase lines to the spawner's ``on_line``; no
     hardware sampler and no stack dump at the time limit (nothing here can stop a hung step)."""
@@ -85,8 +85,9 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
     import torch
     import torch.distributed as dist
 
-    from dlscale import progress, worker
-    from dlscale.procs import ProcResult
+    from dlscale.case import progress
+    from dlscale.train import worker
+    from dlscale.case.procs import ProcResult
     from dlscale.strategies import DistEnv
 
     t0, m0 = time.time(), time.monotonic()
@@ -123,7 +124,7 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
         if hasattr(on_line, "close"):
             on_line.close()
     return ProcResult(code, False, time.monotonic() - m0, "\n".join(lines[-20:]),
-                      ["(in the test process)", "dlscale.worker"], t0)
+                      ["(in the test process)", "dlscale.train.worker"], t0)
 
 
 @contextlib.contextmanager
@@ -135,7 +136,7 @@ def one_process_here(when=lambda cfg: True):
     stored by the same code. (tests/tools/driver_here.py applies it to a benchmark driver process.)"""
     import torch.distributed as dist
 
-    from dlscale import launch
+    from dlscale.case import launch
 
     real = launch.TorchrunSpawner
 

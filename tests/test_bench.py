@@ -21,11 +21,12 @@ import pytest
 
 import yaml
 
-from dlscale import ConfigError, benchsuite, frameworks
-from dlscale.benchsuite import BareRun, Command, bare_args
+from dlscale import ConfigError, frameworks
+from dlscale.case import benchsuite
+from dlscale.case.benchsuite import BareRun, Command, bare_args
 from dlscale.cli import main as dlscale_main
-from dlscale.config import RunConfig
-from dlscale.suite import load_bench_suite, load_suite, parse_suite
+from dlscale.case.config import RunConfig
+from dlscale.case.suite import load_bench_suite, load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -369,7 +370,7 @@ def test_driver_decides_which_commands_run(tmp_path):
 def test_driver_says_which_comparisons_a_filter_leaves_without_a_side(tmp_path):
     """data-gpu filtered to one decoder leaves its synthetic cases out: the vs-synthetic tables (and the
     decoder-against-decoder one) cannot be made, unless the store already holds such records."""
-    from dlscale.store import ResultStore, new_record
+    from dlscale.results.store import ResultStore, new_record
 
     args = RUN.build_parser().parse_args(["data-gpu", "--filter", "data_decoder=torchvision",
                                           "--out", str(tmp_path / "out")])

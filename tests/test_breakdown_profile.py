@@ -4,7 +4,7 @@ import json
 import pytest
 
 import helpers_cli
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 
 
 def run(*args):
@@ -82,7 +82,7 @@ def test_model_state_memory_is_read_as_the_optimizer_step_begins(monkeypatch):
     """The allocator figure is taken inside the step, after backward, once per optimizer; the hook goes."""
     import torch
 
-    from dlscale import worker
+    from dlscale.train import worker
 
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
@@ -108,7 +108,7 @@ def test_profiled_steps_take_their_batch_first_with_real_data(tmp_path):
     the loader's work (GPU decode) beside the step's; without a loader only the steps run."""
     import torch
 
-    from dlscale.breakdown import profile_steps
+    from dlscale.train.breakdown import profile_steps
 
     calls = []
     x = torch.ones(8, 8)
@@ -134,7 +134,7 @@ def test_breakdown_on_cuda_synchronises_once_per_k_steps(monkeypatch):
 
     import torch
 
-    from dlscale import breakdown
+    from dlscale.train import breakdown
 
     class Event:
         def __init__(self, enable_timing=False):

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 import helpers_cli
-from dlscale import ConfigError, compiling
-from dlscale.config import RunConfig, validate_case
+from dlscale import ConfigError
+from dlscale.train import compiling
+from dlscale.case.config import RunConfig, validate_case
 from dlscale.strategies import make_optimizer
 from dlscale.models import get_model
-from dlscale.suite import parse_suite
+from dlscale.case.suite import parse_suite
 
 
 def refused(make, *named: str) -> str:
@@ -70,7 +71,7 @@ def test_options_are_the_modes_then_the_users():
 def test_case_key_keeps_earlier_records_keys_and_tells_modes_apart():
     base = RunConfig(compile=True)
     # the key of a config without the late fields, as records made before them were keyed
-    from dlscale.config import LATE_FIELD_DEFAULTS, PROCEDURE_FIELDS
+    from dlscale.case.config import LATE_FIELD_DEFAULTS, PROCEDURE_FIELDS
 
     legacy = {k: v for k, v in base.to_dict().items() if k not in LATE_FIELD_DEFAULTS and k not in PROCEDURE_FIELDS}
     assert {"compile_mode", "inductor_options"} <= set(LATE_FIELD_DEFAULTS)

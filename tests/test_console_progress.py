@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from dlscale import console, fmt, progress
+from dlscale import console, fmt
+from dlscale.case import progress
 
 
 def test_numbers_keep_significant_digits_and_one_repeat_has_no_stdev():

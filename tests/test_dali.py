@@ -14,7 +14,7 @@ import torch
 
 from dlscale import ConfigError
 from helpers_cli import names
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.inputs import dataset_info, images, make, parse_data
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import GPU_DECODERS, check_fields

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from dlscale import ConfigError
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.models import get_model
 from dlscale.strategies import DistEnv
-from dlscale.worker import build_parallel, build_step, make_batches
+from dlscale.train.worker import build_parallel, build_step, make_batches
 
 
 @contextlib.contextmanager

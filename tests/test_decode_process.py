@@ -21,7 +21,7 @@ import torch
 from dlscale import ConfigError
 from helpers_cli import names
 from dlscale.cli import main
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.inputs import case_words, config_words, dataset_info, images, make
 from dlscale.inputs.decode_process import MPS_PRIORITY_VAR, MPS_SM_VAR, DecodeProcess, DecoderSpec
 from dlscale.inputs.sampler import GlobalBatchSampler
@@ -235,7 +235,7 @@ def test_the_option_needs_gpu_decode_by_a_decoder_dlscale_drives(tmp_path, capsy
 def test_the_environment_says_whether_mps_runs(monkeypatch):
     """Processes sharing a GPU run at once under NVIDIA's MPS and by time slices without it: the record
     says which (an MPS control daemon on the host; its CUDA_MPS_* variables)."""
-    from dlscale import envinfo
+    from dlscale.results import envinfo
 
     class P:
         def __init__(self, name):
@@ -251,7 +251,8 @@ def test_the_environment_says_whether_mps_runs(monkeypatch):
 
 def test_a_decode_process_without_mps_is_warned_of_before_the_run(tmp_path, monkeypatch, capsys):
     """The machine check warns (one line, the run goes on) where no MPS daemon runs, and is quiet with one."""
-    from dlscale import envinfo, inputs
+    from dlscale import inputs
+    from dlscale.results import envinfo
     from dlscale.inputs import images as imgs_mod
 
     monkeypatch.setattr(imgs_mod, "check_gpu_decoder", lambda choice: None)

@@ -101,7 +101,7 @@ def test_medians_means_and_speedups_equal_the_page(imported):
 
 def test_the_reduction_is_recorded_as_dlperfs(imported):
     *_, store = imported
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     rec = ResultStore(store).load().records[0]
     assert rec["provenance"]["method"].startswith("DLPerf MXNet BERT: per iteration the median over")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import envinfo
+from dlscale.results import envinfo
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import pytest
 
 from dlscale.cli import main
 from dlscale.schema import validate_record
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 from helpers_cli import dlscale_many
 
 TOOLS = Path(__file__).parent / "tools"

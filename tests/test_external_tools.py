@@ -18,7 +18,7 @@ import pytest
 from dlscale.cli import main
 from dlscale.external.parsers import LogLine, ParseOptions, get_parser
 from dlscale.schema import validate_record
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 
 TOOLS = Path(__file__).parent / "tools"
 PY = shlex.quote(sys.executable)

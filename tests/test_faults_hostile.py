@@ -5,7 +5,7 @@ import time
 import pytest
 
 from dlscale.cli import EXIT_FAILED, main
-from dlscale.procs import EXIT_INTERRUPTED
+from dlscale.case.procs import EXIT_INTERRUPTED
 
 
 def run(*argv):
@@ -29,7 +29,7 @@ def test_a_catastrophic_metric_regex_ends_within_the_time_limit(monkeypatch):
     and the case is recorded ``timeout``. A plain expression gives the same values as in-process."""
     from dlscale.external import spawner as sp
     from dlscale.external.case import ExternalCase
-    from dlscale.procs import ProcResult
+    from dlscale.case.procs import ProcResult
 
     lines = ["a" * 34]
     monkeypatch.setattr(sp, "spawn", lambda cmd, limit, env=None, on_line=None, cwd=None: (
@@ -147,7 +147,7 @@ def _torchrun_killed(rank: int, code: int) -> str:
 def test_a_stopped_rank_killed_after_its_peers_collective_timeout_is_a_timeout_naming_it():
     """SIGSTOPped rank 1 cannot act on torchrun's SIGTERM after rank 0's collective timeout, and is
     SIGKILLed 30 s later: the stall is the cause, not the kill (nor the OOM killer)."""
-    from dlscale import launch
+    from dlscale.case import launch
 
     ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: Timed out waiting 8000ms for recv operation"}]
     status, error = launch.classify(1, False, ranks, 2, _torchrun_killed(1, -9))
@@ -202,7 +202,7 @@ def test_one_implausible_record_never_makes_a_store_unreportable(tmp_path, capsy
     digits = good.replace('"samples_per_s": 5.0', '"samples_per_s": 1' + "0" * 5000, 1)
     assert digits != good
     (st / "results.jsonl").write_text(good + "\n".join(bad) + "\n" + digits)
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     loaded = ResultStore(st).load()
     assert len(loaded.records) == 1 and [n for _, n, _ in loaded.skipped] == [2, 3, 4, 5]
@@ -289,7 +289,7 @@ SWEEP = "device: cpu\nsteps: 2\ncases:\n  - {model: gpt2, flavor: tiny, batch_si
 def test_a_second_sweep_into_a_claimed_store_is_refused_naming_the_first(tmp_path, capsys):
     import os
 
-    from dlscale.store import CLAIM_FILE, ResultStore
+    from dlscale.results.store import CLAIM_FILE, ResultStore
 
     suite, st = tmp_path / "s.yaml", tmp_path / "st"
     suite.write_text(SWEEP)
@@ -322,7 +322,7 @@ def test_a_store_that_is_a_file_is_named_as_one(tmp_path, capsys):
     {"trace.debug_dir": "st"}])
 def test_inductor_values_that_name_paths_callables_or_write_files_are_refused(options):
     from dlscale import ConfigError
-    from dlscale.compiling import check_options
+    from dlscale.train.compiling import check_options
 
     with pytest.raises(ConfigError, match=r"inductor-option ") as e:
         check_options(options)
@@ -330,14 +330,14 @@ def test_inductor_values_that_name_paths_callables_or_write_files_are_refused(op
 
 
 def test_inductor_plain_values_still_pass():
-    from dlscale.compiling import check_options
+    from dlscale.train.compiling import check_options
 
     check_options({"memory_pool": "none", "cpu_backend": "cpp", "max_autotune_gemm_backends": "ATEN,TRITON",
                    "reorder_prefetch_limit": 2, "cpp.simdlen": 8, "trace.enabled": False})
 
 
 def test_a_callable_inductor_setting_is_exit_2_before_launch(tmp_path, capsys, monkeypatch):
-    from dlscale import launch
+    from dlscale.case import launch
 
     monkeypatch.setattr(launch, "measure", lambda *a, **k: pytest.fail("the case was launched"))
     assert run("run", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--compile", "--inductor-option",
@@ -352,7 +352,7 @@ def _store_with_series(tmp_path, monkeypatch):
     import json
     import os
 
-    from dlscale.store import ORPHAN_AGE_S, ResultStore, new_record
+    from dlscale.results.store import ORPHAN_AGE_S, ResultStore, new_record
 
     st, rec = tmp_path / "st", new_record("run", status="ok")
     recovery = tmp_path / "recovery"
@@ -375,7 +375,7 @@ def _store_with_series(tmp_path, monkeypatch):
 
 def test_a_writer_removes_series_no_record_will_name(tmp_path, monkeypatch):
     """A SIGKILLed sweep leaves series of a record never appended; a full disk leaves an empty one."""
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     st, names = _store_with_series(tmp_path, monkeypatch)
     ResultStore(st).check_writable()
@@ -387,7 +387,7 @@ def test_series_stay_while_another_writer_runs(tmp_path, monkeypatch):
     import fcntl
     import os
 
-    from dlscale.store import WRITERS_FILE, ResultStore
+    from dlscale.results.store import WRITERS_FILE, ResultStore
 
     st, names = _store_with_series(tmp_path, monkeypatch)
     fd = os.open(st / WRITERS_FILE, os.O_RDWR | os.O_CREAT)  # another writer's shared hold
@@ -402,7 +402,7 @@ def test_series_stay_while_another_writer_runs(tmp_path, monkeypatch):
 def test_a_burst_of_signals_lets_the_first_ones_clean_up_finish(monkeypatch, capsys):
     import signal
 
-    from dlscale import procs
+    from dlscale.case import procs
     from dlscale.commands import run as run_cmd
 
     finished = []
@@ -458,7 +458,7 @@ def test_an_interrupted_sampler_leaves_no_temp_file(tmp_path, monkeypatch):
 def test_a_store_file_without_read_permission_is_named_as_such(tmp_path, monkeypatch):
     import builtins
 
-    from dlscale.store import ResultStore, new_record
+    from dlscale.results.store import ResultStore, new_record
 
     st = ResultStore(tmp_path / "st")
     st.append(new_record("run", status="ok"))

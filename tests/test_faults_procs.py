@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 import helpers_cli
-from dlscale import launch, procs
+from dlscale.case import launch, procs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def _workers(tmp_path: Path) -> dict[int, psutil.Process]:
     out = {}
     for p in _ours(tmp_path):
         try:
-            if "dlscale.worker" in p.cmdline() and "torch.distributed.run" not in " ".join(p.cmdline()):
+            if "dlscale.train.worker" in p.cmdline() and "torch.distributed.run" not in " ".join(p.cmdline()):
                 out[int(p.environ().get("RANK", "-1"))] = p
         except psutil.Error:
             continue
@@ -405,7 +405,7 @@ def test_classify_names_a_peer_node_that_never_joined():
 
 
 def test_multinode_rendezvous_waits_for_peers_only_the_join_timeout():
-    from dlscale.procs import Rendezvous
+    from dlscale.case.procs import Rendezvous
 
     assert Rendezvous(nnodes=2, rdzv_endpoint="h:1", join_timeout=20.0).torchrun_args()[-2:] == [
         "--rdzv-conf", "join_timeout=20"]

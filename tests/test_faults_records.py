@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import ConfigError, cli, store as store_mod
+from dlscale import ConfigError, cli
+from dlscale.results import store as store_mod
 from dlscale.commands import slurm as slurm_cmd
-from dlscale.config import RunConfig, validate_case
-from dlscale.store import EXIT_NOT_STORED, ResultStore, StoreError, new_record
+from dlscale.case.config import RunConfig, validate_case
+from dlscale.results.store import EXIT_NOT_STORED, ResultStore, StoreError, new_record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report_store" / "results.jsonl"
 CASE = ["--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--precision", "fp32", "--batch-size", "8",
@@ -187,7 +188,7 @@ def test_report_keeps_the_rest_of_a_store_with_bad_entries(tmp_path, capsys):
 
 
 def test_sweep_dry_run_keeps_done_cases_of_a_store_with_bad_entries(tmp_path, capsys):
-    from dlscale.suite import load_suite
+    from dlscale.case.suite import load_suite
 
     suite = tmp_path / "s.yaml"
     suite.write_text(SUITE)
@@ -344,7 +345,7 @@ def test_import_exits_7_and_keeps_the_record_when_the_store_fails(tmp_path, monk
 
 
 def test_a_multi_line_error_keeps_what_failed_on_one_line():
-    from dlscale.worker import _one_line
+    from dlscale.train.worker import _one_line
 
     dali = RuntimeError("Critical error when building pipeline:\nError in MIXED operator `decoders.image_slice`,\n"
                         "which was used in the pipeline definition with the following traceback:\n\n  File x\n"

@@ -9,7 +9,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.config import MAX_BATCH, MAX_SECONDS, MAX_SEED, check_cpu_processes
+from dlscale.case.config import MAX_BATCH, MAX_SECONDS, MAX_SEED, check_cpu_processes
 
 BASE = ["--device", "cpu", "--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--repeats", "1"]
 CASE = "{model: gpt2, flavor: tiny, batch_size: 4, precision: fp32}"
@@ -21,7 +21,8 @@ class Started(Exception):
 
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
-    from dlscale import batchsearch, envinfo, launch
+    from dlscale.case import batchsearch, launch
+    from dlscale.results import envinfo
 
     def started(*a, **k):
         raise Started()
@@ -136,7 +137,7 @@ def test_sweep_refuses_bad_suites(tmp_path, capsys, body, fragments):
 
 def test_merge_keys_still_override(tmp_path):
     """`<<: *base` then a key is YAML's override, not a duplicate."""
-    from dlscale.suite import load_suite
+    from dlscale.case.suite import load_suite
 
     suite = write(tmp_path, "device: cpu\ncases:\n  - &b {model: gpt2, flavor: tiny, batch_size: 4, precision: fp32}\n"
                             "  - {<<: *b, batch_size: 8}\n")
@@ -150,7 +151,7 @@ def _matrix(n_batches: int, n_accum: int) -> str:
 
 def test_case_limit_is_checked_before_expanding(tmp_path, capsys, monkeypatch):
     """10^6 planned cases are refused from the axes' lengths, without expanding one of them."""
-    from dlscale import suite as suite_mod
+    from dlscale.case import suite as suite_mod
 
     monkeypatch.setattr(suite_mod, "_expand_block", lambda *a: pytest.fail("expanded before the limit check"))
     path = write(tmp_path, _matrix(1000, 1000))

@@ -147,7 +147,7 @@ class _FakeRanks:
     def start(self, cfg, workdir, env):
         import time
 
-        from dlscale.procs import ProcResult
+        from dlscale.case.procs import ProcResult
 
         self.calls += 1
         if self.status == "interrupted" and self.calls > 1:
@@ -167,7 +167,7 @@ class _FakeRanks:
 
 
 def _measured(cfg, status: str = "ok") -> dict:
-    from dlscale import launch
+    from dlscale.case import launch
 
     try:
         rec = launch.measure(cfg, _FakeRanks(status), command="dlscale run")
@@ -177,7 +177,7 @@ def _measured(cfg, status: str = "ok") -> dict:
 
 
 def _cfg(**kw):
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
 
     base = dict(model="gpt2", flavor="tiny", device="cpu", batch_size=4, warmup=1, steps=2, repeats=2,
                 monitor=False)
@@ -187,7 +187,7 @@ def _cfg(**kw):
 def _launchable(strategy: str):
     """A CPU case of ``strategy`` that passes validation (its model and device count), or None."""
     from dlscale import ConfigError
-    from dlscale.config import validate_case
+    from dlscale.case.config import validate_case
 
     own = {"embedding-shard": "wide-deep", "partial-fc": "face"}.get(strategy)  # the workloads they shard
     for model in ([own] if own else []) + ["gpt2", "wide-deep", "face", "resnet50", "llama"]:
@@ -234,8 +234,8 @@ def _external_record(tmp_path: Path) -> dict:
     import time
 
     from dlscale.external import measure, spawner
-    from dlscale.procs import ProcResult
-    from dlscale.store import ResultStore
+    from dlscale.case.procs import ProcResult
+    from dlscale.results.store import ResultStore
 
     def fake_spawn(command, time_limit, env=None, on_line=None, cwd=None):
         for line in _megatron_lines(64):
@@ -253,13 +253,13 @@ def _external_record(tmp_path: Path) -> dict:
 def test_a_record_of_every_precision_status_strategy_framework_and_kind_validates(tmp_path, capsys, monkeypatch):
     import functools
 
-    from dlscale import launch
+    from dlscale.case import launch
 
     # the environment is captured for real, once per framework (it takes a second on a loaded host)
     monkeypatch.setattr(launch.envinfo, "capture", functools.lru_cache(maxsize=None)(launch.envinfo.capture))
     from dlscale.frameworks import FRAMEWORKS
-    from dlscale.precision import PRECISIONS
-    from dlscale.store import STATUSES
+    from dlscale.train.precision import PRECISIONS
+    from dlscale.results.store import STATUSES
     from dlscale.strategies import strategy_names
 
     recs = {f"precision {p}": _measured(_cfg(precision=p)) for p in PRECISIONS}
@@ -282,8 +282,8 @@ def test_a_record_of_every_precision_status_strategy_framework_and_kind_validate
 def test_exactly_one_node_leads_whoever_hosts_the_c10d_endpoint(endpoint):
     """Two nodes, torchrun's node ranks by sorted host name: rank 0 on one, the endpoint on either
     (or a loopback endpoint every node owns). Exactly one leads: the one that ran global rank 0."""
-    from dlscale.multinode import is_lead
-    from dlscale.procs import Rendezvous
+    from dlscale.case.multinode import is_lead
+    from dlscale.case.procs import Rendezvous
 
     rdzv = Rendezvous(nnodes=2, rdzv_endpoint=endpoint)
     for endpoint_node in (0, 1):
@@ -297,8 +297,8 @@ def test_exactly_one_node_leads_whoever_hosts_the_c10d_endpoint(endpoint):
 
 
 def test_without_any_rank_the_rendezvous_host_records():
-    from dlscale.multinode import is_lead
-    from dlscale.procs import Rendezvous
+    from dlscale.case.multinode import is_lead
+    from dlscale.case.procs import Rendezvous
 
     c10d = Rendezvous(nnodes=2, rdzv_endpoint="10.0.0.2:29500")
     assert [is_lead(False, [], c10d, hosts_endpoint=lambda h, n=n: n == 1) for n in (0, 1)] == [False, True]
@@ -312,14 +312,14 @@ def test_without_any_rank_the_rendezvous_host_records():
                                               ("NVIDIA A100-SXM4-80GB", None, "tf32"),
                                               ("NVIDIA A100-SXM4-80GB", False, "fp32"), (None, None, "tf32")])
 def test_fp32_is_tf32_only_where_the_device_has_it(name, tf32, want):
-    from dlscale import metrics
+    from dlscale.results import metrics
 
     assert metrics.precision_dtype("fp32", "cuda", name, tf32) == want
     assert metrics.precision_dtype("amp-bf16", "cuda", name, tf32) == "bf16"  # only fp32 depends on the device
 
 
 def test_an_imported_v100_fp32_table_has_an_mfu_and_says_which_peak():
-    from dlscale import metrics
+    from dlscale.results import metrics
     from dlscale.importers import ImportOptions, import_path
     from dlscale.models import get_model
 
@@ -339,7 +339,8 @@ def test_an_imported_v100_fp32_table_has_an_mfu_and_says_which_peak():
 def test_a_measured_case_records_its_peak():
     from types import SimpleNamespace
 
-    from dlscale import launch, metrics
+    from dlscale.case import launch
+    from dlscale.results import metrics
 
     cfg = SimpleNamespace(precision="fp32", world_size=1)
     spec = SimpleNamespace(flops_per_sample=1e12, seq_len=None)
@@ -413,14 +414,14 @@ def _micro_rec(cvs, other_pct=None, threads=2, cores=2, device="cpu", nproc=1):
     (_micro_rec([0.01, 0.02], other_pct=85.0, device="cuda"), set()),  # the CPU checks are for CPU runs
 ])
 def test_micro_records_are_flagged_as_runs_are(rec, flags):
-    from dlscale import validity
+    from dlscale.results import validity
 
     v = validity.assess_micro(rec)
     assert {f.check for f in v.flags} == flags and v.sound is (not flags)
 
 
 def test_a_micro_record_without_a_load_says_what_it_could_not_check():
-    from dlscale import validity
+    from dlscale.results import validity
 
     v = validity.assess_micro(_micro_rec([0.01, 0.02]))
     assert not v.flags and {"competing_cpu", "oversubscribed"} <= set(v.unchecked)
@@ -445,14 +446,14 @@ def test_busy_time_leaves_out_idle_and_guest():
     ([5.0, 1e-9, 0.0], 1.5, 100_000),  # a timer's glitch cannot ask for more than the cap
 ])
 def test_window_steps_from_the_warm_up(warm, target, want):
-    from dlscale.worker import calibrated_steps
+    from dlscale.train.worker import calibrated_steps
 
     assert calibrated_steps(80, warm, target) == want
 
 
 def test_the_quick_suite_sizes_its_windows_by_time():
-    from dlscale.suite import load_suite
-    from dlscale.validity import THRESHOLDS
+    from dlscale.case.suite import load_suite
+    from dlscale.results.validity import THRESHOLDS
 
     suite = load_suite("quick")
     assert suite.cases and all(c.min_window_s is not None and c.min_window_s > THRESHOLDS.min_window_s
@@ -462,8 +463,8 @@ def test_the_quick_suite_sizes_its_windows_by_time():
 
 
 def test_throughput_counts_the_steps_the_window_ran():
-    from dlscale import launch
-    from dlscale.config import RunConfig
+    from dlscale.case import launch
+    from dlscale.case.config import RunConfig
 
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", batch_size=4, steps=80, min_window_s=1.5)
     r0 = {"rank": 0, "status": "ok", "dp_size": 1, "window_s": 1.6, "window_steps": 160,
@@ -508,7 +509,7 @@ def test_the_console_loss_is_the_training_loss_not_the_eval_one():
 def test_profiler_steps_are_not_top_ops():
     from types import SimpleNamespace
 
-    from dlscale.breakdown import top_ops
+    from dlscale.train.breakdown import top_ops
 
     ev = [SimpleNamespace(key=k, count=c, self_cpu_time_total=t) for k, c, t in
           (("ProfilerStep*", 2, 9000.0), ("aten::mm", 8, 4000.0), ("aten::add", 8, 1000.0))]

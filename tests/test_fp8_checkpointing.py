@@ -12,14 +12,14 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.cli import main as cli_main
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.models import get_model
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 
 
 def test_fp8_is_a_precision_rated_against_bf16():
-    from dlscale import metrics
+    from dlscale.results import metrics
 
     assert RunConfig(precision="fp8").precision == "fp8"
     assert metrics.precision_dtype("fp8", "cuda") == "bf16"
@@ -31,7 +31,7 @@ def test_fp8_is_a_precision_rated_against_bf16():
     ("hybrid", {"tp": 2}, "cuda", "Float8 tensor-parallel styles"),
 ])
 def test_fp8_refusals(strategy, opts, device, expect):
-    from dlscale import fp8
+    from dlscale.train import fp8
 
     cfg = RunConfig(model="llama", flavor="tiny", strategy=strategy, nproc_per_node=2, precision="fp8",
                     strategy_options=opts)
@@ -40,7 +40,7 @@ def test_fp8_refusals(strategy, opts, device, expect):
 
 
 def test_fp8_reads_the_tensor_parallel_degree_the_strategy_declares():
-    from dlscale import fp8
+    from dlscale.train import fp8
 
     env = {"device_type": "cuda", "assume_extras": True}
     for opts, refused in (({"pp": 2}, False), ({"tp": 2}, True), ({"dp": 1, "tp": 2}, True)):
@@ -50,7 +50,7 @@ def test_fp8_reads_the_tensor_parallel_degree_the_strategy_declares():
 
 
 def test_fp8_without_torchao(monkeypatch):
-    from dlscale import fp8
+    from dlscale.train import fp8
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torchao" else real(n, *a))
@@ -74,7 +74,7 @@ def test_fp8_on_the_cpu_is_recorded_unsupported(tmp_path):
 def test_fp8_converts_the_blocks_linears_and_trains():
     """torch._scaled_mm runs on the CPU too, so the conversion and a few steps can be checked here
     (the device check is what keeps real runs on float8 tensor cores)."""
-    from dlscale import fp8
+    from dlscale.train import fp8
 
     spec = get_model("llama", "tiny")
     cfg = RunConfig(model="llama", flavor="tiny", precision="fp8")
@@ -107,8 +107,8 @@ def test_fp8_converts_the_blocks_linears_and_trains():
 
 
 def test_checkpointing_modes_and_refusals():
-    from dlscale import checkpointing
-    from dlscale.config import validate_case
+    from dlscale.train import checkpointing
+    from dlscale.case.config import validate_case
 
     with pytest.raises(ConfigError, match="unknown activation-checkpointing 'some'"):
         RunConfig(activation_checkpointing="some")
@@ -127,5 +127,5 @@ def test_activation_checkpointing_is_left_out_of_old_case_keys():
     """A record stored before the field existed keeps its case key."""
     assert RunConfig().case_key() == RunConfig(activation_checkpointing="none").case_key()
     assert RunConfig().case_key() != RunConfig(activation_checkpointing="full").case_key()
-    assert "activation_checkpointing" not in __import__("dlscale.config").config.workload_fields(
+    assert "activation_checkpointing" not in __import__("dlscale.case.config", fromlist=["workload_fields"]).workload_fields(
         RunConfig().to_dict())

@@ -8,7 +8,7 @@ import pytest
 from dlscale.cli import main
 from dlscale.importers import ImportFailure, ImportOptions, import_path, importer_names
 from dlscale.schema import validate_record
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 
 FIX = Path(__file__).parent / "fixtures"
 TABLE = FIX / "tables" / "mxnet-bert-base-v100.yaml"

@@ -13,7 +13,7 @@ import torch
 import helpers_cli
 from helpers_cli import names
 from dlscale import ConfigError
-from dlscale.config import RunConfig, workload_fields
+from dlscale.case.config import RunConfig, workload_fields
 from dlscale.inputs import check_case, merge_ranks, parse_data
 from dlscale.inputs import dataset_info, images, make, tokens
 from dlscale.inputs.sampler import GlobalBatchSampler
@@ -1029,7 +1029,7 @@ def test_case_words_name_the_data_and_the_decoder_asked_for():
 
 def test_window_times_take_the_idle_from_the_previous_steps_end_to_the_batch():
     """Step i's idle time for data runs from step i-1's end event to the event after step i's fetch."""
-    from dlscale.worker import _window_times
+    from dlscale.train.worker import _window_times
 
     class Ev:
         def __init__(self, t):

@@ -11,7 +11,7 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.config import RunConfig, workload_fields
+from dlscale.case.config import RunConfig, workload_fields
 from dlscale.inputs import case_words, dataset_info, images, make
 from dlscale.inputs import source
 from dlscale.inputs.source import gpu_reader, resolve_workers

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import one_process_here
 
-from dlscale import cli, launch
+from dlscale import cli
+from dlscale.case import launch
 from dlscale.schema import validate_record
 
 # one timed step a repeat: what is kept of an interrupted case does not depend on the window's length

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from dlscale import ConfigError
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from helpers_cli import RunsAhead, cases, names
 
 
@@ -55,10 +55,10 @@ def test_framework_field_and_case_key():
     from dlscale.frameworks import worker_module
 
     assert RunConfig().framework == "torch"
-    assert "framework" not in __import__("dlscale.config", fromlist=["workload_fields"]).workload_fields(
+    assert "framework" not in __import__("dlscale.case.config", fromlist=["workload_fields"]).workload_fields(
         RunConfig().to_dict())  # old records keep their keys
     assert RunConfig(framework="jax").case_key() != RunConfig().case_key()
-    assert worker_module("torch") == "dlscale.worker"
+    assert worker_module("torch") == "dlscale.train.worker"
     assert worker_module("jax") == "dlscale.frameworks.jax.worker"
     with pytest.raises(ConfigError, match=names("'tf'", "torch", "jax")):  # the value and the choices
         RunConfig(framework="tf")
@@ -117,7 +117,7 @@ def test_profile_kernels_by_kind_from_jax_and_torch_traces():
 
 @pytest.mark.slow
 def test_dlscale_imports_without_jax():
-    code = ("import sys, dlscale.cli, dlscale.launch, dlscale.frameworks, dlscale.report.cli; "
+    code = ("import sys, dlscale.cli, dlscale.case.launch, dlscale.frameworks, dlscale.report.cli; "
             "from dlscale.frameworks.jax import strategies; assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -241,7 +241,7 @@ def test_the_fp16_loss_scale_around_the_window_counts_the_skipped_updates():
     updates; no scale, no fields."""
     import jax.numpy as jnp
 
-    from dlscale import metrics
+    from dlscale.results import metrics
     from dlscale.frameworks.jax import train as T
     from dlscale.frameworks.jax.worker import _scale_reading
 
@@ -321,7 +321,7 @@ def test_cross_entropy_by_hand():
 
 
 def test_env_records_jax_versions_and_backend():
-    from dlscale import envinfo
+    from dlscale.results import envinfo
 
     env = envinfo.capture(include_topology=False, framework="jax", device_type="cpu")
     assert env["framework"] == "jax"
@@ -331,7 +331,7 @@ def test_env_records_jax_versions_and_backend():
 
 
 def test_suite_frameworks_axis(tmp_path):
-    from dlscale.suite import load_suite
+    from dlscale.case.suite import load_suite
 
     path = tmp_path / "fw.yaml"
     path.write_text("device: cpu\nmatrix:\n  models: [gpt2]\n  flavors: [tiny]\n  frameworks: [torch, jax]\n"

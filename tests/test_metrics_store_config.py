@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from dlscale import ConfigError, metrics
-from dlscale.config import RunConfig, parse_injection
-from dlscale.store import SCHEMA, ResultStore, new_record, ok_case_keys
+from dlscale import ConfigError
+from dlscale.results import metrics
+from dlscale.case.config import RunConfig, parse_injection
+from dlscale.results.store import SCHEMA, ResultStore, new_record, ok_case_keys
 
 # ../shared/published/mxnet-bert-base-v100.md: MXNet BERT-base fp32 b32, 7 runs per case
 PUBLISHED = {
@@ -220,7 +221,7 @@ def test_store_rejects_nan(tmp_path):
 
 def test_process_phases_by_hand():
     """Where a repeat's process time went: consecutive differences of rank 0's marks."""
-    from dlscale.launch import process_phases
+    from dlscale.case.launch import process_phases
 
     marks = {"started": 102.0, "imported": 104.5, "process_group": 105.0, "built": 107.0, "warmed_up": 108.0,
              "window_done": 110.0, "finished": 110.5}
@@ -254,8 +255,8 @@ def test_stored_records_keep_their_case_keys():
 def test_every_field_reaches_cli_suite_and_filters():
     """One field's metadata is the whole of its plumbing: an axis field is a suite axis and, when
     marked, a filter key; every field with an option round-trips (tests/test_slurm.py)."""
-    from dlscale.config import FIELDS
-    from dlscale.suite import CASE_KEYS, EXPANSION_ORDER, MATCH_KEYS, SETTINGS
+    from dlscale.case.config import FIELDS
+    from dlscale.case.suite import CASE_KEYS, EXPANSION_ORDER, MATCH_KEYS, SETTINGS
 
     for name, o in FIELDS.items():
         if o.axis and name not in ("nproc_per_node", "nnodes"):

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from dlscale import ConfigError
 from dlscale.cli import main as cli_main
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.fmt import fmt_num
 from dlscale.models import count_parameters, get_model
 from helpers_cli import RunsAhead, cases
@@ -477,9 +477,9 @@ def world1(tmp_path_factory):
 
 
 def _train_here(tmp_path_factory, **kw) -> dict:
-    """One case through ``dlscale.worker.train`` on the one-rank group (fp32, tiny)."""
+    """One case through ``dlscale.train.worker.train`` on the one-rank group (fp32, tiny)."""
     from dlscale.strategies import DistEnv
-    from dlscale.worker import train
+    from dlscale.train.worker import train
 
     cfg = RunConfig(device="cpu", flavor="tiny", warmup=WARMUP, steps=STEPS, repeats=1, monitor=False,
                     precision="fp32", **kw)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import cli, multinode
-from dlscale.procs import Rendezvous
-from dlscale.store import ResultStore
+from dlscale import cli
+from dlscale.case import multinode
+from dlscale.case.procs import Rendezvous
+from dlscale.results.store import ResultStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 import helpers_netns  # noqa: E402
@@ -69,7 +70,7 @@ def test_bad_multinode_input_exits_2_before_training(argv, words, capsys, monkey
     def no_training(*a, **k):
         raise AssertionError("a process was started for bad input")
 
-    monkeypatch.setattr("dlscale.launch.spawn_torchrun", no_training)
+    monkeypatch.setattr("dlscale.case.launch.spawn_torchrun", no_training)
     code = cli.main(["run", *CASE, "--store", str(tmp_path), *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2
@@ -80,7 +81,7 @@ def test_bad_multinode_input_exits_2_before_training(argv, words, capsys, monkey
 
 
 def test_slurm_allocation_mismatch_exits_2(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("dlscale.launch.spawn_torchrun", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.setattr("dlscale.case.launch.spawn_torchrun", lambda *a, **k: pytest.fail("started"))
     for k, v in {"DLSCALE_SLURM": "1", "SLURM_JOB_ID": "7", "SLURM_STEP_NUM_NODES": "1",
                  "SLURM_STEP_NUM_TASKS": "1"}.items():
         monkeypatch.setenv(k, v)
@@ -118,7 +119,7 @@ def test_slurm_rendezvous_env(monkeypatch):
 
 
 def test_worker_takes_slurm_layout(monkeypatch):
-    from dlscale import worker
+    from dlscale.train import worker
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(k, "x")  # recorded, so the values the worker sets are undone afterwards
@@ -159,7 +160,7 @@ def test_describe_failure_names_first_rank_and_lost_ranks():
 def test_finish_record_lead_and_follower(tmp_path):
     static0 = Rendezvous(nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=29500)
     static1 = Rendezvous(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=29500)
-    from dlscale.record import Record
+    from dlscale.results.record import Record
 
     def rec():
         return Record(status="ok", error=None, config={}, case_key="k", label=None, command="x",
@@ -180,8 +181,8 @@ def test_finish_record_lead_and_follower(tmp_path):
 
 def test_follower_does_not_write(tmp_path, monkeypatch):
     """Only the node with global rank 0 stores; a follower's Record comes back marked follower."""
-    from dlscale import launch
-    from dlscale.record import Record
+    from dlscale.case import launch
+    from dlscale.results.record import Record
 
     def fake_measure(cfg, spawner, **kw):
         return Record(status="ok", error=None, config={}, case_key="k", label=None, command="x",
@@ -197,8 +198,8 @@ def test_follower_does_not_write(tmp_path, monkeypatch):
 def test_an_interrupted_case_is_kept_by_the_lead_only(tmp_path, monkeypatch, node_rank):
     """A signal after some repeats finished: the lead node passes the record of the finished repeats
     on (launch.Interrupted, to be stored); a follower, which never stores, ends without one."""
-    from dlscale import launch
-    from dlscale.record import Record
+    from dlscale.case import launch
+    from dlscale.results.record import Record
 
     def interrupted(cfg, spawner, **kw):
         raise launch.Interrupted(Record(status="interrupted", error="i", config={}, case_key="k", label=None,

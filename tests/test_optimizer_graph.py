@@ -1,4 +1,4 @@
-"""--optimizer-graph: the optimizer step captured once and replayed (dlscale/step.py).
+"""--optimizer-graph: the optimizer step captured once and replayed (dlscale/train/step.py).
 
 CUDA graphs need a GPU; here the capture is replaced by one that records the body and replays it
 eagerly, so what is checked is the policy around the graph: when it is captured, that a replay
@@ -12,8 +12,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dlscale import ConfigError
-from dlscale.config import RunConfig, validate_case, validate_for_launch
-from dlscale.step import GRAPH_MAX_CAPTURES, GRAPH_WARMUP, GraphedOptimizerStep, optimizer_step
+from dlscale.case.config import RunConfig, validate_case, validate_for_launch
+from dlscale.train.step import GRAPH_MAX_CAPTURES, GRAPH_WARMUP, GraphedOptimizerStep, optimizer_step
 
 
 class FakeCapture:
@@ -158,7 +158,7 @@ def test_refused_without_cuda():
 
 
 def test_part_of_the_case_only_when_on():
-    from dlscale.config import workload_fields
+    from dlscale.case.config import workload_fields
 
     off = RunConfig(model="gpt2", flavor="tiny")
     assert "optimizer_graph" not in workload_fields(off.to_dict())  # stored keys stay as they were

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import parity
+from dlscale.results import parity
 from dlscale.cli import main
 
 WARM = [6.2224, 6.1257, 6.0511]

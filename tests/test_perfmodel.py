@@ -13,7 +13,7 @@ from dlscale.commands.perf_args import DeprecatedAlias
 from dlscale.perfmodel import (MIB, HostInput, Link, Links, Measured, OverheadLaw, Shape, WorkloadModel, allreduce_phases_s,
                                allreduce_s, bucket_sizes, compute_terms, gradient_bytes, overlap_model, parse_shapes,
                                ring_allreduce_s, tree_allreduce_s)
-from dlscale.store import ResultStore, new_record
+from dlscale.results.store import ResultStore, new_record
 
 PARAMS = 125_000_000          # G = 500e6 bytes of fp32 gradients
 BUSBW = 250.0                 # GB/s, the largest all_reduce row of the micro record

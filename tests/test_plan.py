@@ -10,8 +10,8 @@ import json
 import pytest
 
 from dlscale.cli import main as cli_main
-from dlscale.layout import ParallelDims
-from dlscale.memplan import (GiB, Layout, Workload, block_bytes_per_token, candidate_layouts, largest_batch,
+from dlscale.planner.layout import ParallelDims
+from dlscale.planner.memplan import (GiB, Layout, Workload, block_bytes_per_token, candidate_layouts, largest_batch,
                              layout_for_run, plan_memory, planned_as)
 from dlscale.models import get_model
 
@@ -195,7 +195,7 @@ _MEASURED: dict[tuple, dict] = {}
 
 def _measured(model: str, precision: str, ac: str) -> dict:
     """One in-process training step's peak (shared by the tests of this module)."""
-    from dlscale.memmeasure import step_peak
+    from dlscale.train.memmeasure import step_peak
 
     key = (model, precision, ac)
     if key not in _MEASURED:

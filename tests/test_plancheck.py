@@ -6,10 +6,10 @@ import contextlib
 import io
 import json
 
-from dlscale import plancheck
+from dlscale.planner import plancheck
 from dlscale.cli import main as cli_main
-from dlscale.config import RunConfig
-from dlscale.memplan import Workload, layout_for_run, plan_memory
+from dlscale.case.config import RunConfig
+from dlscale.planner.memplan import Workload, layout_for_run, plan_memory
 from dlscale.models import get_model
 
 

@@ -13,7 +13,7 @@ from dlscale.perfmodel.law import DEFAULT_LAW
 from dlscale.perfmodel.cost import (Amount, BUILTIN_PRICES, cheapest_meeting_deadline, load_prices, record_power_w,
                                     training_cost)
 from dlscale.report.data import Row
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 from test_perfmodel import comm_record, run_record
 
 

@@ -96,7 +96,7 @@ def test_cost_of_a_token_table_from_its_node(tmp_path, capsys):
     """A tokens/s table: --tokens is the amount as it is (1e9 tokens at the node's rate), and the prediction
     beside the node's own record is not that record (nothing else to infer t_1 from: none)."""
     from dlscale.cli import main
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     recs = table(tmp_path, [{"batch_size": 4, "nodes": 1, "gpus_per_node": 8, "throughput": 100_000.0},
                             {"batch_size": 4, "nodes": 2, "gpus_per_node": 8, "throughput": 190_000.0}],

@@ -17,7 +17,7 @@ from dlscale.perfmodel.inputs import ModelOptions, Query
 from dlscale.perfmodel.predict import predict_workload
 from dlscale.perfmodel.validate import validate
 from dlscale.report.data import load_records
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 from dlscale.importers.table import yaml_table_records
 from test_perfmodel import comm_record, run_record
 

@@ -12,7 +12,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.config import FIELDS, RunConfig, workload_fields
+from dlscale.case.config import FIELDS, RunConfig, workload_fields
 from dlscale.inputs.corpus import END_OF_DOC, CorpusOptions, make_text_corpus
 from dlscale.quality import target as qt
 
@@ -306,7 +306,7 @@ def test_tiny_gpt2_reaches_a_val_loss_target_at_1_and_2_processes_and_records_a_
     """single at batch 8 and ddp at 2 x 4 train the same global batch: besides reaching the target,
     ddp's validation curve must be single's (accuracy parity, the validation loss and not only the
     training losses); a target out of reach is a result, exit 0, with the reason."""
-    from dlscale import parity
+    from dlscale.results import parity
 
     store = tmp_path / "store"
     with single_in_process():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.cli import main
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("report_fixtures", FIXTURES / "report_fixtures.py")

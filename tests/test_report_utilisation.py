@@ -180,7 +180,7 @@ def test_breakdown_stack_sums_to_step_ms(store):
     assert two == {"data": 1.0, "forward": 5.0, "backward compute": 10.0, "exposed comm": 2.0, "optimizer": 2.0}
     assert sum(two.values()) == pytest.approx(20.0)  # step_ms: backward_ms already holds the exposed comm
     assert one["exposed comm"] == 0.0 and sum(one.values()) == pytest.approx(18.0)
-    # the shared fixture store (written as dlscale.breakdown writes it) stacks to its step_ms too
+    # the shared fixture store (written as dlscale.train.breakdown writes it) stacks to its step_ms too
     main = build_report(load_records(FIXTURES / "report_store"))
     bds = [r.breakdown for g in main.groups for r in g.own_rows if r.breakdown]
     assert len(bds) == 3

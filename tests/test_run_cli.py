@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import helpers_cli
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 from helpers_cli import RunsAhead, cases
 
 FAST = ["--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--repeats", "1"]
@@ -253,8 +253,8 @@ def test_hung_rank_is_killed_at_time_limit_exit_4(case):
     where = rec["repeats"][0].get("rank_stacks") or {}
     for r, w in where.items():
         assert f"rank {r} at {w}" in rec["error"], (where, rec["error"])
-    if where.get("1", "").startswith("dlscale/worker.py:") and " in check" in where["1"]:
-        assert "stalled outside any collective: rank 1 at dlscale/worker.py:" in rec["error"], rec["error"]
+    if where.get("1", "").startswith("dlscale/train/worker.py:") and " in check" in where["1"]:
+        assert "stalled outside any collective: rank 1 at dlscale/train/worker.py:" in rec["error"], rec["error"]
     # nothing of the killed case may survive (the module's runs: other runs on the machine may be going on)
     assert tagged(os.environ["DLSCALE_TEST_TAG"]) == []
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 import helpers_cli
-from dlscale import ranktimes, validity
-from dlscale.config import RunConfig, parse_injection
-from dlscale.store import ResultStore
+from dlscale.results import validity
+from dlscale.train import ranktimes
+from dlscale.case.config import RunConfig, parse_injection
+from dlscale.results.store import ResultStore
 from dlscale import ConfigError
 
 
@@ -55,7 +56,7 @@ def test_straggler_flag_names_the_rank_past_the_threshold_only():
 def test_slow_injection_parses_as_milliseconds_on_any_step():
     assert parse_injection("slow@50:1") == ("slow", 50, 1)
     cfg = RunConfig(model="gpt2", flavor="tiny", nproc_per_node=2, warmup=1, steps=2, inject_failure="slow@500:1")
-    from dlscale.config import validate_case
+    from dlscale.case.config import validate_case
 
     validate_case(cfg)  # 500 is a sleep, not a step that must be reached
     with pytest.raises(ConfigError):
@@ -75,7 +76,7 @@ def test_two_ranks_one_slowed_is_named_straggler(tmp_path):
     flags = [f for f in rec["validity"]["flags"] if f["check"] == "straggler"]
     assert len(flags) == 1 and "rank 1 " in flags[0]["reason"], rec["validity"]
     assert ranktimes.record_slowest(rec)["rank"] == 1
-    from dlscale import energy
+    from dlscale.train import energy
 
     assert ("energy" in rec["repeats"][0]) == bool(energy.rapl_domains())  # only where a counter was read
 
@@ -83,7 +84,7 @@ def test_two_ranks_one_slowed_is_named_straggler(tmp_path):
 # ---------------------------------------------------------------------------------------------- goodput
 
 def test_training_shares_of_the_wall_time():
-    from dlscale import goodput
+    from dlscale.results import goodput
 
     phases = {"launch": 1.0, "import": 2.0, "init": 0.5, "build": 0.5, "warmup": 2.0, "window": 3.0, "after": 0.5,
               "exit": 0.5}  # 10 s in all
@@ -115,7 +116,7 @@ def test_report_columns_show_the_slowest_rank_and_the_window_share():
     assert cells["checkpoint write (GB/s)"] == (3.0,) and cells["steps after checkpoint (%)"] == (25.0,)
     rec["repeats"][0]["checkpoint"].update(mode="async", every=3, restore_matches=True)
     rec["repeats"][0]["checkpoint"]["saves"][0]["bytes"] = 6e9
-    from dlscale import checkpoint_timing
+    from dlscale.train import checkpoint_timing
 
     assert "async" in checkpoint_timing.console_line(rec) and checkpoint_timing.console_line({"repeats": []}) is None
 
@@ -145,7 +146,7 @@ def _rapl(root, name, uj, rng=None):
 
 
 def test_counter_delta_undoes_one_wrap_and_refuses_a_reset():
-    from dlscale.energy import counter_delta
+    from dlscale.train.energy import counter_delta
 
     assert counter_delta(100, 350) == 250
     assert counter_delta(900, 100, wrap=1000) == 200  # 900 -> 1000 (wrap) -> 100
@@ -154,7 +155,7 @@ def test_counter_delta_undoes_one_wrap_and_refuses_a_reset():
 
 
 def test_meter_sums_the_gpus_that_have_a_counter(tmp_path):
-    from dlscale import energy
+    from dlscale.train import energy
 
     nvml = _FakeNvml({"a": [1_000_000, 1_250_000], "b": [500, 2500], "c": None})
     m = energy.Meter(nvml, ["a", "b", "c"], energy.rapl_domains(str(tmp_path)))
@@ -171,7 +172,7 @@ def test_meter_sums_the_gpus_that_have_a_counter(tmp_path):
 
 
 def test_rapl_packages_only_with_their_wrap(tmp_path):
-    from dlscale import energy
+    from dlscale.train import energy
 
     pkg = _rapl(tmp_path, "intel-rapl:0", 9_000_000, rng=10_000_000)
     _rapl(tmp_path, "intel-rapl:0:0", 1)  # a sub-domain (core) is part of the package: not summed again
@@ -185,7 +186,7 @@ def test_rapl_packages_only_with_their_wrap(tmp_path):
 
 
 def test_repeat_and_summary_energy_per_sample_and_token():
-    from dlscale import energy
+    from dlscale.train import energy
 
     ranks = [{"rank": 0, "device": "cuda:0", "energy": {"gpu_j": 300.0, "gpus_read": 2, "gpus_unsupported": 0,
                                                         "cpu_j": None, "cpu_packages_read": 0, "read_s": 2.0}},
@@ -204,7 +205,7 @@ def test_repeat_and_summary_energy_per_sample_and_token():
 
 
 def test_cost_takes_the_measured_energy_where_the_record_has_it():
-    from dlscale import energy
+    from dlscale.train import energy
     from dlscale.perfmodel.core import Shape
     from dlscale.perfmodel.cost import CostOption
 
@@ -225,8 +226,8 @@ def _ckpt_cfg(**kw):
 
 
 def test_checkpoint_options_are_checked_before_anything_runs(tmp_path):
-    from dlscale import checkpoint_timing as ct
-    from dlscale.config import validate_case
+    from dlscale.train import checkpoint_timing as ct
+    from dlscale.case.config import validate_case
 
     with pytest.raises(ConfigError, match="checkpoint-every"):
         _ckpt_cfg(checkpoint_every=0)
@@ -249,7 +250,7 @@ def test_checkpoint_options_leave_the_case_key_as_it_was(tmp_path):
 def test_checkpoint_dir_must_exist_be_writable_and_have_room(tmp_path, monkeypatch):
     import shutil
 
-    from dlscale import checkpoint_timing as ct
+    from dlscale.train import checkpoint_timing as ct
 
     ct.check_dir(str(tmp_path), need_bytes=1000)
     afile = tmp_path / "f"
@@ -274,7 +275,7 @@ def test_bad_checkpoint_option_is_one_line_exit_2_and_nothing_written(tmp_path):
 
 
 def test_checkpoint_summary_per_save_and_the_steps_around():
-    from dlscale import checkpoint_timing as ct
+    from dlscale.train import checkpoint_timing as ct
 
     got = ct.summarise([[10.0, 12.0, 11.0], [15.0, 13.0, 14.0], [12.0, 12.0, 13.0]], worst=[0.5, 2.0, 0.4, 1.0],
                        written=[4e9, 4e9])
@@ -312,7 +313,7 @@ def test_checkpoint_phase_times_saves_and_restores_the_losses(tmp_path):
 
 
 def test_long_run_counts_the_start_up_once_and_each_checkpoint():
-    from dlscale import goodput
+    from dlscale.results import goodput
 
     rec = {"median_repeat": 0, "repeats": [{"repeat": 0, "status": "ok",
                                             "phases_s": {"launch": 100.0, "import": 200.0, "init": 100.0,
@@ -342,7 +343,7 @@ def test_write_test_times_a_durable_write_and_leaves_nothing(tmp_path):
 
 
 def test_plan_estimates_a_save_from_the_state_and_the_bandwidth():
-    from dlscale import checkpoint_timing as ct
+    from dlscale.train import checkpoint_timing as ct
 
     e = ct.plan_estimate(params=1_000_000_000, nodes=4, write_bytes_per_s=1.5e9)
     assert e["state_bytes"] == ct.STATE_BYTES_PER_PARAM * 1e9

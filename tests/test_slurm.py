@@ -20,9 +20,9 @@ import pytest
 
 from dlscale import cli
 from dlscale.commands import slurm as slurm_cmd
-from dlscale.caseargs import config_from_args
-from dlscale.config import RunConfig
-from dlscale.store import ResultStore
+from dlscale.case.caseargs import config_from_args
+from dlscale.case.config import RunConfig
+from dlscale.results.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / ".ci" / "setup-slurm.sh"
@@ -41,7 +41,7 @@ def test_case_options_round_trip():
     """Every RunConfig field survives the trip through `dlscale run` options (to_cli_args)."""
     import dataclasses
 
-    from dlscale.caseargs import check_round_trip, to_cli_args
+    from dlscale.case.caseargs import check_round_trip, to_cli_args
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
     values = dict(model="bert-base", flavor="tiny", strategy="fsdp", nproc_per_node=4, nnodes=3, batch_size=7,
@@ -72,7 +72,8 @@ def test_case_options_round_trip():
 
 
 def test_round_trip_check_catches_a_dropped_option(monkeypatch):
-    from dlscale import DlscaleError, caseargs
+    from dlscale import DlscaleError
+    from dlscale.case import caseargs
 
     real = caseargs.to_cli_args
     monkeypatch.setattr(caseargs, "to_cli_args", lambda cfg: [a for a in real(cfg) if a != "--compile"])
@@ -81,7 +82,7 @@ def test_round_trip_check_catches_a_dropped_option(monkeypatch):
 
 
 def test_suite_cases_keep_their_layout(capsys, tmp_path):
-    pytest.importorskip("dlscale.suite", reason="suites (dlscale.suite) are not in this build")
+    pytest.importorskip("dlscale.case.suite", reason="suites (dlscale.case.suite) are not in this build")
     out = dry_run(capsys, "quick", "--nnodes", "1", "--nproc-per-node", "2", "--store", str(tmp_path))
     steps = [ln for ln in out.splitlines() if ln.startswith("step srun")]
     assert len(steps) >= 2

@@ -1,4 +1,4 @@
-"""dlscale/stacks.py: where each rank was at the time limit (faulthandler dumps, parsed and summarised)."""
+"""dlscale/case/stacks.py: where each rank was at the time limit (faulthandler dumps, parsed and summarised)."""
 from __future__ import annotations
 
 import faulthandler
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dlscale import launch, stacks
+from dlscale.case import launch, stacks
 
 DUMP = '''Thread 0x00007f1111111111 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 324 in wait
@@ -18,8 +18,8 @@ DUMP = '''Thread 0x00007f1111111111 (most recent call first):
 Current thread 0x00007f2222222222 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
   File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 647 in backward
-  File "/work/dlscale/worker.py", line 142 in step
-  File "/work/dlscale/worker.py", line 300 in _train_loop
+  File "/work/dlscale/train/worker.py", line 142 in step
+  File "/work/dlscale/train/worker.py", line 300 in _train_loop
   File "<frozen runpy>", line 88 in _run_code
 '''
 
@@ -35,21 +35,21 @@ def test_parse_takes_the_main_thread_innermost_first():
     assert frames[-1] == ("<frozen runpy>", 88, "_run_code") and len(frames) == 5
     assert stacks.waiting(frames)
     assert stacks.where(frames) == ("torch/autograd/graph.py:979 in _engine_run_backward "
-                                    "(from dlscale/worker.py:142 in step)")
+                                    "(from dlscale/train/worker.py:142 in step)")
     assert stacks.parse("") == [] and stacks.where([]) == "unknown"
 
 
 def test_summary_names_the_rank_outside_any_collective_first():
-    hung = [("/work/dlscale/worker.py", 108, "check"), ("/work/dlscale/worker.py", 300, "_train_loop")]
+    hung = [("/work/dlscale/train/worker.py", 108, "check"), ("/work/dlscale/train/worker.py", 300, "_train_loop")]
     text = stacks.summary({0: stacks.parse(DUMP), 1: hung}, [0, 1])
-    assert text == ("stalled outside any collective: rank 1 at dlscale/worker.py:108 in check. "
+    assert text == ("stalled outside any collective: rank 1 at dlscale/train/worker.py:108 in check. "
                     "waiting in a collective or the backward: rank 0 at torch/autograd/graph.py:979 in "
-                    "_engine_run_backward (from dlscale/worker.py:142 in step)")
+                    "_engine_run_backward (from dlscale/train/worker.py:142 in step)")
     assert stacks.summary({}, [0, 1]) is None and stacks.summary({2: hung}, [0, 1]) is None
     # classify appends it to the time-limit message
     status, error = launch.classify(None, True, [], 2, "", started={0: 10, 1: 11}, rank_stacks={1: hung})
     assert status == "timeout" and error.endswith("ranks not finished: [0, 1]. stalled outside any collective: "
-                                                  "rank 1 at dlscale/worker.py:108 in check")
+                                                  "rank 1 at dlscale/train/worker.py:108 in check")
 
 
 @pytest.mark.skipif(not hasattr(faulthandler, "register"), reason="faulthandler.register: POSIX only")

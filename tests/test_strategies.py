@@ -375,7 +375,7 @@ def test_unsupported_recorded(tmp_path, model, strategy, reason):
 
 
 def test_deepspeed_unsupported_when_missing(monkeypatch):
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import deepspeed as ds
 
     real = importlib.util.find_spec
@@ -390,7 +390,7 @@ def test_deepspeed_unsupported_when_missing(monkeypatch):
 
 
 def test_zero1_overlap_unsupported_on_cpu():
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import get_strategy
 
     cfg = RunConfig(strategy="zero1", nproc_per_node=2, strategy_options={"overlap_with_ddp": True})
@@ -562,7 +562,7 @@ def test_matrix_covers_every_strategy_and_model(matrix):
 
 def test_capabilities_are_declared_by_the_strategies():
     """CUDA-graph safety, precisions and the memory layout come from each strategy's registration."""
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import get_strategy, strategy_names
 
     assert sorted(s for s in strategy_names() if get_strategy(s).cudagraph_safe) == ["ddp", "single"]
@@ -610,8 +610,9 @@ def test_refusals_follow_the_declared_capabilities(monkeypatch):
     declares, whatever its name."""
     import dataclasses
 
-    from dlscale import ConfigError, checkpointing, step
-    from dlscale.config import RunConfig
+    from dlscale import ConfigError
+    from dlscale.train import checkpointing, step
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import _STRATEGIES, get_strategy
 
     cfg = RunConfig(model="gpt2", flavor="tiny", strategy="ddp", nproc_per_node=2, clip_grad_norm=1.0,
@@ -631,7 +632,7 @@ def test_refusals_follow_the_declared_capabilities(monkeypatch):
 
 def test_sharding_validation_builds_each_model_once(monkeypatch):
     """Validating many cases of one sharded model builds its meta model once per size."""
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.strategies import _sharding, get_strategy
 
     built = []

@@ -24,12 +24,12 @@ import pytest
 
 import helpers_cli
 from dlscale import ConfigError, cli
-from dlscale.batchsearch import search_max_batch
-from dlscale.caseargs import batch_size_arg
+from dlscale.case.batchsearch import search_max_batch
+from dlscale.case.caseargs import batch_size_arg
 from dlscale.commands import sweep as sweep_cmd
-from dlscale.config import RunConfig, parse_injection
-from dlscale.store import ResultStore
-from dlscale.suite import filter_suite, load_suite, matches, parse_filters, shipped_suites
+from dlscale.case.config import RunConfig, parse_injection
+from dlscale.results.store import ResultStore
+from dlscale.case.suite import filter_suite, load_suite, matches, parse_filters, shipped_suites
 
 
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
@@ -237,8 +237,8 @@ def test_plan_skips_what_cannot_run_and_what_is_done(tmp_path):
 def test_plan_skips_a_cpu_case_with_more_processes_than_run_takes(tmp_path):
     """On the CPU a case over config.CPU_OVERSUBSCRIBE processes per core is skipped with run's reason
     at planning (it used to start, fail at launch and make the sweep exit 5)."""
-    from dlscale.config import CPU_OVERSUBSCRIBE
-    from dlscale.envinfo import affinity_count
+    from dlscale.case.config import CPU_OVERSUBSCRIBE
+    from dlscale.results.envinfo import affinity_count
 
     cores = affinity_count() or os.cpu_count() or 1
     too_many = CPU_OVERSUBSCRIBE * cores + 1
@@ -289,7 +289,7 @@ def test_search_edge_cases():
 
 
 def test_oom_above_injection_and_batch_size_arg():
-    from dlscale.worker import _Injected
+    from dlscale.train.worker import _Injected
 
     assert parse_injection("oom-above@24") == ("oom-above", 24, None)
     assert _Injected("oom-above@24", 0, 24).kind is None
@@ -307,12 +307,12 @@ def test_oom_above_injection_and_batch_size_arg():
 
 
 def test_run_batch_size_max_is_wired(tmp_path, monkeypatch, capsys):
-    from dlscale import batchsearch
+    from dlscale.case import batchsearch
 
     seen = {}
 
     def fake(cfg, spawner, **kw):
-        from dlscale.record import Record
+        from dlscale.results.record import Record
 
         seen.update(cfg=cfg, **kw)
         return Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=None,
@@ -481,7 +481,7 @@ def test_sweep_summary_finds_baselines_stored_by_another_sweep(tmp_path):
 
 def test_huge_suite_is_refused_before_expansion(tmp_path, capsys, monkeypatch):
     """10^6 cases would take minutes and gigabytes to expand: the product of the axes is checked first."""
-    from dlscale import suite as suite_mod
+    from dlscale.case import suite as suite_mod
 
     sizes = ", ".join(str(b) for b in range(1, 1001))
     p = write(tmp_path, f"matrix: {{models: [gpt2], batch_sizes: [{sizes}], grad_accum: [{sizes}]}}\n", "big.yaml")

@@ -16,7 +16,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.cli import main
-from dlscale.config import RunConfig
+from dlscale.case.config import RunConfig
 from dlscale.tune import prune, rank, result, search, space
 from dlscale.tune.cli import duration
 
@@ -53,7 +53,7 @@ def test_a_bad_axis_value_is_one_config_error(name, value):
 
 
 def test_global_batch_pairs_keep_it_and_respect_the_batch_axis_and_microbatches():
-    from dlscale.memplan import Layout, ParallelDims
+    from dlscale.planner.memplan import Layout, ParallelDims
 
     ddp = Layout("ddp", ParallelDims.of(dp_replicate=2))
     pairs, why = space.batch_choices(space.Axes(global_batch=16), ddp, 2, ())
@@ -451,7 +451,7 @@ def test_dry_run_lists_candidates_and_measures_nothing(tmp_path, capsys):
 # ---------------------------------------------------------------- one real tune (2 gloo processes)
 
 def _tune_records(store: Path) -> list[dict]:
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     return [r for r in ResultStore(store).load().records if str(r.get("label", "")).startswith(space.LABEL_PREFIX)]
 
@@ -498,7 +498,7 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
 
 
 def test_newest_per_key_keeps_the_newest_record_of_each_key():
-    from dlscale.record import newest_per_key
+    from dlscale.results.record import newest_per_key
 
     recs = [{"id": "a", "created": "2", "k": ["x"]}, {"id": "b", "created": "1", "k": ["x", "y"]},
             {"id": "c", "created": "2", "k": ["x"]}, {"id": "d", "created": "9", "k": [None, ""]}]

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import console, validity
+from dlscale import console
+from dlscale.results import validity
 from dlscale.cli import main
-from dlscale.store import ResultStore
+from dlscale.results.store import ResultStore
 
 CHROMIUM = "/usr/bin/chromium"
 GIB = 2 ** 30

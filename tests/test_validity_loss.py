@@ -8,8 +8,8 @@ import math
 import pytest
 from test_validity import record
 
-from dlscale import validity
-from dlscale.store import ResultStore
+from dlscale.results import validity
+from dlscale.results.store import ResultStore
 
 
 def losses(rec: dict, after, first: float | None = None, last=None, warm=None) -> dict:
@@ -162,8 +162,8 @@ def test_skipped_steps_not_countable_is_a_note():
 
 
 def test_skipped_steps_are_the_halvings_of_the_scale():
-    from dlscale.metrics import ScaleReading as R
-    from dlscale.metrics import skipped_steps
+    from dlscale.results.metrics import ScaleReading as R
+    from dlscale.results.metrics import skipped_steps
 
     assert skipped_steps(R(65536.0), R(65536.0)) == 0
     assert skipped_steps(R(65536.0), R(8192.0)) == 3
@@ -176,8 +176,8 @@ def test_skipped_steps_when_the_scale_can_grow_inside_the_window():
     """Tracker 1,990 before a 40-step window: with no skip the scale doubles at the window's 10th step and the
     tracker ends at 30. A skip after the growth brings the scale back where it was (halvings 0) and the tracker
     elsewhere: the readings cannot count the skips (None), where the scale alone said 0."""
-    from dlscale.metrics import ScaleReading as R
-    from dlscale.metrics import skipped_steps
+    from dlscale.results.metrics import ScaleReading as R
+    from dlscale.results.metrics import skipped_steps
 
     assert skipped_steps(R(65536.0, 1990), R(131072.0, 30), 40) == 0          # grew once, nothing skipped
     assert skipped_steps(R(65536.0, 1990), R(65536.0, 5), 40) is None         # grew, then one skip 5 steps before the end

@@ -9,7 +9,9 @@ import argparse
 import json
 from typing import Any
 
-from dlscale import ConfigError, energy, goodput
+from dlscale import ConfigError
+from dlscale.results import goodput
+from dlscale.train import energy
 from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, arg_type, options_from_args,
                                         positive_float, positive_int, query_from_args, shapes_type)
 from dlscale.perfmodel.core import Shape, parse_shapes

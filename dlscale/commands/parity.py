@@ -11,7 +11,7 @@ FORMATS = ("md", "json")
 
 def register(sub) -> None:
     from dlscale.report.cli import DEFAULT_STORE, _add_filters, _Help
-    from dlscale.storeargs import add_store_arguments
+    from dlscale.results.storeargs import add_store_arguments
 
     p = sub.add_parser("parity", formatter_class=_Help,
                        help="loss parity: every strategy's losses beside single's on the same global batch",
@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write to FILE, '-' for stdout (default: stdout)")
     p.add_argument("--tolerance", type=float, metavar="REL",
                    help="relative tolerance for every workload (default: by device and precision, "
-                        "dlscale/parity.py TOLERANCES)")
+                        "dlscale/results/parity.py TOLERANCES)")
     _add_filters(p)
     p.set_defaults(func=cmd_parity)
 

@@ -7,7 +7,7 @@ import math
 import sys
 
 from dlscale import ConfigError
-from dlscale.storeargs import add_store_arguments
+from dlscale.results.storeargs import add_store_arguments
 from dlscale.perfmodel.core import DDP_BUCKET_CAP_MB, INTER_ALGORITHMS, parse_shapes
 from dlscale.perfmodel.inputs import ModelOptions, Query
 

@@ -1,4 +1,4 @@
-"""`dlscale plan`: which strategy and degrees fit a model on a set of GPUs, and how fast (dlscale/plan.py)."""
+"""`dlscale plan`: which strategy and degrees fit a model on a set of GPUs, and how fast (dlscale/planner/plan.py)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import re
 
 from dlscale import ConfigError
-from dlscale.checkpoint_timing import STATE_BYTES_PER_PARAM, plan_estimate
+from dlscale.train.checkpoint_timing import STATE_BYTES_PER_PARAM, plan_estimate
 from dlscale.commands.perf_args import non_negative_float, positive_float, positive_int
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -42,15 +42,15 @@ def _check_args(p) -> None:
     p.add_argument("--check", metavar="STORE", default=None,
                    help="instead of planning a job: for each ok run record of STORE (a directory of .jsonl files or "
                         "one file) with a transformer model, the plan's peak per device beside the measured peak, "
-                        "with the error (dlscale/plancheck.py; default: off)")
+                        "with the error (dlscale/planner/plancheck.py; default: off)")
     p.add_argument("--tolerance", type=positive_float, default=None,
                    help="with --check: the largest |predicted - measured| / measured that passes (default: 0.10)")
 
 
 def register(sub) -> None:
-    from dlscale.checkpointing import MODES
+    from dlscale.train.checkpointing import MODES
     from dlscale.cli import deprecated_alias
-    from dlscale.config import PRECISIONS
+    from dlscale.case.config import PRECISIONS
 
     p = sub.add_parser("plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        help="predict memory per device, fit, largest batch and throughput of every strategy",
@@ -82,7 +82,7 @@ def register(sub) -> None:
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"), help="pipeline schedule")
     p.add_argument("--sequence-parallel", action="store_true", help="tensor parallel with sequence parallelism")
     p.add_argument("--strategy", action="append", default=None, help="only these strategies (repeatable)")
-    p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/metrics.py)")
+    p.add_argument("--gpu", default="H100", help="device name for the peak FLOP/s table (dlscale/results/metrics.py)")
     p.add_argument("--peak-tflops", type=positive_float, default=None, help="peak dense TFLOP/s (overrides --gpu)")
     p.add_argument("--mfu", type=positive_float, default=0.40,
                    help="compute rate (fraction of the peak) assumed where the store has no measurement of the model")
@@ -126,8 +126,8 @@ def _intra_link(args, records) -> tuple[float, float, str]:
 
 
 def _machine(args, records=()):
-    from dlscale import metrics
-    from dlscale.plan import Machine
+    from dlscale.results import metrics
+    from dlscale.planner.plan import Machine
 
     if args.gpus % args.nodes:
         raise ConfigError(f"--nnodes {args.nodes} must divide the job's {args.gpus} GPUs")
@@ -181,7 +181,7 @@ def cmd_check(args) -> int:
     """--check STORE: the plan beside the measured peaks; exit 1 when a measured case is outside."""
     import sys
 
-    from dlscale import plancheck
+    from dlscale.planner import plancheck
     from dlscale.report.cli import _warn
     from dlscale.report.data import load_records
 
@@ -216,9 +216,9 @@ def job_shape(args) -> None:
 
 
 def cmd_plan(args) -> int:
-    from dlscale.memplan import Workload
+    from dlscale.planner.memplan import Workload
     from dlscale.models import default_flavor, get_model
-    from dlscale.plan import Grid, plan_rows
+    from dlscale.planner.plan import Grid, plan_rows
     from dlscale.strategies import strategy_names
 
     job_shape(args)
@@ -256,7 +256,7 @@ def cmd_plan(args) -> int:
 
 
 def checkpoint_line(c: dict) -> str:
-    """The plan's checkpoint estimate in one line (dlscale/checkpoint_timing.py)."""
+    """The plan's checkpoint estimate in one line (dlscale/train/checkpoint_timing.py)."""
     size = (f"# checkpoint: {c['state_bytes'] / 1e9:.3g} GB of state ({STATE_BYTES_PER_PARAM} B per parameter: fp32 "
             f"weights and AdamW's two moments), {c['bytes_per_node'] / 1e9:.3g} GB per node")
     if c["sync_save_s"] is None:
@@ -266,7 +266,7 @@ def checkpoint_line(c: dict) -> str:
 
 
 def render(spec, args, machine, rows) -> str:
-    from dlscale.plan import gib
+    from dlscale.planner.plan import gib
 
     assumed = any(r["basis"] == "assumed-mfu" for r in rows)
     head = (f"# plan: {spec.name} {spec.flavor} ({spec.arch.param_count() / 1e9:.2f} B parameters), {args.gpus} GPU(s) "

@@ -61,7 +61,7 @@ def register(sub) -> None:
 
 def _predict_strategy(args, query, opts) -> int:
     """--strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy model over the shapes."""
-    from dlscale.caseargs import parse_options
+    from dlscale.case.caseargs import parse_options
     from dlscale.perfmodel.predict_strategy import predict_strategy, render_strategy
 
     if args.plot:

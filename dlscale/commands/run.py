@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
-from dlscale import envinfo
-from dlscale.caseargs import add_case_arguments, config_from_args
-from dlscale.procs import EXIT_INTERRUPTED
+from dlscale.results import envinfo
+from dlscale.case.caseargs import add_case_arguments, config_from_args
+from dlscale.case.procs import EXIT_INTERRUPTED
 
 
 def register(sub) -> None:
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output")
     p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
-    from dlscale.multinode import add_rendezvous_arguments
+    from dlscale.case.multinode import add_rendezvous_arguments
     add_rendezvous_arguments(p)  # --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
     from dlscale.external.cli import add_external_arguments
     add_external_arguments(p)  # --command --parser --metric --unit --seq-len --cwd --stack
@@ -54,7 +54,7 @@ def _machine_defaults(args) -> str | None:
     """Flavour and precision when not given: the full model in amp-bf16 on a GPU; on a machine
     without one the tiny flavour in fp32 (a full model, or bf16 emulated on a CPU, runs for many
     minutes a case). Returns the note that says so, or None."""
-    from dlscale.config import DEFAULTS, resolve_device
+    from dlscale.case.config import DEFAULTS, resolve_device
 
     cpu = resolve_device(args.device) == "cpu"
     chosen = []
@@ -71,15 +71,16 @@ def _machine_defaults(args) -> str | None:
 
 
 def cmd_run(args) -> int:
-    from dlscale import console, launch
-    from dlscale.config import validate_for_launch
-    from dlscale.multinode import rendezvous_from_args
-    from dlscale.store import ResultStore
+    from dlscale import console
+    from dlscale.case import launch
+    from dlscale.case.config import validate_for_launch
+    from dlscale.case.multinode import rendezvous_from_args
+    from dlscale.results.store import ResultStore
 
     if args.list:
         return _list()
     from dlscale.external.cli import check_external_only, cmd_run_external
-    from dlscale.procs import interrupts
+    from dlscale.case.procs import interrupts
     if args.external_command is not None:  # an external training command (dlscale/external/)
         try:
             with interrupts():  # SIGTERM/SIGHUP end the command's processes as Ctrl-C does
@@ -126,11 +127,12 @@ def cmd_run(args) -> int:
 
 
 def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> int:
-    from dlscale import console, launch
-    from dlscale.batchsearch import measure_max_batch
+    from dlscale import console
+    from dlscale.case import launch
+    from dlscale.case.batchsearch import measure_max_batch
     from dlscale.cli import STATUS_EXIT
-    from dlscale.multinode import is_multinode, measure_node, was_recorded
-    from dlscale.store import StoreError
+    from dlscale.case.multinode import is_multinode, measure_node, was_recorded
+    from dlscale.results.store import StoreError
 
     if cfg.batch_search:
         rec = measure_max_batch(cfg, spawner, files_root=store.root, on_event=events,

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError, DlscaleError, inputs
-from dlscale.caseargs import command_line
-from dlscale.config import RunConfig
+from dlscale.case.caseargs import command_line
+from dlscale.case.config import RunConfig
 from dlscale.fmt import fmt_hms
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 5
-from dlscale.procs import EXIT_INTERRUPTED  # noqa: E402
-from dlscale.store import EXIT_NOT_STORED  # noqa: E402
+from dlscale.case.procs import EXIT_INTERRUPTED  # noqa: E402
+from dlscale.results.store import EXIT_NOT_STORED  # noqa: E402
 RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
 
 
@@ -63,7 +63,7 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the cases and what the sweep would do; run nothing")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="override the suite's device (default: the suite's; it is part of each case's identity)")
-    from dlscale.suite import MATCH_KEYS
+    from dlscale.case.suite import MATCH_KEYS
     p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
                    help="only cases matching (repeatable; different keys must all match, values of one key "
                         f"any): {', '.join(MATCH_KEYS)}, strategy_options.NAME (an option as the case sets it)")
@@ -75,7 +75,7 @@ def register(sub) -> None:
                    help="override the suite's timed steps per repeat (part of a case's identity: resume with the same value)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="override the suite's repeats per case (not part of a case's identity)")
-    from dlscale.suite import add_max_cases_option
+    from dlscale.case.suite import add_max_cases_option
     add_max_cases_option(p)
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output to stderr")
@@ -128,7 +128,7 @@ def done_keys(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def _cpu_processes_refused(nproc_per_node: int) -> str:
     """Why `run` would refuse this many CPU processes on this machine ("" when it would not): the
     sweep skips such a case at planning, as it skips one that needs more GPUs than are here."""
-    from dlscale.config import check_cpu_processes
+    from dlscale.case.config import check_cpu_processes
 
     try:
         check_cpu_processes(nproc_per_node)
@@ -190,7 +190,7 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
 
 def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:
     """Measure one planned case; the Record carries where it came from (``sweep``)."""
-    from dlscale import batchsearch, launch
+    from dlscale.case import batchsearch, launch
 
     spawner = launch.TorchrunSpawner(on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
     if p.cfg.batch_search:
@@ -206,7 +206,7 @@ def summary_tables(store_root, keys: set[str]) -> str:
     """The report's DLPerf tables (Markdown) for the records of these case keys."""
     from dlscale.report import render
     from dlscale.report.data import Loaded, baseline_fields, build_report, freeze, load_records
-    from dlscale.store import LoadResult
+    from dlscale.results.store import LoadResult
 
     try:
         loaded = load_records(store_root)
@@ -240,7 +240,7 @@ def summary_tables(store_root, keys: set[str]) -> str:
 
 def _selected(args):
     """The suite (with the command line's overrides) and the indices of the cases to consider."""
-    from dlscale.suite import filter_suite, load_suite, parse_filters, shipped_suites
+    from dlscale.case.suite import filter_suite, load_suite, parse_filters, shipped_suites
 
     if not args.suite:
         raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
@@ -255,7 +255,7 @@ def _selected(args):
 def _visible_gpus(suite, indices: list[int], dry_run: bool) -> int | None:
     """GPUs on this machine when a selected case runs on CUDA (None: a CPU sweep, or a dry run
     without GPUs, which lists every case as if they were there)."""
-    from dlscale.config import resolve_device
+    from dlscale.case.config import resolve_device
 
     if "cuda" not in {resolve_device(suite.cases[i].device) for i in indices}:
         return None
@@ -294,8 +294,8 @@ def _report_end(suite, store, planned: list[Planned], results: list, n_done: int
 
 
 def cmd_sweep(args) -> int:
-    from dlscale.store import ResultStore
-    from dlscale.suite import load_suite, shipped_suites
+    from dlscale.results.store import ResultStore
+    from dlscale.case.suite import load_suite, shipped_suites
 
     if args.list:
         for name in shipped_suites():
@@ -312,8 +312,8 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
-    from dlscale.store import StoreError
-    from dlscale.suite import display_path
+    from dlscale.results.store import StoreError
+    from dlscale.case.suite import display_path
 
     loaded = store.load()
     if loaded.warning():
@@ -338,8 +338,8 @@ def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
         store.check_writable()
 
     results: list[tuple[Planned, dict[str, Any] | None]] = []
-    from dlscale import launch
-    from dlscale.procs import interrupts
+    from dlscale.case import launch
+    from dlscale.case.procs import interrupts
 
     try:
         with interrupts():  # SIGTERM and SIGHUP as Ctrl-C: the running case's processes end
@@ -363,7 +363,7 @@ def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dlscale.store import StoreError
+    from dlscale.results.store import StoreError
 
     total = len(todo)
     if not total:

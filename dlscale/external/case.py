@@ -71,7 +71,7 @@ class ExternalCase:
     sample_interval: float = 0.1
 
     def __post_init__(self) -> None:
-        from dlscale.config import DEVICES, PRECISIONS
+        from dlscale.case.config import DEVICES, PRECISIONS
         from dlscale.importers.records import check_int
         from dlscale.monitor import validate_interval
 

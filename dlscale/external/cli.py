@@ -67,7 +67,7 @@ def _check_native_only(args: argparse.Namespace) -> None:
 
 
 def case_from_args(args: argparse.Namespace):
-    from dlscale.caseargs import parse_options
+    from dlscale.case.caseargs import parse_options
     from dlscale.external.case import ExternalCase
 
     _check_native_only(args)
@@ -129,7 +129,7 @@ def cmd_run_external(args: argparse.Namespace) -> int:
     from dlscale import console
     from dlscale.cli import STATUS_EXIT
     from dlscale.external.measure import measure_external
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     case = case_from_args(args)
     store = ResultStore(args.store)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale import envinfo, metrics
-from dlscale.config import resolve_device
+from dlscale.results import envinfo, metrics
+from dlscale.case.config import resolve_device
 from dlscale.external.case import ExternalCase
 from dlscale.external.spawner import ExternalSpawner
-from dlscale.store import ResultStore, new_record
+from dlscale.results.store import ResultStore, new_record
 
 
 def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
@@ -97,7 +97,7 @@ class _Repeats:
 def _run_repeats(case: ExternalCase, spawner: ExternalSpawner, rec_id: str,
                  emit: Callable[[str, Any], None]) -> _Repeats:
     """Run the repeats until one is not ok; a signal after an ok repeat keeps those that finished."""
-    from dlscale import launch  # Interrupted; not at import: launch brings torch
+    from dlscale.case import launch  # Interrupted; not at import: launch brings torch
 
     out = _Repeats()
     try:
@@ -160,7 +160,7 @@ def measure_external(case: ExternalCase, store: ResultStore, *, verbose: bool = 
     input raises ConfigError before anything runs. A repeat that is not ok stops the case; the
     record is made whatever the status.
     """
-    from dlscale import launch  # Interrupted; not at import: launch brings torch
+    from dlscale.case import launch  # Interrupted; not at import: launch brings torch
 
     device_type = resolve_device(case.device)
     case.check_launchable()

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from dlscale.external.case import ExternalCase
 from dlscale.external.parsers import LogLine, ParseError, ParseResult, ParseTimeout, get_parser
-from dlscale.procs import ProcResult, spawn
+from dlscale.case.procs import ProcResult, spawn
 
 # what an out-of-memory failure prints in the common stacks (PyTorch, JAX/XLA, DeepSpeed)
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|RESOURCE_EXHAUSTED: Out of memory|CUBLAS_STATUS_ALLOC_FAILED"

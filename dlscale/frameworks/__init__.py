@@ -13,7 +13,7 @@ from typing import Any
 from dlscale import ConfigError
 
 FRAMEWORKS = ("torch", "jax")
-WORKER_MODULES = {"torch": "dlscale.worker", "jax": "dlscale.frameworks.jax.worker"}
+WORKER_MODULES = {"torch": "dlscale.train.worker", "jax": "dlscale.frameworks.jax.worker"}
 # what `pip install -e '.[jax]'` brings; the GPU machines have CUDA builds preinstalled
 JAX_PACKAGES = ("jax", "jaxlib", "optax")
 INSTALL_HINT = {"jax": "framework jax needs jax, jaxlib and optax: pip install -e '.[jax]' "

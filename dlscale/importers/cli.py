@@ -54,7 +54,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from dlscale.caseargs import parse_options
+    from dlscale.case.caseargs import parse_options
     from dlscale.importers import ImportOptions
 
     from dlscale.importers.records import MAX_BATCH, MAX_COUNT, MAX_PARAMS, check_int
@@ -138,7 +138,7 @@ def split_imported(records: list[dict[str, Any]], stored: list[dict[str, Any]]) 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from dlscale.importers import import_path
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     opts = options_from_args(args)
     store = ResultStore(args.store)

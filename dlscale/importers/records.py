@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import ConfigError, metrics
-from dlscale.config import MAX_BATCH, PRECISIONS
+from dlscale import ConfigError
+from dlscale.results import metrics
+from dlscale.case.config import MAX_BATCH, PRECISIONS
 from dlscale.external.parsers import UNITS
-from dlscale.store import STATUSES, new_record
+from dlscale.results.store import STATUSES, new_record
 
 FORMAT_ID = "dlscale-table/1"
 # what is physically plausible for an imported figure (docs/external.md): a bigger one is a typo or

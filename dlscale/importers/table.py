@@ -24,7 +24,7 @@ from dlscale.external.parsers import UNITS
 from dlscale.importers import ImportOptions, Importer, register_importer
 from dlscale.importers.records import (FORMAT_ID, MAX_PARAMS, check_batch, check_int, check_precision, check_rate,
                                        Figures, ImportedCase, Provenance, imported_record, registered_unit)
-from dlscale.store import STATUSES
+from dlscale.results.store import STATUSES
 
 TOP_KEYS = {"format", "source", "tool", "date", "framework", "model", "unit", "seq_len", "params", "hardware",
             "system", "defaults", "rows", "note"}

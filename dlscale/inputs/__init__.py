@@ -140,7 +140,7 @@ def check_machine(cfg, device_type: str) -> None:
 
         check_gpu_decoder(cfg.data_decoder)
     if cfg.data_decode_process:
-        from dlscale.envinfo import mps_daemon
+        from dlscale.results.envinfo import mps_daemon
 
         if mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
             mps_only = [o for o, on in (("--data-decode-sm-share", cfg.data_decode_sm_share),

@@ -155,7 +155,7 @@ def cmd_info(args) -> int:
         raise ConfigError("synthetic data has no files to describe; give imagefolder:PATH or tokens:PATH")
     seq = None
     if args.model:
-        from dlscale.config import RunConfig
+        from dlscale.case.config import RunConfig
         from dlscale.inputs import check_case
 
         cfg = RunConfig(model=args.model, flavor=args.flavor, data=args.spec, batch_size=1)

@@ -117,7 +117,7 @@ def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
 
 def _serve(job: _Job, ready, free) -> None:
     """The decode process: DataLoader -> GpuDecoder -> slots, until told to stop or orphaned."""
-    from dlscale import procs
+    from dlscale.case import procs
 
     procs.die_with_parent()
     os.environ.update(job.spec.mps_env())  # before any CUDA call of this process

@@ -162,7 +162,7 @@ def _spawn_workers(worker_args: list[str], nproc: int, time_limit: float,
                    on_line: Callable[[str], None] | None) -> tuple[Any, dict[str, Any], list[str]]:
     """torchrun of the worker module: its process result, what rank 0 wrote (empty: nothing) and the
     ranks' ``[comm-error]`` lines."""
-    from dlscale.procs import spawn_torchrun
+    from dlscale.case.procs import spawn_torchrun
 
     fd, out_path = tempfile.mkstemp(prefix="dlscale-comm-", suffix=".json")
     os.close(fd)

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from dlscale import procs
+from dlscale.case import procs
 from dlscale.micro import common
 from dlscale.micro.comm import (DTYPE_BYTES, IN_PLACE_OPS, OPS, algbw_busbw, busbw_factor, op_layout,
                                 size_sweep)
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from dlscale.worker import dist_env_from_environ
+    from dlscale.train.worker import dist_env_from_environ
 
     denv = dist_env_from_environ(args.device)  # the training worker's rank/device/backend rules
     dev, backend = denv.device, denv.backend

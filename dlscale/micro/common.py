@@ -139,7 +139,7 @@ def device_name(device) -> str:
     dev = torch.device(device) if isinstance(device, str) else device
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    from dlscale.envinfo import cpu_model
+    from dlscale.results.envinfo import cpu_model
 
     return cpu_model()
 
@@ -416,10 +416,10 @@ class Outcome:
 
 
 def make_record(out: Outcome, env: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    from dlscale import envinfo
-    from dlscale.store import new_record
+    from dlscale.results import envinfo
+    from dlscale.results.store import new_record
 
-    from dlscale import validity
+    from dlscale.results import validity
 
     watch = _WATCH.get()
     rec = new_record("micro", micro=out.micro, status=out.status, error=out.error, config=out.config,
@@ -436,7 +436,7 @@ def failed_reasons(rows: Iterable[dict[str, Any]], label: Callable[[dict[str, An
 
 
 def append_record(store_dir: str, record: dict[str, Any]) -> str:
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     store = ResultStore(store_dir)
     store.append_or_recover(record)  # StoreError (exit 7) names the file that keeps the record
@@ -444,7 +444,7 @@ def append_record(store_dir: str, record: dict[str, Any]) -> str:
 
 
 def check_store(store_dir: str) -> None:
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     ResultStore(store_dir).check_writable()
 

@@ -152,7 +152,7 @@ def precision_support(precision: str, dev) -> str | None:
     if precision == "tf32" and dev.type != "cuda":
         return "tf32 is a CUDA tensor-core mode; there is no tf32 on CPU"
     if precision == "fp8":
-        from dlscale import fp8
+        from dlscale.train import fp8
 
         return fp8.device_reason(dev.type, dev.index if dev.type == "cuda" else None) or (
             "precision fp8 needs torchao (float8 training); pip install 'dlscale[fp8]'"
@@ -166,10 +166,10 @@ def precision_support(precision: str, dev) -> str | None:
 
 def to_float8(layer, dev) -> dict[str, Any]:
     """Swap the layer's Linears for torchao's Float8Linear as `dlscale run --precision fp8` swaps a model's
-    blocks' (dlscale/fp8.py: one recipe, one filter); what it converted."""
+    blocks' (dlscale/train/fp8.py: one recipe, one filter); what it converted."""
     from types import SimpleNamespace
 
-    from dlscale import fp8
+    from dlscale.train import fp8
 
     whole = SimpleNamespace(blocks=lambda m: [m])  # the layer is the model's one block
     return fp8.convert(layer, whole, SimpleNamespace(precision="fp8"), dev)["fp8"]
@@ -216,7 +216,7 @@ def run_layer(case: LayerCase, device: str = "auto", timing: common.Timing | Non
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
     shape = check_layer(case.kind, case.size, case.dropout)
-    from dlscale.metrics import peak_flops
+    from dlscale.results.metrics import peak_flops
 
     # fp8 against the bf16 peak, as dlscale run reports an fp8 run's MFU: it compares with the bf16 row
     peak, peak_src = peak_flops(common.device_name(dev), "bf16" if precision == "fp8" else precision)

@@ -97,7 +97,7 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
     gen.manual_seed(0)
     shapes = list(shapes)
     rows: list[dict[str, Any]] = []
-    from dlscale.metrics import peak_flops
+    from dlscale.results.metrics import peak_flops
 
     for dtype in dtypes:
         peak, peak_src = peak_flops(name, dtype)
@@ -165,7 +165,7 @@ def add_parser(sub) -> None:
         "matmul", help="dense matmul TFLOPS per shape and dtype",
         description="Time C = A @ B (A: M x K, B: K x N) for square sizes and/or given shapes in each "
                     "dtype; TFLOPS = 2*M*N*K / median time, and percent of the datasheet peak "
-                    "(dlscale.metrics.PEAK_FLOPS). Inputs are random; small inputs rotate among "
+                    "(dlscale.results.metrics.PEAK_FLOPS). Inputs are random; small inputs rotate among "
                     "several buffer pairs so that they do not stay in L2.")
     p.add_argument("--sizes", action="append", metavar="N[,N...]",
                    help="square sizes N (M=N=K), comma-separated or repeated (default: auto = "

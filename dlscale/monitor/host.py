@@ -46,7 +46,7 @@ class Collector:
         self.pcie_period_s = fallback or interval_s
         self.meta["pcie_fallback_period_s"] = fallback
         # The watched process tree: its RSS, its CPU time and its GPU processes (the rest of the
-        # machine's load is what competes with the case: dlscale/validity.py).
+        # machine's load is what competes with the case: dlscale/results/validity.py).
         self._root = None
         self._tree: list = []
         self._tree_at = -1e18

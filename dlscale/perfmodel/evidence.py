@@ -22,7 +22,7 @@ def _num(x: Any) -> float | None:
 def record_candidate(rec: dict[str, Any]) -> Candidate | None:
     """The Candidate of a stored run (or imported) record, None where its strategy has no layout or the model
     no transformer architecture."""
-    from dlscale.memplan import layout_for_run
+    from dlscale.planner.memplan import layout_for_run
     from dlscale.models import get_model
 
     cfg = rec.get("config") or {}
@@ -32,7 +32,7 @@ def record_candidate(rec: dict[str, Any]) -> Candidate | None:
         # one device of a strategy that shards or splits still runs its machinery (FSDP's units, DTensor): kept
         name = str(cfg.get("strategy")) if world > 1 or cfg.get("strategy") in ONE_DEVICE_KEPT else "single"
         if name == "single":
-            from dlscale.memplan import Layout
+            from dlscale.planner.memplan import Layout
             layout = Layout("single")
         else:
             layout = layout_for_run(spec, name, world, int(cfg.get("nnodes") or 1), dict(cfg.get("strategy_options") or {}))

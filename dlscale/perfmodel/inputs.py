@@ -15,8 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from dlscale import ConfigError, validity
-from dlscale.config import LATE_FIELD_DEFAULTS
+from dlscale import ConfigError
+from dlscale.results import validity
+from dlscale.case.config import LATE_FIELD_DEFAULTS
 from dlscale.perfmodel.core import (DDP_BUCKET_CAP_MB, GRAD_BYTES_PER_PARAM, MIB, Link, Links, Shape, bucket_sizes,
                                     check_overlap, compute_terms, gradient_bytes)
 from dlscale.perfmodel.law import DEFAULT_LAW, OverheadLaw

@@ -48,7 +48,7 @@ class StrategyPrediction:
 def shape_candidate(spec: Any, strategy: str, options: dict[str, Any], shape: Shape, base_cfg: dict[str, Any]
                     ) -> Candidate:
     """The Candidate of ``strategy -o options`` on ``shape``, the step settings of the base record."""
-    from dlscale.memplan import layout_for_run
+    from dlscale.planner.memplan import layout_for_run
 
     if strategy not in FAMILIES:
         raise ConfigError(f"the performance model has no strategy {strategy!r}; it models {', '.join(FAMILIES)}")
@@ -90,7 +90,7 @@ def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     """One row per shape for ``opts.strategy -o options``: the strategy model's prediction from the records of
     the workload (their measured points as the compute rate's evidence) and the measured point where one exists.
     A measured point of the same configuration and shape is not used as evidence for its own row."""
-    from dlscale import metrics
+    from dlscale.results import metrics
     from dlscale.models import get_model
 
     w = pick_workload(records, query, store, opts.strategy)

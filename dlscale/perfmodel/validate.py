@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dlscale import ConfigError, validity
+from dlscale import ConfigError
+from dlscale.results import validity
 from dlscale.perfmodel.core import Shape, error_pct
 from dlscale.perfmodel.inputs import (ModelOptions, Query, Workload, build_model, group_workloads, model_info,
                                       shape_of, short_id, source_of, usable)

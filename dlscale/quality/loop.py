@@ -19,7 +19,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dlscale import parity, precision, progress
+from dlscale.case import progress
+from dlscale.results import parity
+from dlscale.train import precision
 from dlscale.quality.target import eval_data_text, horizon, lr_at, parse_target, peak_lr
 
 # the share of --time-limit (at least RESERVE_S) kept for start-up before the loop and the

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import MAX_SEED, ConfigError, metrics
+from dlscale import MAX_SEED, ConfigError
+from dlscale.results import metrics
 
 METRICS = {"val_loss": "<=", "val_acc": ">="}  # metric -> the comparison that means "good enough"
 LR_SCHEDULES = ("constant", "cosine", "linear")

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dlscale import validity
+from dlscale.results import validity
 from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report.data import num, rec_counts
 

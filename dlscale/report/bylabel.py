@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.config import DEFAULTS, FIELDS, workload_fields
+from dlscale.case.config import DEFAULTS, FIELDS, workload_fields
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 from dlscale.report.render import (MISSING, GIB, case_dict, header_lines, md_table, table_cells, table_columns)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dlscale import ConfigError
 from dlscale.report.data import Filters, Loaded, build_report, load_records
-from dlscale.storeargs import add_store_arguments, add_two_store_arguments
+from dlscale.results.storeargs import add_store_arguments, add_two_store_arguments
 
 FORMATS = ("md", "csv", "json", "html")
 COMPARE_FORMATS = ("md", "csv", "json")
@@ -112,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store_files(loaded: Loaded) -> set[str]:
-    from dlscale.store import ResultStore
+    from dlscale.results.store import ResultStore
 
     return {os.path.realpath(f) for f in ResultStore(loaded.store).files()}
 
@@ -210,7 +210,7 @@ FRAMEWORK_SIDES = {"torch": {"framework": ["torch"], "compile": [False]},
 def _pairing(args: argparse.Namespace) -> tuple[tuple[list, list], tuple[str, ...]]:
     """--filter-a/--filter-b (as `dlscale sweep --filter`) and --ignore, checked."""
     from dlscale.report.compare import IGNORABLE
-    from dlscale.suite import parse_filters
+    from dlscale.case.suite import parse_filters
 
     sides = []
     for side in ("a", "b"):

@@ -24,8 +24,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dlscale import ConfigError, inputs, validity
-from dlscale.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale import ConfigError, inputs
+from dlscale.results import validity
+from dlscale.case.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
 from dlscale.fmt import MISSING, md_code, md_safe, md_table
 from dlscale.fmt import fmt_num as fmt
 from dlscale.report import sources
@@ -77,7 +78,7 @@ def check_options(resamples: int, confidence_pct: float, seed: int, min_change_p
     would never fire), and a slowdown is at most 100 % (B's throughput falls to 0), so a gate or a
     --min-change of 100 % or more with the gate could never flag one.
     """
-    from dlscale.config import MAX_SEED
+    from dlscale.case.config import MAX_SEED
 
     if isinstance(resamples, bool) or not 100 <= resamples <= MAX_RESAMPLES:
         raise ConfigError(f"--resamples must be from 100 to {MAX_RESAMPLES}, got {resamples}")
@@ -187,7 +188,7 @@ def _rows_by_case(name: str, selected: list[Row], ignore: Sequence[str]) -> dict
 
 def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_filters: Sequence = (),
           ignore: Sequence[str] = (), match: str = "case") -> Side:
-    from dlscale.suite import matches
+    from dlscale.case.suite import matches
 
     recs = [r for r in loaded.records if r.get("kind") in sources.CASE_KINDS and filters.match_run(r)
             and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)

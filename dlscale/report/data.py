@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError, validity
-from dlscale.config import LATE_FIELD_DEFAULTS, RunConfig, workload_fields
-from dlscale.metrics import scaling_efficiency, speedup, summarize
+from dlscale import ConfigError
+from dlscale.results import validity
+from dlscale.case.config import LATE_FIELD_DEFAULTS, RunConfig, workload_fields
+from dlscale.results.metrics import scaling_efficiency, speedup, summarize
 from dlscale.report import sources
 from dlscale.report.fields import rec_config, rec_device_type
-from dlscale.store import MEASURED_STATUSES, STATUSES, LoadResult, ResultStore
+from dlscale.results.store import MEASURED_STATUSES, STATUSES, LoadResult, ResultStore
 
 # a table holds one row per device count: every other case-key field is the same within it
 TABLE_EXCLUDE = frozenset({"nnodes", "nproc_per_node"})
@@ -356,7 +357,7 @@ class Row:
 
     @property
     def loss_after(self) -> float | None:
-        """The trained model's loss (global batch mean, dlscale/parity.py) of the median repeat."""
+        """The trained model's loss (global batch mean, dlscale/results/parity.py) of the median repeat."""
         rep = median_repeat_entry(self.record)
         return num(rep.get("loss_after")) if rep else None
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale.fmt import MISSING, fmt_num, md_heading
-from dlscale.config import workload_fields
+from dlscale.case.config import workload_fields
 from dlscale.fmt import md_table
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 

@@ -10,7 +10,7 @@ import dlscale
 from dlscale.report.cells import html_escape as _e, html_table as _table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale import validity
+from dlscale.results import validity
 from dlscale.report import account, parity, sidebyside
 from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
                                    environments, extra_columns, group_notes, micro_cell, micro_columns,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from dlscale import checkpoint_timing, goodput, ranktimes
+from dlscale.results import goodput
+from dlscale.train import checkpoint_timing, ranktimes
 
 def _summary(row, key: str) -> float | None:
     summ = row.record.get("summary")

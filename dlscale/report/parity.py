@@ -5,7 +5,7 @@ precision, device type, seed, global batch, gradient accumulation, clipping, lab
 the reference is the newest ok ``single`` record (the same compile setting first); every other
 case (newest ok record per case) is compared point by point: each warm-up step's loss, then
 ``loss_after``. Verdict: ``pass`` when the largest relative difference is within the tolerance of
-dlscale/parity.py, ``FAIL`` otherwise; ``expected to differ`` where the model normalises over
+dlscale/results/parity.py, ``FAIL`` otherwise; ``expected to differ`` where the model normalises over
 batch statistics (BatchNorm) and the case splits the batch (per-rank or per-micro-batch
 statistics); ``not comparable`` where a record's losses are rank 0's share (older records).
 Definitions: docs/parity.md.
@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale import parity
+from dlscale.results import parity
 from dlscale.fmt import MISSING, fmt_num, md_code, md_heading, md_safe, md_table
 from dlscale.report.data import Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases
 
@@ -97,7 +97,7 @@ def model_knobs(rec: dict[str, Any]) -> dict[str, Any]:
     classes, ...): a case so resized trains another model than the default-size `single`."""
     from types import SimpleNamespace
 
-    from dlscale.benchsuite import mp_knobs
+    from dlscale.case.benchsuite import mp_knobs
 
     cfg = rec_config(rec)
     opts = cfg.get("strategy_options")

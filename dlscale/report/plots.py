@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlscale import ConfigError, validity
+from dlscale import ConfigError
+from dlscale.results import validity
 from dlscale.report.data import (Group, Report, Row, median_repeat_entry, num, read_series,
                                  resolve_store_path, series_paths, step_times)
 from dlscale.report import quality

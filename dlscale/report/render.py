@@ -9,7 +9,7 @@ import re
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from dlscale import validity
+from dlscale.results import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale import validity
-from dlscale.config import workload_fields
+from dlscale.results import validity
+from dlscale.case.config import workload_fields
 from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report import compare
 from dlscale.report.data import STATUS_TEXT, Report, Row, rec_config, rec_device_type, rec_label, repeat_samples

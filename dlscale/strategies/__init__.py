@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.layout import Layout, ParallelDims
+from dlscale.planner.layout import Layout, ParallelDims
 from dlscale.registry import Registry
 
 
@@ -129,7 +129,7 @@ class Hooks:
     model_spec: Callable[[Any, Any], Any] | None = None
     # dims(world, nnodes, options) -> the job's ParallelDims (its degrees, the one place they are derived)
     dims: Callable[[int, int, dict], ParallelDims] = replicated
-    # memory_layout(dims, options) -> dlscale.layout.Layout: how it spreads the model state over
+    # memory_layout(dims, options) -> dlscale.planner.layout.Layout: how it spreads the model state over
     # devices (the memory planner and the plan's check against a run)
     memory_layout: Callable[[ParallelDims, dict], Layout] | None = None
 

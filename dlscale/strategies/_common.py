@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from dlscale import ConfigError, precision
+from dlscale import ConfigError
+from dlscale.train import precision
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -52,7 +52,7 @@ VARIANTS: list[tuple[str, str, dict, int]] = [
 
 
 def _reason(strategy: str, model: str, options: dict, nproc: int, device_type: str) -> str | None:
-    from dlscale.config import RunConfig
+    from dlscale.case.config import RunConfig
     from dlscale.models import default_flavor
     from dlscale.strategies import get_strategy
 

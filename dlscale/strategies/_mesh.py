@@ -1,7 +1,7 @@
 """The device mesh of a job, built once from its degrees.
 
 Every strategy that needs a mesh (``tensor``, ``hsdp``, ``hybrid``; ``pipeline`` and ``model``
-are the pp-only case) describes its job as a ``ParallelDims`` (``dlscale/layout.py``, torch-free:
+are the pp-only case) describes its job as a ``ParallelDims`` (``dlscale/planner/layout.py``, torch-free:
 the memory plan reads the same degrees): data parallel split into ``dp_replicate`` (replicas:
 gradients all-reduced) and ``dp_shard`` (FSDP: parameters, gradients and optimizer state
 sharded), pipeline ``pp`` and tensor ``tp``, their product the world size.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dlscale.layout import DIMS, ParallelDims
+from dlscale.planner.layout import DIMS, ParallelDims
 
 __all__ = ["DIMS", "ParallelDims", "ParallelMesh"]
 

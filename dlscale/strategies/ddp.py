@@ -34,7 +34,7 @@ from torch.optim.sgd import sgd
 from dlscale import ConfigError
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
            "static_graph": False, "comm_hook": "none", "compiled_autograd": False, "optimizer_in_backward": False}
@@ -46,7 +46,7 @@ def options(cfg) -> dict:
     if opts["bucket_cap_mb"] <= 0:
         raise ConfigError(f"strategy ddp option bucket_cap_mb must be > 0, got {opts['bucket_cap_mb']}")
     if opts["compiled_autograd"]:
-        from dlscale.compiling import uses_cudagraphs
+        from dlscale.train.compiling import uses_cudagraphs
 
         if not cfg.compile:
             raise ConfigError("strategy ddp option compiled_autograd needs --compile (it compiles the backward "
@@ -185,7 +185,7 @@ def _compiled_autograd(cfg):
     options), one compiler for every step (its graphs are cached after the first)."""
     from torch._dynamo import compiled_autograd
 
-    from dlscale.compiling import inductor_options
+    from dlscale.train.compiling import inductor_options
 
     compiler = torch.compile(options=inductor_options(cfg) or None)
     return functools.partial(compiled_autograd._enable, compiler)

@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-from dlscale.precision import compute_dtype
+from dlscale.train.precision import compute_dtype
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, replicated, sharded
 from dlscale.strategies._common import parse_options
 

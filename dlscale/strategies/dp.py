@@ -23,7 +23,7 @@ from torch import nn
 from dlscale import ConfigError
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 
 def _validate(cfg) -> None:

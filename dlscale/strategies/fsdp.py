@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import torch
 
 from dlscale import ConfigError
-from dlscale.precision import compute_dtype
+from dlscale.train.precision import compute_dtype
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, sharded
 from dlscale.strategies._common import ShardLocalOptimizer, optimizer_recipe, parse_options
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1, "optimizer_on_shards": True}
 CHOICES = {"shard": ("zero3", "zero2")}

@@ -17,7 +17,7 @@ from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strat
 from dlscale.strategies._common import require_divides
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
 from dlscale.strategies.fsdp import Units, apply_fsdp, fsdp_no_sync, fsdp_optimizer, mp_policy, options as fsdp_options
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"replicate": None, "shard": "zero3", "mixed_precision": True, "blocks_per_unit": 1,
            "optimizer_on_shards": True}

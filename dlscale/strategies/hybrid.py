@@ -45,7 +45,7 @@ from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, Units, apply_fsdp, 
 from dlscale.strategies.pipeline import (CHOICES as PP_CHOICES, PipelineJob, PipelinePlace, PipelineShape,
                                          build_pipeline, validate_pipeline)
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"dp": None, "tp": 1, "pp": 1, "dp_shard": "ddp", "shard": "zero3", "mixed_precision": True,
            "sequence_parallel": False, "schedule": "1f1b", "microbatches": 4, "virtual": 2,

@@ -14,7 +14,7 @@ from dlscale.models import get_model
 from dlscale.strategies import Capabilities, Hooks, register_strategy, staged
 from dlscale.strategies._common import parse_options
 from dlscale.strategies.pipeline import PipelineJob, PipelinePlace, PipelineShape, build_pipeline, validate_pipeline
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 
 def _shape(opts: dict) -> PipelineShape:

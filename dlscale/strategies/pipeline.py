@@ -57,10 +57,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dlscale import ConfigError
-from dlscale.precision import needs_grad_scaler
+from dlscale.train.precision import needs_grad_scaler
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, staged
 from dlscale.strategies._common import autocast, parse_options, unique_params
-from dlscale.layout import Layout, ParallelDims, split_blocks
+from dlscale.planner.layout import Layout, ParallelDims, split_blocks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2, "balance": "time"}
@@ -519,7 +519,7 @@ def build_pipeline(model, spec, cfg, denv, job: PipelineJob) -> Parallelized:
             job.prepare_stage(m)
     ties = _ties(model, modules, tied_names, place, n_stages)
     if cfg.compile:
-        from dlscale.compiling import inductor_options
+        from dlscale.train.compiling import inductor_options
 
         options = inductor_options(cfg) or None  # CUDA graphs were refused before launch
         for m in modules:

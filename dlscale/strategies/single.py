@@ -2,7 +2,7 @@
 from dlscale import ConfigError
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.layout import Layout, ParallelDims
+from dlscale.planner.layout import Layout, ParallelDims
 
 
 def _validate(cfg) -> None:

@@ -43,7 +43,7 @@ from dlscale import ConfigError
 from dlscale.strategies import Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"sequence_parallel": False}
 

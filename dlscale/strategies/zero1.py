@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dlscale import ConfigError
 from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy
 from dlscale.strategies._common import optimizer_recipe, parse_options
-from dlscale.layout import Layout
+from dlscale.planner.layout import Layout
 
 OPTIONS = {"overlap_with_ddp": False, "parameters_as_bucket_view": False, "bucket_cap_mb": 25.0,
            "gradient_as_bucket_view": True, "broadcast_buffers": True}

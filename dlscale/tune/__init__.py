@@ -5,7 +5,7 @@ The search in five steps, one module each:
 * ``space``   -- the candidates: strategy and degrees, per-device batch and gradient accumulation
   (keeping a requested global batch), activation checkpointing, compile and its mode, precision;
   every axis pinned or restricted with `dlscale run`'s option names; invalid ones dropped with why;
-* ``prune``   -- the memory plan (dlscale/memplan.py) drops what cannot fit, with a headroom
+* ``prune``   -- the memory plan (dlscale/planner/memplan.py) drops what cannot fit, with a headroom
   that measured peaks and out-of-memory runs widen as the search goes;
 * ``rank``    -- the performance model orders what is left (one function: ``rank``);
 * ``search``  -- the top candidates measured for real (``launch.measure``: fresh processes,

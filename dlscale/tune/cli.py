@@ -33,7 +33,7 @@ def _add_axes(p: argparse.ArgumentParser) -> None:
     """The searched fields, with `dlscale run`'s option names: a comma list or repeated; each
     restricts its axis (one value pins it)."""
     from dlscale.commands.perf_args import positive_int
-    from dlscale.config import FIELDS
+    from dlscale.case.config import FIELDS
 
     g = p.add_argument_group("axes (as `dlscale run` names them; a comma list or repeated; default: searched)")
     for name in AXIS_FIELDS:
@@ -47,7 +47,7 @@ def _add_axes(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    from dlscale.caseargs import add_case_arguments
+    from dlscale.case.caseargs import add_case_arguments
     from dlscale.commands.perf_args import positive_float, positive_int, shapes_type
     from dlscale.commands.plan import memory_size
 
@@ -94,8 +94,8 @@ def axes_from_args(args):
 
 def base_config(args):
     """The case every candidate varies: `dlscale run`'s options without the axes."""
-    from dlscale.caseargs import config_from_args
-    from dlscale.config import resolve_device
+    from dlscale.case.caseargs import config_from_args
+    from dlscale.case.config import resolve_device
     from dlscale.models import default_flavor, get_model, model_flavors
 
     get_model(args.model, default_flavor(args.model))  # an unknown model: one line naming the registered ones
@@ -114,7 +114,7 @@ def base_config(args):
 
 def machine_of(args, cfg, device_type: str, precision: str):
     """The devices as the plan and the ranking see them."""
-    from dlscale import metrics
+    from dlscale.results import metrics
     from dlscale.tune.rank import TuneMachine
 
     memory, peak = args.gpu_memory, None
@@ -134,7 +134,7 @@ def machine_of(args, cfg, device_type: str, precision: str):
 
 def plan_candidates(args, stored: list | None = None):
     """Everything before a measurement: axes, candidates, pruning, ranking (ConfigError: bad input)."""
-    from dlscale.config import check_cpu_processes, resolve_device
+    from dlscale.case.config import check_cpu_processes, resolve_device
     from dlscale.tune import prune, space
     from dlscale.tune.rank import evidence_for, rank
 
@@ -167,7 +167,7 @@ def _stored(store_dir):
     store does not exist yet)."""
     import os
 
-    from dlscale.store import LoadResult, ResultStore
+    from dlscale.results.store import LoadResult, ResultStore
 
     if not store_dir or not os.path.isdir(store_dir):
         return LoadResult()
@@ -202,11 +202,11 @@ def _dry_run(label: str, cands, ranked) -> int:
 
 
 def cmd_tune(args) -> int:
-    from dlscale import launch
-    from dlscale.caseargs import command_line
+    from dlscale.case import launch
+    from dlscale.case.caseargs import command_line
     from dlscale.fmt import fmt_hms
-    from dlscale.progress import PhasePrinter
-    from dlscale.store import ResultStore
+    from dlscale.case.progress import PhasePrinter
+    from dlscale.results.store import ResultStore
     from dlscale.tune import result, search
 
     targets = _targets(args)
@@ -241,7 +241,7 @@ def cmd_tune(args) -> int:
     res = result.build(s, cands, records, targets)
     print(result.to_json(res) if args.format == "json" else result.to_markdown(res), end="")
     if s.interrupt is not None:
-        from dlscale.procs import EXIT_INTERRUPTED
+        from dlscale.case.procs import EXIT_INTERRUPTED
         return EXIT_INTERRUPTED
     return 0 if res.best is not None else 5
 

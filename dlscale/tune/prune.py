@@ -1,6 +1,6 @@
 """What cannot fit is not run: the memory plan of every candidate against the device's memory.
 
-The plan (dlscale/memplan.py) predicts allocated bytes per device; the capacity keeps a headroom
+The plan (dlscale/planner/memplan.py) predicts allocated bytes per device; the capacity keeps a headroom
 (``Headroom``) free for the CUDA context and the allocator's cache. As the search measures, the
 headroom is checked: a measured peak above the plan's (GPUs: ``max_memory_allocated``; the CPU
 records the process's RSS, not comparable, so not checked) scales every later plan up by that
@@ -56,8 +56,8 @@ class Headroom:
 
 def workload_of(cfg) -> Any:
     """The plan's Workload of a case (ConfigError: the model has no memory plan)."""
-    from dlscale.config import resolve_device
-    from dlscale.memplan import Workload
+    from dlscale.case.config import resolve_device
+    from dlscale.planner.memplan import Workload
     from dlscale.models import get_model
 
     return Workload(get_model(cfg.model, cfg.flavor), cfg.precision, cfg.activation_checkpointing,
@@ -66,7 +66,7 @@ def workload_of(cfg) -> Any:
 
 def planned_peak(cand) -> float | None:
     """The plan's bytes per device for a candidate, None where there is none."""
-    from dlscale.memplan import plan_memory
+    from dlscale.planner.memplan import plan_memory
 
     if cand.layout is None:
         return None
@@ -118,7 +118,7 @@ def keep_largest_batches(cands: list, given_batch: bool) -> None:
 def default_batches(device_type: str, planned: bool) -> tuple[int, ...]:
     """Per-device batches tried when none is asked for: powers of two up to the batch search's cap
     where the memory plan prunes them; a few small ones where there is no plan."""
-    from dlscale.batchsearch import default_cap
+    from dlscale.case.batchsearch import default_cap
 
     cap = default_cap(device_type)
     if not planned:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from dlscale.record import newest_per_key
+from dlscale.results.record import newest_per_key
 from dlscale.report.data import rec_label
 from dlscale.tune.space import LABEL_PREFIX
 

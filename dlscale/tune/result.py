@@ -44,8 +44,8 @@ def _summary(rec: dict[str, Any]) -> dict[str, Any]:
 
 def measured_row(m, best=None) -> dict[str, Any]:
     """One measured candidate as the result shows it (``best``: the winner's Measurement, for the verdict)."""
-    from dlscale import validity
-    from dlscale.caseargs import command_line
+    from dlscale.results import validity
+    from dlscale.case.caseargs import command_line
     from dlscale.report.data import Row
 
     row, summ = Row(m.record), _summary(m.record)

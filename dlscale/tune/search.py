@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 from dlscale import DlscaleError
 from dlscale.fmt import fmt_hms
-from dlscale.record import newest_per_key
+from dlscale.results.record import newest_per_key
 from dlscale.report.data import rec_label
-from dlscale.store import StoreError
+from dlscale.results.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
 MIN_CASE_LIMIT_S = 60.0  # the shortest per-repeat time limit the budget gives a case (starting alone takes seconds)
@@ -51,7 +51,7 @@ class Measurement:
     @functools.cached_property
     def invalid(self) -> str | None:
         """Why this measurement cannot be the answer (None: it can)."""
-        from dlscale import validity
+        from dlscale.results import validity
 
         if self.record.get("status") != "ok":
             return f"status {self.record.get('status')}: {' '.join(str(self.record.get('error') or '').split())[:160]}"

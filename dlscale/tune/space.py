@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.config import AUTO_STRATEGY, FIELDS, RunConfig, check_value, choices_of, workload_fields
+from dlscale.case.config import AUTO_STRATEGY, FIELDS, RunConfig, check_value, choices_of, workload_fields
 
 AXIS_FIELDS = ("strategy", "batch_size", "grad_accum", "activation_checkpointing", "compile", "compile_mode",
                "precision")
@@ -140,7 +140,7 @@ def tune_id(base: RunConfig, axes: Axes) -> str:
 
 def layouts_for(spec, strategy: str, cfg: RunConfig) -> list[tuple[Any, dict]]:
     """(Layout or None, strategy options) of each way ``strategy`` can spread the model here."""
-    from dlscale.memplan import candidate_layouts
+    from dlscale.planner.memplan import candidate_layouts
     from dlscale.models import TransformerArch
     from dlscale.strategies import get_strategy
 
@@ -187,8 +187,9 @@ def runnable_reason(cfg: RunConfig, device_type: str, memo: dict | None = None) 
     """Why this case cannot run here (as `dlscale run` would refuse or record it unsupported), or None.
     ``memo``: the checkpointing check by (strategy, mode), made once: it builds the model on the meta
     device (seconds for an 8B model), and nothing else of the case changes its answer."""
-    from dlscale import checkpointing, fp8, frameworks
-    from dlscale.config import validate_case
+    from dlscale import frameworks
+    from dlscale.train import checkpointing, fp8
+    from dlscale.case.config import validate_case
     from dlscale.models import get_model
     from dlscale.strategies import get_strategy
 

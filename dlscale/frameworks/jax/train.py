@@ -7,7 +7,7 @@ the torch specs' own, in optax: SGD with momentum 0.9 and L2 weight decay added 
 (torch's SGD), AdamW with betas (0.9, 0.95), eps 1e-8 and decoupled weight decay on every
 parameter (torch's AdamW over one parameter group).
 
-Precision (``dlscale.config.PRECISIONS``): fp32 (TF32 matmuls on GPUs, as the torch worker);
+Precision (``dlscale.case.config.PRECISIONS``): fp32 (TF32 matmuls on GPUs, as the torch worker);
 amp-bf16: bf16 compute, fp32 master weights and optimizer state; amp-fp16: fp16 compute with
 dynamic loss scaling in the state, with torch GradScaler's constants (initial scale 2**16,
 halved on a non-finite gradient and the step skipped, doubled after 2000 finite steps).

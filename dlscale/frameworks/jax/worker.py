@@ -1,4 +1,4 @@
-"""What torchrun starts on every rank for ``--framework jax``: the JAX twin of dlscale/worker.py.
+"""What torchrun starts on every rank for ``--framework jax``: the JAX twin of dlscale/train/worker.py.
 
 Same arguments (``--config FILE --out DIR``), same process model (one process per device; torchrun's
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or Slurm's), same ``rank<R>.json`` and
@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 _STARTED = time.time()
 
-from dlscale import metrics, procs, stacks  # noqa: E402
+from dlscale.case import procs, stacks
+from dlscale.results import metrics  # noqa: E402
 
 if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (procs.py)
     procs.die_with_parent()
@@ -41,7 +42,7 @@ if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (p
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (CPU only: the synthetic batch is the torch spec's, so both frameworks see it)
 
-from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
+from dlscale.case.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 
 EXIT_OOM = 3
 COORDINATOR_KEY = "dlscale/jax-coordinator"
@@ -58,7 +59,7 @@ def rank_env() -> tuple[int, int, int, int]:
         world = int(e["WORLD_SIZE"])
         return int(e["RANK"]), world, int(e.get("LOCAL_RANK", 0)), int(e.get("LOCAL_WORLD_SIZE", world))
     if "SLURM_PROCID" in e:
-        from dlscale import multinode
+        from dlscale.case import multinode
 
         multinode.slurm_rendezvous_env()
         return (int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0)),

@@ -29,7 +29,7 @@ def step_peak(spec, batch_size: int, precision: str = "amp-bf16", checkpointing:
     """{"peak_bytes", "start_bytes", "loss"}: the peak allocated during one training step."""
     import torch
 
-    from dlscale import checkpointing as ac
+    from dlscale.train import checkpointing as ac
     from dlscale.strategies import make_optimizer
 
     dev = torch.device(device)

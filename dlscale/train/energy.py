@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from dlscale.record import median_repeat_with
+from dlscale.results.record import median_repeat_with
 
 RAPL_ROOT = "/sys/class/powercap"
 

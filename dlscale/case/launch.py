@@ -21,13 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dlscale import energy, envinfo, fp8, frameworks, inputs, metrics, stacks, validity
-from dlscale.config import RunConfig, validate_for_launch
-from dlscale import procs
-from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
-from dlscale.record import Record
+from dlscale import frameworks, inputs
+from dlscale.case import stacks
+from dlscale.results import envinfo, metrics, validity
+from dlscale.train import energy, fp8
+from dlscale.case.config import RunConfig, validate_for_launch
+from dlscale.case import procs
+from dlscale.case.procs import ProcResult, Rendezvous, spawn_torchrun
+from dlscale.results.record import Record
 from dlscale.quality import target as quality_target
-from dlscale.store import StoreError
+from dlscale.results.store import StoreError
 from dlscale.strategies import get_strategy, resolve_spec
 
 
@@ -91,7 +94,7 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
     processes found stopped when the time limit struck. A rank that stalls is named as the cause
     (``timeout``), not the healthy peer that gave up waiting for it in a collective; a rank
     killed by a signal is named with the signal. ``rank_stacks``: rank -> main-thread frames dumped at
-    the time limit (dlscale/stacks.py): the unfinished ranks are named with where they were.
+    the time limit (dlscale/case/stacks.py): the unfinished ranks are named with where they were.
     """
     everyone = sorted(set(range(world)) | set(started or {}))
     reported = {r["rank"] for r in ranks}

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dlscale import precision
+from dlscale.train import precision
 
 STEPS = 10  # timed steps per phase measurement (each with and, distributed, without gradient sync)
 
@@ -75,8 +75,8 @@ class StepParts:
 
 
 def _phased_steps(parts: StepParts, k: int, sync_off: bool) -> list[list[float]]:
-    from dlscale.compiling import step_marker
-    from dlscale.step import optimizer_step
+    from dlscale.train.compiling import step_marker
+    from dlscale.train.step import optimizer_step
 
     par, cfg, device, batches, autocast, fetch = (parts.par, parts.cfg, parts.device, parts.batches,
                                                   parts.autocast, parts.fetch)

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from dlscale import ConfigError
-from dlscale.caseargs import option_args
-from dlscale.config import FIELDS, PROCEDURE_FIELDS, RunConfig, check_value
+from dlscale.case.caseargs import option_args
+from dlscale.case.config import FIELDS, PROCEDURE_FIELDS, RunConfig, check_value
 from dlscale.external.suite import _PLACE, PLACES, SETTINGS, parse_external, resolve_args
 
 SECTIONS = ("bare", "compare", "commands", "external")

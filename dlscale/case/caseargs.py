@@ -1,4 +1,4 @@
-"""RunConfig <-> command-line options, derived from the fields' metadata (dlscale/config.py).
+"""RunConfig <-> command-line options, derived from the fields' metadata (dlscale/case/config.py).
 
 ``add_case_arguments`` adds one option per field, ``config_from_args`` reads them back, and
 ``to_cli_args`` is its exact inverse (every field round-trips; tests check it), used for the
@@ -13,7 +13,7 @@ import shlex
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.config import BATCH_MAX, DEFAULTS, FIELDS, RunConfig, choices_of
+from dlscale.case.config import BATCH_MAX, DEFAULTS, FIELDS, RunConfig, choices_of
 
 
 def parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
@@ -157,4 +157,4 @@ def check_round_trip(cfg: RunConfig) -> None:
     diff = sorted(k for k in want if got.get(k) != want[k])
     if diff:
         raise DlscaleError(f"the options of `dlscale run` cannot carry {', '.join(diff)} "
-                           f"(see dlscale/caseargs.py to_cli_args)")
+                           f"(see dlscale/case/caseargs.py to_cli_args)")

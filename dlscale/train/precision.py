@@ -3,7 +3,7 @@
 dlscale keeps fp32 master weights and optimizer state in every precision; ``amp-*`` runs the
 forward under autocast in the 16-bit dtype (and FSDP's mixed-precision policy, pipeline stages
 and DeepSpeed use the same dtype); ``fp8`` is bf16 autocast with the blocks' Linears converted to
-torchao's float8 training (dlscale/fp8.py). Only fp16's narrow exponent needs loss scaling.
+torchao's float8 training (dlscale/train/fp8.py). Only fp16's narrow exponent needs loss scaling.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import contextlib
 from typing import Any
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "fp8")
-# fp8: torchao's float8 Linears under bf16 autocast (dlscale/fp8.py), so its compute dtype is bf16
+# fp8: torchao's float8 Linears under bf16 autocast (dlscale/train/fp8.py), so its compute dtype is bf16
 _COMPUTE = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16", "fp8": "bfloat16"}
 
 

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlscale import ConfigError
-from dlscale import procs
-from dlscale.procs import Rendezvous
+from dlscale.case import procs
+from dlscale.case.procs import Rendezvous
 
 NODE_DIR_ENV = "DLSCALE_NODE_DIR"
 SLURM_MARK_ENV = "DLSCALE_SLURM"  # set by the job scripts of `dlscale slurm`
@@ -59,7 +59,7 @@ DEFAULT_MASTER_PORT = 29500
 
 def add_rendezvous_arguments(p: argparse.ArgumentParser) -> None:
     """torchrun's multi-node options, as `dlscale run` takes them (one command per node); --nnodes
-    is a case option (dlscale/config.py)."""
+    is a case option (dlscale/case/config.py)."""
     g = p.add_argument_group("multi-node (one `dlscale run` per node; see docs/multinode.md)")
     g.add_argument("--node-rank", type=int, default=None,
                    help="this machine's rank, 0..nnodes-1 (static rendezvous with --master-addr)")
@@ -456,7 +456,7 @@ def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
     it (``recorded_by.role``: "lead" on the node running global rank 0, which stores it;
     "follower" elsewhere, whose series files are removed since its record is not stored).
     """
-    from dlscale import launch
+    from dlscale.case import launch
 
     rdzv = spawner.rdzv
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("node")) as tmp:  # a SIGKILL's: procs.clean_stale_tempdirs

@@ -19,7 +19,7 @@ Expansion rules:
   baseline runs first.
 
 Axes, settings, exclude/--filter keys and their checks all come from RunConfig's field metadata
-(dlscale/config.py): a new field with an ``axis`` is a new suite axis.
+(dlscale/case/config.py): a new field with an ``axis`` is a new suite axis.
 """
 from __future__ import annotations
 
@@ -32,15 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlscale import ConfigError, benchsuite
-from dlscale.config import AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, RunConfig, check_value, expected, validate_case
-from dlscale.config import SETTINGS as CONFIG_SETTINGS
+from dlscale import ConfigError
+from dlscale.case import benchsuite
+from dlscale.case.config import AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, RunConfig, check_value, expected, validate_case
+from dlscale.case.config import SETTINGS as CONFIG_SETTINGS
 
-SUITES_DIR = Path(__file__).parent / "suites"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dlscale/
+SUITES_DIR = PACKAGE_DIR / "suites"
 
 # run settings: suite-wide, not part of the matrix (each a RunConfig field, with its default)
 SETTINGS = ("description",) + CONFIG_SETTINGS
-SECTIONS = ("matrix", "exclude", "cases") + benchsuite.SECTIONS  # bare, compare: dlscale/benchsuite.py
+SECTIONS = ("matrix", "exclude", "cases") + benchsuite.SECTIONS  # bare, compare: dlscale/case/benchsuite.py
 _COUNT_AXES = ("devices", "nodes", "nproc_per_node")  # the device count: one node's, or nodes x per node
 _FILE_KEY = {"nnodes": "nodes"}  # a field's name in a suite file, where it differs
 # matrix axes in expansion order: RunConfig's field order, the device counts innermost
@@ -129,7 +131,7 @@ def display_path(path: Path) -> str:
     except ValueError:
         pass
     try:
-        return "dlscale/" + str(path.resolve().relative_to(Path(__file__).parent.resolve()))
+        return "dlscale/" + str(path.resolve().relative_to(PACKAGE_DIR))
     except ValueError:
         return str(path)
 
@@ -170,7 +172,7 @@ def _field(key: str) -> str:
 
 def _values(where: _Where, key: str, name: str, value: Any, many: bool = True) -> list[Any]:
     """Validate one axis's values (a scalar counts as a one-element list), or one value
-    (``many=False``), against the field's own check (dlscale/config.py)."""
+    (``many=False``), against the field's own check (dlscale/case/config.py)."""
     o = FIELDS[name]
     if not many and isinstance(value, list):
         raise where.error(key, f"a case takes one value, got a list {value!r} (use a matrix block for several)")

@@ -1,7 +1,7 @@
 """`dlscale plan --check STORE`: the memory plan of each stored case beside its measured peak.
 
 For every ok run record whose model has a transformer architecture (the newest of each case and
-label), the plan's predicted peak per device (dlscale/memplan.py: the record's model, flavour,
+label), the plan's predicted peak per device (dlscale/planner/memplan.py: the record's model, flavour,
 precision, checkpointing, compile flag, strategy, degrees and per-device batch, on its device
 type) beside the measured peak (``summary.peak_mem_allocated_bytes``: torch's
 ``max_memory_allocated`` over the training steps, the largest rank and repeat), the relative error
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.memplan import GiB
+from dlscale.planner.memplan import GiB
 
 TOLERANCE = 0.10  # the target: the plan within 10 % of the measured peak
 
@@ -58,7 +58,7 @@ def _describe(cfg: dict[str, Any], world: int) -> str:
 
 def plan_record(rec: dict[str, Any]) -> tuple[float, str, str]:
     """(predicted peak bytes, its instant, a note) of a stored run's case; ConfigError when it has no plan."""
-    from dlscale.memplan import Workload, layout_for_run, plan_memory, planned_as
+    from dlscale.planner.memplan import Workload, layout_for_run, plan_memory, planned_as
     from dlscale.models import get_model
 
     cfg = rec["config"]
@@ -110,7 +110,7 @@ def to_json(rep: CheckReport) -> str:
 
 def to_markdown(rep: CheckReport) -> str:
     head = (f"# Memory plan against the measured peak: {rep.store}\n\n"
-            f"Predicted: dlscale/memplan.py for each case; measured: the peak allocated over training "
+            f"Predicted: dlscale/planner/memplan.py for each case; measured: the peak allocated over training "
             f"(torch.cuda.max_memory_allocated, largest rank and repeat). Error = (predicted - measured) / measured; "
             f"tolerance {rep.tolerance:.0%}.\n")
     cols = ("case", "label", "device", "predicted GiB", "at", "measured GiB", "plan / measured", "error %", "within",

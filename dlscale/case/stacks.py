@@ -100,7 +100,7 @@ def read(out_dir: Path) -> dict[int, list[tuple[str, int, str]]]:
 
 
 def _short(path: str) -> str:
-    """A frame's file from its package down (``dlscale/worker.py``, ``torch/autograd/graph.py``)."""
+    """A frame's file from its package down (``dlscale/train/worker.py``, ``torch/autograd/graph.py``)."""
     parts = path.replace("\\", "/").split("/")
     for i in range(len(parts) - 1, -1, -1):
         if parts[i] in ("dlscale", "torch", "jax", "site-packages"):

@@ -19,8 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from dlscale.metrics import percentile
-from dlscale.record import median_repeat_with
+from dlscale.results.metrics import percentile
+from dlscale.results.record import median_repeat_with
 
 SOLO_STEPS = 5  # solo steps timed per rank after the window (the first one more, untimed)
 

@@ -267,7 +267,7 @@ class ResultStore:
     def append_uninterrupted(self, record: dict[str, Any]) -> Path:
         """``append_or_recover`` with the interrupting signals held off (main thread only), so a
         signal never tears the record line."""
-        from dlscale.procs import uninterrupted
+        from dlscale.case.procs import uninterrupted
 
         with uninterrupted():
             return self.append_or_recover(record)

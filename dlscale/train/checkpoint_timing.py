@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.record import median_repeat_with
+from dlscale.results.record import median_repeat_with
 
 MODES = ("sync", "async")
 SAVES = 2

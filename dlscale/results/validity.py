@@ -19,8 +19,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dlscale import ranktimes
-from dlscale.store import MEASURED_STATUSES
+from dlscale.train import ranktimes
+from dlscale.results.store import MEASURED_STATUSES
 
 WARN = "warn"
 NOTE = "note"
@@ -503,7 +503,7 @@ def _check_interrupted(rec, t: Thresholds, v: Validity) -> None:
 
 
 def _check_straggler(rec, t: Thresholds, v: Validity) -> None:
-    """One rank slower than the others (dlscale/ranktimes.py): its median step over the median of the
+    """One rank slower than the others (dlscale/train/ranktimes.py): its median step over the median of the
     others' by more than ``straggler_gap``, and beyond their noise (its 25th percentile above every other
     rank's 75th). Multi-rank records only; those without per-rank steps are listed as unchecked."""
     if (rec.get("world_size") or 1) < 2:

@@ -347,7 +347,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
     """Run ``cmd`` in a new session; kill the whole tree once ``time_limit`` seconds pass.
 
     ``on_deadline(stopped_pids)`` runs when the time limit strikes, before the tree is killed
-    (the launcher asks the ranks where they are: dlscale/stacks.py); its failures are ignored.
+    (the launcher asks the ranks where they are: dlscale/case/stacks.py); its failures are ignored.
 
     Output (stdout and stderr merged) is streamed line by line to ``on_line`` and its last
     ``tail_lines`` lines are kept for the error text of a failed case. The tree ends with this

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.layout import ONE_DEVICE, Layout, ParallelDims, split_blocks
+from dlscale.planner.layout import ONE_DEVICE, Layout, ParallelDims, split_blocks
 
 # fp32 optimizer state per parameter: AdamW two moments, SGD one momentum buffer
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}

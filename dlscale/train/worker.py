@@ -26,7 +26,7 @@ from typing import Any
 
 _STARTED = time.time()  # before torch's import: the process's phases are timed from here
 
-from dlscale import procs  # noqa: E402
+from dlscale.case import procs  # noqa: E402
 
 if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's task) even when it is SIGKILLed
     procs.die_with_parent()
@@ -34,11 +34,14 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dlscale import checkpointing, energy, fp8, metrics, multinode, parity, precision, progress  # noqa: E402
-from dlscale import checkpoint_timing, ranktimes, stacks  # noqa: E402
-from dlscale.compiling import compile_module, step_marker  # noqa: E402
-from dlscale.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
-from dlscale.config import RunConfig, parse_injection, resolve_device  # noqa: E402
+from dlscale.case import multinode, progress
+from dlscale.results import metrics, parity
+from dlscale.train import checkpointing, energy, fp8, precision  # noqa: E402
+from dlscale.case import stacks
+from dlscale.train import checkpoint_timing, ranktimes  # noqa: E402
+from dlscale.train.compiling import compile_module, step_marker  # noqa: E402
+from dlscale.train.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
+from dlscale.case.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 from dlscale.inputs import open_source  # noqa: E402
 from dlscale.models import count_parameters  # noqa: E402
 from dlscale.strategies import DistEnv, Parallelized, get_strategy, resolve_spec  # noqa: E402
@@ -327,7 +330,7 @@ def _window_times(events, fetched, host_marks: list[float], n: int) -> tuple[lis
 
 def _window_counters(source, denv: DistEnv):
     """Counters read at the window's start: real data's loader CPU and reads, and the node's energy
-    (local rank 0; dlscale/energy.py); returns the energy meter for ``energy.stop`` after the window."""
+    (local rank 0; dlscale/train/energy.py); returns the energy meter for ``energy.stop`` after the window."""
     source.window_start()
     return energy.start(denv, _local_gpu_uuids(denv))
 
@@ -507,20 +510,20 @@ def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, 
     result["loss_after_steps"] = cfg.warmup + result.get("window_steps", cfg.steps)  # steps taken (parity)
     ranktimes.measure(cfg, denv, result, ranktimes.SoloInputs(par, batches, _autocast(cfg, device),
                                                                getattr(inject, "slow", None), eager_module))
-    if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/checkpoint_timing.py)
+    if cfg.checkpoint_every:  # the checkpoint phase: steps and saves timed (dlscale/train/checkpoint_timing.py)
         progress.phase("checkpoint", "start", denv.rank)
         result["checkpoint"] = checkpoint_timing.run_phase(cfg, denv, par, step, out_dir, fetch is None,
                                                            lambda: _sync(device))
         progress.phase("checkpoint", "end", denv.rank)
     if cfg.breakdown:
-        from dlscale.breakdown import measure_breakdown
+        from dlscale.train.breakdown import measure_breakdown
 
         progress.phase("breakdown", "start", denv.rank)
         result["breakdown"] = measure_breakdown(par, cfg, device, batches, _autocast(cfg, device),
                                                 denv.world_size, fetch=fetch)
         progress.phase("breakdown", "end", denv.rank)
     if cfg.profile:
-        from dlscale.breakdown import profile_steps
+        from dlscale.train.breakdown import profile_steps
 
         trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
         progress.phase("profile", "start", denv.rank)
@@ -568,7 +571,7 @@ def _read_loss(result: dict[str, Any], loss, par: Parallelized, denv: DistEnv) -
 
 def _loss_after(par: Parallelized, module, batch: tuple, cfg: RunConfig, device, denv: DistEnv,
                 result: dict[str, Any]) -> float | None:
-    """Loss of the trained model on micro-batch 0 (eval mode), its global mean (dlscale/parity.py).
+    """Loss of the trained model on micro-batch 0 (eval mode), its global mean (dlscale/results/parity.py).
 
     Correctness check only (outside the window): equal for any strategy that trains the same
     global batch as a single process does. Strategies with their own step evaluate through

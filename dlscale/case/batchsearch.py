@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dlscale import ConfigError
-from dlscale.config import RunConfig, resolve_device
+from dlscale.case.config import RunConfig, resolve_device
 
 DEFAULT_START = 8
 DEFAULT_CAP = {"cuda": 4096, "cpu": 64}
@@ -113,8 +113,8 @@ def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str 
                       on_probe: Callable[[dict[str, Any]], None] | None = None):
     """Find the largest batch that fits, then measure the case at it; returns the Record
     (``batch_search`` set), stored by the caller. ``cfg.batch_size`` is "max"; one node only."""
-    from dlscale import launch
-    from dlscale.config import validate_for_launch
+    from dlscale.case import launch
+    from dlscale.case.config import validate_for_launch
 
     start = cfg.max_batch_start or DEFAULT_START
     cap = cfg.max_batch_cap or default_cap(cfg.device)

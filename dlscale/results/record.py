@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
-from dlscale.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
+from dlscale.results.store import SCHEMA, STATUSES  # noqa: F401 - the record's schema id and statuses
 
 _OPTIONAL = ("backend", "threads", "data_set", "data", "batch_search", "sweep", "nodes", "rendezvous", "recorded_by",
              "validity", "quality")

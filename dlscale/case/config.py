@@ -4,7 +4,7 @@ Every field of ``RunConfig`` carries an ``Opt`` in its metadata (help, CLI name,
 choices, suite axis, whether it is a filter key, part of the case identity, a procedure field or a
 late field). From these alone come: the ``dlscale run`` options (``add_case_arguments``), the
 config of parsed options (``config_from_args``), its inverse (``to_cli_args``, round-trip tested
-for every field), the suite's axes, settings and filter keys (dlscale/suite.py), and the case key.
+for every field), the suite's axes, settings and filter keys (dlscale/case/suite.py), and the case key.
 Adding a field with an ``axis`` is adding a suite axis: nothing else changes.
 
 Validation happens in one place: ``check_value`` (one field's type, range and choices, used by
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import MAX_BATCH, MAX_SEED, ConfigError
-from dlscale import compiling
-from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
-from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
-from dlscale.compiling import COMPILE_MODES
+from dlscale.train import compiling
+from dlscale.train.checkpoint_timing import MODES as CHECKPOINT_MODES
+from dlscale.train.checkpointing import MODES as CHECKPOINTING_MODES
+from dlscale.train.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
 from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, parse_data
-from dlscale.precision import PRECISIONS
+from dlscale.train.precision import PRECISIONS
 from dlscale.quality.target import DEFAULTS as QDEF, LR_SCALES, LR_SCHEDULES, parse_target
 
 DEVICES = ("auto", "cuda", "cpu")
-BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/batchsearch.py)
+BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/case/batchsearch.py)
 AUTO_STRATEGY = "auto"  # single on one device, ddp on more
 _NO_LATE = object()
 # Upper bounds of numbers (docs/sweeps.md "Limits"): a value past one is a typo, refused before anything starts.
@@ -74,7 +74,7 @@ def check_case_env(env: dict[str, Any]) -> None:
     """A case's environment variables: only the tuning variables a record keeps (NCCL_*,
     TORCH_NCCL_*, the allocator, ...), never one that names a plugin, path, library or command,
     and plain values (no path, no shell syntax): a suite file must not be able to load code."""
-    from dlscale.envinfo import TUNING_NAMES, TUNING_PREFIXES
+    from dlscale.results.envinfo import TUNING_NAMES, TUNING_PREFIXES
 
     for k, v in env.items():
         name = str(k)
@@ -145,7 +145,7 @@ class RunConfig:
                              "fp32 master weights")
     compile: bool = _f(False, type=bool, kind="flag", axis="compile", match=True,
                        help="torch.compile the model (the analogue of XLA)")
-    # torch.compile's mode and inductor settings over it (dlscale/compiling.py); need compile
+    # torch.compile's mode and inductor settings over it (dlscale/train/compiling.py); need compile
     compile_mode: str = _f("default", choices=COMPILE_MODES, axis="compile_modes", match=True, late="default",
                            help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs; "
                                 "max-autotune: also autotuned matmul/convolution templates and coordinate-descent "
@@ -294,7 +294,7 @@ class RunConfig:
     profile: bool = _f(False, type=bool, kind="flag", procedure=True,
                        help="record a torch.profiler trace (Chrome/Perfetto JSON) of a few steps after the window; "
                             "the median repeat's trace is kept in STORE/traces/")
-    # after the window: a checkpoint phase (dlscale/checkpoint_timing.py); procedure fields, out of the case key
+    # after the window: a checkpoint phase (dlscale/train/checkpoint_timing.py); procedure fields, out of the case key
     checkpoint_every: int | None = _f(None, type=int, minimum=1, maximum=10**7, optional=True, procedure=True,
                                       setting=True, metavar="N",
                                       help="after the window, time saving the model and optimizer state with "
@@ -544,14 +544,15 @@ def validate_case(cfg: RunConfig) -> None:
     _check_min_window(cfg)
     if strat.validate is not None:
         strat.validate(cfg)
-    from dlscale.step import check_optimizer_graph
+    from dlscale.train.step import check_optimizer_graph
 
     check_optimizer_graph(cfg)
-    from dlscale import checkpointing, frameworks
+    from dlscale import frameworks
+    from dlscale.train import checkpointing
 
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
     checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
-    from dlscale import checkpoint_timing
+    from dlscale.train import checkpoint_timing
 
     checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
     from dlscale.inputs import check_case
@@ -578,7 +579,7 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
     """A CPU run starts at most CPU_OVERSUBSCRIBE processes per core it may run on: more
     time-slices the ranks (what is measured is the scheduler) and stalls gloo's collectives."""
     if cores is None:
-        from dlscale.envinfo import affinity_count
+        from dlscale.results.envinfo import affinity_count
 
         cores = affinity_count() or os.cpu_count() or 1
     allowed = CPU_OVERSUBSCRIBE * cores
@@ -601,13 +602,13 @@ def validate_for_launch(cfg: RunConfig) -> str:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
     else:
         check_cpu_processes(cfg.nproc_per_node)
-    from dlscale.step import check_optimizer_graph
+    from dlscale.train.step import check_optimizer_graph
 
     check_optimizer_graph(cfg, device)
     from dlscale.inputs import check_machine
 
     check_machine(cfg, device)
-    from dlscale import checkpoint_timing
+    from dlscale.train import checkpoint_timing
 
     checkpoint_timing.check_machine(cfg)  # the checkpoint folder: writable, with room for the saves
     return device

@@ -1,6 +1,6 @@
 """Goodput: the share of a repeat's wall time that was training, from its ``phases_s``.
 
-``phases_s`` (dlscale/launch.py ``process_phases``) splits a repeat's process time into launch, import,
+``phases_s`` (dlscale/case/launch.py ``process_phases``) splits a repeat's process time into launch, import,
 init, build, warmup, window, after and exit; they sum to the repeat's wall time. The timed window is
 the steady training; the warm-up trains too, but holds the first step's compilation, autotuning and
 allocator growth. Both shares are given: the window's, and the window's with the warm-up.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
-from dlscale.record import median_repeat_with
+from dlscale.results.record import median_repeat_with
 
 TRAINING = ("window",)
 WITH_WARMUP = ("warmup", "window")
@@ -54,7 +54,7 @@ def long_run(hours: float, rec: dict[str, Any] | None, interval_min: float | Non
     startup = sum(float(rep["phases_s"].get(k) or 0.0) for k in STARTUP)
     out: dict[str, Any] = {"startup_s": startup, "checkpoints": 0, "checkpoint_blocking_s": None}
     if interval_min:
-        from dlscale.checkpoint_timing import report_values
+        from dlscale.train.checkpoint_timing import report_values
 
         out["checkpoints"] = math.floor(hours * 60.0 / interval_min)
         out["checkpoint_blocking_s"] = report_values(rec)["blocking_s"]

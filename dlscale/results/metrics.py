@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from dlscale.precision import peak_dtype
+from dlscale.train.precision import peak_dtype
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -175,7 +175,7 @@ def has_tf32(device_name: str | None) -> bool | None:
 
 def precision_dtype(precision: str, device_type: str, device_name: str | None = None,
                     tf32: bool | None = None) -> str:
-    """Which peak a precision is rated against (dlscale/precision.py), on this device: fp32 on CUDA
+    """Which peak a precision is rated against (dlscale/train/precision.py), on this device: fp32 on CUDA
     is TF32 only where the device has TF32 and the run had it on (``tf32`` as recorded); a V100's
     or T4's fp32 runs count against its fp32 peak."""
     dtype = peak_dtype(precision, device_type)

@@ -49,7 +49,7 @@ _UNSAFE_PARTS = frozenset({"cxx", "cc", "ld", "compiler", "cmd", "command", "pat
                            "flags", "opt", "march", "arch"})
 _SCALARS = (bool, int, float)
 _ALLOWED = ("allowed: bool, int and float settings, and string settings that name no path or program "
-            "(dlscale.compiling.SAFE_STRING_OPTIONS, e.g. memory_pool)")
+            "(dlscale.train.compiling.SAFE_STRING_OPTIONS, e.g. memory_pool)")
 
 
 _NAME_VALUE = re.compile(r"[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*")  # a backend, heuristic or policy name, or a list

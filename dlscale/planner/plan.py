@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.memplan import GiB, Workload, candidate_layouts, largest_batch, plan_memory
+from dlscale.planner.memplan import GiB, Workload, candidate_layouts, largest_batch, plan_memory
 from dlscale.perfmodel.core import Link, Links
 from dlscale.perfmodel.strategies import DEFAULT_MFU, Candidate, Evidence, Machine as PerfMachine, predict
 
