@@ -20,7 +20,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from dlscale import MAX_BATCH, MAX_SEED, ConfigError
 from dlscale import compiling
@@ -36,6 +36,7 @@ DEVICES = ("auto", "cuda", "cpu")
 BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/batchsearch.py)
 AUTO_STRATEGY = "auto"  # single on one device, ddp on more
 _NO_LATE = object()
+S = TypeVar("S")
 # Upper bounds of numbers (docs/sweeps.md "Limits"): a value past one is a typo, refused before anything starts.
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: anything longer is a typo, not a benchmark
 CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
@@ -129,9 +130,10 @@ def _f(default: Any, **kw: Any) -> Any:
 
 
 @dataclass
-class RunConfig:
-    """One benchmark case. Suite axes expand in field order (device counts innermost)."""
+class ModelSection:
+    """What is trained: the model, its framework and numerics, the compiler, the step's size."""
 
+    title: ClassVar[str] = "model"
     model: str = _f("gpt2", choices="models", axis="models", match=True,
                     help="registered model name (see `dlscale run --list`)")
     framework: str = _f("torch", choices=FRAMEWORKS, axis="frameworks", match=True, late="torch",
@@ -168,7 +170,13 @@ class RunConfig:
                              late=None, setting=True,
                              help="CPU threads per rank (OMP_NUM_THREADS and torch's intra-op threads); "
                                   "default: the cores divided among the node's ranks")
-    # input data (dlscale/inputs, docs/data.md): synthetic batches made once on the device, or files
+
+
+@dataclass
+class DataSection:
+    """Input data (dlscale/inputs, docs/data.md): synthetic batches made once on the device, or files."""
+
+    title: ClassVar[str] = "data"
     data: str = _f("synthetic", axis="data", match=True, late="synthetic", validator=parse_data,
                    help=f"input data: {SPEC_HELP} (docs/data.md)")
     data_workers: int | None = _f(None, type=int, minimum=0, maximum=1024, optional=True, late=None, setting=True,
@@ -211,6 +219,13 @@ class RunConfig:
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
+
+
+@dataclass
+class ParallelSection:
+    """How the work is spread: the strategy, its options, the processes and the communication tuning."""
+
+    title: ClassVar[str] = "parallel"
     env: dict = _f({}, type=dict, kind="options", cli="--env", metavar="NAME=VALUE", axis="env", late={},
                    validator=check_case_env,
                    help="an environment variable for the case's processes, repeatable (tuning variables only: "
@@ -225,6 +240,13 @@ class RunConfig:
                                   f"{CPU_OVERSUBSCRIBE} per core it may run on")
     nnodes: int = _f(1, type=int, minimum=1, maximum=65536, axis="nodes", match=True,
                      help="machines in the job (world = nnodes x nproc-per-node; docs/multinode.md)")
+
+
+@dataclass
+class OptimizerSection:
+    """The optimizer step."""
+
+    title: ClassVar[str] = "optimizer"
     optimizer_graph: bool = _f(False, type=bool, kind="flag", axis="optimizer_graph", match=True, late=False,
                                help="capture the optimizer step (clipping and update) once as a CUDA graph and "
                                     "replay it every step: microseconds of host time where the optimizer's Python "
@@ -232,7 +254,13 @@ class RunConfig:
                                     "fp32, CUDA (docs/strategies.md)")
     clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
                                       help="clip gradients to this global norm")
-    # time to quality (dlscale/quality, docs/quality.md): train until a validation target; late fields
+
+
+@dataclass
+class QualitySection:
+    """Time to quality (dlscale/quality, docs/quality.md): train until a validation target."""
+
+    title: ClassVar[str] = "quality"
     until: str | None = _f(None, optional=True, late=None, metavar="METRIC<=X", validator=parse_target,
                            help="train until a validation target is reached: val_loss<=X (or val_acc>=Y for a model "
                                 "that reports accuracy), evaluating every --eval-every steps outside the timed steps; "
@@ -258,6 +286,13 @@ class RunConfig:
     lr_ref_batch: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH * 65536, optional=True, late=None,
                                   help="with --lr-scale: the global batch --lr is for (default: one device's, "
                                        "per-device batch x grad-accum)")
+
+
+@dataclass
+class ProcedureSection:
+    """How each case is run: steps, repeats, limits, the device, the batch search, test hooks."""
+
+    title: ClassVar[str] = "procedure"
     warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")
     steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
     # sized by time: a fixed step count gives a short window on a fast machine (flagged short_window)
@@ -281,6 +316,28 @@ class RunConfig:
                                         "long a multi-node rendezvous waits for every node to join")
     label: str | None = _f(None, optional=True, procedure=True, setting=True,
                            help="free-form label stored with the record (for compare)")
+    # the largest-batch search (batch_size max): first probe and largest batch tried
+    max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                     setting=True, limit="samples per device; no device holds more",
+                                     help="with --batch-size max: the first probe (default 8)")
+    max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                   setting=True, limit="samples per device; no device holds more",
+                                   help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
+                                        "64 on the CPU)")
+    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
+    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
+    inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
+                                    validator=parse_injection,
+                                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
+                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
+                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
+
+
+@dataclass
+class DiagnosticsSection:
+    """What is recorded beside the window: utilisation samples, breakdown, profile, checkpoints."""
+
+    title: ClassVar[str] = "diagnostics"
     # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds
     monitor: bool = _f(True, type=bool, kind="negflag", procedure=True, setting=True,
                        help="sample GPU/CPU/memory/disk/network utilisation during the repeats")
@@ -306,21 +363,16 @@ class RunConfig:
     checkpoint_dir: str | None = _f(None, optional=True, procedure=True, setting=True, metavar="DIR",
                                     help="with --checkpoint-every: an existing folder the saves are written to "
                                          "and removed from (default: the case's temporary folder)")
-    # the largest-batch search (batch_size max): first probe and largest batch tried
-    max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                     setting=True, limit="samples per device; no device holds more",
-                                     help="with --batch-size max: the first probe (default 8)")
-    max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                   setting=True, limit="samples per device; no device holds more",
-                                   help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
-                                        "64 on the CPU)")
-    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
-    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
-    inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
-                                    validator=parse_injection,
-                                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
-                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
-                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
+
+
+@dataclass
+class RunConfig(DiagnosticsSection, ProcedureSection, QualitySection, OptimizerSection, ParallelSection,
+                DataSection, ModelSection):
+    """One benchmark case: the union of the sections, stored and keyed flat (one field, one record key).
+
+    Suite axes expand in field order (device counts innermost). A consumer that needs one section
+    takes that section's type: a RunConfig is an instance of each, ``section`` gives a copy alone.
+    """
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -355,6 +407,10 @@ class RunConfig:
         """The case asks for the largest batch that fits (batch_size max)."""
         return self.batch_size == BATCH_MAX
 
+    def section(self, kind: type[S]) -> S:
+        """The section ``kind`` of this case alone (a copy: changing it leaves the case as it is)."""
+        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})  # type: ignore[call-arg]
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -388,6 +444,10 @@ PROCEDURE_FIELDS = tuple(n for n, o in FIELDS.items() if o.procedure)
 LATE_FIELD_DEFAULTS = {n: o.late for n, o in FIELDS.items() if o.late is not _NO_LATE}
 AXES = {o.axis: n for n, o in FIELDS.items() if o.axis}  # suite axis -> field
 SETTINGS = tuple(n for n, o in FIELDS.items() if o.setting)  # suite-wide settings
+# the sections in field order, and each field's (what --help groups the options by)
+SECTIONS: tuple[type, ...] = (ModelSection, DataSection, ParallelSection, OptimizerSection, QualitySection,
+                              ProcedureSection, DiagnosticsSection)
+SECTION_OF: dict[str, type] = {f.name: sec for sec in SECTIONS for f in dataclasses.fields(sec)}
 
 
 def _cli(name: str) -> str:
