@@ -221,7 +221,9 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
-        used = energy.merge_nodes(ranks, steps * global_batch, cfg.nnodes)
+        # --until: the counters span all the steps trained, which the reading says
+        counted = (r0.get("energy") or {}).get("steps") or steps
+        used = energy.merge_nodes(ranks, counted * global_batch, cfg.nnodes)
         if used is not None:  # only where a counter was read at both ends of the window
             entry["energy"] = used
         if r0.get("checkpoint"):  # --checkpoint-every: the saves timed after the window (checkpoint_timing)

@@ -447,9 +447,11 @@ def _until_loop(cfg, denv, result, par, step, rest: tuple) -> None:
 
     batches, eager_module, inject, sampler, out_dir, source = rest
     fetch = None if source.static else source.next
-    source.window_start()
+    meter = _window_counters(source, denv)  # loader and energy counters, as around the main window
     st = train_until(cfg, denv, result, par, resolve_spec(cfg), Hooks(step, fetch, inject, eager_module))
-    source.window_end()
+    _window_counters_end(source, meter, result)
+    if "energy" in result:  # the counters span every step trained (warm-up and evaluations too), not the window's
+        result["energy"]["steps"] = st.steps
     result["loss_last"] = _read_loss(result, st.loss if par.reports_loss else None, par, denv)
     result.update(_peak_memory(denv.device))
     if fetch is not None:
