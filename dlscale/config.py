@@ -28,7 +28,7 @@ from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
-from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, parse_data
+from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, check_fields, parse_data
 from dlscale.precision import PRECISIONS
 from dlscale.quality.target import DEFAULTS as QDEF, LR_SCALES, LR_SCHEDULES, parse_target
 
@@ -383,11 +383,7 @@ class RunConfig(DiagnosticsSection, ProcedureSection, QualitySection, OptimizerS
             raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
         if not self.compile and self.inductor_options:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
-        from dlscale.inputs.spec import check_fields
-
-        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
-                     self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share,
-                     self.data_decode_priority)
+        check_fields(self)  # the data section's fields together
         from dlscale.quality.target import check_fields as check_quality
 
         check_quality(self)  # the --until fields together (docs/quality.md)

@@ -265,8 +265,7 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
     result["strategy_info"] = par.record_info()
     dp_rank = par.dp_rank
     # synthetic: the pre-made batches; real data: a DataLoader that refills ``batches`` in place
-    source = open_source(spec, cfg, par, dp_rank, device, denv.local_rank, denv.local_world_size,
-                         lambda: make_batches(spec, cfg, par, dp_rank, device))
+    source = open_source(spec, cfg, par, denv, lambda: make_batches(spec, cfg, par, dp_rank, device))
     batches = source.batches
     step = build_step(par, cfg, device, batches)
     inject = _Injected(cfg.inject_failure, denv.rank, cfg.batch_size)

@@ -13,12 +13,15 @@ import torch
 import helpers_cli
 from helpers_cli import names
 from dlscale import ConfigError
-from dlscale.config import RunConfig, workload_fields
+from dlscale.config import DataSection, RunConfig, workload_fields
 from dlscale.inputs import check_case, merge_ranks, parse_data
 from dlscale.inputs import dataset_info, images, make, tokens
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.source import Prefetcher, make_reader, open_source
 from dlscale.models import get_model
+from dlscale.strategies import DistEnv
+
+CPU_RANK = DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo")  # one rank on the CPU: open_source's place
 
 pytest.importorskip("PIL")
 
@@ -713,12 +716,11 @@ def test_record_names_the_gpu_decoder_and_its_backend(monkeypatch, data_dir):
 
     monkeypatch.setattr(images, "gpu_decoder", lambda device, choice="auto": (
         images.pil_decode, f"stand-in for {choice}", "nvimgcodec", "hardware"))
-    spec = parse_data(f"imagefolder:{data_dir.imgs}")
-    reader = make_reader(spec, get_model("resnet50", "tiny"), torch.device("cpu"), "gpu", 0, "nvimgcodec")
+    data = DataSection(data=f"imagefolder:{data_dir.imgs}", data_decode="gpu", data_decoder="nvimgcodec")
+    reader = make_reader(get_model("resnet50", "tiny"), torch.device("cpu"), data)
     assert (reader.decoder, reader.gpu_decoder, reader.decoder_backend) == \
         ("stand-in for nvimgcodec; crop: torch ops", "nvimgcodec", "hardware")
-    src = start_source(reader, spec, GlobalBatchSampler(len(reader.dataset), 4, 0, 4, 0), 0, "gpu",
-                       torch.device("cpu"), 1, {})
+    src = start_source(reader, GlobalBatchSampler(len(reader.dataset), 4, 0, 4, 0), data, torch.device("cpu"), 0)
     try:
         loader = src.summary([], 1.0)["loader"]
     finally:
@@ -790,13 +792,13 @@ def test_prefetcher_runs_ahead_hands_over_in_order_and_raises_errors():
 
 def test_in_process_sources_and_their_record(data_dir):
     """open_source with 0 workers (in this process): batches of the model's shapes, and the window record."""
-    par = SimpleNamespace(info={}, dp_size=1, devices_per_process=1)
+    par = SimpleNamespace(info={}, dp_size=1, dp_rank=0, devices_per_process=1)
     for model, data, batch in (("resnet50", f"imagefolder:{data_dir.imgs}", 4), ("gpt2", data_dir.gpt, 4),
                                ("bert-base", data_dir.bert, 4)):
         spec = get_model(model, "tiny")
         cfg = RunConfig(model=model, flavor="tiny", data=data, batch_size=batch, device="cpu", data_workers=0,
                         grad_accum=2)
-        src = open_source(spec, cfg, par, 0, torch.device("cpu"), 0, 1, None)
+        src = open_source(spec, cfg, par, CPU_RANK, None)
         try:
             synth = spec.make_batch(batch, torch.device("cpu"), torch.Generator().manual_seed(0))
             assert len(src.batches) == 2
@@ -817,7 +819,7 @@ def test_in_process_sources_and_their_record(data_dir):
     # the synthetic source is the pre-made list, untouched
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu")
     made = [("x",)]
-    src = open_source(get_model("gpt2", "tiny"), cfg, par, 0, torch.device("cpu"), 0, 1, lambda: made)
+    src = open_source(get_model("gpt2", "tiny"), cfg, par, CPU_RANK, lambda: made)
     assert src.static and src.next() is made and src.summary([], 1.0) is None
 
 
@@ -870,7 +872,7 @@ def test_the_verdict_reads_the_gpus_idle_time_where_there_is_one():
 def test_reader_needs_a_model_that_has_one():
     spec = SimpleNamespace(data_kind=None, name="toy")
     with pytest.raises(ConfigError, match="model toy has no real-data reader"):
-        make_reader(parse_data("tokens:/x.bin"), spec, torch.device("cpu"), "cpu", 0)
+        make_reader(spec, torch.device("cpu"), DataSection(data="tokens:/x.bin"))
 
 
 # ----------------------------------------------------------------------------- 2-process runs (gloo)

@@ -27,7 +27,7 @@ import statistics
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -36,6 +36,9 @@ from dlscale.inputs import dataset_info, images, tokens
 from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, data_loader
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
+
+if TYPE_CHECKING:
+    from dlscale.config import DataSection
 
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
 # The interpreter's switch interval while the input thread runs (CPython's default is 5 ms). The
@@ -481,13 +484,12 @@ def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths:
                   dec.backend, stage=dec.feed)
 
 
-def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
-                decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0, decode_process: bool = False,
-                sm_share: float = 0.0, priority: str = "normal") -> Reader:
-    """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
-    (``decoder``: --data-decoder, for GPU decode; ``cpu_share`` of each loader batch of ``batch``
-    samples decoded on the host instead; ``decode_process``: --data-decode-process, ``sm_share`` and
-    ``priority`` its --data-decode-sm-share and --data-decode-priority)."""
+def make_reader(model, device: torch.device, data: DataSection, seed: int = 0, batch: int = 0) -> Reader:
+    """Dataset, collate and finish of the data section's ``--data`` for ``model`` (a ModelSpec) on
+    ``device``; ``batch``: the samples of one loader batch (of which --data-cpu-share are decoded on
+    the host), ``seed`` the case's."""
+    spec = parse_data(data.data)
+    decode, decoder, cpu_share = data.data_decode, data.data_decoder, data.data_cpu_share
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -502,8 +504,9 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
             if decoder == "dali":
                 check_split(decoder, cpu_share)  # check_fields's, for callers that did not go through it
                 return dali_reader(ds, size, channels_last, device, paths, kind)
-            if decode_process:
-                process = DecoderSpec(size, channels_last, decoder, sm_share=sm_share, priority=priority)
+            if data.data_decode_process:
+                process = DecoderSpec(size, channels_last, decoder, sm_share=data.data_decode_sm_share,
+                                      priority=data.data_decode_priority)
                 return process_reader(ds, process, paths, kind, round(cpu_share * batch), batch)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)
@@ -530,11 +533,12 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
                   [spec.path], kind)
 
 
-def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, workers: int, decode: str,
-                 device: torch.device, accum: int, page_cache: dict[str, Any]) -> LoaderSource:
+def start_source(reader: Reader, sampler: GlobalBatchSampler, data: DataSection, device: torch.device,
+                 workers: int, accum: int = 1, page_cache: dict[str, Any] | None = None) -> LoaderSource:
     """A DataLoader over ``reader`` with ``workers`` processes, pinned memory on CUDA, prefetch and
-    persistent workers; returned holding its first batch."""
+    persistent workers; returned holding its first batch (``accum`` micro-batches a step)."""
     cuda = device.type == "cuda"
+    spec, decode, page_cache = parse_data(data.data), data.data_decode, page_cache or {}
     prefetch = PREFETCH_FACTOR if workers else None
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
@@ -564,19 +568,20 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
     return src
 
 
-def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank: int, local_world: int,
-                make_synthetic: Callable[[], list[tuple]]):
-    """The rank's batch source: ``make_synthetic()`` for --data synthetic, else a LoaderSource
-    already holding its first batch (the DataLoader workers are up before the warm-up)."""
+def open_source(model, cfg, par, denv, make_synthetic: Callable[[], list[tuple]]):
+    """The rank's batch source (``denv``: its DistEnv): ``make_synthetic()`` for --data synthetic,
+    else a LoaderSource already holding its first batch (the DataLoader workers are up before the
+    warm-up). The data knobs come from ``cfg``'s data section only."""
     spec: DataSpec = parse_data(cfg.data)
     if spec.synthetic:
         return SyntheticSource(make_synthetic())
+    device = denv.device
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
-    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b,
-                         cfg.data_decode_process, cfg.data_decode_sm_share, cfg.data_decode_priority)
-    sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
-    page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
+    reader = make_reader(model, device, cfg, cfg.seed, b)
+    sampler = GlobalBatchSampler(len(reader.dataset), g, par.dp_rank * b, b, cfg.seed,
+                                 what=f"{spec.kind} {spec.path}")
+    page = _page_cache(reader.paths, cfg.data_cold_read, denv.local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped
-    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, local_world, cfg.data_cpu_share)
-    return start_source(reader, spec, sampler, workers, cfg.data_decode, device, cfg.grad_accum, page)
+    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, denv.local_world_size, cfg.data_cpu_share)
+    return start_source(reader, sampler, cfg, device, workers, cfg.grad_accum, page)

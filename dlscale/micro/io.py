@@ -41,6 +41,7 @@ def _cpus() -> int:
 def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds: float, device: str,
                      flavor: str = "full", seed: int = 0) -> dict[str, Any]:
     """One row: the loader of ``pipeline`` over ``data`` with ``workers`` DataLoader workers."""
+    from dlscale.config import DataSection
     from dlscale.inputs.sampler import GlobalBatchSampler
     from dlscale.inputs.source import make_reader, start_source
     from dlscale.inputs.spec import parse_data
@@ -67,9 +68,10 @@ def measure_pipeline(pipeline: str, data: str, workers: int, batch: int, seconds
     model = get_model(MODEL[pipeline], flavor)
     src = None
     try:
-        reader = make_reader(spec, model, dev, decode, seed)
+        section = DataSection(data=data, data_decode=decode)
+        reader = make_reader(model, dev, section, seed)
         sampler = GlobalBatchSampler(len(reader.dataset), batch, 0, batch, seed, what=f"{spec.kind} {spec.path}")
-        src = start_source(reader, spec, sampler, workers, decode, dev, 1, {})
+        src = start_source(reader, sampler, section, dev, workers)
         for _ in range(max(2, 2 * workers)):  # every worker has produced a batch
             src.next()
         common.synchronize(dev)
