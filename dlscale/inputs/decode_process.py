@@ -88,6 +88,7 @@ class _Job:
     slots: int
     events: tuple  # interprocess CUDA event handles, one per slot (empty off CUDA)
     parent: int
+    prefetch: int = PREFETCH_FACTOR
 
 
 def _take_free(free, idle: collections.deque, parent: int) -> bool:
@@ -107,11 +108,11 @@ def _take_free(free, idle: collections.deque, parent: int) -> bool:
         idle.append(s)
 
 
-def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
+def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool, prefetch: int = PREFETCH_FACTOR):
     """The DataLoader of a rank's source (here, or in its decode process): ``workers`` processes,
-    pinned memory on CUDA, ``PREFETCH_FACTOR`` batches each, persistent workers."""
+    pinned memory on CUDA, ``prefetch`` batches each, persistent workers."""
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
-                                       pin_memory=cuda, prefetch_factor=PREFETCH_FACTOR if workers else None,
+                                       pin_memory=cuda, prefetch_factor=prefetch if workers else None,
                                        persistent_workers=workers > 0)
 
 
@@ -127,7 +128,7 @@ def _serve(job: _Job, ready, free) -> None:
         cuda = device.type == "cuda"
         if cuda:  # first: the DataLoader's pin-memory thread takes the current device
             torch.cuda.set_device(device)
-        it = iter(data_loader(job.dataset, job.collate, job.sampler, job.workers, cuda))  # the workers fork here
+        it = iter(data_loader(job.dataset, job.collate, job.sampler, job.workers, cuda, job.prefetch))  # workers fork
         stream, events = None, []
         if cuda:
             stream = torch.cuda.Stream(device)
@@ -171,7 +172,7 @@ class DecodeProcess:
     ``release``; the same ``(tensors, meta)`` as the input thread's ``Prefetcher.get``)."""
 
     def __init__(self, dataset, collate: Callable, sampler, workers: int, device: torch.device, spec: DecoderSpec,
-                 accum: int = 1):
+                 accum: int = 1, prefetch: int = PREFETCH_FACTOR):
         self.device = device
         self.cuda = device.type == "cuda"
         self.depth = SLOTS_AHEAD * accum
@@ -181,7 +182,7 @@ class DecodeProcess:
         ctx = torch.multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
         self.ready, self.free = ctx.Queue(), ctx.Queue()
         job = _Job(dataset, collate, sampler, workers, str(device), spec, n,
-                   tuple(e.ipc_handle() for e in self.events), os.getpid())
+                   tuple(e.ipc_handle() for e in self.events), os.getpid(), prefetch)
         self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.held: list[int] = []  # slots handed to the step since the last release
         self.closed = False

@@ -539,19 +539,21 @@ def start_source(reader: Reader, sampler: GlobalBatchSampler, data: DataSection,
     persistent workers; returned holding its first batch (``accum`` micro-batches a step)."""
     cuda = device.type == "cuda"
     spec, decode, page_cache = parse_data(data.data), data.data_decode, page_cache or {}
-    prefetch = PREFETCH_FACTOR if workers else None
+    prefetch = PREFETCH_FACTOR
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
     if reader.process is not None:  # the DataLoader lives in the decode process
-        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum)
+        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum,
+                               prefetch)
         got = remote.info
         sms = f"; MPS SMs {got['mps_sm_percent']} %" if got.get("mps_sm_percent") else ""
         sms += f"; MPS client priority {got['mps_priority']}" if got.get("mps_priority") else ""
         name = f"{got['name']}; crop: {got['crop']}{reader.decoder}{sms}"
         gpu_decoder, backend = got["kind"], got["backend"]
     else:
-        loader = data_loader(reader.dataset, reader.collate, sampler, workers, cuda)
-    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda, prefetch,
+        loader = data_loader(reader.dataset, reader.collate, sampler, workers, cuda, prefetch)
+    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda,
+                      prefetch if workers else None,
                       workers > 0, sampler.b, sampler.g, sampler.n, sampler.per_epoch, gpu_decoder, backend)
     try:
         src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
