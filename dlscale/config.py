@@ -219,6 +219,10 @@ class DataSection:
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
+    data_prefetch: int | None = _f(None, type=int, minimum=1, maximum=64, optional=True, late=None, setting=True,
+                                   metavar="N",
+                                   help="batches each DataLoader worker loads ahead (torch's prefetch_factor) with "
+                                        "--data from files and one or more --data-workers (default: torch's 2)")
 
 
 @dataclass

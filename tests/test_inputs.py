@@ -823,6 +823,35 @@ def test_in_process_sources_and_their_record(data_dir):
     assert src.static and src.next() is made and src.summary([], 1.0) is None
 
 
+def test_data_prefetch_reaches_the_dataloader_and_the_record(data_dir, monkeypatch):
+    """--data-prefetch N: the DataLoader's prefetch_factor, the record's, and the buffer the wait
+    verdict counts (workers x N); refused, one line, where no worker would prefetch."""
+    from dlscale.inputs import source
+
+    got = []
+
+    def loader(dataset, collate, sampler, workers, cuda, prefetch):  # in this process: no worker started
+        got.append(prefetch)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0, collate_fn=collate)
+
+    monkeypatch.setattr(source, "data_loader", loader)
+    par = SimpleNamespace(info={}, dp_size=1, dp_rank=0, devices_per_process=1)
+    for prefetch, used in ((None, 2), (5, 5)):
+        cfg = RunConfig(model="gpt2", flavor="tiny", data=data_dir.gpt, batch_size=4, device="cpu", data_workers=3,
+                        data_prefetch=prefetch)
+        src = open_source(get_model("gpt2", "tiny"), cfg, par, CPU_RANK, None)
+        try:
+            s = src.summary([0.0], 1.0)
+        finally:
+            src.close()
+        assert got[-1] == used and s["loader"]["prefetch_factor"] == used
+        assert s["prefetch_buffer_batches"] == 3 * used
+    assert RunConfig(data_prefetch=None).case_key() == RunConfig().case_key()  # old records keep their keys
+    for bad in (dict(data_prefetch=4), dict(data=data_dir.gpt, data_workers=0, data_prefetch=4)):
+        with pytest.raises(ConfigError, match="data-prefetch"):
+            RunConfig(**bad)
+
+
 def test_merge_ranks_takes_the_slowest_rank_for_the_verdict():
     r0 = {"rank": 0, "data": {"data_wait_share": 0.01, "loader_cpu_cores": 1.5, "storage_read_mb_s": 2.0,
                               "read_mb_s": 10.0, "bad_files": 0, "loader": {"workers": 3}}}

@@ -539,7 +539,7 @@ def start_source(reader: Reader, sampler: GlobalBatchSampler, data: DataSection,
     persistent workers; returned holding its first batch (``accum`` micro-batches a step)."""
     cuda = device.type == "cuda"
     spec, decode, page_cache = parse_data(data.data), data.data_decode, page_cache or {}
-    prefetch = PREFETCH_FACTOR
+    prefetch = data.data_prefetch or PREFETCH_FACTOR
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
     if reader.process is not None:  # the DataLoader lives in the decode process

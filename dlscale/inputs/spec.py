@@ -119,13 +119,17 @@ def check_fields(d: DataSection) -> DataSpec:
                           f"decoded on the host already)")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"data-workers must be an integer >= 0 (0: load in the training process), got {workers!r}")
+    if d.data_prefetch is not None and workers == 0:
+        raise ConfigError(f"data-prefetch {d.data_prefetch} is what each DataLoader worker loads ahead: it needs "
+                          f"--data-workers 1 or more (0 loads in the training process)")
     if decode not in DECODE_DEVICES:
         raise ConfigError(f"unknown data-decode {decode!r}; choose one of: {', '.join(DECODE_DEVICES)}")
     if decoder not in GPU_DECODERS:
         raise ConfigError(f"unknown data-decoder {decoder!r}; choose one of: {', '.join(GPU_DECODERS)}")
     if spec.synthetic:
         given = [n for n, v, d in (("data-workers", workers, None), ("data-decode", decode, "cpu"),
-                                   ("data-decoder", decoder, "auto"), ("data-cold-read", cold_read, False))
+                                   ("data-decoder", decoder, "auto"), ("data-cold-read", cold_read, False),
+                                   ("data-prefetch", d.data_prefetch, None))
                  if v != d]
         if given:
             raise ConfigError(f"{', '.join(given)} needs --data imagefolder:PATH or tokens:PATH "
