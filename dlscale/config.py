@@ -577,13 +577,14 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def validate_case(cfg: RunConfig) -> None:
+def validate_case(cfg: RunConfig, device: str | None = None) -> None:
     """Checks that need the registries but not the machine: the model and strategy exist, the
-    strategy gets enough processes, and its own degrees/options are possible."""
+    strategy gets enough processes, and its own degrees/options are possible (``device``: the
+    resolved device type, where validate_for_launch knows it, for the checks that depend on it)."""
     from dlscale.models import get_model
     from dlscale.strategies import get_strategy
 
-    get_model(cfg.model, cfg.flavor)
+    model = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
     compiling.check_options(cfg.inductor_options)
     compiling.check_strategy(cfg)
@@ -606,11 +607,11 @@ def validate_case(cfg: RunConfig) -> None:
         strat.validate(cfg)
     from dlscale.step import check_optimizer_graph
 
-    check_optimizer_graph(cfg)
+    check_optimizer_graph(cfg, device)
     from dlscale import checkpointing, frameworks
 
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
-    checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
+    checkpointing.check_case(cfg, model)
     from dlscale import checkpoint_timing
 
     checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
@@ -648,11 +649,12 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
 
 
 def validate_for_launch(cfg: RunConfig) -> str:
-    """validate_case plus the checks that need this machine. Returns the resolved device type."""
+    """validate_case plus the checks that need this machine, each once (dlscale/resolve.py calls it
+    once per case). Returns the resolved device type."""
     import torch
 
-    validate_case(cfg)
     device = resolve_device(cfg.device)
+    validate_case(cfg, device)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but no CUDA GPU is visible; use --device cpu")
@@ -661,9 +663,6 @@ def validate_for_launch(cfg: RunConfig) -> str:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
     else:
         check_cpu_processes(cfg.nproc_per_node)
-    from dlscale.step import check_optimizer_graph
-
-    check_optimizer_graph(cfg, device)
     from dlscale.inputs import check_machine
 
     check_machine(cfg, device)

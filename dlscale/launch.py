@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from dlscale import energy, envinfo, fp8, frameworks, inputs, metrics, stacks, validity
-from dlscale.config import RunConfig, validate_for_launch
+from dlscale.config import RunConfig
 from dlscale import procs
 from dlscale.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.record import Record
+from dlscale.resolve import ResolvedCase, resolve
 from dlscale.quality import target as quality_target
 from dlscale.store import StoreError
-from dlscale.strategies import get_strategy, resolve_spec
+from dlscale.strategies import get_strategy
 
 
 
@@ -315,18 +316,18 @@ class TorchrunSpawner:
                 self.on_line.close()  # a phase the workers never ended (a crash) stops ticking
 
 
-def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None, command: str | None = None,
-            on_event: Callable[[str, Any], None] | None = None) -> Record:
+def measure(case: ResolvedCase | RunConfig, spawner: Spawner, *, files_root: Path | None = None,
+            command: str | None = None, on_event: Callable[[str, Any], None] | None = None) -> Record:
     """Measure one case: ``cfg.repeats`` fresh runs through ``spawner``, merged into a Record.
 
-    Nothing is stored: the caller decides. ``files_root``: where utilisation series and the
-    median repeat's trace go (``series/``, ``traces/`` below it; the store's directory), None to
-    drop them. ``on_event(kind, payload)``: ("ranks", rank list) after the first repeat and
-    ("repeat", entry) after each. Bad input raises ConfigError before anything runs.
+    ``case``: resolved (dlscale/resolve.py; a bare RunConfig is resolved here). Nothing is stored:
+    the caller decides. ``files_root``: where utilisation series and the median repeat's trace go
+    (``series/``, ``traces/`` below it; the store's directory), None to drop them.
+    ``on_event(kind, payload)``: ("ranks", rank list) after the first repeat and ("repeat", entry)
+    after each. Bad input raises ConfigError before anything runs.
     """
-    device_type = validate_for_launch(cfg)
-    spec = resolve_spec(cfg)  # the model as the strategy's options size it
-    strat = get_strategy(cfg.strategy)
+    case = case if isinstance(case, ResolvedCase) else resolve(case)
+    cfg, device_type, spec, strat = case.cfg, case.device_type, case.spec, case.strategy
     rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
                  command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                  device_type=device_type, world_size=cfg.world_size,
@@ -338,10 +339,10 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
         rec.status, rec.error = "unsupported", reason
         return rec
     emit = on_event or (lambda kind, payload: None)
-    env = thread_env(device_type, cfg, spawner.local_world(cfg))
+    local_world = spawner.local_world(cfg)
+    env = thread_env(device_type, cfg, local_world)
     rec.omp_num_threads = env.get("OMP_NUM_THREADS") if device_type == "cpu" else None
     env.update({k: str(v) for k, v in cfg.env.items()})  # the case's own tuning variables
-    local_world = spawner.local_world(cfg)
     rank_results: list[dict] = []  # the last finished repeat's rank files (every repeat's when all were ok)
     procs.clean_stale_tempdirs()  # what a SIGKILLed dlscale left behind
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging_dir:
