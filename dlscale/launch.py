@@ -83,34 +83,20 @@ def killed_ranks(tail: str) -> list[tuple[int, str]]:
     return out
 
 
-def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int, tail: str,
-             started: dict[int, int] | None = None, stopped_pids: list[int] | None = None,
+def classify(proc: ProcResult, ranks: list[dict], world: int, started: dict[int, int] | None = None,
              rank_stacks: dict[int, list] | None = None) -> tuple[str, str | None]:
     """(status, error) of one repeat from the process result and the ranks' own reports.
 
-    ``started``: rank -> pid of the ranks that started (``read_started``); ``stopped_pids``:
+    ``started``: rank -> pid of the ranks that started (``read_started``); ``proc.stopped_pids``:
     processes found stopped when the time limit struck. A rank that stalls is named as the cause
     (``timeout``), not the healthy peer that gave up waiting for it in a collective; a rank
     killed by a signal is named with the signal. ``rank_stacks``: rank -> main-thread frames dumped at
     the time limit (dlscale/stacks.py): the unfinished ranks are named with where they were.
     """
     everyone = sorted(set(range(world)) | set(started or {}))
-    reported = {r["rank"] for r in ranks}
-    if timed_out:
-        hung = sorted(set(everyone) - {r["rank"] for r in ranks if r.get("status") == "ok"})
-        stopped = sorted(r for r, pid in (started or {}).items() if pid in set(stopped_pids or ()))
-        if stopped:
-            names = ", ".join(f"rank {r}" for r in stopped)
-            return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
-                               f"collective; ranks not finished: {hung}")
-        held = (f"; {len(stopped_pids)} process(es) of the case were found stopped (SIGSTOP)"
-                if stopped_pids else "")
-        if started is not None and set(started) and set(everyone) - set(started):
-            never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
-            return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
-        seen = stacks.summary(rank_stacks or {}, hung)
-        return "timeout", f"time limit reached{held}; ranks not finished: {hung}" + (f". {seen}" if seen else "")
-    join = _JOIN_TIMEOUT.search(tail) if not ranks else None
+    if proc.timed_out:
+        return _timed_out(ranks, everyone, started, proc.stopped_pids, rank_stacks)
+    join = _JOIN_TIMEOUT.search(proc.output_tail) if not ranks else None
     if join:
         joined = f" ({join.group(1)} of {join.group(2)} nodes joined)" if join.group(1) else ""
         return "timeout", (f"a peer node never joined the rendezvous{joined} within the join timeout "
@@ -119,6 +105,32 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
     oom = [r for r in bad if r.get("status") == "oom"]
     if oom:
         return "oom", f"rank {oom[0]['rank']}: {oom[0].get('error')}"
+    return _ended(proc, ranks, bad, everyone, world)
+
+
+def _timed_out(ranks: list[dict], everyone: list[int], started: dict[int, int] | None,
+               stopped_pids: list[int] | None, rank_stacks: dict[int, list] | None) -> tuple[str, str]:
+    """classify's time-limit case: who was stopped, who never started, where the rest were."""
+    hung = sorted(set(everyone) - {r["rank"] for r in ranks if r.get("status") == "ok"})
+    stopped = sorted(r for r, pid in (started or {}).items() if pid in set(stopped_pids or ()))
+    if stopped:
+        names = ", ".join(f"rank {r}" for r in stopped)
+        return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
+                           f"collective; ranks not finished: {hung}")
+    held = (f"; {len(stopped_pids)} process(es) of the case were found stopped (SIGSTOP)"
+            if stopped_pids else "")
+    if started is not None and set(started) and set(everyone) - set(started):
+        never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
+        return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
+    seen = stacks.summary(rank_stacks or {}, hung)
+    return "timeout", f"time limit reached{held}; ranks not finished: {hung}" + (f". {seen}" if seen else "")
+
+
+def _ended(proc: ProcResult, ranks: list[dict], bad: list[dict], everyone: list[int],
+           world: int) -> tuple[str, str | None]:
+    """classify's case of processes that ended by themselves: stalls, kills, failures, or ok."""
+    proc_rc, tail = proc.returncode, proc.output_tail
+    reported = {r["rank"] for r in ranks}
     killed = [(r, name) for r, name in killed_ranks(tail) if r not in reported]
     missing = sorted(set(everyone) - reported)
     # before the killed ranks: a stalled (e.g. SIGSTOPped) rank cannot act on torchrun's SIGTERM after its
@@ -409,9 +421,8 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
             series = _keep_artifacts(workdir, files_root, rec.id, i, staging)
-        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
-                                     proc.output_tail, started=started or None,
-                                     stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
+        status_i, error_i = classify(proc, rank_results, local_world, started=started or None,
+                                     rank_stacks=rank_stacks)
         entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
         if status_i == "ok" and proc.returncode != 0:
             entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"
