@@ -360,7 +360,7 @@ def measure(case: ResolvedCase | RunConfig, spawner: Spawner, *, files_root: Pat
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging_dir:
         staging = Path(staging_dir)
         try:
-            _repeat_loop(cfg, spawner, rec, env, local_world, files_root, staging, emit, rank_results)
+            _repeat_loop(_Repeats(cfg, spawner, env, local_world, files_root, staging, emit), rec, rank_results)
         except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
             if not any(r["status"] == "ok" for r in rec.repeats):
                 raise
@@ -407,10 +407,23 @@ def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None =
             f"interrupted; a sweep measures the case again in full)")
 
 
-def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], local_world: int,
-                 files_root: Path | None, staging: Path, emit, rank_results: list[dict]) -> None:
+@dataclass
+class _Repeats:
+    """How a case's repeats are run: the same for each of them."""
+
+    cfg: RunConfig
+    spawner: Spawner
+    env: dict[str, str]  # the ranks' environment (threads, the case's tuning variables)
+    local_world: int  # the ranks this spawner starts
+    files_root: Path | None  # the store's directory (series), None to drop them
+    staging: Path  # traces kept until the median repeat is known
+    emit: Callable[[str, Any], None]
+
+
+def _repeat_loop(run: _Repeats, rec: Record, rank_results: list[dict]) -> None:
     """Run the repeats into ``rec.repeats``, stopping at the first that is not ok; ``rank_results``
     is set in place to each finished repeat's rank files (a signal leaves the last finished one's)."""
+    cfg, spawner, env, local_world, emit = run.cfg, run.spawner, run.env, run.local_world, run.emit
     for i in range(cfg.repeats):
         with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
             workdir = Path(tmp)
@@ -420,7 +433,7 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
             rank_results[:] = read_rank_files(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
-            series = _keep_artifacts(workdir, files_root, rec.id, i, staging)
+            series = _keep_artifacts(workdir, run.files_root, rec.id, i, run.staging)
         status_i, error_i = classify(proc, rank_results, local_world, started=started or None,
                                      rank_stacks=rank_stacks)
         entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)

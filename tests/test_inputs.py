@@ -830,9 +830,10 @@ def test_data_prefetch_reaches_the_dataloader_and_the_record(data_dir, monkeypat
 
     got = []
 
-    def loader(dataset, collate, sampler, workers, cuda, prefetch):  # in this process: no worker started
-        got.append(prefetch)
-        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0, collate_fn=collate)
+    def loader(plan, cuda):  # in this process: no worker started
+        got.append(plan.prefetch)
+        return torch.utils.data.DataLoader(plan.dataset, batch_sampler=plan.sampler, num_workers=0,
+                                           collate_fn=plan.collate)
 
     monkeypatch.setattr(source, "data_loader", loader)
     par = SimpleNamespace(info={}, dp_size=1, dp_rank=0, devices_per_process=1)
@@ -868,12 +869,11 @@ def test_merge_ranks_takes_the_slowest_rank_for_the_verdict():
 def test_the_verdict_reads_the_gpus_idle_time_where_there_is_one():
     """A host ahead of the GPU waits for data without costing a step: with the GPU's idle time per step
     measured (CUDA events), it decides; without it (CPU), the host's wait does, as before."""
-    from dlscale.inputs.source import LoaderInfo, LoaderSource
+    from dlscale.inputs.source import Delivery, LoaderInfo, LoaderSource
 
     meta = {"bytes": 100, "bad": 0, "bad_names": []}
     info = LoaderInfo("imagefolder", "image", 0, "gpu", "x", "device thread", False, None, False, 8, 8, 64, 8)
-    src = LoaderSource([((torch.zeros(1),), meta)] * 6, lambda item: item, torch.device("cpu"), 1, info,
-                       threaded=False, page_cache={})
+    src = LoaderSource([((torch.zeros(1),), meta)] * 6, Delivery(lambda item: item), torch.device("cpu"), 1, info, {})
     src.window_start()
     for _ in range(4):
         src.next()
@@ -993,7 +993,7 @@ def test_micro_io_measures_loaders(tmp_path, data_dir):
 def test_threaded_device_paths_through_worker_processes(data_dir):
     """The GPU paths' structure on the CPU: DataLoader worker processes, the input thread finishing
     one batch ahead (uint8 copy + normalise; or bytes -> decode -> crop), accounting, shutdown."""
-    from dlscale.inputs.source import LoaderInfo, LoaderSource
+    from dlscale.inputs.source import Delivery, LoaderInfo, LoaderSource
 
     lst = dataset_info.list_imagefolder(data_dir.imgs)
     dev = torch.device("cpu")
@@ -1014,7 +1014,7 @@ def test_threaded_device_paths_through_worker_processes(data_dir):
                                              prefetch_factor=2, persistent_workers=True)
         info = LoaderInfo("imagefolder", "image", 2, "gpu" if gpu else "cpu", "x", "device thread", False, 2, True,
                           8, 8, len(ds), sampler.per_epoch)
-        src = LoaderSource(loader, finish, dev, 1, info, threaded=True, page_cache={})
+        src = LoaderSource(loader, Delivery(finish, True), dev, 1, info, {})
         try:
             src.next()
             src.window_start()

@@ -33,7 +33,7 @@ import torch
 
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
-from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, data_loader
+from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, LoaderPlan, data_loader
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
 
@@ -64,6 +64,14 @@ class SyntheticSource:
 
     def window_end(self) -> None:
         pass
+
+    def _buffer_batches(self) -> int:
+        """Batches ready ahead when the window starts: the workers' prefetch, the device thread's,
+        DALI's or the decode process's."""
+        return (self.info.workers * (self.info.prefetch_factor or 0)
+                + (DEVICE_DEPTH if self.prefetcher is not None else 0)
+                + (self.feed.depth if self.feed is not None else 0)
+                + (self.remote.depth if self.remote is not None else 0))
 
     def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
                 gpu_idle_ms: list[float] | None = None) -> None:
@@ -187,6 +195,18 @@ class Feed(Protocol):
 
 
 @dataclass
+class Delivery:
+    """How a loader's items become the step's batches: ``finish`` (host batch -> device tensors,
+    meta) on the input thread (``threaded``) or inline, after a ``stage`` (DALI's feed), or taken
+    finished from a decode process (``remote``)."""
+
+    finish: Callable | None
+    threaded: bool = False
+    stage: Callable[[Iterator, int], Feed] | None = None
+    remote: DecodeProcess | None = None
+
+
+@dataclass
 class _Snapshot:
     metas: int
     cpu_s: float | None
@@ -198,9 +218,9 @@ class LoaderSource:
 
     static = False
 
-    def __init__(self, loader, finish: Callable | None, device: torch.device, accum: int, info: LoaderInfo,
-                 threaded: bool, page_cache: dict[str, Any],
-                 stage: Callable[[Iterator, int], Feed] | None = None, remote: DecodeProcess | None = None):
+    def __init__(self, loader, delivery: Delivery, device: torch.device, accum: int, info: LoaderInfo,
+                 page_cache: dict[str, Any]):
+        finish, threaded, stage, remote = delivery.finish, delivery.threaded, delivery.stage, delivery.remote
         self.info, self.accum, self.page_cache = info, accum, page_cache
         self.loader = loader
         self.remote = remote  # --data-decode-process: the loader and the decode run there
@@ -318,10 +338,7 @@ class LoaderSource:
         per_epoch = self.info.micro_batches_per_epoch
         start_m = (w0.metas // self.accum) * self.accum if w0 else 0
         ms = [w * 1e3 for w in waits_s]
-        buffer = (self.info.workers * (self.info.prefetch_factor or 0)
-                  + (DEVICE_DEPTH if self.prefetcher is not None else 0)
-                  + (self.feed.depth if self.feed is not None else 0)
-                  + (self.remote.depth if self.remote is not None else 0))
+        buffer = self._buffer_batches()
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         idle_share = (sum(gpu_idle_ms) / (window_s * 1e3) if gpu_idle_ms is not None and window_s > 0 else None)
@@ -539,25 +556,23 @@ def start_source(reader: Reader, sampler: GlobalBatchSampler, data: DataSection,
     persistent workers; returned holding its first batch (``accum`` micro-batches a step)."""
     cuda = device.type == "cuda"
     spec, decode, page_cache = parse_data(data.data), data.data_decode, page_cache or {}
-    prefetch = data.data_prefetch or PREFETCH_FACTOR
+    plan = LoaderPlan(reader.dataset, reader.collate, sampler, workers, data.data_prefetch or PREFETCH_FACTOR)
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
     if reader.process is not None:  # the DataLoader lives in the decode process
-        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum,
-                               prefetch)
+        remote = DecodeProcess(plan, device, reader.process, accum)
         got = remote.info
         sms = f"; MPS SMs {got['mps_sm_percent']} %" if got.get("mps_sm_percent") else ""
         sms += f"; MPS client priority {got['mps_priority']}" if got.get("mps_priority") else ""
         name = f"{got['name']}; crop: {got['crop']}{reader.decoder}{sms}"
         gpu_decoder, backend = got["kind"], got["backend"]
     else:
-        loader = data_loader(reader.dataset, reader.collate, sampler, workers, cuda, prefetch)
+        loader = data_loader(plan, cuda)
     info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda,
-                      prefetch if workers else None,
+                      plan.prefetch if workers else None,
                       workers > 0, sampler.b, sampler.g, sampler.n, sampler.per_epoch, gpu_decoder, backend)
     try:
-        src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
-                           stage=reader.stage, remote=remote)
+        src = LoaderSource(loader, Delivery(reader.finish, cuda, reader.stage, remote), device, accum, info, page_cache)
     except BaseException:
         if remote is not None:
             remote.close()
