@@ -65,14 +65,6 @@ class SyntheticSource:
     def window_end(self) -> None:
         pass
 
-    def _buffer_batches(self) -> int:
-        """Batches ready ahead when the window starts: the workers' prefetch, the device thread's,
-        DALI's or the decode process's."""
-        return (self.info.workers * (self.info.prefetch_factor or 0)
-                + (DEVICE_DEPTH if self.prefetcher is not None else 0)
-                + (self.feed.depth if self.feed is not None else 0)
-                + (self.remote.depth if self.remote is not None else 0))
-
     def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
                 gpu_idle_ms: list[float] | None = None) -> None:
         return None
@@ -316,6 +308,14 @@ class LoaderSource:
 
     def window_end(self) -> None:
         self._w1 = self._snapshot()
+
+    def _buffer_batches(self) -> int:
+        """Batches ready ahead when the window starts: the workers' prefetch, the device thread's,
+        DALI's or the decode process's."""
+        return (self.info.workers * (self.info.prefetch_factor or 0)
+                + (DEVICE_DEPTH if self.prefetcher is not None else 0)
+                + (self.feed.depth if self.feed is not None else 0)
+                + (self.remote.depth if self.remote is not None else 0))
 
     def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
                 gpu_idle_ms: list[float] | None = None) -> dict[str, Any]:
