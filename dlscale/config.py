@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from dlscale import MAX_BATCH, MAX_SEED, ConfigError
-from dlscale import compiling
+from dlscale import checkpoint_timing, checkpointing, compiling, frameworks, inputs
 from dlscale.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
 from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, check_fields, parse_data
 from dlscale.precision import PRECISIONS
+from dlscale.envinfo import TUNING_NAMES, TUNING_PREFIXES, affinity_count
+from dlscale.quality import target as quality
 from dlscale.quality.target import DEFAULTS as QDEF, LR_SCALES, LR_SCHEDULES, parse_target
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -75,8 +77,6 @@ def check_case_env(env: dict[str, Any]) -> None:
     """A case's environment variables: only the tuning variables a record keeps (NCCL_*,
     TORCH_NCCL_*, the allocator, ...), never one that names a plugin, path, library or command,
     and plain values (no path, no shell syntax): a suite file must not be able to load code."""
-    from dlscale.envinfo import TUNING_NAMES, TUNING_PREFIXES
-
     for k, v in env.items():
         name = str(k)
         if not (name.startswith(TUNING_PREFIXES) or name in TUNING_NAMES):
@@ -388,9 +388,7 @@ class RunConfig(DiagnosticsSection, ProcedureSection, QualitySection, OptimizerS
         if not self.compile and self.inductor_options:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
         check_fields(self)  # the data section's fields together
-        from dlscale.quality.target import check_fields as check_quality
-
-        check_quality(self)  # the --until fields together (docs/quality.md)
+        quality.check_fields(self)  # the --until fields together (docs/quality.md)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:
@@ -455,7 +453,8 @@ def _cli(name: str) -> str:
 
 
 def choices_of(name: str) -> tuple:
-    """The allowed values of a field with choices (registries resolved when asked)."""
+    """The allowed values of a field with choices (registries resolved when asked: their modules
+    import torch, which config and the CLI's start-up do not)."""
     c = FIELDS[name].choices
     if c == "models":
         from dlscale.models import model_names
@@ -572,7 +571,7 @@ def resolve_device(requested: str) -> str:
     """"auto" -> "cuda" when a GPU is visible, else "cpu" (the embedded default)."""
     if requested != "auto":
         return requested
-    import torch
+    import torch  # only when asked: config imports without torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -581,7 +580,7 @@ def validate_case(cfg: RunConfig, device: str | None = None) -> None:
     """Checks that need the registries but not the machine: the model and strategy exist, the
     strategy gets enough processes, and its own degrees/options are possible (``device``: the
     resolved device type, where validate_for_launch knows it, for the checks that depend on it)."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # the registries import torch; config imports without it
     from dlscale.strategies import get_strategy
 
     model = get_model(cfg.model, cfg.flavor)
@@ -605,22 +604,14 @@ def validate_case(cfg: RunConfig, device: str | None = None) -> None:
     _check_min_window(cfg)
     if strat.validate is not None:
         strat.validate(cfg)
-    from dlscale.step import check_optimizer_graph
+    from dlscale.step import check_optimizer_graph  # torch: config imports without it
 
     check_optimizer_graph(cfg, device)
-    from dlscale import checkpointing, frameworks
-
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
     checkpointing.check_case(cfg, model)
-    from dlscale import checkpoint_timing
-
     checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
-    from dlscale.inputs import check_case
-
-    check_case(cfg)  # the data set's files against the model
-    from dlscale.quality.target import check_case as check_quality_case
-
-    check_quality_case(cfg)  # --until: the target against the model, the validation split against the evaluation
+    inputs.check_case(cfg)  # the data set's files against the model
+    quality.check_case(cfg)  # --until: the target against the model, the validation split against the evaluation
 
 
 def _check_min_window(cfg: RunConfig) -> None:
@@ -639,8 +630,6 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
     """A CPU run starts at most CPU_OVERSUBSCRIBE processes per core it may run on: more
     time-slices the ranks (what is measured is the scheduler) and stalls gloo's collectives."""
     if cores is None:
-        from dlscale.envinfo import affinity_count
-
         cores = affinity_count() or os.cpu_count() or 1
     allowed = CPU_OVERSUBSCRIBE * cores
     if nproc_per_node > allowed:
@@ -651,7 +640,7 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
 def validate_for_launch(cfg: RunConfig) -> str:
     """validate_case plus the checks that need this machine, each once (dlscale/resolve.py calls it
     once per case). Returns the resolved device type."""
-    import torch
+    import torch  # the machine's GPUs: config imports without torch
 
     device = resolve_device(cfg.device)
     validate_case(cfg, device)
@@ -663,10 +652,6 @@ def validate_for_launch(cfg: RunConfig) -> str:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
     else:
         check_cpu_processes(cfg.nproc_per_node)
-    from dlscale.inputs import check_machine
-
-    check_machine(cfg, device)
-    from dlscale import checkpoint_timing
-
+    inputs.check_machine(cfg, device)
     checkpoint_timing.check_machine(cfg)  # the checkpoint folder: writable, with room for the saves
     return device
