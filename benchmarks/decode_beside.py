@@ -52,10 +52,10 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 import bare_mp  # noqa: E402
 import gpu_decode_parts  # noqa: E402
+from dlscale.case.config import DataSection  # noqa: E402
 from dlscale.inputs import dataset_info, images  # noqa: E402
 from dlscale.inputs.sampler import GlobalBatchSampler  # noqa: E402
 from dlscale.inputs.source import Prefetcher, gpu_reader, resolve_workers, start_source  # noqa: E402
-from dlscale.inputs.spec import parse_data  # noqa: E402
 from dlscale.models import get_model  # noqa: E402
 
 VARIANTS = ("synthetic", "dlscale", "loader", "torch-crop", "high-priority", "decode-only", "crop-only", "switch-5ms")
@@ -147,9 +147,9 @@ def run_variant(kind: str, step, synthetic: tuple, hosts: list, gpu: images.GpuD
         ds = images.ImageBytesData(listing.root, listing.files, listing.labels, gpu.size, seed=0)
         b = synthetic[0].shape[0]
         share = share or 0.0
-        src = start_source(gpu_reader(ds, gpu, [], "image", round(share * b), b), parse_data(f"imagefolder:{folder}"),
-                           GlobalBatchSampler(len(ds), b, 0, b, 0), resolve_workers(None, "image", "gpu", 1, share),
-                           "gpu", device, 1, {})
+        src = start_source(gpu_reader(ds, gpu, [], "image", round(share * b), b), GlobalBatchSampler(len(ds), b, 0, b, 0),
+                           DataSection(data=f"imagefolder:{folder}", data_decode="gpu"), device,
+                           resolve_workers(None, "image", "gpu", 1, share))
     elif kind != "synthetic":
         finish = Finish("dlscale" if kind in ("dlscale", "torch-crop", "high-priority", "switch-5ms") else kind, gpu,
                         decoded)

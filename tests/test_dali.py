@@ -4,6 +4,7 @@ host fallbacks, errors and closing; the launcher's refusal where DALI is not ins
 needed). The mixed (GPU) decoder is checked on a GPU machine (docs/data.md)."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import os
@@ -14,8 +15,8 @@ import torch
 
 from dlscale import ConfigError
 from helpers_cli import names
-from dlscale.case.config import RunConfig
-from dlscale.inputs import dataset_info, images, make, parse_data
+from dlscale.case.config import DataSection, RunConfig
+from dlscale.inputs import dataset_info, images, make
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import GPU_DECODERS, check_fields
 
@@ -295,12 +296,12 @@ def test_make_reader_and_the_record_name_dali(dali, colours):
     from dlscale.inputs.source import make_reader, start_source
     from dlscale.models import get_model
 
-    spec = parse_data(f"imagefolder:{colours.root}")
     model = get_model("resnet50", "tiny")
-    reader = make_reader(spec, model, CPU, "gpu", 0, "dali")
+    data = DataSection(data=f"imagefolder:{colours.root}", data_decode="gpu", data_decoder="dali")
+    reader = make_reader(model, CPU, data)
     assert reader.gpu_decoder == "dali" and reader.decoder.startswith("DALI ") and reader.stage is not None
     sampler = GlobalBatchSampler(len(reader.dataset), 4, 0, 4, 0)
-    src = start_source(reader, spec, sampler, 0, "gpu", CPU, 2, {})
+    src = start_source(reader, sampler, data, CPU, 0, 2)
     try:
         fake = model.make_batch(4, CPU, torch.Generator().manual_seed(0))
         for real, synth in zip(src.batches[0], fake):
@@ -313,7 +314,7 @@ def test_make_reader_and_the_record_name_dali(dali, colours):
         ("gpu", "dali", "cpu", "DALI pipeline")
     assert s["prefetch_buffer_batches"] == dali.PREFETCH  # no workers, no device thread on the CPU
     with pytest.raises(ConfigError, match="data-cpu-share"):
-        make_reader(spec, model, CPU, "gpu", 0, "dali", cpu_share=0.25, batch=4)
+        make_reader(model, CPU, dataclasses.replace(data, data_cpu_share=0.25), batch=4)
 
 
 def test_gpu_record_names_the_hardware_share(dali, monkeypatch):
@@ -376,7 +377,7 @@ def test_dali_is_named_only_and_needs_gpu_decode_without_a_split():
     (DALI splits its own decode); auto never picks it; GpuDecoder does not take it."""
     assert "dali" in GPU_DECODERS
     data = "imagefolder:/nowhere"
-    check_fields(data, None, "gpu", False, "dali")  # syntax only: no files read
+    check_fields(DataSection(data=data, data_decode="gpu", data_decoder="dali"))  # syntax only: no files read
     with pytest.raises(ConfigError, match=names("data-decoder dali", "--data-decode gpu")):
         RunConfig(model="resnet50", data=data, data_decode="cpu", data_decoder="dali")
     with pytest.raises(ConfigError, match=names("data-cpu-share 0.25", "--data-decoder dali")):

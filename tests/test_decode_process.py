@@ -23,9 +23,9 @@ from helpers_cli import names
 from dlscale.cli import main
 from dlscale.case.config import RunConfig
 from dlscale.inputs import case_words, config_words, dataset_info, images, make
-from dlscale.inputs.decode_process import MPS_PRIORITY_VAR, MPS_SM_VAR, DecodeProcess, DecoderSpec
+from dlscale.inputs.decode_process import MPS_PRIORITY_VAR, MPS_SM_VAR, DecodeProcess, DecoderSpec, LoaderPlan
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.source import LoaderInfo, LoaderSource, data_loader, gpu_reader, process_reader
+from dlscale.inputs.source import Delivery, LoaderInfo, LoaderSource, data_loader, gpu_reader, process_reader
 
 SIZE, BATCH = 40, 4
 
@@ -47,15 +47,15 @@ def _source(imgs, process: bool, cpu_images: int = 0, decode=images.pil_decode, 
         reader = process_reader(ds, DecoderSpec(SIZE, True, decode=decode, name="pil", sm_share=sm_share,
                                                      priority=priority), [], "image",
                                 cpu_images, BATCH)
-        remote = DecodeProcess(ds, reader.collate, sampler, 1, dev, reader.process)
+        remote = DecodeProcess(LoaderPlan(ds, reader.collate, sampler, 1), dev, reader.process)
         loader = None
     else:
         reader = gpu_reader(ds, images.GpuDecoder(dev, SIZE, True, decode=decode, name="pil"), [], "image",
                             cpu_images, BATCH)
-        loader = data_loader(ds, reader.collate, sampler, 1, False)  # the thread's, as start_source makes it
+        loader = data_loader(LoaderPlan(ds, reader.collate, sampler, 1), False)  # the thread's, as start_source's
     info = LoaderInfo("imagefolder", "image", 1, "gpu", reader.decoder, reader.finish_on, False, 2, True,
                       BATCH, BATCH, len(ds), sampler.per_epoch)
-    return LoaderSource(loader, reader.finish, dev, 1, info, threaded=True, page_cache={}, remote=remote)
+    return LoaderSource(loader, Delivery(reader.finish, True, remote=remote), dev, 1, info, {})
 
 
 def _batches(src: LoaderSource, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -168,7 +168,7 @@ def test_an_error_in_the_decode_process_is_raised_at_the_fetch(imgs):
     reason at the next fetch, not a hang; closing leaves no process behind."""
     dec = DecoderSpec(SIZE, True, decode=_not_images, name="broken")
     ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, SIZE, 0)
-    remote = DecodeProcess(ds, images.collate_bytes, GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0), 1,
+    remote = DecodeProcess(LoaderPlan(ds, images.collate_bytes, GlobalBatchSampler(len(ds), BATCH, 0, BATCH, 0), 1),
                            torch.device("cpu"), dec)
     try:
         with pytest.raises(RuntimeError, match=names("decode process", "AttributeError")):  # its reason, raised here

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from dlscale.cli import EXIT_FAILED, main
-from dlscale.case.procs import EXIT_INTERRUPTED
+from dlscale.case.procs import EXIT_INTERRUPTED, ProcResult
 
 
 def run(*argv):
@@ -150,13 +150,13 @@ def test_a_stopped_rank_killed_after_its_peers_collective_timeout_is_a_timeout_n
     from dlscale.case import launch
 
     ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: Timed out waiting 8000ms for recv operation"}]
-    status, error = launch.classify(1, False, ranks, 2, _torchrun_killed(1, -9))
+    status, error = launch.classify(ProcResult(1, False, 0.0, _torchrun_killed(1, -9)), ranks, 2)
     assert status == "timeout" and error.startswith("rank 1 did not reach"), error
     assert "out-of-memory" not in error
     # a rank killed first (its peer failed otherwise, or not at all) stays the cause
     peer = [{"rank": 0, "status": "failed", "error": "RuntimeError: Connection closed by peer"}]
     for rs in ([], peer):
-        status, error = launch.classify(1, False, rs, 2, _torchrun_killed(1, -9))
+        status, error = launch.classify(ProcResult(1, False, 0.0, _torchrun_killed(1, -9)), rs, 2)
         assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
 
 

@@ -31,6 +31,7 @@ import pytest
 
 import helpers_cli
 from dlscale.case import launch, procs
+from dlscale.case.procs import ProcResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -375,32 +376,32 @@ Root Cause (first observed failure):
   error_file: <N/A>
   traceback : Signal 9 (SIGKILL) received by PID 4242
 ====="""
-    status, error = launch.classify(1, False, [], 2, tail)
+    status, error = launch.classify(ProcResult(1, False, 0.0, tail), [], 2)
     assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
 
 
 def test_classify_a_collective_timeout_blames_the_rank_that_never_arrived():
     ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] "
               "Read error [127.0.0.1]:1234: Timed out waiting 4000ms for recv operation to complete"}]
-    status, error = launch.classify(1, False, ranks, 2, "")
+    status, error = launch.classify(ProcResult(1, False, 0.0, ""), ranks, 2)
     assert status == "timeout" and "rank 1" in error and "did not reach" in error, error
 
 
 def test_classify_a_time_limit_names_stopped_and_never_started_ranks():
     # rank 1 ran as pid 11 and was found stopped: named as the cause
-    status, error = launch.classify(None, True, [], 2, "", started={0: 10, 1: 11}, stopped_pids=[11])
+    status, error = launch.classify(ProcResult(None, True, 0.0, "", stopped_pids=[11]), [], 2, started={0: 10, 1: 11})
     assert status == "timeout" and "rank 1 was stopped (SIGSTOP)" in error, error
     # rank 1 was stopped before it could say which pid it is: it never started, and a stopped process is reported
-    status, error = launch.classify(None, True, [], 2, "", started={0: 10}, stopped_pids=[12])
+    status, error = launch.classify(ProcResult(None, True, 0.0, "", stopped_pids=[12]), [], 2, started={0: 10})
     assert status == "timeout" and "rank 1 never started" in error and "1 process(es)" in error, error
 
 
 def test_classify_names_a_peer_node_that_never_joined():
-    status, error = launch.classify(1, False, [], 4, "torch.distributed.DistStoreError: Timed out after 21 seconds "
-                                    "waiting for clients. 1/2 clients joined.")
+    status, error = launch.classify(ProcResult(1, False, 0.0, "torch.distributed.DistStoreError: Timed out after 21 seconds "
+                                    "waiting for clients. 1/2 clients joined."), [], 4)
     assert status == "timeout" and "never joined the rendezvous (1 of 2 nodes joined)" in error, error
-    status, error = launch.classify(1, False, [], 4, "raise RendezvousTimeoutError\n"
-                                    "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+    status, error = launch.classify(ProcResult(1, False, 0.0, "raise RendezvousTimeoutError\n"
+                                    "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"), [], 4)
     assert status == "timeout" and "never joined" in error, error
 
 

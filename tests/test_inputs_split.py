@@ -118,7 +118,7 @@ def test_split_batches_through_worker_processes_and_the_input_thread(imgs):
     """The split's collate runs in DataLoader worker processes (it must pickle) and the input
     thread joins the parts; the samples are those of the unsplit GPU path, batch by batch."""
     from dlscale.inputs.sampler import GlobalBatchSampler
-    from dlscale.inputs.source import LoaderInfo, LoaderSource
+    from dlscale.inputs.source import Delivery, LoaderInfo, LoaderSource
 
     dev = torch.device("cpu")
     ds = images.ImageBytesData(imgs.root, imgs.files, imgs.labels, 40, 0)
@@ -130,7 +130,7 @@ def test_split_batches_through_worker_processes_and_the_input_thread(imgs):
                                              prefetch_factor=2, persistent_workers=True)
         info = LoaderInfo("imagefolder", "image", 2, "gpu", reader.decoder, "device thread", False, 2, True,
                           8, 8, len(ds), sampler.per_epoch)
-        src = LoaderSource(loader, reader.finish, dev, 1, info, threaded=True, page_cache={})
+        src = LoaderSource(loader, Delivery(reader.finish, True), dev, 1, info, {})
         try:
             got = []
             for _ in range(3):

@@ -1,4 +1,5 @@
 """Fast unit tests: statistics and formulas against hand-computed values, config validation, store."""
+import dataclasses
 import json
 import os
 
@@ -234,12 +235,14 @@ def test_process_phases_by_hand():
 
 
 def test_stored_records_keep_their_case_keys():
-    """The restructured RunConfig gives every curated record (docs/results/stores) the key it was stored with."""
+    """The sectioned RunConfig gives every stored record (the curated stores in docs/results/stores
+    and the test fixtures) the key it was stored with."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "docs" / "results" / "stores"
+    here = Path(__file__).resolve().parent
     checked = 0
-    for f in sorted(root.rglob("*.jsonl")):
+    for f in sorted([*(here.parent / "docs" / "results" / "stores").rglob("*.jsonl"),
+                     *(here / "fixtures").rglob("*.jsonl")]):
         for line in f.read_text().splitlines():
             try:
                 rec = json.loads(line)
@@ -282,3 +285,26 @@ def test_case_env_never_loads_code(env, fragment):
         RunConfig(env=env)
     ok = RunConfig(env={"TORCH_NCCL_HIGH_PRIORITY": 1, "NCCL_ALGO": "Ring"})
     assert ok.case_key() != RunConfig().case_key()  # part of the case; left out when empty
+
+
+def test_sections_partition_the_fields_and_group_the_help():
+    """Every field is in exactly one section, in field order; a case is each of its sections and
+    its section copy holds the same values; ``dlscale run --help`` groups each section's options."""
+    from dlscale.cli import build_parser
+    from dlscale.case.config import FIELDS, SECTIONS, ModelSection
+
+    names = [f.name for sec in SECTIONS for f in dataclasses.fields(sec)]
+    assert names == list(FIELDS)  # no field twice, none left out, the suite's expansion order kept
+    cfg = RunConfig(grad_accum=3, data_workers=None)
+    assert all(isinstance(cfg, sec) for sec in SECTIONS)
+    model = cfg.section(ModelSection)
+    assert type(model) is ModelSection and model.grad_accum == 3 and not hasattr(model, "data_workers")
+    model.grad_accum = 5
+    assert cfg.grad_accum == 3
+    assert set(cfg.to_dict()) == set(FIELDS)  # stored flat, as before the sections
+
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "run")[1]
+    grouped = {g.title: {a.dest for a in g._group_actions} for g in run._action_groups}
+    for sec in SECTIONS:
+        want = {f.name for f in dataclasses.fields(sec) if FIELDS[f.name].option(f.name)}
+        assert grouped[f"{sec.title} options"] == want, sec.title

@@ -302,12 +302,21 @@ def _train(corpus: Path, store: Path, *extra: str) -> int:
 
 @pytest.mark.slow
 def test_tiny_gpt2_reaches_a_val_loss_target_at_1_and_2_processes_and_records_a_miss(corpus, tmp_path,
-                                                                                      single_in_process, capsys):
+                                                                                      single_in_process, capsys,
+                                                                                      monkeypatch):
     """single at batch 8 and ddp at 2 x 4 train the same global batch: besides reaching the target,
     ddp's validation curve must be single's (accuracy parity, the validation loss and not only the
     training losses); a target out of reach is a result, exit 0, with the reason."""
     from dlscale.results import parity
 
+    from dlscale.train import energy
+
+    class Meter:  # the CPU package counter: 12 J over whatever the worker brackets
+        def stop(self):
+            return {"gpu_j": None, "cpu_j": 12.0, "gpus_read": 0, "gpus_unsupported": 0, "cpu_packages_read": 1,
+                    "read_s": 1.0}
+
+    monkeypatch.setattr(energy, "start", lambda denv, uuids=None: Meter())  # the in-process ranks only
     store = tmp_path / "store"
     with single_in_process():
         assert _train(corpus, store, "--until", "val_loss<=5.0", "--max-steps", "40", "--repeats", "2",
@@ -338,6 +347,12 @@ def test_tiny_gpt2_reaches_a_val_loss_target_at_1_and_2_processes_and_records_a_
     assert miss["status"] == "ok" and mq["reached"] == 0 and mq["flag"]
     rep = miss["repeats"][0]["quality"]
     assert rep["reached"] is False and rep["reason"] and rep["steps_trained"] == 2 + 4
+    # energy as a window run records it, per sample of every step the counters spanned
+    for rec in (one, miss):
+        for r in rec["repeats"]:
+            samples = r["quality"]["steps_trained"] * rec["global_batch"]
+            assert r["energy"]["cpu_j"] == 12.0 and r["energy"]["j_per_sample"] == pytest.approx(12.0 / samples)
+    assert one["summary"]["joules_per_sample"] is not None
     assert main(["report", str(store), "--format", "json"]) == 0
     groups = json.loads(capsys.readouterr().out)["time_to_quality"]
     hit = next(g for g in groups if "val_loss<=5" in g["title"])

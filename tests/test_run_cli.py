@@ -273,3 +273,72 @@ def test_json_output_and_env_command(tmp_path, monkeypatch):
     assert "DLSCALE_TEST_UNRELATED" not in env["env_vars"]
     text = dlscale("env").stdout
     assert "torch:" in text and "gpus:" in text
+
+
+class _FakeTorchrun:
+    """A spawner standing in for torchrun: each rank's file as a worker writes it, no process."""
+
+    def __init__(self, rdzv=None, on_line=None, **kw):
+        self.rdzv, self.on_line, self.env = rdzv, on_line, None
+
+    def local_world(self, cfg):
+        return cfg.world_size
+
+    def start(self, cfg, workdir, env):
+        from dlscale.case.procs import ProcResult
+
+        res = {"rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "device": "cpu", "pid": 1, "status": "ok",
+               "error": None, "backend": "gloo", "threads": 1, "marks": {"started": time.time()}, "params": 10,
+               "dp_size": 1, "window_s": 0.5, "step_times_ms": [50.0] * cfg.steps, "warmup_losses": [1.0],
+               "loss_last": 0.9, "loss_after": 0.9, "loss_after_steps": cfg.warmup + cfg.steps, "loss_scope": "global"}
+        (workdir / "rank0.json").write_text(json.dumps(res))
+        return ProcResult(0, False, 1.0, "", ["fake"], time.time())
+
+
+def test_one_run_resolves_its_case_once_and_runs_each_check_once(tmp_path, monkeypatch, capsys):
+    """From `dlscale run` to the spawner (two repeats): the resolver runs once, every validator once,
+    and the configuration module's checks are entered at most twice (the machine defaults' device,
+    the resolver's validation)."""
+    import sys
+
+    from dlscale import frameworks, inputs
+    from dlscale.case import config, launch, resolve
+    from dlscale.train import checkpoint_timing, checkpointing, compiling, step
+    from dlscale.cli import main
+    from dlscale.quality import target
+
+    calls: dict[str, int] = {}
+    entered: list[str] = []
+
+    def counted(module, name, *also):
+        real = getattr(module, name)
+
+        key = f"{module.__name__.rpartition('.')[2]}.{name}"
+
+        def wrapper(*a, **kw):
+            calls[key] = calls.get(key, 0) + 1
+            if module is config and sys._getframe(1).f_globals.get("__name__") != "dlscale.case.config":
+                entered.append(name)
+            return real(*a, **kw)
+
+        for m in (module, *also):
+            monkeypatch.setattr(m, name, wrapper)
+
+    counted(resolve, "resolve", launch)
+    counted(config, "validate_for_launch", resolve)
+    for name in ("validate_case", "resolve_device", "check_cpu_processes"):
+        counted(config, name)
+    for module, names in ((compiling, ("check_options", "check_strategy")), (step, ("check_optimizer_graph",)),
+                          (frameworks, ("validate",)), (checkpointing, ("check_case",)),
+                          (checkpoint_timing, ("check_case", "check_machine")),
+                          (inputs, ("check_case", "check_machine")), (target, ("check_case",))):
+        for name in names:
+            counted(module, name)
+    monkeypatch.setattr(launch, "TorchrunSpawner", _FakeTorchrun)
+    assert main(["run", "--model", "gpt2", *FAST[:-2], "--repeats", "2", "--batch-size", "2", "--warmup", "1",
+                 "--steps", "2", "--no-monitor", "--json", "--store", str(tmp_path)]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["status"] == "ok" and len(rec["repeats"]) == 2
+    assert calls.pop("resolve.resolve") == 1 and calls.pop("config.resolve_device") <= 2
+    assert calls and all(n == 1 for n in calls.values()), sorted(calls.items())  # every validator and check, once
+    assert len(entered) <= 2, entered

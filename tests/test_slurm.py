@@ -55,7 +55,7 @@ def test_case_options_round_trip():
                   breakdown=True, profile=True, data="imagefolder:/data/train", data_workers=3, data_decode="gpu",
                   data_decoder="nvimgcodec", data_cpu_share=0.375, data_decode_process=True, data_decode_sm_share=0.3,
                   data_decode_priority="low",
-                  data_cold_read=True,
+                  data_cold_read=True, data_prefetch=4,
                   optimizer_graph=True, checkpoint_every=4, checkpoint_mode="async", checkpoint_dir="/ckpt",
                   min_window_s=1.5, until="val_loss<=2.5", eval_every=7, eval_batches=3,
                   eval_data="tokens:/data/val.bin", max_steps=40, lr=0.002, lr_schedule="cosine", lr_warmup=5,

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dlscale.case import launch, stacks
+from dlscale.case.procs import ProcResult
 
 DUMP = '''Thread 0x00007f1111111111 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 324 in wait
@@ -47,7 +48,7 @@ def test_summary_names_the_rank_outside_any_collective_first():
                     "_engine_run_backward (from dlscale/train/worker.py:142 in step)")
     assert stacks.summary({}, [0, 1]) is None and stacks.summary({2: hung}, [0, 1]) is None
     # classify appends it to the time-limit message
-    status, error = launch.classify(None, True, [], 2, "", started={0: 10, 1: 11}, rank_stacks={1: hung})
+    status, error = launch.classify(ProcResult(None, True, 0.0, ""), [], 2, started={0: 10, 1: 11}, rank_stacks={1: hung})
     assert status == "timeout" and error.endswith("ranks not finished: [0, 1]. stalled outside any collective: "
                                                   "rank 1 at dlscale/train/worker.py:108 in check")
 

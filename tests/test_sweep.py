@@ -311,9 +311,10 @@ def test_run_batch_size_max_is_wired(tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def fake(cfg, spawner, **kw):
+    def fake(case, spawner, **kw):  # the case resolved once by `dlscale run`
         from dlscale.results.record import Record
 
+        cfg = case.cfg
         seen.update(cfg=cfg, **kw)
         return Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=None,
                       command="x", device_type="cpu", world_size=1, env={}, batch_search={"max": 24})

@@ -108,24 +108,29 @@ def probe_config(cfg: RunConfig, batch: int) -> RunConfig:
                                max_batch_cap=None, checkpoint_every=None, checkpoint_mode="sync", checkpoint_dir=None)
 
 
-def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str | None = None,
+def measure_max_batch(case, spawner, *, files_root=None, command: str | None = None,
                       on_event: Callable[[str, Any], None] | None = None,
                       on_probe: Callable[[dict[str, Any]], None] | None = None):
     """Find the largest batch that fits, then measure the case at it; returns the Record
-    (``batch_search`` set), stored by the caller. ``cfg.batch_size`` is "max"; one node only."""
+    (``batch_search`` set), stored by the caller. ``case``: resolved (dlscale/case/resolve.py), or a
+    RunConfig resolved here; its batch size is "max"; one node only. The probes' shape (few steps,
+    one repeat) is checked once; each probe and the final run reuse the resolution."""
     from dlscale.case import launch
-    from dlscale.case.config import validate_for_launch
+    from dlscale.case.resolve import ResolvedCase, resolve
 
+    case = case if isinstance(case, ResolvedCase) else resolve(case)
+    cfg = case.cfg
     start = cfg.max_batch_start or DEFAULT_START
-    cap = cfg.max_batch_cap or default_cap(cfg.device)
+    cap = cfg.max_batch_cap or default_cap(case.device_type)
     if cap < start:
         raise ConfigError(f"max-batch-cap {cap} is below max-batch-start {start}")
-    validate_for_launch(probe_config(cfg, start))
+    probes = resolve(probe_config(cfg, start))
 
     def probe(b: int) -> tuple[str, str | None, float]:
         t = time.monotonic()
         try:
-            rec = launch.measure(probe_config(cfg, b), spawner, command=command or "batch-size probe")
+            rec = launch.measure(probes.with_config(probe_config(cfg, b)), spawner,
+                                 command=command or "batch-size probe")
         except launch.Interrupted as e:  # a probe's record is never stored, interrupted or not
             raise KeyboardInterrupt(*e.args) from None
         return rec.status, rec.error, time.monotonic() - t
@@ -134,9 +139,9 @@ def measure_max_batch(cfg: RunConfig, spawner, *, files_root=None, command: str 
     final = result.max or result.stopped_at or min(p["batch_size"] for p in result.probes)
     info = result.to_dict()
     info["case_key"] = cfg.case_key()
-    case = dataclasses.replace(cfg, batch_size=final, max_batch_start=None, max_batch_cap=None)
+    found = case.with_config(dataclasses.replace(cfg, batch_size=final, max_batch_start=None, max_batch_cap=None))
     try:
-        rec = launch.measure(case, spawner, files_root=files_root, command=command, on_event=on_event)
+        rec = launch.measure(found, spawner, files_root=files_root, command=command, on_event=on_event)
     except launch.Interrupted as e:  # its finished repeats are stored with the search that chose the batch
         e.record.batch_search = info
         raise

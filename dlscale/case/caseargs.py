@@ -13,7 +13,7 @@ import shlex
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.case.config import BATCH_MAX, DEFAULTS, FIELDS, RunConfig, choices_of
+from dlscale.case.config import BATCH_MAX, DEFAULTS, FIELDS, SECTION_OF, RunConfig, choices_of
 
 
 def parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
@@ -73,36 +73,46 @@ def _number(kind: type, optional: bool = False):
 def add_case_arguments(p: argparse.ArgumentParser, defaults: dict[str, Any] | None = None,
                        default_notes: dict[str, str] | None = None, exclude: tuple[str, ...] = ()) -> None:
     """One option per RunConfig field. ``defaults`` overrides what an option parses to when not
-    given, ``default_notes`` what the help says of that default (for defaults decided later)."""
+    given, ``default_notes`` what the help says of that default (for defaults decided later).
+    The options are grouped by the field's section (``--help`` lists them so)."""
     shown = {**DEFAULTS, **(defaults or {})}
+    groups: dict[type, Any] = {}
     for name, o in FIELDS.items():
         flag = o.option(name)
         if flag is None or name in exclude:
             continue
-        names = [flag] + ([o.short] if o.short else [])
-        kw: dict[str, Any] = {"dest": name, "help": o.help}
-        if o.kind == "flag":
-            p.add_argument(*names, action="store_true", **kw)
-            continue
-        if o.kind == "negflag":
-            p.add_argument("--no-" + flag[2:], action="store_false", dest=name,
-                           help=f"turn off (on by default): {o.help}")
-            continue
-        if o.kind == "options":
-            p.add_argument(*names, action="append", metavar=o.metavar, **kw)
-            continue
-        kw["default"] = shown[name]
-        if o.kind == "batch":
-            kw["type"] = batch_size_arg
-        elif o.type in (int, float):
-            kw["type"] = _number(o.type, o.optional)
-        if o.metavar:
-            kw["metavar"] = o.metavar
-        if isinstance(o.choices, tuple):  # checked by RunConfig, with its one-line message
-            kw["help"] = f"{o.help}; one of: {', '.join(map(str, choices_of(name)))}"
-        if default_notes and name in default_notes:
-            kw["help"] += f" (default: {default_notes[name]})"
-        p.add_argument(*names, **kw)
+        sec = SECTION_OF[name]
+        if sec not in groups:
+            groups[sec] = p.add_argument_group(f"{sec.title} options", (sec.__doc__ or "").strip())
+        _add_option(groups[sec], name, flag, shown[name], default_notes)
+
+
+def _add_option(p: Any, name: str, flag: str, default: Any, default_notes: dict[str, str] | None) -> None:
+    o = FIELDS[name]
+    names = [flag] + ([o.short] if o.short else [])
+    kw: dict[str, Any] = {"dest": name, "help": o.help}
+    if o.kind == "flag":
+        p.add_argument(*names, action="store_true", **kw)
+        return
+    if o.kind == "negflag":
+        p.add_argument("--no-" + flag[2:], action="store_false", dest=name,
+                       help=f"turn off (on by default): {o.help}")
+        return
+    if o.kind == "options":
+        p.add_argument(*names, action="append", metavar=o.metavar, **kw)
+        return
+    kw["default"] = default
+    if o.kind == "batch":
+        kw["type"] = batch_size_arg
+    elif o.type in (int, float):
+        kw["type"] = _number(o.type, o.optional)
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    if isinstance(o.choices, tuple):  # checked by RunConfig, with its one-line message
+        kw["help"] = f"{o.help}; one of: {', '.join(map(str, choices_of(name)))}"
+    if default_notes and name in default_notes:
+        kw["help"] += f" (default: {default_notes[name]})"
+    p.add_argument(*names, **kw)
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:

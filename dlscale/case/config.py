@@ -20,22 +20,26 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from dlscale import MAX_BATCH, MAX_SEED, ConfigError
-from dlscale.train import compiling
+from dlscale import frameworks, inputs
+from dlscale.train import checkpoint_timing, checkpointing, compiling
 from dlscale.train.checkpoint_timing import MODES as CHECKPOINT_MODES
 from dlscale.train.checkpointing import MODES as CHECKPOINTING_MODES
 from dlscale.train.compiling import COMPILE_MODES
 from dlscale.frameworks import FRAMEWORKS
-from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, parse_data
+from dlscale.inputs.spec import DECODE_DEVICES, DECODE_PRIORITIES, GPU_DECODERS, SPEC_HELP, check_fields, parse_data
 from dlscale.train.precision import PRECISIONS
+from dlscale.results.envinfo import TUNING_NAMES, TUNING_PREFIXES, affinity_count
+from dlscale.quality import target as quality
 from dlscale.quality.target import DEFAULTS as QDEF, LR_SCALES, LR_SCHEDULES, parse_target
 
 DEVICES = ("auto", "cuda", "cpu")
 BATCH_MAX = "max"  # batch_size: the largest batch that fits, found by a search (dlscale/case/batchsearch.py)
 AUTO_STRATEGY = "auto"  # single on one device, ddp on more
 _NO_LATE = object()
+S = TypeVar("S")
 # Upper bounds of numbers (docs/sweeps.md "Limits"): a value past one is a typo, refused before anything starts.
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: anything longer is a typo, not a benchmark
 CPU_OVERSUBSCRIBE = 4  # a CPU run may start up to this many processes per core it may run on
@@ -74,8 +78,6 @@ def check_case_env(env: dict[str, Any]) -> None:
     """A case's environment variables: only the tuning variables a record keeps (NCCL_*,
     TORCH_NCCL_*, the allocator, ...), never one that names a plugin, path, library or command,
     and plain values (no path, no shell syntax): a suite file must not be able to load code."""
-    from dlscale.results.envinfo import TUNING_NAMES, TUNING_PREFIXES
-
     for k, v in env.items():
         name = str(k)
         if not (name.startswith(TUNING_PREFIXES) or name in TUNING_NAMES):
@@ -129,9 +131,10 @@ def _f(default: Any, **kw: Any) -> Any:
 
 
 @dataclass
-class RunConfig:
-    """One benchmark case. Suite axes expand in field order (device counts innermost)."""
+class ModelSection:
+    """What is trained: the model, its framework and numerics, the compiler, the step's size."""
 
+    title: ClassVar[str] = "model"
     model: str = _f("gpt2", choices="models", axis="models", match=True,
                     help="registered model name (see `dlscale run --list`)")
     framework: str = _f("torch", choices=FRAMEWORKS, axis="frameworks", match=True, late="torch",
@@ -168,7 +171,13 @@ class RunConfig:
                              late=None, setting=True,
                              help="CPU threads per rank (OMP_NUM_THREADS and torch's intra-op threads); "
                                   "default: the cores divided among the node's ranks")
-    # input data (dlscale/inputs, docs/data.md): synthetic batches made once on the device, or files
+
+
+@dataclass
+class DataSection:
+    """Input data (dlscale/inputs, docs/data.md): synthetic batches made once on the device, or files."""
+
+    title: ClassVar[str] = "data"
     data: str = _f("synthetic", axis="data", match=True, late="synthetic", validator=parse_data,
                    help=f"input data: {SPEC_HELP} (docs/data.md)")
     data_workers: int | None = _f(None, type=int, minimum=0, maximum=1024, optional=True, late=None, setting=True,
@@ -211,6 +220,17 @@ class RunConfig:
     data_cold_read: bool = _f(False, type=bool, kind="flag", late=False, setting=True,
                               help="evict the data set from the page cache before each repeat (posix_fadvise), "
                                    "so the first epoch reads from disk")
+    data_prefetch: int | None = _f(None, type=int, minimum=1, maximum=64, optional=True, late=None, setting=True,
+                                   metavar="N",
+                                   help="batches each DataLoader worker loads ahead (torch's prefetch_factor) with "
+                                        "--data from files and one or more --data-workers (default: torch's 2)")
+
+
+@dataclass
+class ParallelSection:
+    """How the work is spread: the strategy, its options, the processes and the communication tuning."""
+
+    title: ClassVar[str] = "parallel"
     env: dict = _f({}, type=dict, kind="options", cli="--env", metavar="NAME=VALUE", axis="env", late={},
                    validator=check_case_env,
                    help="an environment variable for the case's processes, repeatable (tuning variables only: "
@@ -225,6 +245,13 @@ class RunConfig:
                                   f"{CPU_OVERSUBSCRIBE} per core it may run on")
     nnodes: int = _f(1, type=int, minimum=1, maximum=65536, axis="nodes", match=True,
                      help="machines in the job (world = nnodes x nproc-per-node; docs/multinode.md)")
+
+
+@dataclass
+class OptimizerSection:
+    """The optimizer step."""
+
+    title: ClassVar[str] = "optimizer"
     optimizer_graph: bool = _f(False, type=bool, kind="flag", axis="optimizer_graph", match=True, late=False,
                                help="capture the optimizer step (clipping and update) once as a CUDA graph and "
                                     "replay it every step: microseconds of host time where the optimizer's Python "
@@ -232,7 +259,13 @@ class RunConfig:
                                     "fp32, CUDA (docs/strategies.md)")
     clip_grad_norm: float | None = _f(None, type=float, minimum=0, exclusive_minimum=True, optional=True,
                                       help="clip gradients to this global norm")
-    # time to quality (dlscale/quality, docs/quality.md): train until a validation target; late fields
+
+
+@dataclass
+class QualitySection:
+    """Time to quality (dlscale/quality, docs/quality.md): train until a validation target."""
+
+    title: ClassVar[str] = "quality"
     until: str | None = _f(None, optional=True, late=None, metavar="METRIC<=X", validator=parse_target,
                            help="train until a validation target is reached: val_loss<=X (or val_acc>=Y for a model "
                                 "that reports accuracy), evaluating every --eval-every steps outside the timed steps; "
@@ -258,6 +291,13 @@ class RunConfig:
     lr_ref_batch: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH * 65536, optional=True, late=None,
                                   help="with --lr-scale: the global batch --lr is for (default: one device's, "
                                        "per-device batch x grad-accum)")
+
+
+@dataclass
+class ProcedureSection:
+    """How each case is run: steps, repeats, limits, the device, the batch search, test hooks."""
+
+    title: ClassVar[str] = "procedure"
     warmup: int = _f(20, type=int, minimum=0, maximum=10**7, setting=True, help="untimed steps before the window")
     steps: int = _f(100, type=int, minimum=1, maximum=10**7, setting=True, help="timed optimizer steps per repeat")
     # sized by time: a fixed step count gives a short window on a fast machine (flagged short_window)
@@ -281,6 +321,28 @@ class RunConfig:
                                         "long a multi-node rendezvous waits for every node to join")
     label: str | None = _f(None, optional=True, procedure=True, setting=True,
                            help="free-form label stored with the record (for compare)")
+    # the largest-batch search (batch_size max): first probe and largest batch tried
+    max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                     setting=True, limit="samples per device; no device holds more",
+                                     help="with --batch-size max: the first probe (default 8)")
+    max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
+                                   setting=True, limit="samples per device; no device holds more",
+                                   help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
+                                        "64 on the CPU)")
+    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
+    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
+    inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
+                                    validator=parse_injection,
+                                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
+                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
+                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
+
+
+@dataclass
+class DiagnosticsSection:
+    """What is recorded beside the window: utilisation samples, breakdown, profile, checkpoints."""
+
+    title: ClassVar[str] = "diagnostics"
     # hardware sampler (NVML + psutil) during each repeat, and its interval in seconds
     monitor: bool = _f(True, type=bool, kind="negflag", procedure=True, setting=True,
                        help="sample GPU/CPU/memory/disk/network utilisation during the repeats")
@@ -306,21 +368,16 @@ class RunConfig:
     checkpoint_dir: str | None = _f(None, optional=True, procedure=True, setting=True, metavar="DIR",
                                     help="with --checkpoint-every: an existing folder the saves are written to "
                                          "and removed from (default: the case's temporary folder)")
-    # the largest-batch search (batch_size max): first probe and largest batch tried
-    max_batch_start: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                     setting=True, limit="samples per device; no device holds more",
-                                     help="with --batch-size max: the first probe (default 8)")
-    max_batch_cap: int | None = _f(None, type=int, minimum=1, maximum=MAX_BATCH, optional=True, procedure=True,
-                                   setting=True, limit="samples per device; no device holds more",
-                                   help="with --batch-size max: the largest batch tried (default 4096 on GPUs, "
-                                        "64 on the CPU)")
-    # testing hook: "crash@STEP[:RANK]", "oom@STEP[:RANK]", "hang@STEP[:RANK]";
-    # "oom-above@N[:RANK]": out of memory at step 0 when batch_size > N (batch-size search tests)
-    inject_failure: str | None = _f(None, optional=True, procedure=True, metavar="KIND@STEP[:RANK]",
-                                    validator=parse_injection,
-                                    help="testing: make a rank crash, oom or hang at a step (crash|oom|hang), "
-                                         "oom-above@N: run out of memory whenever the batch size exceeds N, or "
-                                         "slow@MS:RANK: sleep MS ms before every step of a rank (a straggler)")
+
+
+@dataclass
+class RunConfig(DiagnosticsSection, ProcedureSection, QualitySection, OptimizerSection, ParallelSection,
+                DataSection, ModelSection):
+    """One benchmark case: the union of the sections, stored and keyed flat (one field, one record key).
+
+    Suite axes expand in field order (device counts innermost). A consumer that needs one section
+    takes that section's type: a RunConfig is an instance of each, ``section`` gives a copy alone.
+    """
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -331,14 +388,8 @@ class RunConfig:
             raise ConfigError(f"compile-mode {self.compile_mode} needs --compile")
         if not self.compile and self.inductor_options:
             raise ConfigError(f"inductor-option {', '.join(self.inductor_options)} needs --compile")
-        from dlscale.inputs.spec import check_fields
-
-        check_fields(self.data, self.data_workers, self.data_decode, self.data_cold_read, self.data_decoder,
-                     self.data_cpu_share, self.data_decode_process, self.data_decode_sm_share,
-                     self.data_decode_priority)
-        from dlscale.quality.target import check_fields as check_quality
-
-        check_quality(self)  # the --until fields together (docs/quality.md)
+        check_fields(self)  # the data section's fields together
+        quality.check_fields(self)  # the --until fields together (docs/quality.md)
         if self.batch_size != BATCH_MAX:
             for name in ("max_batch_start", "max_batch_cap"):
                 if getattr(self, name) is not None:
@@ -354,6 +405,10 @@ class RunConfig:
     def batch_search(self) -> bool:
         """The case asks for the largest batch that fits (batch_size max)."""
         return self.batch_size == BATCH_MAX
+
+    def section(self, kind: type[S]) -> S:
+        """The section ``kind`` of this case alone (a copy: changing it leaves the case as it is)."""
+        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})  # type: ignore[call-arg]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -388,6 +443,10 @@ PROCEDURE_FIELDS = tuple(n for n, o in FIELDS.items() if o.procedure)
 LATE_FIELD_DEFAULTS = {n: o.late for n, o in FIELDS.items() if o.late is not _NO_LATE}
 AXES = {o.axis: n for n, o in FIELDS.items() if o.axis}  # suite axis -> field
 SETTINGS = tuple(n for n, o in FIELDS.items() if o.setting)  # suite-wide settings
+# the sections in field order, and each field's (what --help groups the options by)
+SECTIONS: tuple[type, ...] = (ModelSection, DataSection, ParallelSection, OptimizerSection, QualitySection,
+                              ProcedureSection, DiagnosticsSection)
+SECTION_OF: dict[str, type] = {f.name: sec for sec in SECTIONS for f in dataclasses.fields(sec)}
 
 
 def _cli(name: str) -> str:
@@ -395,7 +454,8 @@ def _cli(name: str) -> str:
 
 
 def choices_of(name: str) -> tuple:
-    """The allowed values of a field with choices (registries resolved when asked)."""
+    """The allowed values of a field with choices (registries resolved when asked: their modules
+    import torch, which config and the CLI's start-up do not)."""
     c = FIELDS[name].choices
     if c == "models":
         from dlscale.models import model_names
@@ -512,18 +572,19 @@ def resolve_device(requested: str) -> str:
     """"auto" -> "cuda" when a GPU is visible, else "cpu" (the embedded default)."""
     if requested != "auto":
         return requested
-    import torch
+    import torch  # only when asked: config imports without torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def validate_case(cfg: RunConfig) -> None:
+def validate_case(cfg: RunConfig, device: str | None = None) -> None:
     """Checks that need the registries but not the machine: the model and strategy exist, the
-    strategy gets enough processes, and its own degrees/options are possible."""
-    from dlscale.models import get_model
+    strategy gets enough processes, and its own degrees/options are possible (``device``: the
+    resolved device type, where validate_for_launch knows it, for the checks that depend on it)."""
+    from dlscale.models import get_model  # the registries import torch; config imports without it
     from dlscale.strategies import get_strategy
 
-    get_model(cfg.model, cfg.flavor)
+    model = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)
     compiling.check_options(cfg.inductor_options)
     compiling.check_strategy(cfg)
@@ -544,23 +605,14 @@ def validate_case(cfg: RunConfig) -> None:
     _check_min_window(cfg)
     if strat.validate is not None:
         strat.validate(cfg)
-    from dlscale.train.step import check_optimizer_graph
+    from dlscale.train.step import check_optimizer_graph  # torch: config imports without it
 
-    check_optimizer_graph(cfg)
-    from dlscale import frameworks
-    from dlscale.train import checkpointing
-
+    check_optimizer_graph(cfg, device)
     frameworks.validate(cfg)  # installed (one-line hint otherwise), and the options it takes
-    checkpointing.check_case(cfg, get_model(cfg.model, cfg.flavor))
-    from dlscale.train import checkpoint_timing
-
+    checkpointing.check_case(cfg, model)
     checkpoint_timing.check_case(cfg)  # --checkpoint-every and its options
-    from dlscale.inputs import check_case
-
-    check_case(cfg)  # the data set's files against the model
-    from dlscale.quality.target import check_case as check_quality_case
-
-    check_quality_case(cfg)  # --until: the target against the model, the validation split against the evaluation
+    inputs.check_case(cfg)  # the data set's files against the model
+    quality.check_case(cfg)  # --until: the target against the model, the validation split against the evaluation
 
 
 def _check_min_window(cfg: RunConfig) -> None:
@@ -579,8 +631,6 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
     """A CPU run starts at most CPU_OVERSUBSCRIBE processes per core it may run on: more
     time-slices the ranks (what is measured is the scheduler) and stalls gloo's collectives."""
     if cores is None:
-        from dlscale.results.envinfo import affinity_count
-
         cores = affinity_count() or os.cpu_count() or 1
     allowed = CPU_OVERSUBSCRIBE * cores
     if nproc_per_node > allowed:
@@ -589,11 +639,12 @@ def check_cpu_processes(nproc_per_node: int, cores: int | None = None) -> None:
 
 
 def validate_for_launch(cfg: RunConfig) -> str:
-    """validate_case plus the checks that need this machine. Returns the resolved device type."""
-    import torch
+    """validate_case plus the checks that need this machine, each once (dlscale/case/resolve.py calls it
+    once per case). Returns the resolved device type."""
+    import torch  # the machine's GPUs: config imports without torch
 
-    validate_case(cfg)
     device = resolve_device(cfg.device)
+    validate_case(cfg, device)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but no CUDA GPU is visible; use --device cpu")
@@ -602,13 +653,6 @@ def validate_for_launch(cfg: RunConfig) -> str:
             raise ConfigError(f"nproc-per-node {cfg.nproc_per_node} exceeds the {n} GPU(s) on this machine")
     else:
         check_cpu_processes(cfg.nproc_per_node)
-    from dlscale.train.step import check_optimizer_graph
-
-    check_optimizer_graph(cfg, device)
-    from dlscale.inputs import check_machine
-
-    check_machine(cfg, device)
-    from dlscale.train import checkpoint_timing
-
+    inputs.check_machine(cfg, device)
     checkpoint_timing.check_machine(cfg)  # the checkpoint folder: writable, with room for the saves
     return device

@@ -25,13 +25,14 @@ from dlscale import frameworks, inputs
 from dlscale.case import stacks
 from dlscale.results import envinfo, metrics, validity
 from dlscale.train import energy, fp8
-from dlscale.case.config import RunConfig, validate_for_launch
+from dlscale.case.config import RunConfig
 from dlscale.case import procs
 from dlscale.case.procs import ProcResult, Rendezvous, spawn_torchrun
 from dlscale.results.record import Record
+from dlscale.case.resolve import ResolvedCase, resolve
 from dlscale.quality import target as quality_target
 from dlscale.results.store import StoreError
-from dlscale.strategies import get_strategy, resolve_spec
+from dlscale.strategies import get_strategy
 
 
 
@@ -85,34 +86,20 @@ def killed_ranks(tail: str) -> list[tuple[int, str]]:
     return out
 
 
-def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int, tail: str,
-             started: dict[int, int] | None = None, stopped_pids: list[int] | None = None,
+def classify(proc: ProcResult, ranks: list[dict], world: int, started: dict[int, int] | None = None,
              rank_stacks: dict[int, list] | None = None) -> tuple[str, str | None]:
     """(status, error) of one repeat from the process result and the ranks' own reports.
 
-    ``started``: rank -> pid of the ranks that started (``read_started``); ``stopped_pids``:
+    ``started``: rank -> pid of the ranks that started (``read_started``); ``proc.stopped_pids``:
     processes found stopped when the time limit struck. A rank that stalls is named as the cause
     (``timeout``), not the healthy peer that gave up waiting for it in a collective; a rank
     killed by a signal is named with the signal. ``rank_stacks``: rank -> main-thread frames dumped at
     the time limit (dlscale/case/stacks.py): the unfinished ranks are named with where they were.
     """
     everyone = sorted(set(range(world)) | set(started or {}))
-    reported = {r["rank"] for r in ranks}
-    if timed_out:
-        hung = sorted(set(everyone) - {r["rank"] for r in ranks if r.get("status") == "ok"})
-        stopped = sorted(r for r, pid in (started or {}).items() if pid in set(stopped_pids or ()))
-        if stopped:
-            names = ", ".join(f"rank {r}" for r in stopped)
-            return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
-                               f"collective; ranks not finished: {hung}")
-        held = (f"; {len(stopped_pids)} process(es) of the case were found stopped (SIGSTOP)"
-                if stopped_pids else "")
-        if started is not None and set(started) and set(everyone) - set(started):
-            never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
-            return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
-        seen = stacks.summary(rank_stacks or {}, hung)
-        return "timeout", f"time limit reached{held}; ranks not finished: {hung}" + (f". {seen}" if seen else "")
-    join = _JOIN_TIMEOUT.search(tail) if not ranks else None
+    if proc.timed_out:
+        return _timed_out(ranks, everyone, started, proc.stopped_pids, rank_stacks)
+    join = _JOIN_TIMEOUT.search(proc.output_tail) if not ranks else None
     if join:
         joined = f" ({join.group(1)} of {join.group(2)} nodes joined)" if join.group(1) else ""
         return "timeout", (f"a peer node never joined the rendezvous{joined} within the join timeout "
@@ -121,6 +108,32 @@ def classify(proc_rc: int | None, timed_out: bool, ranks: list[dict], world: int
     oom = [r for r in bad if r.get("status") == "oom"]
     if oom:
         return "oom", f"rank {oom[0]['rank']}: {oom[0].get('error')}"
+    return _ended(proc, ranks, bad, everyone, world)
+
+
+def _timed_out(ranks: list[dict], everyone: list[int], started: dict[int, int] | None,
+               stopped_pids: list[int] | None, rank_stacks: dict[int, list] | None) -> tuple[str, str]:
+    """classify's time-limit case: who was stopped, who never started, where the rest were."""
+    hung = sorted(set(everyone) - {r["rank"] for r in ranks if r.get("status") == "ok"})
+    stopped = sorted(r for r, pid in (started or {}).items() if pid in set(stopped_pids or ()))
+    if stopped:
+        names = ", ".join(f"rank {r}" for r in stopped)
+        return "timeout", (f"time limit reached; {names} was stopped (SIGSTOP) and did not reach the next "
+                           f"collective; ranks not finished: {hung}")
+    held = (f"; {len(stopped_pids)} process(es) of the case were found stopped (SIGSTOP)"
+            if stopped_pids else "")
+    if started is not None and set(started) and set(everyone) - set(started):
+        never = ", ".join(f"rank {r}" for r in sorted(set(everyone) - set(started)))
+        return "timeout", f"time limit reached; {never} never started{held}; ranks not finished: {hung}"
+    seen = stacks.summary(rank_stacks or {}, hung)
+    return "timeout", f"time limit reached{held}; ranks not finished: {hung}" + (f". {seen}" if seen else "")
+
+
+def _ended(proc: ProcResult, ranks: list[dict], bad: list[dict], everyone: list[int],
+           world: int) -> tuple[str, str | None]:
+    """classify's case of processes that ended by themselves: stalls, kills, failures, or ok."""
+    proc_rc, tail = proc.returncode, proc.output_tail
+    reported = {r["rank"] for r in ranks}
     killed = [(r, name) for r, name in killed_ranks(tail) if r not in reported]
     missing = sorted(set(everyone) - reported)
     # before the killed ranks: a stalled (e.g. SIGSTOPped) rank cannot act on torchrun's SIGTERM after its
@@ -224,7 +237,9 @@ def repeat_entry(i: int, cfg: RunConfig, ranks: list[dict], status: str, error: 
             "loss_scope": r0.get("loss_scope"),  # "global": the losses are the global batch's (parity.py)
             "nonfinite_losses": r0.get("nonfinite_losses"),  # losses read that were NaN or inf (stored as null)
         })
-        used = energy.merge_nodes(ranks, steps * global_batch, cfg.nnodes)
+        # --until: the counters span all the steps trained, which the reading says
+        counted = (r0.get("energy") or {}).get("steps") or steps
+        used = energy.merge_nodes(ranks, counted * global_batch, cfg.nnodes)
         if used is not None:  # only where a counter was read at both ends of the window
             entry["energy"] = used
         if r0.get("checkpoint"):  # --checkpoint-every: the saves timed after the window (checkpoint_timing)
@@ -316,18 +331,18 @@ class TorchrunSpawner:
                 self.on_line.close()  # a phase the workers never ended (a crash) stops ticking
 
 
-def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None, command: str | None = None,
-            on_event: Callable[[str, Any], None] | None = None) -> Record:
+def measure(case: ResolvedCase | RunConfig, spawner: Spawner, *, files_root: Path | None = None,
+            command: str | None = None, on_event: Callable[[str, Any], None] | None = None) -> Record:
     """Measure one case: ``cfg.repeats`` fresh runs through ``spawner``, merged into a Record.
 
-    Nothing is stored: the caller decides. ``files_root``: where utilisation series and the
-    median repeat's trace go (``series/``, ``traces/`` below it; the store's directory), None to
-    drop them. ``on_event(kind, payload)``: ("ranks", rank list) after the first repeat and
-    ("repeat", entry) after each. Bad input raises ConfigError before anything runs.
+    ``case``: resolved (dlscale/case/resolve.py; a bare RunConfig is resolved here). Nothing is stored:
+    the caller decides. ``files_root``: where utilisation series and the median repeat's trace go
+    (``series/``, ``traces/`` below it; the store's directory), None to drop them.
+    ``on_event(kind, payload)``: ("ranks", rank list) after the first repeat and ("repeat", entry)
+    after each. Bad input raises ConfigError before anything runs.
     """
-    device_type = validate_for_launch(cfg)
-    spec = resolve_spec(cfg)  # the model as the strategy's options size it
-    strat = get_strategy(cfg.strategy)
+    case = case if isinstance(case, ResolvedCase) else resolve(case)
+    cfg, device_type, spec, strat = case.cfg, case.device_type, case.spec, case.strategy
     rec = Record(status="ok", error=None, config=cfg.to_dict(), case_key=cfg.case_key(), label=cfg.label,
                  command=command or "dlscale " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                  device_type=device_type, world_size=cfg.world_size,
@@ -339,16 +354,16 @@ def measure(cfg: RunConfig, spawner: Spawner, *, files_root: Path | None = None,
         rec.status, rec.error = "unsupported", reason
         return rec
     emit = on_event or (lambda kind, payload: None)
-    env = thread_env(device_type, cfg, spawner.local_world(cfg))
+    local_world = spawner.local_world(cfg)
+    env = thread_env(device_type, cfg, local_world)
     rec.omp_num_threads = env.get("OMP_NUM_THREADS") if device_type == "cpu" else None
     env.update({k: str(v) for k, v in cfg.env.items()})  # the case's own tuning variables
-    local_world = spawner.local_world(cfg)
     rank_results: list[dict] = []  # the last finished repeat's rank files (every repeat's when all were ok)
     procs.clean_stale_tempdirs()  # what a SIGKILLed dlscale left behind
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("traces")) as staging_dir:
         staging = Path(staging_dir)
         try:
-            _repeat_loop(cfg, spawner, rec, env, local_world, files_root, staging, emit, rank_results)
+            _repeat_loop(_Repeats(cfg, spawner, env, local_world, files_root, staging, emit), rec, rank_results)
         except KeyboardInterrupt as e:  # a signal to dlscale: the repeats that finished are kept
             if not any(r["status"] == "ok" for r in rec.repeats):
                 raise
@@ -395,10 +410,23 @@ def keep_interrupted(e: KeyboardInterrupt, store, sweep: dict[str, str] | None =
             f"interrupted; a sweep measures the case again in full)")
 
 
-def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], local_world: int,
-                 files_root: Path | None, staging: Path, emit, rank_results: list[dict]) -> None:
+@dataclass
+class _Repeats:
+    """How a case's repeats are run: the same for each of them."""
+
+    cfg: RunConfig
+    spawner: Spawner
+    env: dict[str, str]  # the ranks' environment (threads, the case's tuning variables)
+    local_world: int  # the ranks this spawner starts
+    files_root: Path | None  # the store's directory (series), None to drop them
+    staging: Path  # traces kept until the median repeat is known
+    emit: Callable[[str, Any], None]
+
+
+def _repeat_loop(run: _Repeats, rec: Record, rank_results: list[dict]) -> None:
     """Run the repeats into ``rec.repeats``, stopping at the first that is not ok; ``rank_results``
     is set in place to each finished repeat's rank files (a signal leaves the last finished one's)."""
+    cfg, spawner, env, local_world, emit = run.cfg, run.spawner, run.env, run.local_world, run.emit
     for i in range(cfg.repeats):
         with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("case")) as tmp:
             workdir = Path(tmp)
@@ -408,10 +436,9 @@ def _repeat_loop(cfg: RunConfig, spawner, rec: Record, env: dict[str, str], loca
             rank_results[:] = read_rank_files(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
-            series = _keep_artifacts(workdir, files_root, rec.id, i, staging)
-        status_i, error_i = classify(proc.returncode, proc.timed_out, rank_results, local_world,
-                                     proc.output_tail, started=started or None,
-                                     stopped_pids=getattr(proc, "stopped_pids", None), rank_stacks=rank_stacks)
+            series = _keep_artifacts(workdir, run.files_root, rec.id, i, run.staging)
+        status_i, error_i = classify(proc, rank_results, local_world, started=started or None,
+                                     rank_stacks=rank_stacks)
         entry = repeat_entry(i, cfg, rank_results, status_i, error_i, proc.seconds, proc.started)
         if status_i == "ok" and proc.returncode != 0:
             entry["warning"] = f"torchrun exited {proc.returncode} after every rank reported ok"

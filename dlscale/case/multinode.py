@@ -448,9 +448,10 @@ def finish_record(rec, node_dir: Path, rdzv: Rendezvous) -> bool:
     return lead
 
 
-def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
+def measure_node(case, spawner, *, files_root=None, command: str | None = None,
                  on_event: Callable[[str, Any], None] | None = None):
-    """launch.measure for one node of a multi-node job (``spawner.rdzv`` spans several nodes).
+    """launch.measure for one node of a multi-node job (``spawner.rdzv`` spans several nodes);
+    ``case``: resolved (dlscale/case/resolve.py), or a RunConfig launch.measure resolves.
 
     The Record gets every node's ranks (``ranks``, ``nodes``), the rendezvous and who recorded
     it (``recorded_by.role``: "lead" on the node running global rank 0, which stores it;
@@ -472,7 +473,7 @@ def measure_node(cfg, spawner, *, files_root=None, command: str | None = None,
                 on_event(kind, payload)
 
         try:
-            rec = launch.measure(cfg, spawner, files_root=files_root, command=command, on_event=event)
+            rec = launch.measure(case, spawner, files_root=files_root, command=command, on_event=event)
         except launch.Interrupted as e:  # the lead node stores the finished repeats; a follower drops them
             if not finish_record(e.record, node_dir, rdzv):
                 _drop_follower_artifacts(e.record, files_root)

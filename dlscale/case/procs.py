@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "DLSCALE_LAUNCHER_PID"  # the dlscale process that owns a case's processes
@@ -341,6 +341,28 @@ def _settle(tree: _Tree, wait: float = 2.0) -> None:
     tree.remove_leftovers()
 
 
+def _wait(proc: subprocess.Popen, tree: _Tree, deadline: float,
+          on_deadline: Callable[[list[int]], None] | None) -> tuple[bool, list[int]]:
+    """Wait for ``proc`` until the monotonic ``deadline``; past it, tell ``on_deadline`` which of the
+    tree's processes are stopped and kill the tree. (timed out, the stopped pids)."""
+    while True:
+        tree.refresh()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            tree.refresh()
+            stopped = tree.stopped()
+            if on_deadline is not None:
+                with contextlib.suppress(Exception):
+                    on_deadline(list(stopped))
+            kill_tree(proc, tree=tree)
+            return True, stopped
+        try:
+            proc.wait(timeout=min(POLL_S, left))
+            return False, []
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = None,
           on_line: Callable[[str], None] | None = None, tail_lines: int = 200,
           cwd: str | None = None, on_deadline: Callable[[list[int]], None] | None = None) -> ProcResult:
@@ -353,16 +375,12 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
     ``tail_lines`` lines are kept for the error text of a failed case. The tree ends with this
     call however it returns (see the module docstring).
     """
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
+    full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env[LAUNCHER_PID_ENV] = str(os.getpid())
     prctl = _prctl()
     preexec = _pdeathsig_preexec(os.getpid(), prctl) if prctl is not None else None
     tail: deque[str] = deque(maxlen=tail_lines)
-    timed_out = False
-    stopped: list[int] = []
     with interrupts():
         started, start = time.time(), time.monotonic()
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -380,24 +398,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            deadline = start + time_limit
-            while True:
-                tree.refresh()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    timed_out = True
-                    tree.refresh()
-                    stopped = tree.stopped()
-                    if on_deadline is not None:
-                        with contextlib.suppress(Exception):
-                            on_deadline(list(stopped))
-                    kill_tree(proc, tree=tree)
-                    break
-                try:
-                    proc.wait(timeout=min(POLL_S, left))
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            timed_out, stopped = _wait(proc, tree, start + time_limit, on_deadline)
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: never leave workers behind
             kill_tree(proc, grace=2.0, tree=tree)
             _settle(tree)
@@ -413,9 +414,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
 
 
 def spawn_torchrun(module: str, module_args: Sequence[str], nproc_per_node: int, time_limit: float,
-                   env: dict[str, str] | None = None, rdzv: Rendezvous | None = None,
-                   on_line: Callable[[str], None] | None = None,
-                   on_deadline: Callable[[list[int]], None] | None = None) -> ProcResult:
-    """Start ``python -m module`` on ``nproc_per_node`` ranks through torchrun, bounded in time."""
-    return spawn(torchrun_command(module, module_args, nproc_per_node, rdzv), time_limit, env=env,
-                 on_line=on_line, on_deadline=on_deadline)
+                   rdzv: Rendezvous | None = None, **spawn_kw: Any) -> ProcResult:
+    """Start ``python -m module`` on ``nproc_per_node`` ranks through torchrun, bounded in time;
+    ``spawn_kw``: ``spawn``'s env, on_line and on_deadline."""
+    return spawn(torchrun_command(module, module_args, nproc_per_node, rdzv), time_limit, **spawn_kw)

@@ -73,18 +73,17 @@ def _machine_defaults(args) -> str | None:
 def cmd_run(args) -> int:
     from dlscale import console
     from dlscale.case import launch
-    from dlscale.case.config import validate_for_launch
     from dlscale.case.multinode import rendezvous_from_args
+    from dlscale.case.resolve import resolve
     from dlscale.results.store import ResultStore
 
     if args.list:
         return _list()
     from dlscale.external.cli import check_external_only, cmd_run_external
-    from dlscale.case.procs import interrupts
+    # SIGTERM/SIGHUP arrive here as KeyboardInterrupt: cli.main holds the one signal guard of the command
     if args.external_command is not None:  # an external training command (dlscale/external/)
         try:
-            with interrupts():  # SIGTERM/SIGHUP end the command's processes as Ctrl-C does
-                return cmd_run_external(args)
+            return cmd_run_external(args)
         except KeyboardInterrupt as e:
             by = f" by {e.args[0]}" if e.args else ""
             print(f"dlscale: run of the external command interrupted{by}: its processes were ended; "
@@ -95,7 +94,7 @@ def cmd_run(args) -> int:
     note = _machine_defaults(args)
     cfg = config_from_args(args)
     rdzv = rendezvous_from_args(args, cfg.nproc_per_node)
-    validate_for_launch(cfg)  # bad input: one line, before the header
+    case = resolve(cfg)  # every check, once; bad input: one line, before the header
     store = ResultStore(args.store)
     store.check_writable()
     quiet = args.json
@@ -116,8 +115,7 @@ def cmd_run(args) -> int:
             events(kind, payload)
 
     try:
-        with interrupts():  # SIGTERM/SIGHUP end the case's processes as Ctrl-C does
-            return _measure_and_store(args, cfg, rdzv, spawner, store, quiet, on_event)
+        return _measure_and_store(args, case, rdzv, spawner, store, quiet, on_event)
     except KeyboardInterrupt as e:
         by = f" by {e.args[0]}" if e.args else ""
         print(f"dlscale: run interrupted{by} during repeat {min(len(done) + 1, cfg.repeats)}/{cfg.repeats} of "
@@ -126,7 +124,7 @@ def cmd_run(args) -> int:
         return EXIT_INTERRUPTED
 
 
-def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> int:
+def _measure_and_store(args, case, rdzv, spawner, store, quiet: bool, events) -> int:
     from dlscale import console
     from dlscale.case import launch
     from dlscale.case.batchsearch import measure_max_batch
@@ -134,15 +132,15 @@ def _measure_and_store(args, cfg, rdzv, spawner, store, quiet: bool, events) -> 
     from dlscale.case.multinode import is_multinode, measure_node, was_recorded
     from dlscale.results.store import StoreError
 
-    if cfg.batch_search:
-        rec = measure_max_batch(cfg, spawner, files_root=store.root, on_event=events,
+    if case.cfg.batch_search:
+        rec = measure_max_batch(case, spawner, files_root=store.root, on_event=events,
                                 on_probe=None if quiet else lambda e: print(
                                     f"#   probe batch {e['batch_size']}: {e['status']} ({e['seconds']:.1f} s)",
                                     flush=True))
     elif is_multinode(rdzv):
-        rec = measure_node(cfg, spawner, files_root=store.root, on_event=events)
+        rec = measure_node(case, spawner, files_root=store.root, on_event=events)
     else:
-        rec = launch.measure(cfg, spawner, files_root=store.root, on_event=events)
+        rec = launch.measure(case, spawner, files_root=store.root, on_event=events)
     if was_recorded(rec):
         try:
             store.append_uninterrupted(rec.to_dict())

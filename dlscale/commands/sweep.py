@@ -339,11 +339,9 @@ def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
 
     results: list[tuple[Planned, dict[str, Any] | None]] = []
     from dlscale.case import launch
-    from dlscale.case.procs import interrupts
 
-    try:
-        with interrupts():  # SIGTERM and SIGHUP as Ctrl-C: the running case's processes end
-            _sweep_loop(todo, suite, store, args.verbose, results)
+    try:  # SIGTERM and SIGHUP arrive as Ctrl-C (cli.main's signal guard): the running case's processes end
+        _sweep_loop(todo, suite, store, args.verbose, results)
     except KeyboardInterrupt as e:
         n_done = len(results)
         what = describe(todo[n_done].cfg) if n_done < len(todo) else "-"

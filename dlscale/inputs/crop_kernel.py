@@ -33,6 +33,7 @@ def usable(device: torch.device) -> bool:
 
 
 if triton is not None:
+    # a Triton kernel: its parameters are its launch ABI (pointers, scalars, constexpr), not groupable state
     @triton.jit
     def _crop_kernel(flat_ptr, par_ptr, out_ptr, m0, m1, m2, s0, s1, s2, S, s_n, s_c, s_y, s_x,
                      BLOCK: tl.constexpr):

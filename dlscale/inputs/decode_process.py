@@ -78,11 +78,19 @@ class DecoderSpec:
 
 
 @dataclass(frozen=True)
-class _Job:
+class LoaderPlan:
+    """What a rank's DataLoader is made of (here, or in its decode process: it pickles)."""
+
     dataset: Any
     collate: Callable
     sampler: Any
     workers: int
+    prefetch: int = PREFETCH_FACTOR  # batches each worker loads ahead
+
+
+@dataclass(frozen=True)
+class _Job:
+    loader: LoaderPlan
     device: str
     spec: DecoderSpec
     slots: int
@@ -107,12 +115,13 @@ def _take_free(free, idle: collections.deque, parent: int) -> bool:
         idle.append(s)
 
 
-def data_loader(dataset, collate: Callable, sampler, workers: int, cuda: bool):
-    """The DataLoader of a rank's source (here, or in its decode process): ``workers`` processes,
-    pinned memory on CUDA, ``PREFETCH_FACTOR`` batches each, persistent workers."""
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
-                                       pin_memory=cuda, prefetch_factor=PREFETCH_FACTOR if workers else None,
-                                       persistent_workers=workers > 0)
+def data_loader(plan: LoaderPlan, cuda: bool):
+    """The DataLoader of a rank's source (here, or in its decode process): the plan's workers,
+    pinned memory on CUDA, its prefetch batches each, persistent workers."""
+    w = plan.workers
+    return torch.utils.data.DataLoader(plan.dataset, batch_sampler=plan.sampler, num_workers=w,
+                                       collate_fn=plan.collate, pin_memory=cuda,
+                                       prefetch_factor=plan.prefetch if w else None, persistent_workers=w > 0)
 
 
 def _serve(job: _Job, ready, free) -> None:
@@ -127,7 +136,7 @@ def _serve(job: _Job, ready, free) -> None:
         cuda = device.type == "cuda"
         if cuda:  # first: the DataLoader's pin-memory thread takes the current device
             torch.cuda.set_device(device)
-        it = iter(data_loader(job.dataset, job.collate, job.sampler, job.workers, cuda))  # the workers fork here
+        it = iter(data_loader(job.loader, cuda))  # the workers fork here
         stream, events = None, []
         if cuda:
             stream = torch.cuda.Stream(device)
@@ -170,8 +179,7 @@ class DecodeProcess:
     """The training side: starts the decode process and hands its batches to the step (``get``,
     ``release``; the same ``(tensors, meta)`` as the input thread's ``Prefetcher.get``)."""
 
-    def __init__(self, dataset, collate: Callable, sampler, workers: int, device: torch.device, spec: DecoderSpec,
-                 accum: int = 1):
+    def __init__(self, plan: LoaderPlan, device: torch.device, spec: DecoderSpec, accum: int = 1):
         self.device = device
         self.cuda = device.type == "cuda"
         self.depth = SLOTS_AHEAD * accum
@@ -180,8 +188,7 @@ class DecodeProcess:
                        if self.cuda else [])
         ctx = torch.multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
         self.ready, self.free = ctx.Queue(), ctx.Queue()
-        job = _Job(dataset, collate, sampler, workers, str(device), spec, n,
-                   tuple(e.ipc_handle() for e in self.events), os.getpid())
+        job = _Job(plan, str(device), spec, n, tuple(e.ipc_handle() for e in self.events), os.getpid())
         self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.held: list[int] = []  # slots handed to the step since the last release
         self.closed = False

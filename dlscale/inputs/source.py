@@ -27,15 +27,18 @@ import statistics
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import torch
 
 from dlscale import ConfigError
 from dlscale.inputs import dataset_info, images, tokens
-from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, data_loader
+from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, LoaderPlan, data_loader
 from dlscale.inputs.sampler import GlobalBatchSampler
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
+
+if TYPE_CHECKING:
+    from dlscale.case.config import DataSection
 
 DEVICE_DEPTH = 2  # batches finished on the device ahead of the step
 # The interpreter's switch interval while the input thread runs (CPython's default is 5 ms). The
@@ -184,6 +187,18 @@ class Feed(Protocol):
 
 
 @dataclass
+class Delivery:
+    """How a loader's items become the step's batches: ``finish`` (host batch -> device tensors,
+    meta) on the input thread (``threaded``) or inline, after a ``stage`` (DALI's feed), or taken
+    finished from a decode process (``remote``)."""
+
+    finish: Callable | None
+    threaded: bool = False
+    stage: Callable[[Iterator, int], Feed] | None = None
+    remote: DecodeProcess | None = None
+
+
+@dataclass
 class _Snapshot:
     metas: int
     cpu_s: float | None
@@ -195,9 +210,9 @@ class LoaderSource:
 
     static = False
 
-    def __init__(self, loader, finish: Callable | None, device: torch.device, accum: int, info: LoaderInfo,
-                 threaded: bool, page_cache: dict[str, Any],
-                 stage: Callable[[Iterator, int], Feed] | None = None, remote: DecodeProcess | None = None):
+    def __init__(self, loader, delivery: Delivery, device: torch.device, accum: int, info: LoaderInfo,
+                 page_cache: dict[str, Any]):
+        finish, threaded, stage, remote = delivery.finish, delivery.threaded, delivery.stage, delivery.remote
         self.info, self.accum, self.page_cache = info, accum, page_cache
         self.loader = loader
         self.remote = remote  # --data-decode-process: the loader and the decode run there
@@ -294,6 +309,14 @@ class LoaderSource:
     def window_end(self) -> None:
         self._w1 = self._snapshot()
 
+    def _buffer_batches(self) -> int:
+        """Batches ready ahead when the window starts: the workers' prefetch, the device thread's,
+        DALI's or the decode process's."""
+        return (self.info.workers * (self.info.prefetch_factor or 0)
+                + (DEVICE_DEPTH if self.prefetcher is not None else 0)
+                + (self.feed.depth if self.feed is not None else 0)
+                + (self.remote.depth if self.remote is not None else 0))
+
     def summary(self, waits_s: list[float], window_s: float, step_ms: list[float] | None = None,
                 gpu_idle_ms: list[float] | None = None) -> dict[str, Any]:
         """The rank's data record for the window (``waits_s``: the per-step waits the worker timed;
@@ -315,10 +338,7 @@ class LoaderSource:
         per_epoch = self.info.micro_batches_per_epoch
         start_m = (w0.metas // self.accum) * self.accum if w0 else 0
         ms = [w * 1e3 for w in waits_s]
-        buffer = (self.info.workers * (self.info.prefetch_factor or 0)
-                  + (DEVICE_DEPTH if self.prefetcher is not None else 0)
-                  + (self.feed.depth if self.feed is not None else 0)
-                  + (self.remote.depth if self.remote is not None else 0))
+        buffer = self._buffer_batches()
         h = len(waits_s) // 2
         late = sum(step_ms[h:]) if step_ms and len(step_ms) == len(waits_s) else 0.0
         idle_share = (sum(gpu_idle_ms) / (window_s * 1e3) if gpu_idle_ms is not None and window_s > 0 else None)
@@ -481,13 +501,12 @@ def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths:
                   dec.backend, stage=dec.feed)
 
 
-def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: int,
-                decoder: str = "auto", cpu_share: float = 0.0, batch: int = 0, decode_process: bool = False,
-                sm_share: float = 0.0, priority: str = "normal") -> Reader:
-    """Dataset, collate and finish of ``spec`` for ``model`` (a ModelSpec) on ``device``
-    (``decoder``: --data-decoder, for GPU decode; ``cpu_share`` of each loader batch of ``batch``
-    samples decoded on the host instead; ``decode_process``: --data-decode-process, ``sm_share`` and
-    ``priority`` its --data-decode-sm-share and --data-decode-priority)."""
+def make_reader(model, device: torch.device, data: DataSection, seed: int = 0, batch: int = 0) -> Reader:
+    """Dataset, collate and finish of the data section's ``--data`` for ``model`` (a ModelSpec) on
+    ``device``; ``batch``: the samples of one loader batch (of which --data-cpu-share are decoded on
+    the host), ``seed`` the case's."""
+    spec = parse_data(data.data)
+    decode, decoder, cpu_share = data.data_decode, data.data_decoder, data.data_cpu_share
     kind = model.data_kind
     if kind is None:
         raise ConfigError(f"model {model.name} has no real-data reader; use --data synthetic")
@@ -502,8 +521,9 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
             if decoder == "dali":
                 check_split(decoder, cpu_share)  # check_fields's, for callers that did not go through it
                 return dali_reader(ds, size, channels_last, device, paths, kind)
-            if decode_process:
-                process = DecoderSpec(size, channels_last, decoder, sm_share=sm_share, priority=priority)
+            if data.data_decode_process:
+                process = DecoderSpec(size, channels_last, decoder, sm_share=data.data_decode_sm_share,
+                                      priority=data.data_decode_priority)
                 return process_reader(ds, process, paths, kind, round(cpu_share * batch), batch)
             return gpu_reader(ds, images.GpuDecoder(device, size, channels_last, decoder=decoder), paths, kind,
                               round(cpu_share * batch), batch)
@@ -530,28 +550,29 @@ def make_reader(spec: DataSpec, model, device: torch.device, decode: str, seed: 
                   [spec.path], kind)
 
 
-def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, workers: int, decode: str,
-                 device: torch.device, accum: int, page_cache: dict[str, Any]) -> LoaderSource:
+def start_source(reader: Reader, sampler: GlobalBatchSampler, data: DataSection, device: torch.device,
+                 workers: int, accum: int = 1, page_cache: dict[str, Any] | None = None) -> LoaderSource:
     """A DataLoader over ``reader`` with ``workers`` processes, pinned memory on CUDA, prefetch and
-    persistent workers; returned holding its first batch."""
+    persistent workers; returned holding its first batch (``accum`` micro-batches a step)."""
     cuda = device.type == "cuda"
-    prefetch = PREFETCH_FACTOR if workers else None
+    spec, decode, page_cache = parse_data(data.data), data.data_decode, page_cache or {}
+    plan = LoaderPlan(reader.dataset, reader.collate, sampler, workers, data.data_prefetch or PREFETCH_FACTOR)
     name, gpu_decoder, backend = reader.decoder, reader.gpu_decoder, reader.decoder_backend
     loader = remote = None
     if reader.process is not None:  # the DataLoader lives in the decode process
-        remote = DecodeProcess(reader.dataset, reader.collate, sampler, workers, device, reader.process, accum)
+        remote = DecodeProcess(plan, device, reader.process, accum)
         got = remote.info
         sms = f"; MPS SMs {got['mps_sm_percent']} %" if got.get("mps_sm_percent") else ""
         sms += f"; MPS client priority {got['mps_priority']}" if got.get("mps_priority") else ""
         name = f"{got['name']}; crop: {got['crop']}{reader.decoder}{sms}"
         gpu_decoder, backend = got["kind"], got["backend"]
     else:
-        loader = data_loader(reader.dataset, reader.collate, sampler, workers, cuda)
-    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda, prefetch,
+        loader = data_loader(plan, cuda)
+    info = LoaderInfo(spec.kind, reader.data_kind, workers, decode, name, reader.finish_on, cuda,
+                      plan.prefetch if workers else None,
                       workers > 0, sampler.b, sampler.g, sampler.n, sampler.per_epoch, gpu_decoder, backend)
     try:
-        src = LoaderSource(loader, reader.finish, device, accum, info, threaded=cuda, page_cache=page_cache,
-                           stage=reader.stage, remote=remote)
+        src = LoaderSource(loader, Delivery(reader.finish, cuda, reader.stage, remote), device, accum, info, page_cache)
     except BaseException:
         if remote is not None:
             remote.close()
@@ -564,19 +585,20 @@ def start_source(reader: Reader, spec: DataSpec, sampler: GlobalBatchSampler, wo
     return src
 
 
-def open_source(model, cfg, par, dp_rank: int, device: torch.device, local_rank: int, local_world: int,
-                make_synthetic: Callable[[], list[tuple]]):
-    """The rank's batch source: ``make_synthetic()`` for --data synthetic, else a LoaderSource
-    already holding its first batch (the DataLoader workers are up before the warm-up)."""
+def open_source(model, cfg, par, denv, make_synthetic: Callable[[], list[tuple]]):
+    """The rank's batch source (``denv``: its DistEnv): ``make_synthetic()`` for --data synthetic,
+    else a LoaderSource already holding its first batch (the DataLoader workers are up before the
+    warm-up). The data knobs come from ``cfg``'s data section only."""
     spec: DataSpec = parse_data(cfg.data)
     if spec.synthetic:
         return SyntheticSource(make_synthetic())
+    device = denv.device
     b = cfg.batch_size * par.devices_per_process
     g = cfg.batch_size * par.dp_size
-    reader = make_reader(spec, model, device, cfg.data_decode, cfg.seed, cfg.data_decoder, cfg.data_cpu_share, b,
-                         cfg.data_decode_process, cfg.data_decode_sm_share, cfg.data_decode_priority)
-    sampler = GlobalBatchSampler(len(reader.dataset), g, dp_rank * b, b, cfg.seed, what=f"{spec.kind} {spec.path}")
-    page = _page_cache(reader.paths, cfg.data_cold_read, local_rank)
+    reader = make_reader(model, device, cfg, cfg.seed, b)
+    sampler = GlobalBatchSampler(len(reader.dataset), g, par.dp_rank * b, b, cfg.seed,
+                                 what=f"{spec.kind} {spec.path}")
+    page = _page_cache(reader.paths, cfg.data_cold_read, denv.local_rank)
     _barrier(device)  # every rank starts reading after its node's cache was dropped
-    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, local_world, cfg.data_cpu_share)
-    return start_source(reader, spec, sampler, workers, cfg.data_decode, device, cfg.grad_accum, page)
+    workers = resolve_workers(cfg.data_workers, spec.kind, cfg.data_decode, denv.local_world_size, cfg.data_cpu_share)
+    return start_source(reader, sampler, cfg, device, workers, cfg.grad_accum, page)

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dlscale import ConfigError
+
+if TYPE_CHECKING:
+    from dlscale.case.config import DataSection
 
 KINDS = ("synthetic", "imagefolder", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -86,10 +90,11 @@ def check_split(decoder: str, cpu_share: float) -> None:
                           f"decode between the GPU's JPEG engines and nvJPEG's CUDA decoder (hw_decoder_load)")
 
 
-def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, decoder: str = "auto",
-                 cpu_share: float = 0.0, decode_process: bool = False, sm_share: float = 0.0,
-                 priority: str = "normal") -> DataSpec:
-    """RunConfig's static checks of the data fields (called from RunConfig.__post_init__)."""
+def check_fields(d: DataSection) -> DataSpec:
+    """RunConfig's static checks of the data section (called from RunConfig.__post_init__)."""
+    data, workers, decode, cold_read, decoder = d.data, d.data_workers, d.data_decode, d.data_cold_read, d.data_decoder
+    cpu_share, decode_process, sm_share = d.data_cpu_share, d.data_decode_process, d.data_decode_sm_share
+    priority = d.data_decode_priority
     spec = parse_data(data)
     if decode_process and decode != "gpu":
         raise ConfigError("data-decode-process moves GPU decode into a process of its own: it needs --data "
@@ -114,13 +119,17 @@ def check_fields(data: str, workers: int | None, decode: str, cold_read: bool, d
                           f"decoded on the host already)")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"data-workers must be an integer >= 0 (0: load in the training process), got {workers!r}")
+    if d.data_prefetch is not None and workers == 0:
+        raise ConfigError(f"data-prefetch {d.data_prefetch} is what each DataLoader worker loads ahead: it needs "
+                          f"--data-workers 1 or more (0 loads in the training process)")
     if decode not in DECODE_DEVICES:
         raise ConfigError(f"unknown data-decode {decode!r}; choose one of: {', '.join(DECODE_DEVICES)}")
     if decoder not in GPU_DECODERS:
         raise ConfigError(f"unknown data-decoder {decoder!r}; choose one of: {', '.join(GPU_DECODERS)}")
     if spec.synthetic:
         given = [n for n, v, d in (("data-workers", workers, None), ("data-decode", decode, "cpu"),
-                                   ("data-decoder", decoder, "auto"), ("data-cold-read", cold_read, False))
+                                   ("data-decoder", decoder, "auto"), ("data-cold-read", cold_read, False),
+                                   ("data-prefetch", d.data_prefetch, None))
                  if v != d]
         if given:
             raise ConfigError(f"{', '.join(given)} needs --data imagefolder:PATH or tokens:PATH "

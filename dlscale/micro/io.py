@@ -88,16 +88,18 @@ def measure_pipeline(case: PipelineCase, seconds: float, device: str) -> dict[st
 
 def _start(case: PipelineCase, decode: str, dev):
     """The input source ``dlscale run --data`` would start for this case, its workers warmed up."""
+    from dlscale.case.config import DataSection
     from dlscale.inputs.sampler import GlobalBatchSampler
     from dlscale.inputs.source import make_reader, start_source
     from dlscale.inputs.spec import parse_data
     from dlscale.models import get_model
 
     spec = parse_data(case.data)
-    reader = make_reader(spec, get_model(MODEL[case.pipeline], case.flavor), dev, decode, case.seed)
+    section = DataSection(data=case.data, data_decode=decode)
+    reader = make_reader(get_model(MODEL[case.pipeline], case.flavor), dev, section, case.seed)
     sampler = GlobalBatchSampler(len(reader.dataset), case.batch, 0, case.batch, case.seed,
                                  what=f"{spec.kind} {spec.path}")
-    src = start_source(reader, spec, sampler, case.workers, decode, dev, 1, {})
+    src = start_source(reader, sampler, section, dev, case.workers)
     try:
         for _ in range(max(2, 2 * case.workers)):  # every worker has produced a batch
             src.next()

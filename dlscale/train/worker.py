@@ -21,8 +21,9 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _STARTED = time.time()  # before torch's import: the process's phases are timed from here
 
@@ -268,18 +269,18 @@ def train(cfg: RunConfig, denv: DistEnv, result: dict[str, Any], out_dir: Path |
     result["strategy_info"] = par.record_info()
     dp_rank = par.dp_rank
     # synthetic: the pre-made batches; real data: a DataLoader that refills ``batches`` in place
-    source = open_source(spec, cfg, par, dp_rank, device, denv.local_rank, denv.local_world_size,
-                         lambda: make_batches(spec, cfg, par, dp_rank, device))
+    source = open_source(spec, cfg, par, denv, lambda: make_batches(spec, cfg, par, dp_rank, device))
     batches = source.batches
     step = build_step(par, cfg, device, batches)
     inject = _Injected(cfg.inject_failure, denv.rank, cfg.batch_size)
 
     sampler = _start_sampler(cfg, denv, out_dir)
+    rank = _Rank(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
     try:
         if cfg.until is not None:  # time to quality: timed chunks, evaluations between (dlscale/quality/loop.py)
-            _until_loop(cfg, denv, result, par, step, (batches, eager_module, inject, sampler, out_dir, source))
+            _until_loop(rank)
         else:
-            _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source)
+            _train_loop(rank)
         if par.teardown is not None:
             par.teardown()
     finally:
@@ -340,21 +341,86 @@ def _window_counters_end(source, meter, result: dict[str, Any]) -> None:
     energy.stop(meter, result)  # the node's energy over the window, where a counter was read
 
 
-def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sampler, out_dir, source) -> None:
-    device = denv.device
-    fetch = None if source.static else source.next  # real data: refills ``batches`` each step
-    _warmup(cfg, denv, result, par, step, inject, fetch)
+@dataclass
+class _Rank:
+    """What one rank's loops work with, built once by ``train``."""
 
+    cfg: RunConfig
+    denv: DistEnv
+    result: dict[str, Any]
+    par: Parallelized
+    step: Callable
+    batches: list[tuple]  # the step's micro-batches (refilled in place by a real-data source)
+    eager_module: Any  # the model before torch.compile (the correctness check's)
+    inject: _Injected
+    sampler: Any  # the node's hardware sampler (local rank 0), or None
+    out_dir: Path | None
+    source: Any  # dlscale/inputs/source.py: SyntheticSource or LoaderSource
+
+    @property
+    def fetch(self) -> Callable | None:
+        """Real data: what refills ``batches`` each step; None for synthetic batches."""
+        return None if self.source.static else self.source.next
+
+
+@dataclass
+class _Window:
+    """The timed window's marks: CUDA events (GPU) or host clocks (CPU), read after it."""
+
+    n: int
+    events: list | None
+    fetched: list | None  # real data on a GPU: an event after each step's fetch
+    host_marks: list[float]
+    waits: list[float]  # real data: host seconds each step waited at the loader boundary
+    wall: tuple[float, float] = (0.0, 0.0)
+    seconds: float = 0.0
+
+    @classmethod
+    def new(cls, n: int, cuda: bool, real_data: bool) -> "_Window":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
+        fetched = [torch.cuda.Event(enable_timing=True) for _ in range(n)] if cuda and real_data else None
+        return cls(n, events, fetched, [0.0] * (n + 1), [0.0] * n)
+
+
+def _train_loop(r: _Rank) -> None:
+    cfg, denv, result, par, step = r.cfg, r.denv, r.result, r.par, r.step
+    fetch = r.fetch
+    _warmup(cfg, denv, result, par, step, r.inject, fetch)
     n = result["window_steps"] = window_steps(cfg, result.get("warmup_step_s") or [], denv)
-    cuda = device.type == "cuda"
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else None
-    fetched = [torch.cuda.Event(enable_timing=True) for _ in range(n)] if cuda and fetch is not None else None
-    host_marks = [0.0] * (n + 1)
-    waits = [0.0] * n  # real data: host seconds each step waited at the loader boundary
-    pg_barrier = (lambda: dist.barrier(device_ids=[denv.local_rank])) if cuda else dist.barrier
-
+    w = _Window.new(n, denv.device.type == "cuda", fetch is not None)
     scale_before = _loss_scale(par, step)  # amp-fp16: skipped steps are the window's halvings of the scale
-    meter = _window_counters(source, denv)  # loader and energy counters, read before the barrier
+    meter = _window_counters(r.source, denv)  # loader and energy counters, read before the barrier
+    loss = _timed_window(r, w, fetch)
+    _window_counters_end(r.source, meter, result)
+    result.setdefault("marks", {})["window_done"] = time.time()
+    step_ms, idle_ms = _window_times(w.events, w.fetched, w.host_marks, n)
+    # the slowest rank defines the window
+    t = torch.tensor([w.seconds], dtype=torch.float64, device=denv.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    result.update({
+        "status": "ok",
+        "window_s": float(t.item()),
+        "local_window_s": w.seconds,
+        "window_wall": list(w.wall),
+        "step_times_ms": step_ms,
+    })
+    result["loss_last"] = _read_loss(result, loss if par.reports_loss else None, par, denv)
+    result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step), n))
+    result.update(_peak_memory(denv.device))
+    if fetch is not None:
+        result["data"] = r.source.summary(w.waits, w.seconds, step_ms, idle_ms)
+    if r.sampler is not None:
+        result["utilisation"] = r.sampler.summary(*w.wall)
+    _after_window(r, fetch, r.inject)
+
+
+def _timed_window(r: _Rank, w: _Window, fetch: Callable | None):
+    """The window: synchronised start, ``w.n`` training steps and nothing else, synchronised end;
+    fills ``w``'s marks, wall times and seconds; returns the last step's loss."""
+    device, cfg, inject, step = r.denv.device, r.cfg, r.inject, r.step
+    cuda = device.type == "cuda"
+    events, fetched, host_marks, waits, n = w.events, w.fetched, w.host_marks, w.waits, w.n
+    pg_barrier = (lambda: dist.barrier(device_ids=[r.denv.local_rank])) if cuda else dist.barrier
     _sync(device)
     pg_barrier()
     # ---- timed window: nothing but training steps between here and the closing sync ----
@@ -395,31 +461,10 @@ def _train_loop(cfg, denv, result, par, step, batches, eager_module, inject, sam
     _sync(device)
     pg_barrier()
     t1 = time.perf_counter()
-    wall_end = time.time()
+    w.wall = (wall_start, time.time())
     # ---- end of timed window ----
-    _window_counters_end(source, meter, result)
-
-    window = t1 - t0
-    result.setdefault("marks", {})["window_done"] = time.time()
-    step_ms, idle_ms = _window_times(events, fetched, host_marks, n)
-    # the slowest rank defines the window
-    w = torch.tensor([window], dtype=torch.float64, device=device)
-    dist.all_reduce(w, op=dist.ReduceOp.MAX)
-    result.update({
-        "status": "ok",
-        "window_s": float(w.item()),
-        "local_window_s": window,
-        "window_wall": [wall_start, wall_end],
-        "step_times_ms": step_ms,
-    })
-    result["loss_last"] = _read_loss(result, loss if par.reports_loss else None, par, denv)
-    result.update(metrics.loss_scale_fields(scale_before, _loss_scale(par, step), n))
-    result.update(_peak_memory(device))
-    if fetch is not None:
-        result["data"] = source.summary(waits, window, step_ms, idle_ms)
-    if sampler is not None:
-        result["utilisation"] = sampler.summary(wall_start, wall_end)
-    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject)
+    w.seconds = t1 - t0
+    return loss
 
 
 def calibrated_steps(fewest: int, warmup_step_s: list[float], target_s: float | None,
@@ -444,23 +489,25 @@ def window_steps(cfg, warmup_step_s: list[float], denv) -> int:
     return int(t.item())
 
 
-def _until_loop(cfg, denv, result, par, step, rest: tuple) -> None:
+def _until_loop(r: _Rank) -> None:
     """--until: train to the target (dlscale/quality/loop.py), then what follows the main window."""
     from dlscale.quality.loop import Hooks, train_until
 
-    batches, eager_module, inject, sampler, out_dir, source = rest
-    fetch = None if source.static else source.next
-    source.window_start()
-    st = train_until(cfg, denv, result, par, resolve_spec(cfg), Hooks(step, fetch, inject, eager_module))
-    source.window_end()
+    cfg, denv, result, par, source = r.cfg, r.denv, r.result, r.par, r.source
+    fetch = r.fetch
+    meter = _window_counters(source, denv)  # loader and energy counters, as around the main window
+    st = train_until(cfg, denv, result, par, resolve_spec(cfg), Hooks(r.step, fetch, r.inject, r.eager_module))
+    _window_counters_end(source, meter, result)
+    if "energy" in result:  # the counters span every step trained (warm-up and evaluations too), not the window's
+        result["energy"]["steps"] = st.steps
     result["loss_last"] = _read_loss(result, st.loss if par.reports_loss else None, par, denv)
     result.update(_peak_memory(denv.device))
     if fetch is not None:
         n = len(result["step_times_ms"])
         result["data"] = source.summary(st.waits[-n:], result["window_s"], result["step_times_ms"], None)
-    if sampler is not None:
-        result["utilisation"] = sampler.summary(*result["window_wall"])
-    _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch)
+    if r.sampler is not None:
+        result["utilisation"] = r.sampler.summary(*result["window_wall"])
+    _after_window(r, fetch)
     result["loss_after_steps"] = st.steps  # the steps this run took, not warm-up + steps
 
 
@@ -500,11 +547,13 @@ def _warmup(cfg, denv, result, par, step, inject, fetch) -> None:
     result["warmup_losses"] = losses
 
 
-def _after_window(cfg, denv, result, par, step, batches, eager_module, out_dir, fetch, inject=None) -> None:
+def _after_window(r: _Rank, fetch: Callable | None, inject: _Injected | None = None) -> None:
     """Extra measurements, all after the window and after the memory peak was read. The loss of the
     trained model first: the breakdown and the profile train further steps, which would otherwise
     make ``loss_after`` depend on them (and a parity check of a case with --breakdown against one
-    without fail)."""
+    without fail). ``inject``: the straggler hook the per-rank step times repeat (None: none)."""
+    cfg, denv, result, par, step, batches, eager_module, out_dir = (r.cfg, r.denv, r.result, r.par, r.step, r.batches,
+                                                                    r.eager_module, r.out_dir)
     device = denv.device
     result["loss_after"] = _loss_after(par, eager_module, batches[0], cfg, device, denv, result)
     result["loss_after_steps"] = cfg.warmup + result.get("window_steps", cfg.steps)  # steps taken (parity)
