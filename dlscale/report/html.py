@@ -11,7 +11,7 @@ from dlscale.report.cells import html_escape as _e, html_table as _table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
 from dlscale import validity
-from dlscale.report import account, parity, sidebyside
+from dlscale.report import account, parity, sidebyside, table
 from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
                                    environments, extra_columns, group_notes, micro_cell, micro_columns,
                                    micro_title, parity_view, table_cells, table_columns, trace_path)
@@ -192,10 +192,7 @@ def _group_section(g, plots: list[Plot], output: str | None) -> list[str]:
     out.append('<ul class="notes">' + "".join(notes) + "</ul>")
     growth = account.table(g)
     if growth is not None:
-        cols, body, gnotes = growth
-        out.append(f'<p class="sub">{_e(account.TITLE)}</p><div class="tablewrap wide">'
-                   + _table(cols, body, cls="dlperf growth") + "</div>")
-        out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in gnotes) + "</ul>")
+        out.append(table.html(growth, heading=""))
     out.append(_figures(plots))
     out.append("</section>")
     return out

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 from dlscale import validity
 from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
-from dlscale.report import account, lostcols, parity, sidebyside, sources
+from dlscale.report import account, lostcols, parity, sidebyside, sources, table
 from dlscale.report.cells import GIB, MB, MIB, fmt  # noqa: F401  (GIB, MB: part of render's names)
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
@@ -406,7 +406,8 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         out.append("")
         out += [f"- {n}" for n in group_notes(g)]
         out.append("")
-        out += account.markdown(g)
+        growth = account.table(g)
+        out += table.markdown(growth, heading="") if growth else []
         for title, path in plot_links.get(g.name, []):
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):

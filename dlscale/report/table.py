@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from dlscale.fmt import MISSING, fmt_num, md_cell
 from dlscale.report.cells import html_escape as _e
@@ -28,6 +28,7 @@ class Column:
     note: str = ""
     key: str = ""  # its name in CSV and JSON; default: the title
     left: bool = False  # text column: Markdown '---' and HTML class "l" (numbers align right)
+    format: Callable[[Any], str] | None = None  # a number's text where decimals do not say it (not None)
 
     @property
     def title(self) -> str:
@@ -45,6 +46,8 @@ class Column:
             return MISSING if all(x is None for x in v) else " / ".join(self.text(x) for x in v)
         if v is None:
             return MISSING
+        if self.format is not None:
+            return self.format(v)
         if self.decimals is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
             return fmt_num(v, self.decimals)
         return str(v)
@@ -148,12 +151,14 @@ def html_notes(notes: Sequence[Any]) -> str:
 
 
 def html(t: Table, heading: str = "h3") -> str:
-    """A ``<section>``: the title (``heading``, or a ``p.sub`` line with ``heading=""``), the intro, the
-    table and its notes."""
-    anchor = f' id="{_e(t.anchor)}"' if t.anchor else ""
-    title = (f"<{heading}>{_e(t.title)}</{heading}>" if heading else f'<p class="sub">{_e(t.title)}</p>') \
-        if t.title else ""
+    """A ``<section>`` of the title as ``heading``, the intro, the table and its notes; with
+    ``heading=""`` the same without the section, the title a ``p.sub`` line (a table within one)."""
     intro = f'<p class="sub">{_e(t.intro)}</p>' if t.intro else ""
+    if not heading:
+        title = f'<p class="sub">{_e(t.title)}</p>' if t.title else ""
+        return f"{title}{intro}{html_table(t)}{html_notes(t.notes)}"
+    anchor = f' id="{_e(t.anchor)}"' if t.anchor else ""
+    title = f"<{heading}>{_e(t.title)}</{heading}>" if t.title else ""
     return f"<section{anchor}>{title}{intro}{html_table(t)}{html_notes(t.notes)}</section>"
 
 
