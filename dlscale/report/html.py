@@ -132,7 +132,7 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
 
     body += frameworks.html(report)
     body.append(sources.html_section(report))
-    body += _side_by_side(side)
+    body += sidebyside.to_html(side)
     body += _quality(report, by_key)
     from dlscale.tune.report import html_section as tune_section  # the store's `dlscale tune` results
 
@@ -241,22 +241,6 @@ def _environment_section(report: Report) -> list[str]:
         out.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
         if e["env"].get("topology"):
             out.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
-    return out
-
-
-def _side_by_side(ts: list) -> list[str]:
-    if not ts:
-        return []
-    out = ['<h2 id="side-by-side">Side by side (same workload, different settings)</h2>',
-           f'<p class="method">{_e(sidebyside.METHOD)}</p>']
-    for t in ts:
-        rows = [sidebyside.cells(t, r) for r in t.rows]
-        warned = [any(f.severity == validity.WARN for f in t.flags(r)) for r in t.rows]
-        cc = [[""] * (len(c) - 2) + [_verdict_class(c[-2]), "l flag" if w else "l"] for c, w in zip(rows, warned)]
-        titles = [[""] * (len(c) - 1) + [validity.describe(t.flags(r))] for c, r in zip(rows, t.rows)]
-        out.append(f"<section><h3>{_e(t.title)}</h3><div class=\"tablewrap\">"
-                   + _table(sidebyside.headers(t), rows, left_cols=1, cell_classes=cc, cell_titles=titles,
-                            cls="side") + "</div></section>")
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from dlscale.fmt import MISSING, fmt_num, md_cell
 from dlscale.report.cells import html_escape as _e
 
-__all__ = ["Cell", "Column", "Table", "markdown", "md_table", "html", "html_table", "csv_text", "json_obj",
+__all__ = ["Cell", "Column", "Table", "verdict_cell", "markdown", "md_table", "html", "html_table", "csv_text", "json_obj",
            "console"]
 
 
@@ -61,6 +61,14 @@ class Cell:
     value: Any = None
     cls: str = ""
     tip: str = ""
+
+
+VERDICT_CLASS = {"faster": "good", "slower": "flag", "pass": "good", "FAIL": "flag"}
+
+
+def verdict_cell(v: str | None) -> Cell | None:
+    """A verdict (compare's, parity's) marked good or bad for HTML."""
+    return None if v is None else Cell(v, v, cls=VERDICT_CLASS.get(v, ""))
 
 
 def value_of(v: Any) -> Any:
