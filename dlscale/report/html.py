@@ -244,10 +244,6 @@ def _environment_section(report: Report) -> list[str]:
     return out
 
 
-def _verdict_class(v: str) -> str:
-    return {"faster": "l good", "slower": "l flag", "pass": "l good", "FAIL": "l flag"}.get(v, "l")
-
-
 def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
     """The time-to-quality tables and their plots (dlscale/report/quality.py)."""
     from dlscale.report import quality
@@ -272,15 +268,7 @@ def _parity(rep) -> list[str]:
     if rep is None:
         return []
     out = ['<h2 id="parity">Loss parity</h2>', f'<p class="method">{_e(parity.METHOD)}</p>']
-    for g in rep.groups:
-        headers, rows = parity.table(g)
-        cc = [[""] * (len(r) - 1) + [_verdict_class(r[-1])] for r in rows]
-        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap\">"
-                   + _table(headers, rows, left_cols=1, cell_classes=cc, cls="parity") + "</div>")
-        notes = parity.notes(g)
-        if notes:
-            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-        out.append("</section>")
+    out += [table.html(parity.table(g)) for g in rep.groups]
     counts = ", ".join(f"{n} {v}" for v, n in sorted(rep.counts().items())) or "nothing compared"
     out.append(f"<p><strong>Summary:</strong> {_e(counts)}</p>")
     return out

@@ -158,16 +158,16 @@ def html_notes(notes: Sequence[Any]) -> str:
     return '<ul class="notes">' + "".join(items) + "</ul>"
 
 
-def html(t: Table, heading: str = "h3") -> str:
-    """A ``<section>`` of the title as ``heading``, the intro, the table and its notes; with
-    ``heading=""`` the same without the section, the title a ``p.sub`` line (a table within one)."""
+def html(t: Table, heading: str = "h3", after: str = "") -> str:
+    """A ``<section>`` of the title as ``heading``, the intro, the table, its notes and ``after`` (its
+    plots); with ``heading=""`` the same without the section, the title a ``p.sub`` line."""
     intro = f'<p class="sub">{_e(t.intro)}</p>' if t.intro else ""
     if not heading:
         title = f'<p class="sub">{_e(t.title)}</p>' if t.title else ""
-        return f"{title}{intro}{html_table(t)}{html_notes(t.notes)}"
+        return f"{title}{intro}{html_table(t)}{html_notes(t.notes)}{after}"
     anchor = f' id="{_e(t.anchor)}"' if t.anchor else ""
     title = f"<{heading}>{_e(t.title)}</{heading}>" if t.title else ""
-    return f"<section{anchor}>{title}{intro}{html_table(t)}{html_notes(t.notes)}</section>"
+    return f"<section{anchor}>{title}{intro}{html_table(t)}{html_notes(t.notes)}{after}</section>"
 
 
 # ----------------------------------------------------------------------------- CSV, JSON, console
