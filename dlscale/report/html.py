@@ -253,14 +253,7 @@ def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
     if not groups:
         return []
     out = [f'<h2 id="quality">{_e(quality.TITLE)}</h2>', f'<p class="method">{_e(quality.METHOD)}</p>']
-    for g in groups:
-        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap wide\">"
-                   + _table(list(quality.HEADERS), [quality.cells(r) for r in g.rows], left_cols=5) + "</div>")
-        ns = quality.notes(g)
-        if ns:
-            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in ns) + "</ul>")
-        out.append(_figures(by_key.get(f"quality:{g.slug}", [])))
-        out.append("</section>")
+    out += [table.html(quality.table(g), after=_figures(by_key.get(f"quality:{g.slug}", []))) for g in groups]
     return out
 
 
