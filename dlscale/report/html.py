@@ -10,11 +10,10 @@ import dlscale
 from dlscale.report.cells import html_escape as _e, html_table as _table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale import validity
 from dlscale.report import account, parity, sidebyside, table
-from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
-                                   environments, extra_columns, group_notes, micro_cell, micro_columns,
-                                   micro_title, parity_view, table_cells, table_columns, trace_path)
+from dlscale.report.render import (_anchor, ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
+                                   environments, dlperf_table, group_notes, micro_cell, micro_columns,
+                                   micro_title, parity_view, trace_path)
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -60,10 +59,6 @@ nav ol { margin:4px 0; padding-left:22px; font-size:13px; columns:2; }
 details > summary { cursor:pointer; color:var(--accent); }
 footer { margin-top:40px; font-size:12px; color:var(--muted); }
 """
-
-
-def _anchor(name: str) -> str:
-    return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
 def _figures(plots: Sequence[Plot]) -> str:
@@ -166,27 +161,10 @@ def _toc(report: Report, side: bool, parity: bool, quality: bool = False) -> str
 
 def _group_section(g, plots: list[Plot], output: str | None) -> list[str]:
     """One DLPerf table with its flagged cells, notes, trace links and plots."""
-    rows, rclasses, cclasses, titles = [], [], [], []
-    headers = table_columns(g)
-    for r in g.rows:
-        cells = table_cells(g, r)
-        rows.append(cells)
-        rclasses.append("borrowed" if r.borrowed else "")
-        cc = [""] * len(cells)
-        tt = [""] * len(cells)
-        if not r.ok:
-            cc[2] = f"status status-{r.status}"
-            tt[2] = r.error or ""
-        else:
-            _mark_flags(headers, r, cc, tt)
-        cclasses.append(cc)
-        titles.append(tt)
-    out = [f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>',
+    t = dlperf_table(g)
+    out = [f'<section id="{_e(t.anchor)}"><h3>{_e(g.title)}</h3>',
            f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
-           f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>"]
-    wrap = "tablewrap wide" if extra_columns(g) else "tablewrap"  # utilisation columns: tighter cells
-    out.append(f'<div class="{wrap}">' + _table(headers, rows, row_classes=rclasses, cell_classes=cclasses,
-                                                cell_titles=titles, cls="dlperf") + "</div>")
+           f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>", table.html_table(t)]
     notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
              for n in group_notes(g, traces=False)] + _trace_items(g, output)
     out.append('<ul class="notes">' + "".join(notes) + "</ul>")
@@ -265,20 +243,6 @@ def _parity(rep) -> list[str]:
     counts = ", ".join(f"{n} {v}" for v, n in sorted(rep.counts().items())) or "nothing compared"
     out.append(f"<p><strong>Summary:</strong> {_e(counts)}</p>")
     return out
-
-
-def _mark_flags(headers: Sequence[str], r, cc: list[str], tt: list[str]) -> None:
-    """Cell classes and tooltips of a row's flagged numbers: speedup and efficiency carry the
-    comparison's flags, the validity cell the record's own."""
-    warn = [f for f in r.speedup_flags if f.severity == validity.WARN]
-    for name in ("speedup (×)", "scaling efficiency (%)"):
-        if warn and name in headers:
-            i = headers.index(name)
-            cc[i], tt[i] = "flag", validity.describe(r.speedup_flags)
-    if "validity" in headers and r.flags:
-        i = headers.index("validity")
-        cc[i] = "l " + ("flag" if not r.validity.sound or warn else "note")
-        tt[i] = validity.describe(r.flags)
 
 
 def _commands_table(cmds: Sequence[tuple[str, str, str]]) -> str:

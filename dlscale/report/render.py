@@ -10,10 +10,11 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale import validity
-from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
+from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources, table
 from dlscale.report.cells import GIB, MB, MIB, fmt  # noqa: F401  (GIB, MB: part of render's names)
+from dlscale.report.table import Cell, Column, Table
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -92,57 +93,62 @@ def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float |
     return [(h, f) for h, f in EXTRA_COLUMNS if any(v is not None for r in ok for v in f(r))]
 
 
-def _extra_cell(values: tuple[float | None, ...]) -> str:
-    if all(v is None for v in values):
-        return MISSING
-    return " / ".join(fmt(v, 1) for v in values)
-
-
-def _mem_header(g: Group) -> str:
+def _mem_column(g: Group) -> Column:
     mu, _ = mem_unit(g)
-    return f"peak mem / device ({mu})" if g.device_type == "cuda" else f"peak RSS / process ({mu})"
+    return Column("peak mem / device" if g.device_type == "cuda" else "peak RSS / process", mu, 2)
 
 
-def _mem_cell(g: Group, r: Row) -> str:
+def _mem(g: Group, r: Row) -> float | None:
     _, scale = mem_unit(g)
-    return fmt(None if r.peak_mem is None else r.peak_mem / scale)
+    return None if r.peak_mem is None else r.peak_mem / scale
 
 
-def _spread_cell(g: Group, r: Row) -> str:
+def _spread(g: Group, r: Row) -> Cell | None:
     lo, hi, n = r.stat("min"), r.stat("max"), r.stat("n")
     if lo is None or hi is None or n is None or n < 2:
-        return MISSING
-    return f"{fmt(lo)}–{fmt(hi)}"
+        return None
+    return Cell(f"{fmt(lo)}–{fmt(hi)}", [lo, hi])
 
 
-def _flagged(text: str, flags: Sequence[validity.Flag]) -> str:
-    """A number with the warn mark when one of ``flags`` is a warning."""
-    return f"{text} {WARN_MARK}" if text != MISSING and any(f.severity == validity.WARN for f in flags) else text
+def _flagged(v: float | None, nd: int, r: Row) -> Cell:
+    """A number against the baseline: the warn mark, the HTML flag and the reasons where the comparison
+    has a warning."""
+    text = fmt(v, nd)
+    if not any(f.severity == validity.WARN for f in r.speedup_flags):
+        return Cell(text, v)
+    return Cell(f"{text} {WARN_MARK}" if text != MISSING else text, v, "flag", validity.describe(r.speedup_flags))
 
 
 def _pct(v: float | None) -> float | None:
     return None if v is None else v * 100
 
 
-Column = tuple[Callable[[Group], str], Callable[[Group, Row], str]]
-# The DLPerf columns, each its header and its cell in one place. COUNT_COLUMNS say which row it is;
-# CORE_COLUMNS are measured: a non-ok row shows its status word in the first, MISSING in the rest.
-COUNT_COLUMNS: tuple[Column, ...] = (
-    (lambda g: "node_num", lambda g, r: str(r.nnodes)),
-    (lambda g: count_header(g), lambda g, r: str(r.devices)),
+def _repeats(r: Row) -> int | None:
+    n = r.stat("n")
+    return None if n is None else int(n)
+
+
+# A DLPerf column: its definition (of the table: the header names its unit) and its accessor.
+Metric = tuple[Callable[[Group], Column], Callable[[Group, Row], Any]]
+# COUNT_COLUMNS say which row it is; CORE_COLUMNS are measured: a non-ok row shows its status word in
+# the first, MISSING in the rest.
+COUNT_COLUMNS: tuple[Metric, ...] = (
+    (lambda g: Column("node_num"), lambda g, r: r.nnodes),
+    (lambda g: Column(count_header(g)), lambda g, r: r.devices),
 )
-CORE_COLUMNS: tuple[Column, ...] = (
-    (lambda g: f"throughput median ({g.unit}/s)", lambda g, r: fmt(r.median)),
-    (lambda g: "speedup (×)", lambda g, r: _flagged(fmt(r.speedup), r.speedup_flags)),
-    (lambda g: "scaling efficiency (%)", lambda g, r: _flagged(fmt(_pct(r.efficiency), 1), r.speedup_flags)),
-    (lambda g: "MFU (%)", lambda g, r: fmt(_pct(r.mfu), 1)),
-    (_mem_header, _mem_cell),
-    (lambda g: f"min–max ({g.unit}/s)", _spread_cell),
-    (lambda g: f"stdev ({g.unit}/s)", lambda g, r: fmt_stdev(r.stat("stdev"), r.stat("n"))),
-    (lambda g: "n (repeats)", lambda g, r: MISSING if r.stat("n") is None else str(int(r.stat("n")))),
+CORE_COLUMNS: tuple[Metric, ...] = (
+    (lambda g: Column("throughput median", f"{g.unit}/s", 2), lambda g, r: r.median),
+    (lambda g: Column("speedup", "×", 2), lambda g, r: _flagged(r.speedup, 2, r)),
+    (lambda g: Column("scaling efficiency", "%", 1), lambda g, r: _flagged(_pct(r.efficiency), 1, r)),
+    (lambda g: Column("MFU", "%", 1), lambda g, r: _pct(r.mfu)),
+    (_mem_column, _mem),
+    (lambda g: Column("min–max", f"{g.unit}/s"), _spread),
+    (lambda g: Column("stdev", f"{g.unit}/s"),
+     lambda g, r: Cell(fmt_stdev(r.stat("stdev"), r.stat("n")), r.stat("stdev"))),
+    (lambda g: Column("n", "repeats"), lambda g, r: _repeats(r)),
 )
 # shown, like EXTRA_COLUMNS, only when some ok row of the table has a value
-LOSS_COLUMN: Column = (lambda g: "loss after", lambda g, r: fmt_num(r.loss_after, 4))
+LOSS_COLUMN: Metric = (lambda g: Column("loss after", decimals=4), lambda g, r: r.loss_after)
 
 
 def has_loss_column(group: Group) -> bool:
@@ -161,23 +167,53 @@ def validity_cell(row: Row) -> str:
     return flags_cell(row.flags)
 
 
+def _validity(g: Group, r: Row) -> Cell:
+    """The record's own flags; HTML marks them bad where unsound or the comparison warns."""
+    if not r.flags:
+        return Cell(validity_cell(r), [])
+    warn = not r.validity.sound or any(f.severity == validity.WARN for f in r.speedup_flags)
+    return Cell(validity_cell(r), [f.check for f in r.flags], "l " + ("flag" if warn else "note"),
+                validity.describe(r.flags))
+
+
+def _metrics(group: Group) -> tuple[list[Metric], list[Metric]]:
+    """(the columns that say which row, the measured ones) this table shows."""
+    extras = [(lambda g, h=h: Column(h, decimals=1), lambda g, r, f=f: f(r)) for h, f in extra_columns(group)]
+    tail = ([(lambda g: Column("validity"), _validity)] if has_validity_column(group) else []) \
+        + ([LOSS_COLUMN] if has_loss_column(group) else [])
+    return list(COUNT_COLUMNS), list(CORE_COLUMNS) + tail + extras
+
+
+def _row_values(group: Group, row: Row, measured: list[Metric]) -> list[Any]:
+    head = [value(group, row) for _, value in COUNT_COLUMNS]
+    if not row.ok:
+        word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
+        return head + [Cell(word, None, f"status status-{row.status}", row.error or "")] + [None] * (len(measured) - 1)
+    return head + [value(group, row) for _, value in measured]
+
+
+def dlperf_table(group: Group) -> Table:
+    """The DLPerf table of a report group: status words replace the numbers of a non-ok case."""
+    count, measured = _metrics(group)
+    rows = [_row_values(group, r, measured) for r in group.rows]
+    return Table(group.title, [c(group) for c, _ in count + measured], rows, group_notes(group),
+                 title_md=md_title(group), anchor=_anchor(group.name), kind="dlperf",
+                 row_classes=["borrowed" if r.borrowed else "" for r in group.rows], wide=bool(extra_columns(group)))
+
+
+def _anchor(name: str) -> str:
+    return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
 def table_columns(group: Group) -> list[str]:
-    loss = [LOSS_COLUMN[0](group)] if has_loss_column(group) else []
-    return ([h(group) for h, _ in COUNT_COLUMNS + CORE_COLUMNS] + (["validity"] if has_validity_column(group) else [])
-            + loss + [h for h, _ in extra_columns(group)])
+    count, measured = _metrics(group)
+    return [c(group).title for c, _ in count + measured]
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
-    """The DLPerf row: status words replace the numbers of a non-ok case."""
-    head = [cell(group, row) for _, cell in COUNT_COLUMNS]
-    extras = extra_columns(group)
-    loss = has_loss_column(group)
-    tail = has_validity_column(group)
-    if not row.ok:
-        word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
-        return head + [word] + [MISSING] * (len(CORE_COLUMNS) - 1 + loss + len(extras) + tail)
-    return (head + [cell(group, row) for _, cell in CORE_COLUMNS] + ([validity_cell(row)] if tail else [])
-            + ([LOSS_COLUMN[1](group, row)] if loss else []) + [_extra_cell(f(row)) for _, f in extras])
+    """The DLPerf row's texts."""
+    count, measured = _metrics(group)
+    return [c(group).text(v) for (c, _), v in zip(count + measured, _row_values(group, row, measured))]
 
 
 def flag_notes(group: Group) -> list[str]:
@@ -400,12 +436,9 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     if report.groups:
         out += ["## Scaling (DLPerf tables)", ""]
     for g in report.groups:
-        out += [f"### {md_title(g)}", "",
-                f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}", ""]
-        out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
-        out.append("")
-        out += [f"- {n}" for n in group_notes(g)]
-        out.append("")
+        t = dlperf_table(g)
+        t.intro = f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}"
+        out += table.markdown(t)
         growth = account.table(g)
         out += table.markdown(growth, heading="") if growth else []
         for title, path in plot_links.get(g.name, []):
