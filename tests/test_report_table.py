@@ -51,3 +51,17 @@ def test_console_pads_every_line_to_the_columns():
     header, rule = text[1], text[2]
     assert len(rule.split("  ")) == 3
     assert text[3].endswith("2.0 / " + MISSING) and header.startswith("case")
+
+
+def test_the_slowest_rank_step_column_is_its_median_step_in_ms():
+    from types import SimpleNamespace
+
+    from dlscale.report import lostcols, render
+
+    ranks = [{"rank": 0, "host": "h", "device": "cpu", "window_median_ms": 10.0, "solo_ms": [9.0, 10.0, 11.0]},
+             {"rank": 1, "host": "h", "device": "cpu", "window_median_ms": 12.0, "solo_ms": [12.0, 14.0, 13.0]}]
+    row = SimpleNamespace(record={"repeats": [{"repeat": 0, "status": "ok", "rank_steps": ranks}], "median_repeat": 0})
+    accessor = dict(render.EXTRA_COLUMNS)["slowest rank step (ms)"]
+    assert accessor(row) == (13.0,)  # rank 1's median solo step
+    assert lostcols.fields(row)["slowest_rank_step_ms"] == 13.0
+    assert accessor(SimpleNamespace(record={"repeats": []})) == (None,)  # one rank or none: no column value

@@ -25,6 +25,10 @@ def _pct(v: float | None) -> float | None:
     return None if v is None else v * 100.0
 
 
+def _slowest_ms(row) -> float | None:
+    return (ranktimes.record_slowest(row.record) or {}).get("median_ms")
+
+
 def _ckpt(row, key: str) -> float | None:
     return checkpoint_timing.report_values(row.record)[key]
 
@@ -32,6 +36,7 @@ def _ckpt(row, key: str) -> float | None:
 # (header, the row's value(s)): appended to render.EXTRA_COLUMNS
 COLUMNS: tuple[tuple[str, Callable[[Any], tuple[float | None, ...]]], ...] = (
     ("slowest rank vs rest (%)", lambda r: (ranktimes.gap_pct(r.record),)),
+    ("slowest rank step (ms)", lambda r: (_slowest_ms(r),)),
     ("wall in window / +warm-up (%)", lambda r: goodput.pct_pair(r.record)),
     ("energy (J/sample)", lambda r: (_summary(r, "joules_per_sample"),)),
     ("energy (mJ/token)", lambda r: (_milli(_summary(r, "joules_per_token")),)),
@@ -49,7 +54,8 @@ NOTE = ("slowest rank vs rest: its median step over the other ranks' median, fro
         "bytes ÷ durable seconds (GB = 10^9 B), the steps after the saves against those before, % "
         "(docs/metrics.md, Checkpoints)")
 
-CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "wall_share_window",
+CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "slowest_rank_step_ms",
+               "wall_share_window",
                "wall_share_with_warmup",
                "joules_per_sample", "joules_per_token", "checkpoint_blocking_s", "checkpoint_durable_s",
                "checkpoint_write_bytes_per_s", "checkpoint_step_effect"]
@@ -60,7 +66,7 @@ def fields(row) -> dict[str, Any]:
     s = ranktimes.record_slowest(row.record) or {}
     g = goodput.record_shares(row.record) or {}
     return {"slowest_rank": s.get("rank"), "slowest_rank_host": s.get("host"), "slowest_rank_device": s.get("device"),
-            "slowest_rank_gap": s.get("gap"),
+            "slowest_rank_gap": s.get("gap"), "slowest_rank_step_ms": s.get("median_ms"),
             "wall_share_window": g.get("window"), "wall_share_with_warmup": g.get("with_warmup"),
             "joules_per_sample": _summary(row, "joules_per_sample"),
             "joules_per_token": _summary(row, "joules_per_token"),
