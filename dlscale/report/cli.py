@@ -188,8 +188,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change, args.metric)
-    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
-                         case_filters, ignore, match=args.match)
+    pairing = cmp.Pairing(args.label_a, args.label_b, case_filters, ignore, args.match)
+    result = cmp.compare(loaded_a, loaded_b, Filters.from_args(args), opts, pairing)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:
