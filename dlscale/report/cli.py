@@ -38,6 +38,11 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_report(subparsers)
+    _register_compare(subparsers)
+
+
+def _register_report(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report", formatter_class=_Help,
         help="DLPerf-style scaling tables, plots and HTML from a result store",
@@ -65,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_filters(p)
     p.set_defaults(func=cmd_report)
 
+
+def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     c = subparsers.add_parser(
         "compare", formatter_class=_Help,
         help="compare the same cases in two stores (or two labels of one store), with noise tests",

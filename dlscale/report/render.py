@@ -456,6 +456,15 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     par = parity_view(report)
     if par is not None:
         out += [parity.to_markdown(par, heading="##").replace("## dlscale parity", "## Loss parity", 1)]
+    out += _micro_markdown(report, plot_links)
+    out += sources.provenance_lines(report)
+    out += _environment_markdown(report) + _commands_markdown(report)
+    return md_safe("\n".join(out))
+
+
+def _micro_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """A section per micro-benchmark record: its status, result rows, flags and plots."""
+    out: list[str] = []
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
@@ -471,7 +480,11 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
                 f"{md_text(str(f.get('reason')))}" for f in flags if isinstance(f, dict)] + ([""] if flags else [])
         for title, path in plot_links.get(f"micro:{m.get('id')}", []):
             out += [f"![{title}]({path})", ""]
-    out += sources.provenance_lines(report)
+    return out
+
+
+def _environment_markdown(report: Report) -> list[str]:
+    out: list[str] = []
     envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
     if envs:
         out += ["## Environment", ""]
@@ -487,6 +500,11 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         if e["env"].get("topology"):
             out += ["", "```", str(e["env"]["topology"]), "```"]
         out.append("")
+    return out
+
+
+def _commands_markdown(report: Report) -> list[str]:
+    out: list[str] = []
     cmds = commands(report)
     if cmds:
         body = []
@@ -494,7 +512,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             body += [f"# {what} ({status})".replace("\n", " "), cmd]
         fence = _fence(body)
         out += ["## Commands", "", fence] + body + [fence, ""]
-    return md_safe("\n".join(out))
+    return out
 
 
 # ----------------------------------------------------------------------------- csv
