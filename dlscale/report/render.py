@@ -205,15 +205,23 @@ def _anchor(name: str) -> str:
     return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
-def table_columns(group: Group) -> list[str]:
+def dlperf_columns(group: Group) -> list[Column]:
     count, measured = _metrics(group)
-    return [c(group).title for c, _ in count + measured]
+    return [c(group) for c, _ in count + measured]
+
+
+def dlperf_values(group: Group, row: Row) -> list[Any]:
+    """The DLPerf row's values under ``dlperf_columns``."""
+    return _row_values(group, row, _metrics(group)[1])
+
+
+def table_columns(group: Group) -> list[str]:
+    return [c.title for c in dlperf_columns(group)]
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
     """The DLPerf row's texts."""
-    count, measured = _metrics(group)
-    return [c(group).text(v) for (c, _), v in zip(count + measured, _row_values(group, row, measured))]
+    return [c.text(v) for c, v in zip(dlperf_columns(group), dlperf_values(group, row))]
 
 
 def flag_notes(group: Group) -> list[str]:
