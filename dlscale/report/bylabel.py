@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dlscale.config import DEFAULTS, FIELDS, workload_fields
+from dlscale.fmt import md_code, md_safe
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 from dlscale.report.render import MISSING, GIB, case_dict, dlperf_columns, dlperf_values, header_lines
 from dlscale.report.table import Column, Table, markdown
@@ -102,8 +103,6 @@ _ALWAYS = ("model", "precision", "batch_size", "strategy", "device_type")
 
 def _title(t: LabelTable) -> str:
     """The label and the shared fields (those at their defaults left out, but the main ones)."""
-    from dlscale.fmt import md_code
-
     head = f"label {md_code(t.label)}" if t.label is not None else "no label"
     shown = {k: v for k, v in t.fixed.items() if k in _ALWAYS or k not in DEFAULTS or v != DEFAULTS[k]}
     return head + "".join(f" · {k}={_value(v)}" for k, v in shown.items())
@@ -115,8 +114,6 @@ def to_markdown(report: Report) -> str:
         out += [f"> **Warning:** {w}", ""]
     for t in label_tables(report):
         out += markdown(table(t), heading="##")
-    from dlscale.fmt import md_safe
-
     return md_safe("\n".join(out))
 
 

@@ -11,9 +11,10 @@ from dlscale.report.cells import html_escape as _e, html_table as _table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
 from dlscale.report import account, parity, sidebyside, table
+from dlscale.report import frameworks, quality, sources
 from dlscale.report.render import (_anchor, ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
                                    environments, dlperf_table, group_notes, micro_cell, micro_columns,
-                                   micro_title, parity_view, trace_path)
+                                   micro_title, parity_view, quality_view, trace_path)
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -115,15 +116,11 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
     side, par = sidebyside.tables(report), parity_view(report)
-    from dlscale.report.render import quality_view
-
     body.append(_toc(report, bool(side), par is not None, bool(quality_view(report))))
     if report.groups:
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
         body += _group_section(g, by_key.get(g.name, []), output)
-
-    from dlscale.report import frameworks, sources
 
     body += frameworks.html(report)
     body.append(sources.html_section(report))
@@ -198,8 +195,6 @@ def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
 
 
 def _environment_section(report: Report) -> list[str]:
-    from dlscale.report import sources
-
     out = ['<h2 id="environment">Environment</h2>']
     prov = sources.provenance_lines(report)
     if prov:
@@ -224,9 +219,6 @@ def _environment_section(report: Report) -> list[str]:
 
 def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
     """The time-to-quality tables and their plots (dlscale/report/quality.py)."""
-    from dlscale.report import quality
-    from dlscale.report.render import quality_view
-
     groups = quality_view(report)
     if not groups:
         return []

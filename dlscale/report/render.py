@@ -13,6 +13,7 @@ from dlscale import validity
 from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources, table
+from dlscale.report import frameworks, quality
 from dlscale.report.cells import GIB, MB, MIB, fmt  # noqa: F401  (GIB, MB: part of render's names)
 from dlscale.report.table import Cell, Column, Table
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
@@ -418,8 +419,6 @@ def parity_view(report: Report):
 
 def quality_view(report: Report) -> list:
     """The time-to-quality tables (dlscale/report/quality.py): one per workload trained with --until."""
-    from dlscale.report import quality
-
     return quality.build(report.loaded, report.filters)
 
 
@@ -453,13 +452,9 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):
             out.append("")
-    from dlscale.report import frameworks
-
     out += frameworks.markdown(report)
     out += sources.markdown_section(report)
     out += sidebyside.to_markdown(sidebyside.tables(report))
-    from dlscale.report import quality
-
     out += quality.markdown(quality_view(report), plot_links)
     par = parity_view(report)
     if par is not None:
@@ -602,8 +597,6 @@ def to_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
-    from dlscale.report import frameworks
-
     fw = frameworks.csv_fields(report)
     for g in report.groups:
         for r in g.own_rows:
@@ -635,8 +628,6 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
 
 
 def to_json_obj(report: Report) -> dict[str, Any]:
-    from dlscale.report import frameworks
-
     dlperf: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for g in report.groups:
@@ -678,8 +669,6 @@ def to_json_obj(report: Report) -> dict[str, Any]:
 
 
 def _quality_json(report: Report):
-    from dlscale.report import quality
-
     return quality.json_obj(quality_view(report))
 
 
