@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Sequence
 
 import dlscale
-from dlscale.report.cells import html_escape as _e, html_table as _table
+from dlscale.report.cells import html_escape as _e
+from dlscale.report.table import Column, Table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
 from dlscale.report import account, parity, sidebyside, table
 from dlscale.report import frameworks, quality, sources
 from dlscale.report.render import (_anchor, ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
-                                   environments, dlperf_table, group_notes, micro_cell, micro_columns,
+                                   environments, dlperf_table, group_notes, micro_table,
                                    micro_title, parity_view, quality_view, trace_path)
 
 CSS = """
@@ -181,10 +182,9 @@ def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
             out.append(f'<p><strong>{_e(STATUS_TEXT.get(str(m.get("status")), m.get("status")))}</strong> '
                        f'{_e(m.get("error") or "")}</p>')
         out.append(_figures(by_key.get(f"micro:{m.get('id')}", [])))
-        cols = micro_columns(m)
-        if cols:
-            res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
-            out.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
+        t = micro_table(m)
+        if t is not None:
+            out.append(f"<details><summary>{len(t.rows)} result row(s)</summary>{table.html_table(t)}</details>")
         flags = [f for f in (m.get("validity") or {}).get("flags") or [] if isinstance(f, dict)]
         if flags:  # as run's: spread, competing processes, oversubscribed threads
             out.append('<ul class="notes">' + "".join(
@@ -211,7 +211,8 @@ def _environment_section(report: Report) -> list[str]:
         others = sorted(set(e["rank_hosts"]) - {e["host"]})
         if others:
             rows.append(["other hosts in these runs", ", ".join(others)])
-        out.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
+        out.append(table.html_table(Table("", [Column("field", left=True), Column("value", left=True)], rows,
+                                          kind="env")))
         if e["env"].get("topology"):
             out.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
     return out

@@ -10,7 +10,8 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale import validity
-from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
+from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_text
+from dlscale.fmt import md_table  # noqa: F401  (commands/sweep.py reads it here)
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources, table
 from dlscale.report import frameworks, quality
@@ -388,6 +389,15 @@ def micro_cell(v: Any) -> str:
     return MISSING if v is None else str(v)
 
 
+def micro_table(rec: dict[str, Any]) -> Table | None:
+    """A micro-benchmark record's result rows, one column per field; None without any."""
+    cols = micro_columns(rec)
+    if not cols:
+        return None
+    rows = [[r.get(c) for c in cols] for r in rec.get("results") or [] if isinstance(r, dict)]
+    return Table(micro_title(rec), [Column(c, format=micro_cell) for c in cols], rows)
+
+
 def micro_title(rec: dict[str, Any]) -> str:
     env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
     bits = [f"micro {rec.get('micro')}", f"record {str(rec.get('id'))[:8]}"]
@@ -474,10 +484,9 @@ def _micro_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]]
         out += [f"### {micro_md_title(m)}", ""]
         if m.get("status", "ok") != "ok":
             out += [f"Status **{m.get('status')}**: {_one_line(m.get('error') or '', 300)}", ""]
-        cols = micro_columns(m)
-        if cols:
-            rows = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
-            out += [md_table(cols, rows), ""]
+        t = micro_table(m)
+        if t is not None:
+            out += [table.md_table(t), ""]
         flags = (m.get("validity") or {}).get("flags") or []  # as run's: spread, competing processes, threads
         out += [f"- {'⚠' if f.get('severity') == 'warn' else '?'} `{f.get('check')}`: "
                 f"{md_text(str(f.get('reason')))}" for f in flags if isinstance(f, dict)] + ([""] if flags else [])
