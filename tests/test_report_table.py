@@ -21,6 +21,14 @@ def test_column_text_formats_numbers_pairs_and_missing():
     assert t.texts() == [["a", "1.23", f"2.0 / {MISSING}"], ["b", "OOM", MISSING]]
 
 
+def test_a_columns_note_follows_the_tables_notes_where_it_is_shown():
+    t = _t()
+    cols = [T.Column("x", note="what x is")] + t.columns[1:]
+    t2 = T.Table("t", cols, t.rows, ["n1"])
+    assert t2.all_notes() == ["n1", "x: what x is"]
+    assert "- x: what x is" in T.markdown(t2) and "<li>x: what x is</li>" in T.html(t2)
+
+
 def test_markdown_aligns_text_left_numbers_right():
     lines = T.markdown(_t())
     assert lines[0] == "### title"
@@ -61,7 +69,9 @@ def test_the_slowest_rank_step_column_is_its_median_step_in_ms():
     ranks = [{"rank": 0, "host": "h", "device": "cpu", "window_median_ms": 10.0, "solo_ms": [9.0, 10.0, 11.0]},
              {"rank": 1, "host": "h", "device": "cpu", "window_median_ms": 12.0, "solo_ms": [12.0, 14.0, 13.0]}]
     row = SimpleNamespace(record={"repeats": [{"repeat": 0, "status": "ok", "rank_steps": ranks}], "median_repeat": 0})
-    accessor = dict(render.EXTRA_COLUMNS)["slowest rank step (ms)"]
+    col, accessor = next((c, f) for c, f in render.EXTRA_COLUMNS
+                         if isinstance(c, T.Column) and c.title == "slowest rank step (ms)")
+    assert col.decimals == 1 and col.note
     assert accessor(row) == (13.0,)  # rank 1's median solo step
     assert lostcols.fields(row)["slowest_rank_step_ms"] == 13.0
     assert accessor(SimpleNamespace(record={"repeats": []})) == (None,)  # one rank or none: no column value

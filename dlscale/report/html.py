@@ -164,7 +164,7 @@ def _group_section(g, plots: list[Plot], output: str | None) -> list[str]:
            f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
            f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>", table.html_table(t)]
     notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
-             for n in group_notes(g, traces=False)] + _trace_items(g, output)
+             for n in group_notes(g, traces=False) + t.all_notes()[len(t.notes):]] + _trace_items(g, output)
     out.append('<ul class="notes">' + "".join(notes) + "</ul>")
     growth = account.table(g)
     if growth is not None:

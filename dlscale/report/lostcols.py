@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dlscale import checkpoint_timing, goodput, ranktimes
+from dlscale.report.table import Column
 
 def _summary(row, key: str) -> float | None:
     summ = row.record.get("summary")
@@ -33,10 +34,11 @@ def _ckpt(row, key: str) -> float | None:
     return checkpoint_timing.report_values(row.record)[key]
 
 
-# (header, the row's value(s)): appended to render.EXTRA_COLUMNS
-COLUMNS: tuple[tuple[str, Callable[[Any], tuple[float | None, ...]]], ...] = (
+# (header or Column, the row's value(s)): appended to render.EXTRA_COLUMNS
+COLUMNS: tuple[tuple[str | Column, Callable[[Any], tuple[float | None, ...]]], ...] = (
     ("slowest rank vs rest (%)", lambda r: (ranktimes.gap_pct(r.record),)),
-    ("slowest rank step (ms)", lambda r: (_slowest_ms(r),)),
+    (Column("slowest rank step", "ms", 1, note="the slowest rank's median step (its solo steps where the "
+            "strategy has them, else its window median; docs/metrics.md, Slow ranks)"), lambda r: (_slowest_ms(r),)),
     ("wall in window / +warm-up (%)", lambda r: goodput.pct_pair(r.record)),
     ("energy (J/sample)", lambda r: (_summary(r, "joules_per_sample"),)),
     ("energy (mJ/token)", lambda r: (_milli(_summary(r, "joules_per_token")),)),

@@ -54,9 +54,10 @@ def _scaled(v: float | None, scale: float) -> float | None:
     return None if v is None else v / scale
 
 
-# Utilisation and breakdown columns: (header, the row's value(s)). A column is shown only when some
-# ok row of the table has a value for it; a pair ("a / b") when either half is known.
-EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...] = (
+# Utilisation and breakdown columns: (header, the row's value(s)), the header a title shown to one
+# decimal or a Column of its own. A column is shown only when some ok row of the table has a value
+# for it; a pair ("a / b") when either half is known.
+EXTRA_COLUMNS: tuple[tuple[str | Column, Callable[[Row], tuple[float | None, ...]]], ...] = (
     ("GPU util (%)", lambda r: (r.util("gpu_util_pct_mean"),)),
     ("CPU util (%)", lambda r: (r.util("cpu_util_pct_mean"),)),
     ("host mem (GiB)", lambda r: (_scaled(r.util("host_mem_used_bytes_mean"), GIB),)),
@@ -180,7 +181,8 @@ def _validity(g: Group, r: Row) -> Cell:
 
 def _metrics(group: Group) -> tuple[list[Metric], list[Metric]]:
     """(the columns that say which row, the measured ones) this table shows."""
-    extras = [(lambda g, h=h: Column(h, decimals=1), lambda g, r, f=f: f(r)) for h, f in extra_columns(group)]
+    extras = [(lambda g, h=h: h if isinstance(h, Column) else Column(h, decimals=1), lambda g, r, f=f: f(r))
+              for h, f in extra_columns(group)]
     tail = ([(lambda g: Column("validity"), _validity)] if has_validity_column(group) else []) \
         + ([LOSS_COLUMN] if has_loss_column(group) else [])
     return list(COUNT_COLUMNS), list(CORE_COLUMNS) + tail + extras

@@ -98,6 +98,10 @@ class Table:
         """The rows as {column name: raw value} (CSV, JSON)."""
         return [{c.name: value_of(v) for c, v in zip(self.columns, row)} for row in self.rows]
 
+    def all_notes(self) -> list[Any]:
+        """The table's notes, then each shown column's own (``title: note``)."""
+        return list(self.notes) + [f"{c.title}: {c.note}" for c in self.columns if c.note]
+
     def column(self, header: str) -> int | None:
         return next((i for i, c in enumerate(self.columns) if c.header == header or c.title == header), None)
 
@@ -123,8 +127,8 @@ def markdown(t: Table, heading: str = "###") -> list[str]:
     if t.intro:
         out += [t.intro, ""]
     out += [md_table(t), ""]
-    if t.notes:
-        out += [f"- {_note_text(n)}" for n in t.notes] + [""]
+    if t.all_notes():
+        out += [f"- {_note_text(n)}" for n in t.all_notes()] + [""]
     return out
 
 
@@ -164,10 +168,10 @@ def html(t: Table, heading: str = "h3", after: str = "") -> str:
     intro = f'<p class="sub">{_e(t.intro)}</p>' if t.intro else ""
     if not heading:
         title = f'<p class="sub">{_e(t.title)}</p>' if t.title else ""
-        return f"{title}{intro}{html_table(t)}{html_notes(t.notes)}{after}"
+        return f"{title}{intro}{html_table(t)}{html_notes(t.all_notes())}{after}"
     anchor = f' id="{_e(t.anchor)}"' if t.anchor else ""
     title = f"<{heading}>{_e(t.title)}</{heading}>" if t.title else ""
-    return f"<section{anchor}>{title}{intro}{html_table(t)}{html_notes(t.notes)}{after}</section>"
+    return f"<section{anchor}>{title}{intro}{html_table(t)}{html_notes(t.all_notes())}{after}</section>"
 
 
 # ----------------------------------------------------------------------------- CSV, JSON, console
@@ -186,7 +190,7 @@ def json_obj(t: Table) -> dict[str, Any]:
     return {"title": t.title,
             "columns": [{"name": c.name, "header": c.header, "unit": c.unit or None, "decimals": c.decimals,
                          "note": c.note or None} for c in t.columns],
-            "rows": t.records(), "notes": [_note_text(n) for n in t.notes]}
+            "rows": t.records(), "notes": [_note_text(n) for n in t.notes]}  # column notes: in "columns"
 
 
 def console(t: Table) -> str:
@@ -199,5 +203,5 @@ def console(t: Table) -> str:
 
     out = [t.title] if t.title else []
     out += [line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]]
-    out += [f"  {_note_text(n)}" for n in t.notes]
+    out += [f"  {_note_text(n)}" for n in t.all_notes()]
     return "\n".join(out) + "\n"
