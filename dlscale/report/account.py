@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dlscale.results import validity
-from dlscale.fmt import MISSING, fmt_num, md_table
 from dlscale.report.data import num, rec_counts
+from dlscale.report.table import Column, Table
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,6 @@ def group_accounts(group) -> list[tuple[Any, StepAccount]]:
     return out
 
 
-COLUMNS = ["node_num", "gpu_num", "scaling efficiency (%)", "window step, 1 device (ms)", "window step (ms)",
-           "grows (ms)", "forward (ms)", "backward computation (ms)", "exposed comm (ms)", "all-reduce alone (ms)",
-           "hidden net (%)", "optimizer (ms)", "data (ms)", "unplaced (ms)"]
-
 NOTE = ("step growth: how the window's step grows from the 1-device baseline's, split by the two step "
         "breakdowns (after the windows): the forward's and the optimizer's growth, the backward's "
         "computation (its run under no_sync against the 1-device backward), the exposed communication "
@@ -97,40 +93,46 @@ NOTE = ("step growth: how the window's step grows from the 1-device baseline's, 
         "the collective costs alone; docs/reports.md)")
 
 
-def _ms(v: float | None) -> str:
+def _ms(v: float) -> str:
     """A growth in ms to 0.01 ms (the breakdown's resolution; no -0.00)."""
-    return MISSING if v is None else f"{v:.2f}".replace("-0.00", "0.00")
+    return f"{v:.2f}".replace("-0.00", "0.00")
 
 
-def table(group) -> tuple[list[str], list[list[str]], list[str]] | None:
-    """The step-growth table of a report table: (columns, rows of cells, notes); None without accounts.
-    The data column only where a fetch grew by 0.01 ms or more (real data)."""
+def _ms_col(header: str) -> Column:
+    return Column(header, "ms", 2, format=_ms)
+
+
+# (column, the value of a (row, account) pair); "data (ms)" is shown only where a fetch grew
+COLUMNS: tuple[tuple[Column, Callable[[Any, StepAccount], Any]], ...] = (
+    (Column("node_num"), lambda r, a: r.nnodes),
+    (Column("gpu_num"), lambda r, a: r.devices),
+    (Column("scaling efficiency", "%", 1), lambda r, a: None if a.efficiency is None else a.efficiency * 100),
+    (_ms_col("window step, 1 device"), lambda r, a: a.window_1_ms),
+    (_ms_col("window step"), lambda r, a: a.window_n_ms),
+    (_ms_col("grows"), lambda r, a: a.grows_ms),
+    (_ms_col("forward"), lambda r, a: a.forward_ms),
+    (_ms_col("backward computation"), lambda r, a: a.backward_compute_ms),
+    (_ms_col("exposed comm"), lambda r, a: a.exposed_comm_ms),
+    (_ms_col("all-reduce alone"), lambda r, a: a.comm_alone_ms),
+    (Column("hidden net", "%", 0, format=lambda v: f"{v:.0f}"),
+     lambda r, a: None if a.hidden_share is None else a.hidden_share * 100),
+    (_ms_col("optimizer"), lambda r, a: a.optimizer_ms),
+    (_ms_col("data"), lambda r, a: a.data_ms),
+    (_ms_col("unplaced"), lambda r, a: a.unplaced_ms),
+)
+TITLE = "Step growth from the 1-device step (ms):"
+
+
+def table(group) -> Table | None:
+    """The step-growth table of a report table; None without accounts. The data column only where a
+    fetch grew by 0.01 ms or more (real data)."""
     rows = group_accounts(group)
     if not rows:
         return None
     data = any(abs(a.data_ms) >= 0.005 for _, a in rows)
-    cols = [c for c in COLUMNS if data or c != "data (ms)"]
-    body = []
-    for r, a in rows:
-        eff = None if a.efficiency is None else a.efficiency * 100
-        hidden = None if a.hidden_share is None else f"{a.hidden_share * 100:.0f}"
-        cells = [str(r.nnodes), str(r.devices), fmt_num(eff, 1), _ms(a.window_1_ms), _ms(a.window_n_ms),
-                 _ms(a.grows_ms), _ms(a.forward_ms), _ms(a.backward_compute_ms), _ms(a.exposed_comm_ms),
-                 _ms(a.comm_alone_ms), hidden or MISSING, _ms(a.optimizer_ms)] + ([_ms(a.data_ms)] if data else [])
-        body.append(cells + [_ms(a.unplaced_ms)])
+    cols = [(c, f) for c, f in COLUMNS if data or c.header != "data"]
     notes = [NOTE] + [f"{r.node_gpu}: the breakdown of {', '.join(a.off_window)} is more than "
                       f"{validity.THRESHOLDS.max_breakdown_gap * 100:g} % off its window (breakdown_gap): "
                       "its parts are off by as much" for r, a in rows if a.off_window]
-    return cols, body, notes
-
-
-TITLE = "Step growth from the 1-device step (ms):"
-
-
-def markdown(group) -> list[str]:
-    """``table`` as Markdown lines (none without accounts)."""
-    t = table(group)
-    if t is None:
-        return []
-    cols, body, notes = t
-    return [TITLE, "", md_table(cols, body), ""] + [f"- {n}" for n in notes] + [""]
+    return Table(TITLE, [c for c, _ in cols], [[f(r, a) for _, f in cols] for r, a in rows], notes,
+                 kind="dlperf growth", wide=True)

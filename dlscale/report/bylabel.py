@@ -10,12 +10,14 @@ its own workload), so nothing is computed differently from the default view.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dlscale.case.config import DEFAULTS, FIELDS, workload_fields
+from dlscale.fmt import md_code, md_safe
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
-from dlscale.report.render import (MISSING, GIB, case_dict, header_lines, md_table, table_cells, table_columns)
+from dlscale.report.render import MISSING, GIB, case_dict, dlperf_columns, dlperf_values, header_lines
+from dlscale.report.table import Column, Table, markdown
 
 _COUNTS = ("nnodes", "nproc_per_node")  # shown as node_num / gpu_num
 
@@ -65,31 +67,35 @@ def _model_state(row: Row) -> float | None:
     return num(row.summary("model_state_mem_bytes"))
 
 
-def _columns(t: LabelTable) -> tuple[list[str], Group]:
-    """Headers and the stand-in group that the DLPerf cell functions read (units, extra columns)."""
+def _gib(v: float) -> str:
+    return f"{v / GIB:.2f}"
+
+
+def table(t: LabelTable) -> Table:
+    """The label's cases: the fields that differ between them, then the DLPerf columns (read through a
+    stand-in group of the label's rows), each row's step p50 and, where recorded, its model state."""
     shown = Group(dict(t.fixed), rows=t.rows)
-    units = {g.unit for g, _ in t.pairs}
-    headers = table_columns(shown)
-    if len(units) > 1:  # mixed units: each row says its own
-        u = shown.unit
-        headers = [h.replace(f"({u}/s)", "(per s)") for h in headers] + ["unit"]
-    headers = list(t.varying) + headers + ["step p50 (ms)"]
-    if any(_model_state(r) is not None for r in t.rows):
-        headers.append("model state / device (GiB)")
-    return headers, shown
-
-
-def _cells(t: LabelTable, shown: Group, group: Group, row: Row, mixed_units: bool, state: bool) -> list[str]:
-    f = _fields(row)
-    cells = [_value(f.get(k)) for k in t.varying] + table_cells(shown, row)
-    if mixed_units:
-        cells.append(f"{group.unit}/s")
-    p50 = num(row.summary("step_ms_p50"))
-    cells.append(MISSING if p50 is None else f"{p50:.2f}")
+    mixed = len({g.unit for g, _ in t.pairs}) > 1
+    dl = dlperf_columns(shown)
+    if mixed:  # mixed units: each row says its own
+        dl = [replace(c, unit="per s") if c.unit == f"{shown.unit}/s" else c for c in dl] + [Column("unit")]
+    cols = [Column(k, left=True, format=_value) for k in t.varying] + dl \
+        + [Column("step p50", "ms", format=lambda v: f"{v:.2f}")]
+    state = any(_model_state(r) is not None for r in t.rows)
     if state:
-        ms = _model_state(row)
-        cells.append(MISSING if ms is None else f"{ms / GIB:.2f}")
-    return cells
+        cols.append(Column("model state / device", "GiB", format=_gib))
+    rows = []
+    for g, r in t.pairs:
+        f = _fields(r)
+        row = [f.get(k) for k in t.varying] + dlperf_values(shown, r) + ([f"{g.unit}/s"] if mixed else [])
+        rows.append(row + [num(r.summary("step_ms_p50"))] + ([_model_state(r)] if state else []))
+    notes = ["speedup and efficiency: each row against the 1-device record of its own workload (the DLPerf "
+             "tables of `dlscale report` name it); missing where the label has none"]
+    for g, r in t.pairs:
+        if r.status != "ok" and r.error:
+            what = ", ".join(f"{k}={_value(_fields(r).get(k))}" for k in t.varying) or r.node_gpu
+            notes.append(f"{what} {r.node_gpu} {r.status}: {' '.join(r.error.split())[:200]}")
+    return Table(_title(t), cols, rows, notes)
 
 
 _ALWAYS = ("model", "precision", "batch_size", "strategy", "device_type")
@@ -97,8 +103,6 @@ _ALWAYS = ("model", "precision", "batch_size", "strategy", "device_type")
 
 def _title(t: LabelTable) -> str:
     """The label and the shared fields (those at their defaults left out, but the main ones)."""
-    from dlscale.fmt import md_code
-
     head = f"label {md_code(t.label)}" if t.label is not None else "no label"
     shown = {k: v for k, v in t.fixed.items() if k in _ALWAYS or k not in DEFAULTS or v != DEFAULTS[k]}
     return head + "".join(f" · {k}={_value(v)}" for k, v in shown.items())
@@ -109,21 +113,7 @@ def to_markdown(report: Report) -> str:
     for w in report.warnings():
         out += [f"> **Warning:** {w}", ""]
     for t in label_tables(report):
-        headers, shown = _columns(t)
-        mixed = len({g.unit for g, _ in t.pairs}) > 1
-        state = "model state / device (GiB)" in headers
-        out += [f"## {_title(t)}", "",
-                md_table(headers, [_cells(t, shown, g, r, mixed, state) for g, r in t.pairs],
-                         numeric_from=len(t.varying)), ""]
-        notes = ["speedup and efficiency: each row against the 1-device record of its own workload (the DLPerf "
-                 "tables of `dlscale report` name it); missing where the label has none"]
-        for g, r in t.pairs:
-            if r.status != "ok" and r.error:
-                what = ", ".join(f"{k}={_value(_fields(r).get(k))}" for k in t.varying) or r.node_gpu
-                notes.append(f"{what} {r.node_gpu} {r.status}: {' '.join(r.error.split())[:200]}")
-        out += [f"- {n}" for n in notes] + [""]
-    from dlscale.fmt import md_safe
-
+        out += markdown(table(t), heading="##")
     return md_safe("\n".join(out))
 
 

@@ -38,6 +38,11 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_report(subparsers)
+    _register_compare(subparsers)
+
+
+def _register_report(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report", formatter_class=_Help,
         help="DLPerf-style scaling tables, plots and HTML from a result store",
@@ -65,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_filters(p)
     p.set_defaults(func=cmd_report)
 
+
+def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     c = subparsers.add_parser(
         "compare", formatter_class=_Help,
         help="compare the same cases in two stores (or two labels of one store), with noise tests",
@@ -188,8 +195,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     same = args.store_b is None or os.path.realpath(args.store_b) == os.path.realpath(args.store_a)
     loaded_b = loaded_a if same else load_records(args.store_b)
     opts = cmp.Options(args.resamples, args.confidence / 100.0, args.seed, args.min_change, args.metric)
-    result = cmp.compare(loaded_a, loaded_b, args.label_a, args.label_b, Filters.from_args(args), opts,
-                         case_filters, ignore, match=args.match)
+    pairing = cmp.Pairing(args.label_a, args.label_b, case_filters, ignore, args.match)
+    result = cmp.compare(loaded_a, loaded_b, Filters.from_args(args), opts, pairing)
     _warn(result.warnings())
     _write(args.output or "-", cmp.render(result, args.format), [loaded_a, loaded_b])
     if args.fail_on_regression is not None:

@@ -27,12 +27,12 @@ from typing import Any, Sequence
 from dlscale import ConfigError, inputs
 from dlscale.results import validity
 from dlscale.case.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
-from dlscale.fmt import MISSING, md_code, md_safe, md_table
-from dlscale.fmt import fmt_num as fmt
+from dlscale.fmt import MISSING, md_code, md_safe
 from dlscale.report import sources
 from dlscale.report import datacols
 from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
                                  repeat_samples, select_cases)
+from dlscale.report.table import Cell, Column, Table, md_table, verdict_cell
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p, repeats_for
 
 # fields --ignore may leave out of the pairing: those of the case identity
@@ -331,12 +331,22 @@ def _compact(v: Any) -> str:
     return str(v)
 
 
-def compare(a: Loaded, b: Loaded, label_a: str | None, label_b: str | None, filters: Filters,
-            opts: Options, case_filters: tuple[Sequence, Sequence] = ((), ()),
-            ignore: Sequence[str] = (), match: str = "case") -> Comparison:
-    ignore = tuple(ignore)
-    side_a = _side("A", a, label_a, filters, case_filters[0], ignore, match)
-    side_b = _side("B", b, label_b, filters, case_filters[1], ignore, match)
+@dataclass(frozen=True)
+class Pairing:
+    """Which records of each side take part and how A's cases meet B's: the labels, the case filters
+    (as `dlscale sweep --filter`), the case fields left out of the pairing, and ``match`` (case or
+    workload)."""
+    label_a: str | None = None
+    label_b: str | None = None
+    case_filters: tuple[Sequence, Sequence] = ((), ())
+    ignore: tuple[str, ...] = ()
+    match: str = "case"
+
+
+def compare(a: Loaded, b: Loaded, filters: Filters, opts: Options, pairing: Pairing = Pairing()) -> Comparison:
+    ignore, match = tuple(pairing.ignore), pairing.match
+    side_a = _side("A", a, pairing.label_a, filters, pairing.case_filters[0], ignore, match)
+    side_b = _side("B", b, pairing.label_b, filters, pairing.case_filters[1], ignore, match)
     paired: set[tuple] = set()
     pairs = []
     for kb, rb in side_b.rows.items():  # a B key starts with the A key it pairs with
@@ -379,33 +389,44 @@ def _pair_dict(p: Pair, c: Comparison | None = None) -> dict[str, Any]:
     }
 
 
+def _datacol(header: str, nd: int) -> Column:
+    return Column(header, format=lambda v: v if isinstance(v, str) else f"{v:.{nd}f}")
+
+
+def table(c: Comparison) -> Table:
+    """One row per pair: the case, the medians, the ratio with its CI and p-value, the verdict; with
+    --ignore the fields A's case differs in, with real data on B what its input pipeline cost."""
+    unit, ratio = ("s to target", "speedup A/B") if c.opts.metric == TTQ else ("samples/s", "ratio B/A")
+    cols = [Column("case", left=True), Column("node_num"), Column("gpu_num"), Column("median A", unit, 2),
+            Column("median B", unit, 2), Column(ratio, decimals=3), Column("change", "%", format=lambda v: f"{v:+.1f}"),
+            Column(f"{c.opts.confidence * 100:g} % CI of ratio"), Column("p (Mann-Whitney)", format=lambda v: f"{v:.3g}"),
+            Column("n A / n B")]
+    rows = []
+    for p in c.pairs:
+        ci = None if p.ci is None else Cell(f"{p.ci[0]:.3f}–{p.ci[1]:.3f}", list(p.ci))
+        rows.append([p.case, p.row.nnodes, p.row.devices, p.median_a, p.median_b, p.ratio, p.change_pct, ci, p.p,
+                     f"{len(p.samples_a)} / {len(p.samples_b)}"])
+    if c.ignore:  # which A case each B case met
+        cols.insert(1, Column("A differs in", left=True))
+        for row, p in zip(rows, c.pairs):
+            row.insert(1, c.a_differs(p))
+    if datacols.shown(c.pairs):  # B reads real data: what its input pipeline cost, before the verdict
+        cols += [_datacol(h, nd) for h, _, _, nd in datacols.COLUMNS]
+        for row, p in zip(rows, c.pairs):
+            row += [value(p.median_a, p.b) for _, _, value, _ in datacols.COLUMNS]
+    cols.append(Column("verdict", left=True))
+    for row, p in zip(rows, c.pairs):
+        row.append(verdict_cell(p.verdict))
+    return Table("dlscale compare", cols, rows)
+
+
 def to_markdown(c: Comparison) -> str:
-    conf = f"{c.opts.confidence * 100:g} %"
     out = ["# dlscale compare", "", f"- A: {c.a.describe()}", f"- B: {c.b.describe()}", "",
            c.method()[0].upper() + c.method()[1:], ""]
     for w in c.warnings():
         out += [f"> **Warning:** {w}", ""]
-    unit, ratio = ("s to target", "speedup A/B") if c.opts.metric == TTQ else ("samples/s", "ratio B/A")
-    headers = ["case", "node_num", "gpu_num", f"median A ({unit})", f"median B ({unit})", ratio,
-               "change (%)", f"{conf} CI of ratio", "p (Mann-Whitney)", "n A / n B", "verdict"]
-    rows = []
-    for p in c.pairs:
-        ci = MISSING if p.ci is None else f"{p.ci[0]:.3f}–{p.ci[1]:.3f}"
-        chg = MISSING if p.change_pct is None else f"{p.change_pct:+.1f}"
-        rows.append([p.case, p.row.nnodes, p.row.devices, fmt(p.median_a), fmt(p.median_b), fmt(p.ratio, 3),
-                     chg, ci, MISSING if p.p is None else f"{p.p:.3g}",
-                     f"{len(p.samples_a)} / {len(p.samples_b)}", p.verdict])
-    if c.ignore:  # which A case each B case met
-        headers.insert(1, "A differs in")
-        for row, p in zip(rows, c.pairs):
-            row.insert(1, c.a_differs(p))
+    out += [md_table(table(c)), ""]
     data = datacols.shown(c.pairs)
-    if data:  # B reads real data: what its input pipeline cost, before the verdict
-        headers[-1:-1] = [h for h, _, _, _ in datacols.COLUMNS]
-        for row, p in zip(rows, c.pairs):
-            row[-1:-1] = datacols.cells(p)
-    start = 2 if c.ignore else 1
-    out += [md_table(headers, rows, numeric_from=start, numeric_to=len(headers) - 1), ""]
     flagged = [(p, f) for p in c.pairs for f in p.flags]
     if flagged:
         out += ["Validity (docs/metrics.md): a ratio with a flag may not be sound:", ""]

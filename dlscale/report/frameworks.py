@@ -14,11 +14,13 @@ compile mode, ``+inductor`` with inductor settings), ``jax``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from dlscale.fmt import MISSING, fmt_num, md_heading
 from dlscale.case.config import workload_fields
-from dlscale.fmt import md_table
+from dlscale.fmt import fmt_num, md_heading
+from dlscale.report import table as table_model
+from dlscale.report.cells import html_escape
+from dlscale.report.table import Cell, Column, Table
 from dlscale.report.data import Group, Report, Row, freeze, num, rec_config, rec_device_type, rec_label
 
 # what tells one framework's case of a workload from another's
@@ -26,8 +28,6 @@ IDENTITY_FIELDS = ("framework", "compile", "compile_mode", "inductor_options")
 # left out of the workload a comparison table stands for (counts, and the per-row strategy)
 ROW_FIELDS = ("nnodes", "nproc_per_node", "strategy", "strategy_options")
 ORDER = ("torch", "torch-compiled", "jax")
-HEADERS = ["framework", "strategy", "node_num", "devices", "throughput median ({u}/s)", "speedup (×)",
-           "scaling efficiency (%)", "MFU (%)", "× torch eager"]
 CSV_COLUMNS = ["framework", "vs_torch_eager"]
 
 
@@ -125,21 +125,40 @@ def build(report: Report) -> list[FrameworkTable]:
     return out
 
 
-def _fmt(v: float | None, nd: int = 2) -> str:
-    return fmt_num(num(v), nd, sig=nd)
+def _num(nd: int) -> Callable[[Any], str]:
+    return lambda v: fmt_num(num(v), nd, sig=nd)
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None else v * 100
+
+
+def columns(t: FrameworkTable) -> list[Column]:
+    return [Column("framework", left=True), Column("strategy", left=True), Column("node_num"), Column("devices"),
+            Column("throughput median", f"{t.unit}/s", 2, format=_num(2)),
+            Column("speedup", "×", 2, format=_num(2)), Column("scaling efficiency", "%", 1, format=_num(1)),
+            Column("MFU", "%", 1, format=_num(1)), Column("× torch eager", decimals=3, format=_num(3))]
+
+
+def values(fr: FrameworkRow) -> list[Any]:
+    r = fr.row
+    head = [fr.framework, r.strategy, r.nnodes, r.devices]
+    if not r.ok:
+        return head + [Cell(r.status.upper() if r.status != "ok" else "NO DATA")] + [None] * 4
+    return head + [r.median, r.speedup, _pct(r.efficiency), _pct(r.mfu), fr.vs_torch]
 
 
 def headers(t: FrameworkTable) -> list[str]:
-    return [h.format(u=t.unit) for h in HEADERS]
+    return [c.title for c in columns(t)]
 
 
 def cells(fr: FrameworkRow) -> list[str]:
-    r = fr.row
-    head = [fr.framework, r.strategy, str(r.nnodes), str(r.devices)]
-    if not r.ok:
-        return head + [r.status.upper() if r.status != "ok" else "NO DATA"] + [MISSING] * 4
-    return head + [_fmt(r.median), _fmt(r.speedup), _fmt(None if r.efficiency is None else r.efficiency * 100, 1),
-                   _fmt(None if r.mfu is None else r.mfu * 100, 1), _fmt(fr.vs_torch, 3)]
+    return [c.text(v) for c, v in zip(columns(FrameworkTable({}, unit=fr.group.unit)), values(fr))]
+
+
+def table(t: FrameworkTable) -> Table:
+    return Table(t.title, columns(t), [values(r) for r in t.rows], notes(t),
+                 title_md=md_heading(t.title, t.fields.get("label")), kind="dlperf")
 
 
 def notes(t: FrameworkTable) -> list[str]:
@@ -163,35 +182,26 @@ def notes(t: FrameworkTable) -> list[str]:
     return out
 
 
+TITLE = "Frameworks (DLPerf comparison)"
+
+
 def markdown(report: Report) -> list[str]:
     """The section's Markdown lines (none without a comparison)."""
     tables = build(report)
     if not tables:
         return []
-    out = ["## Frameworks (DLPerf comparison)", ""]
+    out = [f"## {TITLE}", ""]
     for t in tables:
-        out += [f"### {md_heading(t.title, t.fields.get('label'))}", "",
-                md_table(headers(t), [cells(r) for r in t.rows], numeric_from=2), ""]
-        out += [f"- {n}" for n in notes(t)] + [""]
+        out += table_model.markdown(table(t))
     return out
 
 
 def html(report: Report) -> list[str]:
     """The section's HTML fragments (none without a comparison)."""
-    from html import escape
-
     tables = build(report)
     if not tables:
         return []
-    out = ['<h2 id="frameworks">Frameworks (DLPerf comparison)</h2>']
-    for t in tables:
-        head = "".join(f'<th class="{"l" if i < 2 else ""}">{escape(h)}</th>' for i, h in enumerate(headers(t)))
-        body = "".join("<tr>" + "".join(f'<td class="{"l" if i < 2 else ""}">{escape(c)}</td>'
-                                         for i, c in enumerate(cells(r))) + "</tr>" for r in t.rows)
-        out.append(f"<section><h3>{escape(t.title)}</h3><div class=\"tablewrap\"><table class=\"dlperf\">"
-                   f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
-        out.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in notes(t)) + "</ul></section>")
-    return out
+    return [f'<h2 id="frameworks">{html_escape(TITLE)}</h2>'] + [table_model.html(table(t)) for t in tables]
 
 
 def json_obj(report: Report) -> list[dict[str, Any]]:

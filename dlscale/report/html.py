@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Sequence
 
 import dlscale
-from dlscale.report.cells import html_escape as _e, html_table as _table
+from dlscale.report.cells import html_escape as _e
+from dlscale.report.table import Column, Table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale.results import validity
-from dlscale.report import account, parity, sidebyside
-from dlscale.report.render import (ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
-                                   environments, extra_columns, group_notes, micro_cell, micro_columns,
-                                   micro_title, parity_view, table_cells, table_columns, trace_path)
+from dlscale.report import account, parity, sidebyside, table
+from dlscale.report import frameworks, quality, sources
+from dlscale.report.render import (_anchor, ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
+                                   environments, dlperf_table, group_notes, micro_table,
+                                   micro_title, parity_view, quality_view, trace_path)
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -60,10 +61,6 @@ nav ol { margin:4px 0; padding-left:22px; font-size:13px; columns:2; }
 details > summary { cursor:pointer; color:var(--accent); }
 footer { margin-top:40px; font-size:12px; color:var(--muted); }
 """
-
-
-def _anchor(name: str) -> str:
-    return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
 def _figures(plots: Sequence[Plot]) -> str:
@@ -120,19 +117,15 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
         body.append(f'<div class="warn"><strong>Warning:</strong> {_e(w)}</div>')
 
     side, par = sidebyside.tables(report), parity_view(report)
-    from dlscale.report.render import quality_view
-
     body.append(_toc(report, bool(side), par is not None, bool(quality_view(report))))
     if report.groups:
         body.append("<h2>Scaling (DLPerf tables)</h2>")
     for g in report.groups:
         body += _group_section(g, by_key.get(g.name, []), output)
 
-    from dlscale.report import frameworks, sources
-
     body += frameworks.html(report)
     body.append(sources.html_section(report))
-    body += _side_by_side(side)
+    body += sidebyside.to_html(side)
     body += _quality(report, by_key)
     from dlscale.tune.report import html_section as tune_section  # the store's `dlscale tune` results
 
@@ -166,36 +159,16 @@ def _toc(report: Report, side: bool, parity: bool, quality: bool = False) -> str
 
 def _group_section(g, plots: list[Plot], output: str | None) -> list[str]:
     """One DLPerf table with its flagged cells, notes, trace links and plots."""
-    rows, rclasses, cclasses, titles = [], [], [], []
-    headers = table_columns(g)
-    for r in g.rows:
-        cells = table_cells(g, r)
-        rows.append(cells)
-        rclasses.append("borrowed" if r.borrowed else "")
-        cc = [""] * len(cells)
-        tt = [""] * len(cells)
-        if not r.ok:
-            cc[2] = f"status status-{r.status}"
-            tt[2] = r.error or ""
-        else:
-            _mark_flags(headers, r, cc, tt)
-        cclasses.append(cc)
-        titles.append(tt)
-    out = [f'<section id="{_anchor(g.name)}"><h3>{_e(g.title)}</h3>',
+    t = dlperf_table(g)
+    out = [f'<section id="{_e(t.anchor)}"><h3>{_e(g.title)}</h3>',
            f'<p class="sub">DLPerf key <code>{_e(g.name)}</code> · per-device batch {_e(g.batch_size)}'
-           f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>"]
-    wrap = "tablewrap wide" if extra_columns(g) else "tablewrap"  # utilisation columns: tighter cells
-    out.append(f'<div class="{wrap}">' + _table(headers, rows, row_classes=rclasses, cell_classes=cclasses,
-                                                cell_titles=titles, cls="dlperf") + "</div>")
+           f" · device {_e(g.device_type)} · unit {_e(g.unit)}</p>", table.html_table(t)]
     notes = [f'<li class="{"flag" if WARN_MARK in n.split(":")[0] else ""}">{_e(n)}</li>'
-             for n in group_notes(g, traces=False)] + _trace_items(g, output)
+             for n in group_notes(g, traces=False) + t.all_notes()[len(t.notes):]] + _trace_items(g, output)
     out.append('<ul class="notes">' + "".join(notes) + "</ul>")
     growth = account.table(g)
     if growth is not None:
-        cols, body, gnotes = growth
-        out.append(f'<p class="sub">{_e(account.TITLE)}</p><div class="tablewrap wide">'
-                   + _table(cols, body, cls="dlperf growth") + "</div>")
-        out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in gnotes) + "</ul>")
+        out.append(table.html(growth, heading=""))
     out.append(_figures(plots))
     out.append("</section>")
     return out
@@ -209,10 +182,9 @@ def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
             out.append(f'<p><strong>{_e(STATUS_TEXT.get(str(m.get("status")), m.get("status")))}</strong> '
                        f'{_e(m.get("error") or "")}</p>')
         out.append(_figures(by_key.get(f"micro:{m.get('id')}", [])))
-        cols = micro_columns(m)
-        if cols:
-            res = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
-            out.append(f"<details><summary>{len(res)} result row(s)</summary>{_table(cols, res)}</details>")
+        t = micro_table(m)
+        if t is not None:
+            out.append(f"<details><summary>{len(t.rows)} result row(s)</summary>{table.html_table(t)}</details>")
         flags = [f for f in (m.get("validity") or {}).get("flags") or [] if isinstance(f, dict)]
         if flags:  # as run's: spread, competing processes, oversubscribed threads
             out.append('<ul class="notes">' + "".join(
@@ -223,8 +195,6 @@ def _micro_sections(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
 
 
 def _environment_section(report: Report) -> list[str]:
-    from dlscale.report import sources
-
     out = ['<h2 id="environment">Environment</h2>']
     prov = sources.provenance_lines(report)
     if prov:
@@ -241,49 +211,20 @@ def _environment_section(report: Report) -> list[str]:
         others = sorted(set(e["rank_hosts"]) - {e["host"]})
         if others:
             rows.append(["other hosts in these runs", ", ".join(others)])
-        out.append(_table(["field", "value"], rows, left_cols=2, cls="env"))
+        out.append(table.html_table(Table("", [Column("field", left=True), Column("value", left=True)], rows,
+                                          kind="env")))
         if e["env"].get("topology"):
             out.append(f"<details><summary>GPU topology</summary><pre>{_e(e['env']['topology'])}</pre></details>")
     return out
 
 
-def _side_by_side(ts: list) -> list[str]:
-    if not ts:
-        return []
-    out = ['<h2 id="side-by-side">Side by side (same workload, different settings)</h2>',
-           f'<p class="method">{_e(sidebyside.METHOD)}</p>']
-    for t in ts:
-        rows = [sidebyside.cells(t, r) for r in t.rows]
-        warned = [any(f.severity == validity.WARN for f in t.flags(r)) for r in t.rows]
-        cc = [[""] * (len(c) - 2) + [_verdict_class(c[-2]), "l flag" if w else "l"] for c, w in zip(rows, warned)]
-        titles = [[""] * (len(c) - 1) + [validity.describe(t.flags(r))] for c, r in zip(rows, t.rows)]
-        out.append(f"<section><h3>{_e(t.title)}</h3><div class=\"tablewrap\">"
-                   + _table(sidebyside.headers(t), rows, left_cols=1, cell_classes=cc, cell_titles=titles,
-                            cls="side") + "</div></section>")
-    return out
-
-
-def _verdict_class(v: str) -> str:
-    return {"faster": "l good", "slower": "l flag", "pass": "l good", "FAIL": "l flag"}.get(v, "l")
-
-
 def _quality(report: Report, by_key: dict[str, list[Plot]]) -> list[str]:
     """The time-to-quality tables and their plots (dlscale/report/quality.py)."""
-    from dlscale.report import quality
-    from dlscale.report.render import quality_view
-
     groups = quality_view(report)
     if not groups:
         return []
     out = [f'<h2 id="quality">{_e(quality.TITLE)}</h2>', f'<p class="method">{_e(quality.METHOD)}</p>']
-    for g in groups:
-        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap wide\">"
-                   + _table(list(quality.HEADERS), [quality.cells(r) for r in g.rows], left_cols=5) + "</div>")
-        ns = quality.notes(g)
-        if ns:
-            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in ns) + "</ul>")
-        out.append(_figures(by_key.get(f"quality:{g.slug}", [])))
-        out.append("</section>")
+    out += [table.html(quality.table(g), after=_figures(by_key.get(f"quality:{g.slug}", []))) for g in groups]
     return out
 
 
@@ -291,32 +232,10 @@ def _parity(rep) -> list[str]:
     if rep is None:
         return []
     out = ['<h2 id="parity">Loss parity</h2>', f'<p class="method">{_e(parity.METHOD)}</p>']
-    for g in rep.groups:
-        headers, rows = parity.table(g)
-        cc = [[""] * (len(r) - 1) + [_verdict_class(r[-1])] for r in rows]
-        out.append(f"<section><h3>{_e(g.title)}</h3><div class=\"tablewrap\">"
-                   + _table(headers, rows, left_cols=1, cell_classes=cc, cls="parity") + "</div>")
-        notes = parity.notes(g)
-        if notes:
-            out.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-        out.append("</section>")
+    out += [table.html(parity.table(g)) for g in rep.groups]
     counts = ", ".join(f"{n} {v}" for v, n in sorted(rep.counts().items())) or "nothing compared"
     out.append(f"<p><strong>Summary:</strong> {_e(counts)}</p>")
     return out
-
-
-def _mark_flags(headers: Sequence[str], r, cc: list[str], tt: list[str]) -> None:
-    """Cell classes and tooltips of a row's flagged numbers: speedup and efficiency carry the
-    comparison's flags, the validity cell the record's own."""
-    warn = [f for f in r.speedup_flags if f.severity == validity.WARN]
-    for name in ("speedup (×)", "scaling efficiency (%)"):
-        if warn and name in headers:
-            i = headers.index(name)
-            cc[i], tt[i] = "flag", validity.describe(r.speedup_flags)
-    if "validity" in headers and r.flags:
-        i = headers.index("validity")
-        cc[i] = "l " + ("flag" if not r.validity.sound or warn else "note")
-        tt[i] = validity.describe(r.flags)
 
 
 def _commands_table(cmds: Sequence[tuple[str, str, str]]) -> str:

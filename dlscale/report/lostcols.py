@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from dlscale.results import goodput
 from dlscale.train import checkpoint_timing, ranktimes
+from dlscale.report.table import Column
 
 def _summary(row, key: str) -> float | None:
     summ = row.record.get("summary")
@@ -26,13 +27,19 @@ def _pct(v: float | None) -> float | None:
     return None if v is None else v * 100.0
 
 
+def _slowest_ms(row) -> float | None:
+    return (ranktimes.record_slowest(row.record) or {}).get("median_ms")
+
+
 def _ckpt(row, key: str) -> float | None:
     return checkpoint_timing.report_values(row.record)[key]
 
 
-# (header, the row's value(s)): appended to render.EXTRA_COLUMNS
-COLUMNS: tuple[tuple[str, Callable[[Any], tuple[float | None, ...]]], ...] = (
+# (header or Column, the row's value(s)): appended to render.EXTRA_COLUMNS
+COLUMNS: tuple[tuple[str | Column, Callable[[Any], tuple[float | None, ...]]], ...] = (
     ("slowest rank vs rest (%)", lambda r: (ranktimes.gap_pct(r.record),)),
+    (Column("slowest rank step", "ms", 1, note="the slowest rank's median step (its solo steps where the "
+            "strategy has them, else its window median; docs/metrics.md, Slow ranks)"), lambda r: (_slowest_ms(r),)),
     ("wall in window / +warm-up (%)", lambda r: goodput.pct_pair(r.record)),
     ("energy (J/sample)", lambda r: (_summary(r, "joules_per_sample"),)),
     ("energy (mJ/token)", lambda r: (_milli(_summary(r, "joules_per_token")),)),
@@ -50,7 +57,8 @@ NOTE = ("slowest rank vs rest: its median step over the other ranks' median, fro
         "bytes ÷ durable seconds (GB = 10^9 B), the steps after the saves against those before, % "
         "(docs/metrics.md, Checkpoints)")
 
-CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "wall_share_window",
+CSV_COLUMNS = ["slowest_rank", "slowest_rank_host", "slowest_rank_device", "slowest_rank_gap", "slowest_rank_step_ms",
+               "wall_share_window",
                "wall_share_with_warmup",
                "joules_per_sample", "joules_per_token", "checkpoint_blocking_s", "checkpoint_durable_s",
                "checkpoint_write_bytes_per_s", "checkpoint_step_effect"]
@@ -61,7 +69,7 @@ def fields(row) -> dict[str, Any]:
     s = ranktimes.record_slowest(row.record) or {}
     g = goodput.record_shares(row.record) or {}
     return {"slowest_rank": s.get("rank"), "slowest_rank_host": s.get("host"), "slowest_rank_device": s.get("device"),
-            "slowest_rank_gap": s.get("gap"),
+            "slowest_rank_gap": s.get("gap"), "slowest_rank_step_ms": s.get("median_ms"),
             "wall_share_window": g.get("window"), "wall_share_with_warmup": g.get("with_warmup"),
             "joules_per_sample": _summary(row, "joules_per_sample"),
             "joules_per_token": _summary(row, "joules_per_token"),

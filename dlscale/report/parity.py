@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale.results import parity
-from dlscale.fmt import MISSING, fmt_num, md_code, md_heading, md_safe, md_table
+from dlscale.fmt import md_code, md_heading, md_safe
+from dlscale.report.table import Column, Table, markdown, verdict_cell
 from dlscale.report.data import Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases
 
 PASS, FAIL, EXPECTED, NOT_COMPARABLE, NO_LOSS, REFERENCE = (
@@ -307,27 +308,22 @@ def _other_singles(rows: list[Row], rec: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 
-def fmt_loss(v: float | None) -> str:
-    return fmt_num(v, 6)
-
-
-def fmt_diff(v: float | None) -> str:
-    return MISSING if v is None else f"{v:.1e}"
-
-
-def table(g: Group) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of one workload: reference first, then the strategies."""
+def table(g: Group) -> Table:
+    """One workload: reference first, then the strategies."""
     n = g.steps
-    headers = ["strategy", "devices"] + [f"loss step {i + 1}" for i in range(n)] + [
-        "loss after", "max rel. diff", "tolerance", "repeat spread", "verdict"]
+    loss = lambda h: Column(h, decimals=6)  # noqa: E731
+    sci = lambda h, nd: Column(h, format=lambda v: f"{v:.{nd}e}")  # noqa: E731
+    cols = [Column("strategy", left=True), Column("devices")] + [loss(f"loss step {i + 1}") for i in range(n)] + [
+        loss("loss after"), sci("max rel. diff", 1), sci("tolerance", 0), sci("repeat spread", 1),
+        Column("verdict", left=True)]
     rows = []
     for e in g.all:
-        pts = [fmt_loss(e.warmup[i]) if i < len(e.warmup) else MISSING for i in range(n)]
         ref = e.verdict == REFERENCE
-        rows.append([e.name + (" (reference)" if ref else ""), str(e.row.devices)] + pts + [
-            fmt_loss(e.after), MISSING if ref else fmt_diff(e.max_rel_diff),
-            MISSING if ref else f"{g.tolerance:.0e}", fmt_diff(e.repeat_spread), REFERENCE if ref else e.verdict])
-    return headers, rows
+        rows.append([e.name + (" (reference)" if ref else ""), e.row.devices]
+                    + [e.warmup[i] if i < len(e.warmup) else None for i in range(n)]
+                    + [e.after, None if ref else e.max_rel_diff, None if ref else g.tolerance, e.repeat_spread,
+                       verdict_cell(REFERENCE if ref else e.verdict)])
+    return Table(g.title, cols, rows, notes(g), title_md=md_heading(g.title, rec_label(g.rec)), kind="parity")
 
 
 METHOD = ("Each strategy's loss per warm-up step and after training (`loss_after`: the trained model, eval mode, "
@@ -348,12 +344,7 @@ def to_markdown(rep: ParityReport, heading: str = "#") -> str:
     if not rep.groups:
         out += ["No workload has a strategy other than `single` to compare.", ""]
     for g in rep.groups:
-        out += [f"{heading}# {md_heading(g.title, rec_label(g.rec))}", ""]
-        headers, rows = table(g)
-        out += [md_table(headers, rows, numeric_from=1, numeric_to=len(headers) - 1), ""]
-        out += [f"- {n}" for n in notes(g)]
-        if notes(g):
-            out.append("")
+        out += markdown(table(g), heading=heading + "#")
     c = rep.counts()
     out.append("Summary: " + (", ".join(f"{n} {v}" for v, n in sorted(c.items())) or "nothing compared"))
     return md_safe("\n".join(out) + "\n")

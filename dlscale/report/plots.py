@@ -103,20 +103,15 @@ def _gpu_stat(sample: dict[str, Any], key: str) -> tuple[float, float, float]:
     return sum(vals) / len(vals), min(vals), max(vals)
 
 
-def over_time_plot(g: Group, row: Row, rel: str, samples: list[dict[str, Any]],
-                   formats: Sequence[str]) -> Plot | None:
-    """GPU and CPU utilisation (%) and disk/network MB/s against time, from one series file."""
+def _over_time_series(samples: list[dict[str, Any]]) -> tuple[list, int, list, list]:
+    """(per-sample GPU util (mean, min, max), GPUs, the % series, the MB/s series) of a series file; each
+    series (label, values, colour, line style), one that no sample reports left out."""
     import math
 
-    from matplotlib.figure import Figure
-
-    t0 = samples[0]["t"]
-    x = [s["t"] - t0 for s in samples]
     gpu = [_gpu_stat(s, "util_pct") for s in samples]
     gpu_mem = [_gpu_stat(s, "mem_util_pct")[0] for s in samples]
     cpu = [_nan(s.get("cpu_util_pct")) for s in samples]
     n_gpus = max((len(_gpus(s)) for s in samples), default=0)
-    # (label, values, colour, line style); a series no sample reports is left out
     pct = [(f"GPU util (mean of {n_gpus} GPUs)" if n_gpus > 1 else "GPU util", [m for m, _, _ in gpu], COLORS[0], "-"),
            ("GPU mem util", gpu_mem, COLORS[4], "-"), ("CPU util (host)", cpu, COLORS[1], "-")]
     pct = [p for p in pct if any(not math.isnan(y) for y in p[1])]
@@ -127,6 +122,19 @@ def over_time_plot(g: Group, row: Row, rel: str, samples: list[dict[str, Any]],
                                           ("disk_read_bps", "disk read", COLORS[5], "-"),
                                           ("disk_write_bps", "disk write", COLORS[6], "--"))]
     rates = [p for p in rates if any(not math.isnan(y) for y in p[1])]
+    return gpu, n_gpus, pct, rates
+
+
+def over_time_plot(g: Group, row: Row, rel: str, samples: list[dict[str, Any]],
+                   formats: Sequence[str]) -> Plot | None:
+    """GPU and CPU utilisation (%) and disk/network MB/s against time, from one series file."""
+    import math
+
+    from matplotlib.figure import Figure
+
+    t0 = samples[0]["t"]
+    x = [s["t"] - t0 for s in samples]
+    gpu, n_gpus, pct, rates = _over_time_series(samples)
     if not pct and not rates:
         return None
     panels = [p for p in (pct, rates) if p]
@@ -206,7 +214,10 @@ def scaling_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]
     sp = [r for r in ok if r.speedup is not None]
     if not any(r.devices > 1 for r in sp):
         return []
-    plots = []
+    return [_speedup_plot(g, sp, formats), _efficiency_plot(g, sp, formats)]
+
+
+def _speedup_plot(g: Group, sp: list[Row], formats: Sequence[str]) -> Plot:
     fig, ax = _figure()
     sx = [r.devices for r in sp]
     top = max(sx)
@@ -227,8 +238,10 @@ def scaling_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]
     ax.set_ylabel("speedup (×)")
     ax.legend(fontsize=8)
     _title(ax, f"Speedup: {g.title}")
-    plots.append(Plot(g.name, f"{g.slug}__speedup", "speedup vs ideal", _save(fig, formats)))
+    return Plot(g.name, f"{g.slug}__speedup", "speedup vs ideal", _save(fig, formats))
 
+
+def _efficiency_plot(g: Group, sp: list[Row], formats: Sequence[str]) -> Plot:
     fig, ax = _figure()
     effs = [r.efficiency * 100 for r in sp]
     flagged_any = any(_warned(r.speedup_flags) for r in sp)
@@ -258,8 +271,7 @@ def scaling_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]
                                  label="flagged: not a sound number (reasons in the table's notes)")],
                   fontsize=7, loc="lower left")
     _title(ax, f"Scaling efficiency: {g.title}")
-    plots.append(Plot(g.name, f"{g.slug}__efficiency", "scaling efficiency", _save(fig, formats)))
-    return plots
+    return Plot(g.name, f"{g.slug}__efficiency", "scaling efficiency", _save(fig, formats))
 
 
 def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
@@ -302,77 +314,90 @@ def group_plots(g: Group, formats: Sequence[str]) -> list[Plot]:
     return plots + _other_plots(g, ok, formats)
 
 
-def _other_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]:
-    """Step-time distribution, breakdown, utilisation bars and over time: also for one device count."""
-    plots = []
+def _step_time_plot(g: Group, ok: list[Row], formats: Sequence[str]) -> Plot | None:
+    """Per-step times over all repeats of each case: a box per case, its repeats' medians as dots."""
     timed = [(r, step_times(r.record)) for r in ok]
     timed = [(r, reps) for r, reps in timed if reps]
-    if timed:
-        import statistics
+    if not timed:
+        return None
+    import statistics
 
-        fig, ax = _figure()
-        data = [[t for rep in reps for t in rep] for _, reps in timed]
-        ax.boxplot(data, flierprops={"markersize": 2})
-        for i, (_, reps) in enumerate(timed, 1):
-            meds = [statistics.median(rep) for rep in reps]
-            offs = [(j - (len(meds) - 1) / 2) * 0.06 for j in range(len(meds))]
-            ax.scatter([i + o for o in offs], meds, s=14, color=COLORS[3], zorder=3,
-                       label="median of one repeat" if i == 1 else None)
-        ax.set_xticks(range(1, len(timed) + 1), [r.node_gpu for r, _ in timed])
-        ax.set_xlabel("nodes × devices per node")
-        ax.set_ylabel("step time (ms)")
-        ax.legend(fontsize=8)
-        _title(ax, f"Per-step time over all repeats: {g.title}")
-        plots.append(Plot(g.name, f"{g.slug}__step_times", "per-step time distribution", _save(fig, formats)))
+    fig, ax = _figure()
+    data = [[t for rep in reps for t in rep] for _, reps in timed]
+    ax.boxplot(data, flierprops={"markersize": 2})
+    for i, (_, reps) in enumerate(timed, 1):
+        meds = [statistics.median(rep) for rep in reps]
+        offs = [(j - (len(meds) - 1) / 2) * 0.06 for j in range(len(meds))]
+        ax.scatter([i + o for o in offs], meds, s=14, color=COLORS[3], zorder=3,
+                   label="median of one repeat" if i == 1 else None)
+    ax.set_xticks(range(1, len(timed) + 1), [r.node_gpu for r, _ in timed])
+    ax.set_xlabel("nodes × devices per node")
+    ax.set_ylabel("step time (ms)")
+    ax.legend(fontsize=8)
+    _title(ax, f"Per-step time over all repeats: {g.title}")
+    return Plot(g.name, f"{g.slug}__step_times", "per-step time distribution", _save(fig, formats))
 
+
+def _breakdown_plot(g: Group, ok: list[Row], formats: Sequence[str]) -> Plot | None:
+    """The step-time breakdown of each case stacked, beside its breakdown step and window p50."""
     bd = [(r, r.breakdown) for r in ok]
     bd = [(r, b) for r, b in bd if b and any(v > 0 for _, v in breakdown_segments(b))]
-    if bd:
-        fig, ax = _figure()
-        bottom = [0.0] * len(bd)
-        segs = [dict(breakdown_segments(b)) for _, b in bd]
-        for name in BREAKDOWN_PARTS:
-            vals = [sg[name] for sg in segs]
-            if any(vals):
-                ax.bar(range(len(bd)), vals, bottom=bottom, label=name, color=BREAKDOWN_COLORS[name])
-                bottom = [x + v for x, v in zip(bottom, vals)]
-        steps = [num(b.get("step_ms")) for _, b in bd]
-        if any(s is not None for s in steps):
-            ax.scatter([i for i, s in enumerate(steps) if s is not None], [s for s in steps if s is not None],
-                       marker="_", s=400, color="black", zorder=3, label="breakdown step_ms")
-        timed = [r.summary("step_ms_p50") for r, _ in bd]
-        timed = [num(t) for t in timed]
-        if any(t is not None for t in timed):
-            ax.scatter([i for i, t in enumerate(timed) if t is not None], [t for t in timed if t is not None],
-                       marker="D", s=22, facecolors="none", edgecolors="black", zorder=3,
-                       label="timed-window step (p50)")
-        steps = steps + timed
-        ax.set_xticks(range(len(bd)), [r.node_gpu for r, _ in bd])
-        ax.set_xlabel("nodes × devices per node")
-        ax.set_ylabel("time per step (ms)")
-        ax.set_ylim(0, max(bottom + [s or 0 for s in steps]) * 1.35)
-        ax.legend(fontsize=7, ncol=3, loc="upper left")
-        _title(ax, f"Step-time breakdown: {g.title}")
-        plots.append(Plot(g.name, f"{g.slug}__breakdown", "step-time breakdown", _save(fig, formats)))
+    if not bd:
+        return None
+    fig, ax = _figure()
+    bottom = [0.0] * len(bd)
+    segs = [dict(breakdown_segments(b)) for _, b in bd]
+    for name in BREAKDOWN_PARTS:
+        vals = [sg[name] for sg in segs]
+        if any(vals):
+            ax.bar(range(len(bd)), vals, bottom=bottom, label=name, color=BREAKDOWN_COLORS[name])
+            bottom = [x + v for x, v in zip(bottom, vals)]
+    steps = [num(b.get("step_ms")) for _, b in bd]
+    if any(s is not None for s in steps):
+        ax.scatter([i for i, s in enumerate(steps) if s is not None], [s for s in steps if s is not None],
+                   marker="_", s=400, color="black", zorder=3, label="breakdown step_ms")
+    timed = [r.summary("step_ms_p50") for r, _ in bd]
+    timed = [num(t) for t in timed]
+    if any(t is not None for t in timed):
+        ax.scatter([i for i, t in enumerate(timed) if t is not None], [t for t in timed if t is not None],
+                   marker="D", s=22, facecolors="none", edgecolors="black", zorder=3,
+                   label="timed-window step (p50)")
+    steps = steps + timed
+    ax.set_xticks(range(len(bd)), [r.node_gpu for r, _ in bd])
+    ax.set_xlabel("nodes × devices per node")
+    ax.set_ylabel("time per step (ms)")
+    ax.set_ylim(0, max(bottom + [s or 0 for s in steps]) * 1.35)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    _title(ax, f"Step-time breakdown: {g.title}")
+    return Plot(g.name, f"{g.slug}__breakdown", "step-time breakdown", _save(fig, formats))
 
+
+def _utilisation_plot(g: Group, ok: list[Row], formats: Sequence[str]) -> Plot | None:
+    """Mean utilisation of each case's timed window, a bar per metric."""
     ut = [(r, r.record.get("utilisation")) for r in ok]
     ut = [(r, u) for r, u in ut if isinstance(u, dict)]
     metrics = [(k, n) for k, n in UTIL_PARTS if any(num(u.get(k)) is not None for _, u in ut)]
-    if ut and metrics:
-        fig, ax = _figure()
-        width = 0.8 / len(metrics)
-        for j, ((key, name), color) in enumerate(zip(metrics, COLORS)):
-            vals = [num(u.get(key)) or 0.0 for _, u in ut]
-            ax.bar([i + (j - (len(metrics) - 1) / 2) * width for i in range(len(ut))], vals, width,
-                   label=name, color=color)
-        ax.set_xticks(range(len(ut)), [r.node_gpu for r, _ in ut])
-        ax.set_xlabel("nodes × devices per node")
-        ax.set_ylabel("mean utilisation (%)")
-        ax.set_ylim(0, 120)
-        ax.legend(fontsize=8, ncol=2, loc="upper left")
-        _title(ax, f"Utilisation: {g.title}")
-        plots.append(Plot(g.name, f"{g.slug}__utilisation", "utilisation", _save(fig, formats)))
+    if not (ut and metrics):
+        return None
+    fig, ax = _figure()
+    width = 0.8 / len(metrics)
+    for j, ((key, name), color) in enumerate(zip(metrics, COLORS)):
+        vals = [num(u.get(key)) or 0.0 for _, u in ut]
+        ax.bar([i + (j - (len(metrics) - 1) / 2) * width for i in range(len(ut))], vals, width,
+               label=name, color=color)
+    ax.set_xticks(range(len(ut)), [r.node_gpu for r, _ in ut])
+    ax.set_xlabel("nodes × devices per node")
+    ax.set_ylabel("mean utilisation (%)")
+    ax.set_ylim(0, 120)
+    ax.legend(fontsize=8, ncol=2, loc="upper left")
+    _title(ax, f"Utilisation: {g.title}")
+    return Plot(g.name, f"{g.slug}__utilisation", "utilisation", _save(fig, formats))
 
+
+def _other_plots(g: Group, ok: list[Row], formats: Sequence[str]) -> list[Plot]:
+    """Step-time distribution, breakdown, utilisation bars and over time: also for one device count."""
+    plots = [p for p in (_step_time_plot(g, ok, formats), _breakdown_plot(g, ok, formats),
+                         _utilisation_plot(g, ok, formats)) if p is not None]
     over_time = utilisation_over_time(g, formats)
     if over_time is not None:
         plots.append(over_time)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from dlscale.fmt import MISSING, fmt_num, md_table
+from dlscale.fmt import MISSING, fmt_num
+from dlscale.report.table import Cell, Column, Table, markdown as md_lines
 from dlscale.report.data import Filters, Loaded, Row, freeze, num, rec_config, rec_device_type, rec_label, select_cases
 
 TITLE = "Time to quality"
@@ -143,15 +144,39 @@ def _lr(rec: dict[str, Any]) -> str:
     return f"{fmt_num(lr.get('peak'), 3)} {lr.get('schedule')}{rule}"
 
 
+def _stat(stat: Any, nd: int) -> Cell | None:
+    """A median over the repeats with its range (more than one repeat)."""
+    if not isinstance(stat, dict) or stat.get("median") is None:
+        return None
+    return Cell(_range(stat, nd), stat["median"])
+
+
+# (column, the row's value): devices to lr say which case, the rest what it reached
+COLUMNS: tuple[tuple[Column, Callable[[QRow], Any]], ...] = (
+    (Column("devices", left=True), lambda r: r.row.devices),
+    (Column("global batch", left=True), lambda r: r.global_batch),
+    (Column("strategy", left=True), lambda r: str(rec_config(r.row.record).get("strategy"))),
+    (Column("precision", left=True), lambda r: str(rec_config(r.row.record).get("precision"))),
+    (Column("lr", left=True), lambda r: _lr(r.row.record)),
+    (Column("reached"), lambda r: f"{r.quality.get('reached')}/{r.quality.get('repeats')}" + (" ⚠" if r.flag else "")),
+    (Column("samples to target"), lambda r: _stat(r.quality.get("samples_to_target"), 0)),
+    (Column("steps to target"), lambda r: _stat(r.quality.get("steps_to_target"), 0)),
+    (Column("time to target", "s"), lambda r: _stat(r.quality.get("time_to_target_s"), 2)),
+    (Column("final val"), lambda r: _stat(r.quality.get("final_val"), 4)),
+    (Column("samples/s", decimals=2), lambda r: r.row.median),
+    (Column("throughput speedup", decimals=2), lambda r: r.throughput_speedup),
+    (Column("TTQ speedup", decimals=2), lambda r: r.ttq_speedup),
+    (Column("TTQ rank"), lambda r: r.rank),
+)
+HEADERS = tuple(c.title for c, _ in COLUMNS)
+
+
+def table(g: QGroup) -> Table:
+    return Table(g.title, [c for c, _ in COLUMNS], [[f(r) for _, f in COLUMNS] for r in g.rows], notes(g), wide=True)
+
+
 def cells(r: QRow) -> list[str]:
-    q, rec = r.quality, r.row.record
-    cfg = rec_config(rec)
-    reached = f"{q.get('reached')}/{q.get('repeats')}" + (" ⚠" if r.flag else "")
-    gb = MISSING if r.global_batch is None else str(r.global_batch)
-    return [str(r.row.devices), gb, str(cfg.get("strategy")), str(cfg.get("precision")),
-            _lr(rec), reached, _range(q.get("samples_to_target"), 0), _range(q.get("steps_to_target"), 0),
-            _range(q.get("time_to_target_s"), 2), _range(q.get("final_val"), 4), fmt_num(r.row.median, 2),
-            fmt_num(r.throughput_speedup, 2), fmt_num(r.ttq_speedup, 2), MISSING if r.rank is None else str(r.rank)]
+    return [c.text(f(r)) for c, f in COLUMNS]
 
 
 def notes(g: QGroup) -> list[str]:
@@ -174,9 +199,7 @@ def markdown(groups: Sequence[QGroup], plot_links: dict[str, list[tuple[str, str
         return []
     out = [f"## {TITLE}", "", METHOD, ""]
     for g in groups:
-        out += [f"### {g.title}", "", md_table(HEADERS, [cells(r) for r in g.rows]), ""]
-        out += [f"- {n}" for n in notes(g)]
-        out.append("")
+        out += md_lines(table(g))
         for title, path in (plot_links or {}).get(f"quality:{g.slug}", []):
             out += [f"![{title}]({path})", ""]
     return out

@@ -10,10 +10,13 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from dlscale.results import validity
-from dlscale.fmt import MISSING, fmt_num, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_table, md_text
+from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_text
+from dlscale.fmt import md_table  # noqa: F401  (commands/sweep.py reads it here)
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
-from dlscale.report import account, lostcols, parity, sidebyside, sources
+from dlscale.report import account, lostcols, parity, sidebyside, sources, table
+from dlscale.report import frameworks, quality
 from dlscale.report.cells import GIB, MB, MIB, fmt  # noqa: F401  (GIB, MB: part of render's names)
+from dlscale.report.table import Cell, Column, Table
 from dlscale.report.data import (SELECTION_RULE, STATUS_TEXT, Group, Report, Row, num, rec_config, rec_label,
                                  resolve_store_path, series_paths)
 
@@ -51,9 +54,10 @@ def _scaled(v: float | None, scale: float) -> float | None:
     return None if v is None else v / scale
 
 
-# Utilisation and breakdown columns: (header, the row's value(s)). A column is shown only when some
-# ok row of the table has a value for it; a pair ("a / b") when either half is known.
-EXTRA_COLUMNS: tuple[tuple[str, Callable[[Row], tuple[float | None, ...]]], ...] = (
+# Utilisation and breakdown columns: (header, the row's value(s)), the header a title shown to one
+# decimal or a Column of its own. A column is shown only when some ok row of the table has a value
+# for it; a pair ("a / b") when either half is known.
+EXTRA_COLUMNS: tuple[tuple[str | Column, Callable[[Row], tuple[float | None, ...]]], ...] = (
     ("GPU util (%)", lambda r: (r.util("gpu_util_pct_mean"),)),
     ("CPU util (%)", lambda r: (r.util("cpu_util_pct_mean"),)),
     ("host mem (GiB)", lambda r: (_scaled(r.util("host_mem_used_bytes_mean"), GIB),)),
@@ -92,57 +96,62 @@ def extra_columns(group: Group) -> list[tuple[str, Callable[[Row], tuple[float |
     return [(h, f) for h, f in EXTRA_COLUMNS if any(v is not None for r in ok for v in f(r))]
 
 
-def _extra_cell(values: tuple[float | None, ...]) -> str:
-    if all(v is None for v in values):
-        return MISSING
-    return " / ".join(fmt(v, 1) for v in values)
-
-
-def _mem_header(g: Group) -> str:
+def _mem_column(g: Group) -> Column:
     mu, _ = mem_unit(g)
-    return f"peak mem / device ({mu})" if g.device_type == "cuda" else f"peak RSS / process ({mu})"
+    return Column("peak mem / device" if g.device_type == "cuda" else "peak RSS / process", mu, 2)
 
 
-def _mem_cell(g: Group, r: Row) -> str:
+def _mem(g: Group, r: Row) -> float | None:
     _, scale = mem_unit(g)
-    return fmt(None if r.peak_mem is None else r.peak_mem / scale)
+    return None if r.peak_mem is None else r.peak_mem / scale
 
 
-def _spread_cell(g: Group, r: Row) -> str:
+def _spread(g: Group, r: Row) -> Cell | None:
     lo, hi, n = r.stat("min"), r.stat("max"), r.stat("n")
     if lo is None or hi is None or n is None or n < 2:
-        return MISSING
-    return f"{fmt(lo)}–{fmt(hi)}"
+        return None
+    return Cell(f"{fmt(lo)}–{fmt(hi)}", [lo, hi])
 
 
-def _flagged(text: str, flags: Sequence[validity.Flag]) -> str:
-    """A number with the warn mark when one of ``flags`` is a warning."""
-    return f"{text} {WARN_MARK}" if text != MISSING and any(f.severity == validity.WARN for f in flags) else text
+def _flagged(v: float | None, nd: int, r: Row) -> Cell:
+    """A number against the baseline: the warn mark, the HTML flag and the reasons where the comparison
+    has a warning."""
+    text = fmt(v, nd)
+    if not any(f.severity == validity.WARN for f in r.speedup_flags):
+        return Cell(text, v)
+    return Cell(f"{text} {WARN_MARK}" if text != MISSING else text, v, "flag", validity.describe(r.speedup_flags))
 
 
 def _pct(v: float | None) -> float | None:
     return None if v is None else v * 100
 
 
-Column = tuple[Callable[[Group], str], Callable[[Group, Row], str]]
-# The DLPerf columns, each its header and its cell in one place. COUNT_COLUMNS say which row it is;
-# CORE_COLUMNS are measured: a non-ok row shows its status word in the first, MISSING in the rest.
-COUNT_COLUMNS: tuple[Column, ...] = (
-    (lambda g: "node_num", lambda g, r: str(r.nnodes)),
-    (lambda g: count_header(g), lambda g, r: str(r.devices)),
+def _repeats(r: Row) -> int | None:
+    n = r.stat("n")
+    return None if n is None else int(n)
+
+
+# A DLPerf column: its definition (of the table: the header names its unit) and its accessor.
+Metric = tuple[Callable[[Group], Column], Callable[[Group, Row], Any]]
+# COUNT_COLUMNS say which row it is; CORE_COLUMNS are measured: a non-ok row shows its status word in
+# the first, MISSING in the rest.
+COUNT_COLUMNS: tuple[Metric, ...] = (
+    (lambda g: Column("node_num"), lambda g, r: r.nnodes),
+    (lambda g: Column(count_header(g)), lambda g, r: r.devices),
 )
-CORE_COLUMNS: tuple[Column, ...] = (
-    (lambda g: f"throughput median ({g.unit}/s)", lambda g, r: fmt(r.median)),
-    (lambda g: "speedup (×)", lambda g, r: _flagged(fmt(r.speedup), r.speedup_flags)),
-    (lambda g: "scaling efficiency (%)", lambda g, r: _flagged(fmt(_pct(r.efficiency), 1), r.speedup_flags)),
-    (lambda g: "MFU (%)", lambda g, r: fmt(_pct(r.mfu), 1)),
-    (_mem_header, _mem_cell),
-    (lambda g: f"min–max ({g.unit}/s)", _spread_cell),
-    (lambda g: f"stdev ({g.unit}/s)", lambda g, r: fmt_stdev(r.stat("stdev"), r.stat("n"))),
-    (lambda g: "n (repeats)", lambda g, r: MISSING if r.stat("n") is None else str(int(r.stat("n")))),
+CORE_COLUMNS: tuple[Metric, ...] = (
+    (lambda g: Column("throughput median", f"{g.unit}/s", 2), lambda g, r: r.median),
+    (lambda g: Column("speedup", "×", 2), lambda g, r: _flagged(r.speedup, 2, r)),
+    (lambda g: Column("scaling efficiency", "%", 1), lambda g, r: _flagged(_pct(r.efficiency), 1, r)),
+    (lambda g: Column("MFU", "%", 1), lambda g, r: _pct(r.mfu)),
+    (_mem_column, _mem),
+    (lambda g: Column("min–max", f"{g.unit}/s"), _spread),
+    (lambda g: Column("stdev", f"{g.unit}/s"),
+     lambda g, r: Cell(fmt_stdev(r.stat("stdev"), r.stat("n")), r.stat("stdev"))),
+    (lambda g: Column("n", "repeats"), lambda g, r: _repeats(r)),
 )
 # shown, like EXTRA_COLUMNS, only when some ok row of the table has a value
-LOSS_COLUMN: Column = (lambda g: "loss after", lambda g, r: fmt_num(r.loss_after, 4))
+LOSS_COLUMN: Metric = (lambda g: Column("loss after", decimals=4), lambda g, r: r.loss_after)
 
 
 def has_loss_column(group: Group) -> bool:
@@ -161,23 +170,62 @@ def validity_cell(row: Row) -> str:
     return flags_cell(row.flags)
 
 
+def _validity(g: Group, r: Row) -> Cell:
+    """The record's own flags; HTML marks them bad where unsound or the comparison warns."""
+    if not r.flags:
+        return Cell(validity_cell(r), [])
+    warn = not r.validity.sound or any(f.severity == validity.WARN for f in r.speedup_flags)
+    return Cell(validity_cell(r), [f.check for f in r.flags], "l " + ("flag" if warn else "note"),
+                validity.describe(r.flags))
+
+
+def _metrics(group: Group) -> tuple[list[Metric], list[Metric]]:
+    """(the columns that say which row, the measured ones) this table shows."""
+    extras = [(lambda g, h=h: h if isinstance(h, Column) else Column(h, decimals=1), lambda g, r, f=f: f(r))
+              for h, f in extra_columns(group)]
+    tail = ([(lambda g: Column("validity"), _validity)] if has_validity_column(group) else []) \
+        + ([LOSS_COLUMN] if has_loss_column(group) else [])
+    return list(COUNT_COLUMNS), list(CORE_COLUMNS) + tail + extras
+
+
+def _row_values(group: Group, row: Row, measured: list[Metric]) -> list[Any]:
+    head = [value(group, row) for _, value in COUNT_COLUMNS]
+    if not row.ok:
+        word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
+        return head + [Cell(word, None, f"status status-{row.status}", row.error or "")] + [None] * (len(measured) - 1)
+    return head + [value(group, row) for _, value in measured]
+
+
+def dlperf_table(group: Group) -> Table:
+    """The DLPerf table of a report group: status words replace the numbers of a non-ok case."""
+    count, measured = _metrics(group)
+    rows = [_row_values(group, r, measured) for r in group.rows]
+    return Table(group.title, [c(group) for c, _ in count + measured], rows, group_notes(group),
+                 title_md=md_title(group), anchor=_anchor(group.name), kind="dlperf",
+                 row_classes=["borrowed" if r.borrowed else "" for r in group.rows], wide=bool(extra_columns(group)))
+
+
+def _anchor(name: str) -> str:
+    return "g-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
+def dlperf_columns(group: Group) -> list[Column]:
+    count, measured = _metrics(group)
+    return [c(group) for c, _ in count + measured]
+
+
+def dlperf_values(group: Group, row: Row) -> list[Any]:
+    """The DLPerf row's values under ``dlperf_columns``."""
+    return _row_values(group, row, _metrics(group)[1])
+
+
 def table_columns(group: Group) -> list[str]:
-    loss = [LOSS_COLUMN[0](group)] if has_loss_column(group) else []
-    return ([h(group) for h, _ in COUNT_COLUMNS + CORE_COLUMNS] + (["validity"] if has_validity_column(group) else [])
-            + loss + [h for h, _ in extra_columns(group)])
+    return [c.title for c in dlperf_columns(group)]
 
 
 def table_cells(group: Group, row: Row) -> list[str]:
-    """The DLPerf row: status words replace the numbers of a non-ok case."""
-    head = [cell(group, row) for _, cell in COUNT_COLUMNS]
-    extras = extra_columns(group)
-    loss = has_loss_column(group)
-    tail = has_validity_column(group)
-    if not row.ok:
-        word = STATUS_TEXT.get(row.status, row.status.upper()) if row.status != "ok" else "NO DATA"
-        return head + [word] + [MISSING] * (len(CORE_COLUMNS) - 1 + loss + len(extras) + tail)
-    return (head + [cell(group, row) for _, cell in CORE_COLUMNS] + ([validity_cell(row)] if tail else [])
-            + ([LOSS_COLUMN[1](group, row)] if loss else []) + [_extra_cell(f(row)) for _, f in extras])
+    """The DLPerf row's texts."""
+    return [c.text(v) for c, v in zip(dlperf_columns(group), dlperf_values(group, row))]
 
 
 def flag_notes(group: Group) -> list[str]:
@@ -343,6 +391,15 @@ def micro_cell(v: Any) -> str:
     return MISSING if v is None else str(v)
 
 
+def micro_table(rec: dict[str, Any]) -> Table | None:
+    """A micro-benchmark record's result rows, one column per field; None without any."""
+    cols = micro_columns(rec)
+    if not cols:
+        return None
+    rows = [[r.get(c) for c in cols] for r in rec.get("results") or [] if isinstance(r, dict)]
+    return Table(micro_title(rec), [Column(c, format=micro_cell) for c in cols], rows)
+
+
 def micro_title(rec: dict[str, Any]) -> str:
     env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
     bits = [f"micro {rec.get('micro')}", f"record {str(rec.get('id'))[:8]}"]
@@ -374,8 +431,6 @@ def parity_view(report: Report):
 
 def quality_view(report: Report) -> list:
     """The time-to-quality tables (dlscale/report/quality.py): one per workload trained with --until."""
-    from dlscale.report import quality
-
     return quality.build(report.loaded, report.filters)
 
 
@@ -400,44 +455,50 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
     if report.groups:
         out += ["## Scaling (DLPerf tables)", ""]
     for g in report.groups:
-        out += [f"### {md_title(g)}", "",
-                f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}", ""]
-        out.append(md_table(table_columns(g), [table_cells(g, r) for r in g.rows]))
-        out.append("")
-        out += [f"- {n}" for n in group_notes(g)]
-        out.append("")
-        out += account.markdown(g)
+        t = dlperf_table(g)
+        t.intro = f"DLPerf key {md_code(g.name)} · per-device batch {g.batch_size} · device {g.device_type}"
+        out += table.markdown(t)
+        growth = account.table(g)
+        out += table.markdown(growth, heading="") if growth else []
         for title, path in plot_links.get(g.name, []):
             out.append(f"![{title}]({path})")
         if plot_links.get(g.name):
             out.append("")
-    from dlscale.report import frameworks
-
     out += frameworks.markdown(report)
     out += sources.markdown_section(report)
     out += sidebyside.to_markdown(sidebyside.tables(report))
-    from dlscale.report import quality
-
     out += quality.markdown(quality_view(report), plot_links)
     par = parity_view(report)
     if par is not None:
         out += [parity.to_markdown(par, heading="##").replace("## dlscale parity", "## Loss parity", 1)]
+    out += _micro_markdown(report, plot_links)
+    out += sources.provenance_lines(report)
+    out += _environment_markdown(report) + _commands_markdown(report)
+    return md_safe("\n".join(out))
+
+
+def _micro_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """A section per micro-benchmark record: its status, result rows, flags and plots."""
+    out: list[str] = []
     if report.micro:
         out += ["## Micro-benchmarks", ""]
     for m in report.micro:
         out += [f"### {micro_md_title(m)}", ""]
         if m.get("status", "ok") != "ok":
             out += [f"Status **{m.get('status')}**: {_one_line(m.get('error') or '', 300)}", ""]
-        cols = micro_columns(m)
-        if cols:
-            rows = [[micro_cell(r.get(c)) for c in cols] for r in m.get("results") or [] if isinstance(r, dict)]
-            out += [md_table(cols, rows), ""]
+        t = micro_table(m)
+        if t is not None:
+            out += [table.md_table(t), ""]
         flags = (m.get("validity") or {}).get("flags") or []  # as run's: spread, competing processes, threads
         out += [f"- {'⚠' if f.get('severity') == 'warn' else '?'} `{f.get('check')}`: "
                 f"{md_text(str(f.get('reason')))}" for f in flags if isinstance(f, dict)] + ([""] if flags else [])
         for title, path in plot_links.get(f"micro:{m.get('id')}", []):
             out += [f"![{title}]({path})", ""]
-    out += sources.provenance_lines(report)
+    return out
+
+
+def _environment_markdown(report: Report) -> list[str]:
+    out: list[str] = []
     envs = environments([r for r in report.selected_records() if r.get("kind") != "imported"])
     if envs:
         out += ["## Environment", ""]
@@ -453,6 +514,11 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
         if e["env"].get("topology"):
             out += ["", "```", str(e["env"]["topology"]), "```"]
         out.append("")
+    return out
+
+
+def _commands_markdown(report: Report) -> list[str]:
+    out: list[str] = []
     cmds = commands(report)
     if cmds:
         body = []
@@ -460,7 +526,7 @@ def to_markdown(report: Report, plot_links: dict[str, list[tuple[str, str]]] | N
             body += [f"# {what} ({status})".replace("\n", " "), cmd]
         fence = _fence(body)
         out += ["## Commands", "", fence] + body + [fence, ""]
-    return md_safe("\n".join(out))
+    return out
 
 
 # ----------------------------------------------------------------------------- csv
@@ -542,8 +608,6 @@ def to_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
-    from dlscale.report import frameworks
-
     fw = frameworks.csv_fields(report)
     for g in report.groups:
         for r in g.own_rows:
@@ -575,8 +639,6 @@ def dlperf_entry(group: Group, row: Row) -> dict[str, Any]:
 
 
 def to_json_obj(report: Report) -> dict[str, Any]:
-    from dlscale.report import frameworks
-
     dlperf: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for g in report.groups:
@@ -618,8 +680,6 @@ def to_json_obj(report: Report) -> dict[str, Any]:
 
 
 def _quality_json(report: Report):
-    from dlscale.report import quality
-
     return quality.json_obj(quality_view(report))
 
 

@@ -16,9 +16,12 @@ from typing import Any
 
 from dlscale.results import validity
 from dlscale.case.config import workload_fields
-from dlscale.fmt import MISSING, fmt_num, md_table
+from dlscale.fmt import MISSING
 from dlscale.report import compare
+from dlscale.report import table as table_model
+from dlscale.report.cells import html_escape
 from dlscale.report.data import STATUS_TEXT, Report, Row, rec_config, rec_device_type, rec_label, repeat_samples
+from dlscale.report.table import Cell, Column, verdict_cell
 
 # what may differ between the cases of one side-by-side table
 SIDE_EXCLUDE = frozenset({"strategy", "strategy_options", "compile", "compile_mode", "inductor_options", "framework"})
@@ -112,38 +115,53 @@ def tables(report: Report, opts: compare.Options | None = None) -> list[Table]:
     return out
 
 
-HEADERS = ("case", "throughput median", "ratio to reference", "95 % CI of ratio", "p (Mann-Whitney)", "n",
-           "verdict", "validity")
 METHOD = ("Cases of one workload that differ in strategy, compile settings, framework or label, against the first "
           "row (the reference): ratio = median ÷ reference median of samples/s; the verdict, CI and p-value as "
           "`dlscale compare` computes them (faster/slower only when the 95 % bootstrap CI excludes 1 and p < 0.05).")
+TITLE = "Side by side (same workload, different settings)"
 
 
-def cells(t: Table, r: Row) -> list[str]:
-    flags = validity.names(t.flags(r), missing=MISSING)
+def columns(t: Table) -> list[Column]:
+    return [Column("case", left=True), Column("throughput median", f"{t.unit}/s", 2),
+            Column("ratio to reference", decimals=3), Column("95 % CI of ratio"),
+            Column("p (Mann-Whitney)", format=lambda v: f"{v:.3g}"), Column("n"), Column("verdict", left=True),
+            Column("validity", left=True)]
+
+
+def row_values(t: Table, r: Row) -> list[Any]:
+    """A case's cells: a non-ok case shows its status word; the reference its ratio 1."""
+    fl = t.flags(r)
+    warned = any(f.severity == validity.WARN for f in fl)
+    flags = Cell(validity.names(fl, missing=MISSING), [f.check for f in fl], cls="flag" if warned else "",
+                 tip=validity.describe(fl))
     if not r.ok:
-        return [case_name(r), STATUS_TEXT.get(r.status, r.status.upper())] + [MISSING] * 5 + [flags]
-    n = str(len(repeat_samples(r.record)))
+        return [case_name(r), Cell(STATUS_TEXT.get(r.status, r.status.upper()))] + [None] * 5 + [flags]
+    n = len(repeat_samples(r.record))
     if r is t.reference:
-        return [case_name(r) + " (reference)", fmt_num(r.median), "1.000", MISSING, MISSING, n, "reference", flags]
+        return [case_name(r) + " (reference)", r.median, 1.0, None, None, n, "reference", flags]
     p = t.pairs[id(r)]
-    ci = MISSING if p.ci is None else f"{p.ci[0]:.3f}–{p.ci[1]:.3f}"
-    return [case_name(r), fmt_num(r.median), fmt_num(p.ratio, 3), ci,
-            MISSING if p.p is None else f"{p.p:.3g}", n, p.verdict, flags]
+    ci = None if p.ci is None else Cell(f"{p.ci[0]:.3f}–{p.ci[1]:.3f}", list(p.ci))
+    return [case_name(r), r.median, p.ratio, ci, p.p, n, verdict_cell(p.verdict), flags]
 
 
-def headers(t: Table) -> list[str]:
-    return [h if h != "throughput median" else f"throughput median ({t.unit}/s)" for h in HEADERS]
+def table(t: Table) -> table_model.Table:
+    return table_model.Table(t.title, columns(t), [row_values(t, r) for r in t.rows], kind="side")
 
 
 def to_markdown(ts: list[Table]) -> list[str]:
     if not ts:
         return []
-    out = ["## Side by side (same workload, different settings)", "", METHOD, ""]
+    out = [f"## {TITLE}", "", METHOD, ""]
     for t in ts:
-        out += [f"### {t.title}", "", md_table(headers(t), [cells(t, r) for r in t.rows], numeric_from=1,
-                                               numeric_to=6), ""]
+        out += table_model.markdown(table(t))
     return out
+
+
+def to_html(ts: list[Table]) -> list[str]:
+    if not ts:
+        return []
+    return [f'<h2 id="side-by-side">{html_escape(TITLE)}</h2>', f'<p class="method">{html_escape(METHOD)}</p>'] \
+        + [table_model.html(table(t)) for t in ts]
 
 
 def to_json_obj(ts: list[Table]) -> list[dict[str, Any]]:

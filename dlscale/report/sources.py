@@ -18,8 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dlscale.report.cells import MISSING, fmt, md_table
-from dlscale.report.cells import html_escape as _e, html_table as _table
+
+from dlscale.report import table as table_model
+from dlscale.report.cells import html_escape as _e
+from dlscale.report.table import Cell, Column, Table
 from dlscale.report.fields import rec_config, rec_device_type
 
 if TYPE_CHECKING:
@@ -187,17 +189,28 @@ STACK_COLUMNS = ["stack", "kind", "device", "node_num", "device_num", "throughpu
                  "scaling efficiency (%)", "MFU (%)", "n (repeats)", "table"]
 
 
-def stack_rows(t: StackTable) -> list[list[str]]:
+def _pct(v: float | None) -> float | None:
+    return None if v is None else v * 100
+
+
+def stack_table(t: StackTable) -> Table:
+    unit = t.groups[0].unit
+    cols = [Column("stack", left=True), Column("kind", left=True), Column("device", left=True), Column("node_num"),
+            Column("device_num"), Column("throughput median", f"{unit}/s", 2), Column("speedup", "×", 2),
+            Column("scaling efficiency", "%", 1), Column("MFU", "%", 1), Column("n", "repeats"),
+            Column("table", left=True)]
     rows = []
     for g in t.groups:
         for r in g.own_rows:
             n = r.stat("n")
-            rows.append([stack_name(g.fields), KIND_WORD[g.fields.get("kind", "run")], device_of(r), str(r.nnodes),
-                         str(r.devices), fmt(r.median) if r.ok else r.status.upper(), fmt(r.speedup),
-                         fmt(None if r.efficiency is None else r.efficiency * 100, 1),
-                         fmt(None if r.mfu is None else r.mfu * 100, 1), MISSING if n is None else str(int(n)),
-                         g.name])
-    return rows
+            rows.append([stack_name(g.fields), KIND_WORD[g.fields.get("kind", "run")], device_of(r), r.nnodes,
+                         r.devices, r.median if r.ok else Cell(r.status.upper()), r.speedup, _pct(r.efficiency),
+                         _pct(r.mfu), None if n is None else int(n), g.name])
+    return Table(t.title, cols, rows)
+
+
+def stack_rows(t: StackTable) -> list[list[str]]:
+    return stack_table(t).texts()
 
 
 STACK_NOTE = ("one workload (model, precision, per-device batch, device type) as reported by different stacks: "
@@ -212,9 +225,7 @@ def markdown_section(report: "Report") -> list[str]:
         return []
     out = ["## Stacks side by side", "", STACK_NOTE, ""]
     for t in tables:
-        unit = t.groups[0].unit
-        cols = [c if c != "throughput median" else f"throughput median ({unit}/s)" for c in STACK_COLUMNS]
-        out += [f"### {t.title}", "", md_table(cols, stack_rows(t), numeric_from=3, numeric_to=10), ""]
+        out += table_model.markdown(stack_table(t))
     return out
 
 
@@ -223,10 +234,7 @@ def html_section(report: "Report") -> str:
     if not tables:
         return ""
     body = ['<h2 id="stacks">Stacks side by side</h2>', f'<p class="method">{_e(STACK_NOTE)}</p>']
-    for t in tables:
-        unit = t.groups[0].unit
-        cols = [c if c != "throughput median" else f"throughput median ({unit}/s)" for c in STACK_COLUMNS]
-        body.append(f"<section><h3>{_e(t.title)}</h3>{_table(cols, stack_rows(t), left_cols=3)}</section>")
+    body += [table_model.html(stack_table(t)) for t in tables]
     return "".join(body)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from dlscale.results.record import newest_per_key
 from dlscale.report.data import rec_label
+from dlscale.report.table import Cell, Column, Table, html
+from dlscale.results.record import newest_per_key
 from dlscale.tune.space import LABEL_PREFIX
 
 
@@ -24,8 +25,9 @@ def stored_tunes(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
 
 def tune_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The measured cases of one tune, the fastest valid first, each with compare's verdict against it."""
-    from dlscale.report.compare import Options, Pair, judge
-    from dlscale.report.data import Row, repeat_samples
+    from dlscale.report.compare import Pair
+    from dlscale.report.data import Row
+    from dlscale.tune.result import _verdict
     from dlscale.tune.search import Measurement
 
     meas = [(Row(r), Measurement(None, r).invalid) for r in recs]
@@ -36,10 +38,24 @@ def tune_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         d = {"case": Pair(row, None, [], []).case, "median": row.median, "n": (row.stats or {}).get("n"),
              "status": row.status, "invalid": invalid, "command": row.record.get("command"), "best": row is best}
         if best is not None and row is not best and invalid is None:
-            p = judge(Pair(best, row, repeat_samples(best.record), repeat_samples(row.record)), Options())
-            d.update(gap_pct=p.change_pct, verdict=p.verdict)
+            d.update(_verdict(best, row))
         out.append(d)
     return out
+
+
+COLUMNS = (Column("case", left=True), Column("samples/s", format=lambda v: f"{v:,.1f}"), Column("n"),
+           Column("gap", "%", format=lambda v: f"{v:+.1f}"), Column("verdict", left=True))
+
+
+def table(label: str, rows: list[dict[str, Any]]) -> Table:
+    """One tune's rows: the best marked in the gap column, an invalid case's reason as its verdict."""
+    body = []
+    for d in rows:
+        gap = Cell("best") if d["best"] else d.get("gap_pct")
+        verdict = d.get("verdict") or (d["invalid"] or "" if not d["best"] else "")
+        med = d["median"] if d["median"] is not None else Cell(str(d["status"]))
+        body.append([d["case"], med, d["n"], gap, verdict])
+    return Table(label, list(COLUMNS), body)
 
 
 def html_section(records: list[dict[str, Any]]) -> list[str]:
@@ -52,16 +68,7 @@ def html_section(records: list[dict[str, Any]]) -> list[str]:
            'gap and verdict are compare\'s test against it (docs/tune.md).</p>']
     for label in sorted(tunes):
         rows = tune_rows(tunes[label])
-        out.append(f"<h3>{escape(label)}</h3><table><thead><tr><th class=\"l\">case</th><th>samples/s</th><th>n</th>"
-                   "<th>gap %</th><th class=\"l\">verdict</th></tr></thead><tbody>")
-        for d in rows:
-            gap = "best" if d["best"] else (f"{d['gap_pct']:+.1f}" if d.get("gap_pct") is not None else "-")
-            verdict = d.get("verdict") or (d["invalid"] or "" if not d["best"] else "")
-            med = f"{d['median']:,.1f}" if d["median"] is not None else d["status"]
-            out.append(f'<tr><td class="l">{escape(d["case"])}</td><td>{escape(med)}</td><td>{d["n"] or "-"}</td>'
-                       f'<td>{escape(gap)}</td><td class="l">{escape(verdict)}</td></tr>')
-        out.append("</tbody></table>")
         best = next((d for d in rows if d["best"]), None)
-        if best and best["command"]:
-            out.append(f"<p>Fastest: <code>{escape(str(best['command']))}</code></p>")
+        fastest = f"<p>Fastest: <code>{escape(str(best['command']))}</code></p>" if best and best["command"] else ""
+        out.append(html(table(label, rows), after=fastest))
     return out
