@@ -15,7 +15,7 @@ from typing import Any
 from dlscale.case.config import RunConfig, validate_for_launch
 from dlscale.inputs.spec import DataSpec, parse_data
 from dlscale.strategies import StrategyInfo, get_strategy, resolve_spec
-from dlscale.strategies._mesh import ParallelDims
+from dlscale.planner.layout import ParallelDims
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ResolvedCase:
     device_type: str  # "cuda" or "cpu" (--device auto resolved)
     spec: Any  # the ModelSpec trained: its registered flavour, resized by the strategy where it says so
     strategy: StrategyInfo
-    dims: ParallelDims | None  # the strategy's degrees, where it declares its layout
+    dims: ParallelDims  # the strategy's degrees, as it declares them
     data: DataSpec
 
     @property
@@ -44,18 +44,9 @@ class ResolvedCase:
         return dataclasses.replace(self, cfg=cfg)
 
 
-def strategy_dims(strategy: StrategyInfo, cfg: RunConfig) -> ParallelDims | None:
-    """The case's degrees from the strategy's declared memory layout (None where it declares none)."""
-    if strategy.memory_layout is None:
-        return None
-    lay = strategy.memory_layout(cfg.world_size, cfg.nnodes, cfg.strategy_options)
-    return ParallelDims(cfg.world_size, dp_replicate=lay.dp_replicate, dp_shard=lay.dp_shard, pp=lay.pp, tp=lay.tp,
-                        where=cfg.strategy)
-
-
 def resolve(cfg: RunConfig) -> ResolvedCase:
     """Check ``cfg`` for this machine (one-line ConfigError) and resolve it, once."""
     device_type = validate_for_launch(cfg)
     strategy = get_strategy(cfg.strategy)
-    return ResolvedCase(cfg, device_type, resolve_spec(cfg), strategy, strategy_dims(strategy, cfg),
+    return ResolvedCase(cfg, device_type, resolve_spec(cfg), strategy, strategy.parallel_dims(cfg),
                         parse_data(cfg.data))

@@ -29,6 +29,7 @@ from dlscale import ConfigError, DlscaleError, inputs
 from dlscale.case.caseargs import command_line
 from dlscale.case.config import RunConfig
 from dlscale.fmt import fmt_hms
+from dlscale.results.record import newest_per_key
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 5
 from dlscale.case.procs import EXIT_INTERRUPTED  # noqa: E402
@@ -111,18 +112,13 @@ def describe(cfg: RunConfig, found: str = "") -> str:
 
 def done_keys(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Sweep key -> newest ok record: case_key of ok runs, and the batch-search key of "max" runs."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in records:
+    def keys(r: dict[str, Any]) -> list[Any]:
         if r.get("kind") != "run" or r.get("status") != "ok":
-            continue
-        keys = [r.get("case_key")]
+            return []
         search = r.get("batch_search")
-        if isinstance(search, dict) and search.get("case_key"):
-            keys.append(search["case_key"])
-        for k in keys:
-            if k and (k not in out or str(r.get("created")) >= str(out[k].get("created"))):
-                out[k] = r
-    return out
+        return [r.get("case_key"), search.get("case_key") if isinstance(search, dict) else None]
+
+    return newest_per_key(records, keys)
 
 
 def _cpu_processes_refused(nproc_per_node: int) -> str:
