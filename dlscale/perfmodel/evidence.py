@@ -210,8 +210,8 @@ def store_host_samples(records: list[dict[str, Any]], links: Links, peak_flops: 
 def store_evidence(records: list[dict[str, Any]], q: StoreQuery, store: list[dict[str, Any]] | None = None
                    ) -> Evidence:
     """Everything ``records`` hold for the strategy model of ``q.model``: measured references, the block floors,
-    the ``micro layer`` timings (by precision and compile setting) and the strategies' host costs, the last two read from ``store`` (default: the
-    same records) since they are not the model's runs."""
+    the ``micro layer`` timings (by precision and compile setting) and the strategies' host costs, the last two
+    read from ``store`` (default: the same records) since they are not the model's runs."""
     from dlscale.models import get_model
 
     store = records if store is None else store
