@@ -209,8 +209,8 @@ def micro_layer_section(rows: list, skipped: list, eager_fp8: list = ()) -> str:
     errs = [r.error_pct for r in eager_fp8]
     if errs:
         out.append(f"- for scale only (refused as evidence): the {len(errs)} float8 point(s) of the uncompiled "
-                   f"(Transformer Engine) tables at the eager fp8 rows would be off by mean {sum(map(abs, errs)) / len(errs):.1f} % (from {min(errs):+.1f} % to "
-                   f"{max(errs):+.1f} %)")
+                   f"(Transformer Engine) tables at the eager fp8 rows would be off by mean "
+                   f"{sum(map(abs, errs)) / len(errs):.1f} % (from {min(errs):+.1f} % to {max(errs):+.1f} %)")
     return "\n".join(out)
 
 
