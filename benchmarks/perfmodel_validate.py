@@ -168,15 +168,62 @@ def comm_links():
     return Links(intra={n: link})
 
 
+def micro_layer_records(own: dict[str, list[dict]]) -> list[dict]:
+    """The ``micro layer`` records of the fit stores (each once)."""
+    seen = {}
+    for recs in own.values():
+        for r in recs:
+            if r.get("kind") == "micro" and r.get("micro") == "layer":
+                seen[r.get("id")] = r
+    return list(seen.values())
+
+
+def micro_layer_section(rows: list, skipped: list, eager_fp8: list = ()) -> str:
+    """The published tables predicted from the project's micro layer rows: errors by source, family and
+    precision, every point, the cases without a row."""
+    out = ["### Compute from `micro layer` records (protocol micro-layer)\n",
+           "Hardware: the block rows are one H200's; the tables are H100s'. Both have the same dense bf16 peak "
+           "(989 TFLOP/s, the rate is a share of it), the H200 more HBM (141 GB at 4.8 TB/s against 80 GB at "
+           "3.35 TB/s), so memory-bound kernels (norms, attention softmax, casts) run faster on it: the rows "
+           "are, if anything, fast for an H100. Nothing of the table's own source is used.\n"]
+    groups = sorted({(r.case.source, r.case.family, r.case.precision_class) for r in rows})
+    body = []
+    for g in groups:
+        errs = [r.error_pct for r in rows if (r.case.source, r.case.family, r.case.precision_class) == g]
+        body.append([*g, str(len(errs)), fmt(sum(map(abs, errs)) / len(errs), 1, " %"),
+                     fmt(max(map(abs, errs)), 1, " %"), f"{sum(e > 0 for e in errs)}/{sum(e < 0 for e in errs)}"])
+    out += [md_table(["source", "family", "precision", "n", "mean |error|", "max |error|", "over/under"], body), ""]
+    errs = [abs(r.error_pct) for r in rows]
+    if errs:
+        out.append(f"- micro-layer: {len(errs)} point(s), mean |error| {sum(errs) / len(errs):.1f} %, "
+                   f"max {max(errs):.1f} %\n")
+    out += [md_table(["table", "configuration", "GPUs", "measured tok/s/GPU", "predicted", "error", "block row",
+                      "limited by"],
+                     [[r.case.table, r.case.candidate.label, str(r.case.candidate.devices), fmt(r.case.measured, 0),
+                       fmt(r.predicted, 0), fmt(r.error_pct, 1, " %"), r.basis_ref.split("; ")[-1].rstrip(")"),
+                       r.limited_by] for r in rows]), ""]
+    by_why: dict[str, set[str]] = {}
+    for c, why in skipped:
+        by_why.setdefault(why, set()).add(c.table)
+    out += [f"- not predicted, {why}: {', '.join(sorted(tables))}" for why, tables in sorted(by_why.items())]
+    errs = [r.error_pct for r in eager_fp8]
+    if errs:
+        out.append(f"- for scale only (refused as evidence): the {len(errs)} float8 point(s) of the uncompiled "
+                   f"(Transformer Engine) tables at the eager fp8 rows would be off by mean "
+                   f"{sum(map(abs, errs)) / len(errs):.1f} % (from {min(errs):+.1f} % to {max(errs):+.1f} %)")
+    return "\n".join(out)
+
+
 def strategies_section(own: dict[str, list[dict]]) -> str:
     cases = vs.published_cases(TABLES)
-    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + vs.own_rows(vs.own_cases(own, comm_links()),
-                                                                               vs.own_host_samples(own, comm_links()))
+    micro_rows, skipped = vs.from_micro_layer(cases, micro_layer_records(own))
+    rows = vs.from_smaller(cases) + vs.held_out_by_source(cases) + micro_rows + vs.own_rows(
+        vs.own_cases(own, comm_links()), vs.own_host_samples(own, comm_links()))
     out = ["## The strategy model: published sharded-training tables and the project's own records\n",
            md_table(["source", "family", "protocol", "n", "mean |error|", "max |error|"],
                     [[src, fam, proto, str(n), fmt(mae, 1, " %"), fmt(mx, 1, " %")]
                      for src, fam, proto, n, mae, mx in vs.summary(rows)]), ""]
-    for proto in ("from-node", "from-multinode", "fitted-rate", "from-1-gpu"):
+    for proto in ("from-node", "from-multinode", "fitted-rate", "micro-layer", "from-1-gpu"):
         errs = [abs(r.error_pct) for r in rows if r.protocol == proto]
         if errs:
             out.append(f"- {proto}: {len(errs)} point(s), mean |error| {sum(errs) / len(errs):.1f} %, "
@@ -198,6 +245,8 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
     for what, ranked, ok in vs.ranking(cases):
         order = "; ".join(f"{label}: predicted {p:,.0f}, measured {m:,.0f}" for label, p, m in ranked)
         out.append(f"- ranking, {what}: {order} -> the fastest published {'is' if ok else 'is NOT'} in the top three")
+    fp8 = [c for c, _ in skipped if c.precision_class == "float8"]
+    out += ["", micro_layer_section(micro_rows, skipped, vs.from_micro_layer(fp8, micro_layer_records(own), False)[0])]
     return "\n".join(out)
 
 

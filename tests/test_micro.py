@@ -132,7 +132,8 @@ def test_layer_record_feeds_the_strategy_model(tmp_path):
     arch = TransformerArch(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=512, seq_len=16,
                            layout=BlockLayout("attn", "mlp", (), (), ()), mlp="swiglu", norm="rmsnorm", bias=False)
     both = rec["results"][3]
-    lt = layer_timing([rec], arch, batch=1)
+    lt = layer_timing([rec], arch, batch=1, precision="fp32")  # the CPU's rows are fp32
+    assert layer_timing([rec], arch, batch=1, precision="amp-bf16") is None
     assert lt.flops == both["flops"] == layer_flops("llama", 1, 16, 64, 128, kv_dim=32)["forward_backward"]
     assert lt.seconds == pytest.approx(both["time_us"] * 1e-6)
 
@@ -145,6 +146,19 @@ def test_layer_fp8_on_cpu_is_unsupported_not_failed(tmp_path):
     (rec,) = records(store)
     assert rec["status"] == "unsupported"
     assert [(r["precision"], r["status"], r["time_us"]) for r in rec["results"]] == [("fp8", "unsupported", None)] * 2
+    # eager (no --compile): the rows say their float8 casts are unfused, not torchao's compiled speed
+    assert {(r["compiled"], r["fp8_casts"]) for r in rec["results"]} == {(False, "unfused")}
+
+
+@pytest.mark.slow
+def test_layer_compile_times_the_compiled_block(tmp_path):
+    store = tmp_path / "st"
+    assert cli_main(["micro", "layer", "--device", "cpu", "--model", "llama", "--size", "tiny", "--compile",
+                     "--precision", "fp32", "--batch-size", "1", "--seq-len", "8", "--warmup", "1", "--steps", "1",
+                     "--store", str(store)]) == 0
+    (rec,) = records(store)
+    assert [(r["status"], r["compiled"]) for r in rec["results"]] == [("ok", True)] * 2
+    assert "fp8_casts" not in rec["results"][0] and rec["config"]["resolved"]["compiled"] is True
 
 
 def test_bandwidth_bytes():

@@ -292,3 +292,65 @@ def test_a_block_never_runs_faster_than_its_host_floor():
            "strategy_info": {"piece_cost_ms": {"blocks": [3.0, 1.0, 2.0], "head": 9.0}}, "id": "abc"}
     assert block_floor([rec], "gpt2", "full", False)[0] == pytest.approx(2e-3)
     assert block_floor([rec], "gpt2", "full", True) == (0.0, "")
+
+
+# ---------------------------------------------------------------- micro layer rows as evidence
+
+def _layer_rec(*rows: dict, rid: str = "r1") -> dict:
+    return {"kind": "micro", "micro": "layer", "id": rid, "created": "2026-01-01", "results": list(rows)}
+
+
+def _layer_row(precision: str = "bf16", time_us: float = 1000.0, **kw) -> dict:
+    row = {"status": "ok", "pass": "forward+backward", "d_model": ARCH.hidden, "d_ff": ARCH.ffn_hidden,
+           "heads": ARCH.n_heads, "kv_heads": ARCH.n_kv_heads or ARCH.n_heads, "seq": ARCH.seq_len, "batch": 1,
+           "precision": precision, "time_us": time_us, "flops": 1e9}
+    return {**row, **kw}
+
+
+def test_layer_timing_matches_precision_kv_heads_and_fused_fp8():
+    from dlscale.perfmodel.evidence import layer_timing
+
+    rec = _layer_rec(_layer_row("bf16", 100.0), _layer_row("fp8", 300.0))
+    assert layer_timing([rec], ARCH, 1, "amp-bf16").seconds == pytest.approx(100e-6)
+    assert layer_timing([rec], ARCH, 1, "fp8", compiled=False).seconds == pytest.approx(300e-6)
+    # an eager fp8 row (no "compiled": measured before the option) never stands for a compiled fp8 candidate
+    assert layer_timing([rec], ARCH, 1, "fp8", compiled=True) is None
+    fused = _layer_rec(_layer_row("fp8", 50.0, compiled=True))
+    assert layer_timing([fused], ARCH, 1, "fp8", compiled=True).seconds == pytest.approx(50e-6)
+    # a compiled bf16 candidate may take an eager bf16 row: no casts to fuse
+    assert layer_timing([rec], ARCH, 1, "amp-bf16", compiled=True).seconds == pytest.approx(100e-6)
+    assert layer_timing([rec], ARCH, 1, "amp-fp16") is None
+    kv = ARCH.n_kv_heads or ARCH.n_heads
+    assert layer_timing([_layer_rec(_layer_row(kv_heads=kv * 2))], ARCH, 1) is None
+    no_kv = _layer_row()
+    del no_kv["kv_heads"]
+    assert layer_timing([_layer_rec(no_kv)], ARCH, 1) is not None  # older rows without kv heads still match
+
+
+def test_store_evidence_gives_each_candidate_its_precisions_layer():
+    from dlscale.perfmodel.evidence import StoreQuery, store_evidence
+
+    # tiny llama's block at 2 x the bf16 time in fp8 (eager): the candidates' rates differ by that factor
+    rec = _layer_rec(_layer_row("bf16", 100.0), _layer_row("fp8", 200.0))
+    ev = store_evidence([rec], StoreQuery("llama", "tiny", PEAK, LINKS))
+    bf16 = Candidate("fsdp", dp_shard=8, zero=3, batch_size=1)
+    p_bf16 = predict(bf16, ARCH, _machine(8), ev)
+    p_fp8 = predict(replace(bf16, precision="fp8"), ARCH, _machine(8), ev)
+    assert p_bf16.basis == p_fp8.basis == "micro-layer"
+    assert p_bf16.efficiency == pytest.approx(2 * p_fp8.efficiency)
+    assert predict(replace(bf16, precision="fp8", compiled=True), ARCH, _machine(8), ev).basis == "assumed-mfu"
+
+
+def test_micro_layer_protocol_scales_the_block_row_and_refuses_eager_fp8():
+    from dlscale.perfmodel.validate_strategies import Case, from_micro_layer
+
+    cand = Candidate("fsdp", dp_shard=8, zero=3, batch_size=2, compiled=True)
+    m = _machine(8)
+    bf16 = Case("src", "t.yaml", ARCH, cand, m, 1000.0)
+    fp8 = replace(bf16, candidate=replace(cand, precision="fp8"))
+    rec = _layer_rec(_layer_row("bf16", 100.0), _layer_row("fp8", 50.0))
+    rows, skipped = from_micro_layer([bf16, fp8], [rec])
+    assert [r.case for r in rows] == [bf16] and [c for c, _ in skipped] == [fp8]
+    # the prediction is the model's at the row's rate, flops over time over the peak
+    assert rows[0].predicted == pytest.approx(throughput(cand, ARCH, m, 1e9 / 100e-6 / PEAK))
+    assert rows[0].protocol == "micro-layer"

@@ -203,13 +203,16 @@ class LayerCase:
     seqs: tuple[int, ...]
     precision: str = "auto"
     dropout: float = 0.0
+    compiled: bool = False  # torch.compile of the one block (after the float8 swap)
 
 
 def run_layer(case: LayerCase, device: str = "auto", timing: common.Timing | None = None) -> list[dict[str, Any]]:
     """Forward and forward+backward TFLOPS of one layer for each (batch, seq); two rows each.
 
     Rows: kind, size, d_model, d_ff, heads, kv_heads, batch, seq, precision, pass ("forward" |
-    "forward+backward"), flops, time_us, tflops, tokens_per_s, peak_tflops, pct_of_peak, status, reason.
+    "forward+backward"), flops, time_us, tflops, tokens_per_s, peak_tflops, pct_of_peak, status, reason,
+    compiled; fp8 rows also fp8_linears and fp8_casts ("unfused" eager: torchao fuses its float8 casts and
+    amax reductions only under torch.compile, so an eager row is not torchao's fp8 speed; "compiled").
     """
     dev = common.torch_device(common.resolve_device(device))
     precision = case.precision if case.precision != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
@@ -228,7 +231,10 @@ def run_layer(case: LayerCase, device: str = "auto", timing: common.Timing | Non
             base = {"kind": case.kind, "size": case.size, "d_model": shape.d_model, "d_ff": shape.d_ff,
                     "heads": shape.heads, "kv_heads": shape.kv, "batch": batch, "seq": seq, "precision": precision,
                     "status": "ok", "reason": None, "time_us": None, "tflops": None, "tokens_per_s": None,
-                    "peak_tflops": peak / 1e12 if peak else None, "pct_of_peak": None, "peak_source": peak_src}
+                    "peak_tflops": peak / 1e12 if peak else None, "pct_of_peak": None, "peak_source": peak_src,
+                    "compiled": case.compiled}
+            if precision == "fp8":
+                base["fp8_casts"] = "compiled" if case.compiled else "unfused"
             if bench.float8:
                 base["fp8_linears"] = bench.float8["converted_linears"]
             for p in PASSES:
@@ -246,7 +252,7 @@ class _Bench:
         import torch
 
         self.case, self.d_model, self.precision, self.dev, self.timing = case, shape.d_model, precision, dev, timing
-        self.layer = self.float8 = None
+        self.layer = self.float8 = self.run = None
         self.status, self.reason = "unsupported", precision_support(precision, dev)
         if self.reason:
             return
@@ -256,6 +262,8 @@ class _Bench:
             torch.manual_seed(0)
             self.layer = layer.to(dev).train()
             self.float8 = to_float8(self.layer, dev) if precision == "fp8" else None
+            # compiled on its first call, in the timer's warm-up; the parameters (and their grads) are the layer's
+            self.run = torch.compile(self.layer) if case.compiled else self.layer
         except Exception as e:  # noqa: BLE001 - a layer too large for the device is its rows' status
             self.status, self.reason = common.classify_error(e), common.error_reason(e)
             common.free_memory(dev)
@@ -279,7 +287,7 @@ class _Bench:
     def _time_pass(self, which: str, batch: int, seq: int) -> dict[str, Any]:
         import torch
 
-        layer, precision, dev = self.layer, self.precision, self.dev
+        layer, run, precision, dev = self.layer, self.run, self.precision, self.dev
         inputs = [torch.randn(batch, seq, self.d_model, device=dev, requires_grad=True)]
         if self.case.kind == "t5-decoder":  # encoder output of the same length, part of the graph like in training
             inputs.append(torch.randn(batch, seq, self.d_model, device=dev, requires_grad=True))
@@ -287,17 +295,17 @@ class _Bench:
             # as in training: autograd records the graph, the output is dropped
             def step() -> None:
                 with precision_context(precision, dev):
-                    layer(*inputs)
+                    run(*inputs)
         else:
             with precision_context(precision, dev):
-                grad_out = torch.randn_like(layer(*inputs))
+                grad_out = torch.randn_like(run(*inputs))
 
             def step() -> None:
                 layer.zero_grad(set_to_none=True)
                 for t in inputs:
                     t.grad = None
                 with precision_context(precision, dev):
-                    out = layer(*inputs)
+                    out = run(*inputs)
                 out.backward(grad_out)
         return common.timing_fields(self.timing.measure(step, dev))
 
@@ -339,6 +347,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout probability on attention and residual branches (default 0 = off; the llama "
                         "block has none)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the block before timing it (default: off, eager); fp8 rows measured "
+                        "eager carry fp8_casts=unfused: torchao fuses its float8 casts only when compiled")
     common.add_common_options(p, warmup_defaults=(5, 2), iters_defaults=(20, 10))
     p.set_defaults(func=main)
 
@@ -372,19 +383,20 @@ def main(args) -> int:
     precision = row_precision(precision, device, _capability(device))
     common.check_store(args.store)
 
-    rows = run_layer(LayerCase(kind, size, tuple(batches), tuple(seqs), precision, args.dropout), device,
-                     common.Timing(warmup, iters))
+    case = LayerCase(kind, size, tuple(batches), tuple(seqs), precision, args.dropout, args.compile)
+    rows = run_layer(case, device, common.Timing(warmup, iters))
     status = common.record_status(rows)
     config = common.args_config(args)
     config.update(resolved={"device": device, "kind": kind, "size": size, "batches": batches, "seqs": seqs,
-                            "precision": precision, "warmup": warmup, "iters": iters})
+                            "precision": precision, "warmup": warmup, "iters": iters, "compiled": args.compile})
     x = "seq" if len(seqs) > 1 or len(batches) == 1 else "batch"
     plot = {"x": x, "y": "tflops", "series": "pass", "xlabel": "sequence length" if x == "seq" else "batch size",
             "ylabel": f"TFLOPS ({precision})", "logx": True}
     dev_name = common.device_name(common.torch_device(device))
     error = common.failed_reasons(rows, lambda r: f"b={r['batch']} s={r['seq']} {r['pass']}")
     record = common.make_record(common.Outcome("layer", status, config, rows, plot, device, dev_name, error))
-    common.print_table(f"{kind}-{size} layer on {dev_name} ({device}, {precision}), median of {iters}",
+    mode = ", compiled" if args.compile else ""
+    common.print_table(f"{kind}-{size} layer on {dev_name} ({device}, {precision}{mode}), median of {iters}",
                        [("batch", "batch"), ("seq", "seq"), ("pass", "pass"), ("flops", "GFLOP"),
                         ("time_us", "time (us)"), ("tflops", "TFLOPS"), ("tokens_per_s", "tokens/s"),
                         ("pct_of_peak", "% of peak")],

@@ -102,22 +102,50 @@ def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_
     return list(out.values())
 
 
-def layer_timing(records: Iterable[dict[str, Any]], arch: Any, batch: int) -> LayerTiming | None:
-    """The newest ``micro layer`` forward+backward row of the model's block shape (hidden, MLP width, heads, the
-    sequence length), at the batch nearest ``batch``."""
+# a candidate's precision -> the ``precision`` of the micro layer rows that time it (dlscale run's fp32 runs
+# with TF32 on where the GPU has it: its rows say tf32; on the CPU fp32)
+LAYER_PRECISION = {"amp-bf16": ("bf16",), "amp-fp16": ("fp16",), "fp8": ("fp8",), "fp32": ("tf32", "fp32"),
+                   "fp32-strict": ("fp32",)}
+
+
+def row_fused(row: dict[str, Any]) -> bool:
+    """Whether a micro layer row ran at the speed of a compiled step: compiled, or a precision without casts to
+    fuse. An fp8 row measured eager (every row without ``compiled``, the option being newer) spends its time in
+    torchao's unfused float8 casts and amax reductions, not torchao's compiled fp8 speed."""
+    return bool(row.get("compiled")) or row.get("precision") != "fp8"
+
+
+def layer_row_matches(row: dict[str, Any], arch: Any, precision: str = "amp-bf16", compiled: bool = False) -> bool:
+    """Whether an ok forward+backward micro layer row times the block of ``arch`` for a candidate of that
+    precision and compile setting: hidden, MLP width, heads, kv heads (where the row has them), sequence length
+    and precision equal; an eager fp8 row never stands for a compiled fp8 candidate."""
+    kv = row.get("kv_heads")
+    return (row.get("status") == "ok" and row.get("pass") == "forward+backward"
+            and row.get("d_model") == arch.hidden and row.get("d_ff") == arch.ffn_hidden
+            and row.get("heads") == arch.n_heads and row.get("seq") == arch.seq_len
+            and (kv is None or kv == (getattr(arch, "n_kv_heads", None) or arch.n_heads))
+            and row.get("precision") in LAYER_PRECISION.get(precision, (precision,))
+            and (row_fused(row) or not compiled)
+            and bool(_num(row.get("time_us"))) and bool(_num(row.get("flops"))))
+
+
+def layer_timing(records: Iterable[dict[str, Any]], arch: Any, batch: int, precision: str = "amp-bf16",
+                 compiled: bool = False) -> LayerTiming | None:
+    """The newest ``micro layer`` forward+backward row of the model's block shape for a candidate of
+    ``precision`` (dlscale's names: amp-bf16, fp8, ...) and compile setting (``layer_row_matches``), at the
+    batch nearest ``batch``."""
     best = None
     for rec in records:
         if rec.get("kind") != "micro" or rec.get("micro") != "layer":
             continue
         for row in rec.get("results") or []:
-            if (row.get("status") == "ok" and row.get("pass") == "forward+backward"
-                    and row.get("d_model") == arch.hidden and row.get("d_ff") == arch.ffn_hidden
-                    and row.get("heads") == arch.n_heads and row.get("seq") == arch.seq_len
-                    and _num(row.get("time_us")) and _num(row.get("flops"))):
+            if layer_row_matches(row, arch, precision, compiled):
                 key = (-abs((row.get("batch") or 0) - batch), str(rec.get("created") or ""))
                 if best is None or key > best[0]:
+                    how = "" if row_fused(row) else ", eager fp8: unfused casts"
                     best = (key, LayerTiming(row["time_us"] * 1e-6, float(row["flops"]),
-                                             f"micro layer {str(rec.get('id'))[:8]}, batch {row.get('batch')}"))
+                                             f"micro layer {str(rec.get('id'))[:8]}, batch {row.get('batch')}, "
+                                             f"{row.get('precision')}{how}"))
     return best[1] if best else None
 
 
@@ -182,16 +210,19 @@ def store_host_samples(records: list[dict[str, Any]], links: Links, peak_flops: 
 def store_evidence(records: list[dict[str, Any]], q: StoreQuery, store: list[dict[str, Any]] | None = None
                    ) -> Evidence:
     """Everything ``records`` hold for the strategy model of ``q.model``: measured references, the block floors,
-    a ``micro layer`` timing and the strategies' host costs, the last two read from ``store`` (default: the
-    same records) since they are not the model's runs."""
+    the ``micro layer`` timings (by precision and compile setting) and the strategies' host costs, the last two
+    read from ``store`` (default: the same records) since they are not the model's runs."""
     from dlscale.models import get_model
 
     store = records if store is None else store
     arch = get_model(q.model, q.flavor).arch
     floors = {c: block_floor(records, q.model, q.flavor, c)[0] for c in (False, True)}
     refs = references(records, q.model, q.flavor, q.peak_flops, q.links, q.device_type, floors)
-    return Evidence(tuple(refs), layer_timing(store, arch, q.batch), q.assumed_mfu, floors,
-                    fit_host_costs(store_host_samples(store, q.links, q.peak_flops)))
+    # one timing per precision and compile setting: the candidates ranked from one Evidence differ in both
+    layers = {(p, c): lt for p in LAYER_PRECISION for c in (False, True)
+              if (lt := layer_timing(store, arch, q.batch, p, c)) is not None}
+    return Evidence(tuple(refs), None, q.assumed_mfu, floors,
+                    fit_host_costs(store_host_samples(store, q.links, q.peak_flops)), layers)
 
 
 def evidence_from_records(records: list[dict[str, Any]], model: str, flavor: str, peak_flops: float, links: Links,

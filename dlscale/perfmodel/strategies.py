@@ -192,6 +192,12 @@ class Evidence:
     # the strategies' host work by (compile setting, several ranks), for a target machine given without it
     # (``Machine.host``; ``host.fit_host_costs``)
     host_costs: dict[tuple[bool, bool], HostCosts] = field(default_factory=dict)
+    # micro layer timings by the (precision, compiled) of the candidates they stand for
+    # (``evidence.layer_timing``); ``layer``, where given, stands for every candidate
+    layers: dict[tuple[str, bool], LayerTiming] = field(default_factory=dict)
+
+    def layer_for(self, c: "Candidate") -> LayerTiming | None:
+        return self.layer or self.layers.get((c.precision, c.compiled))
 
 
 @dataclass(frozen=True)
@@ -711,8 +717,8 @@ def compute_rate(c: Candidate, arch: Any, machine: Machine, evidence: Evidence) 
         what = (f"compute rate {100 * eff:.1f} % of peak, inferred from the measured {ref.candidate.label} on "
                 f"{ref.candidate.devices} GPU(s) ({ref.tokens_per_s_per_device:,.0f} tokens/s/GPU; {ref.ref})")
         return Rate(eff, basis, what, ref.rel_spread or 0.0, tuple(notes))
-    if evidence.layer is not None:
-        lt = evidence.layer
+    lt = evidence.layer_for(c)
+    if lt is not None:
         eff = lt.flops / lt.seconds / machine.peak_flops
         return Rate(eff, "micro-layer", f"compute rate {100 * eff:.1f} % of peak from a micro layer record "
                                         f"({lt.seconds * 1e3:.2f} ms fwd+bwd of the block; {lt.ref})")

@@ -7,6 +7,10 @@ Protocols, each a measured point predicted from something else:
   or fewer nodes): the compute rate inferred there, the communication of the larger shape modelled;
 * ``fitted-rate``: from nothing of the case's own source: the compute rate is the median of the rates inferred on
   every other source's points of the same precision class (bf16 or float8), the same default for every system;
+* ``micro-layer``: from nothing of the case's own source nor any throughput: the compute rate of the block's
+  ``micro layer`` forward+backward row (hidden, MLP width, heads, kv heads, sequence length and precision of
+  the case; one GPU of the project), each block at that rate, scaled by the blocks of the busiest stage, the
+  embedding and head at the same rate, and the strategy's communication modelled;
 * ``from-1-gpu``: the project's own records, each multi-GPU record from the 1-GPU record of its store.
 
 Published tables are the ``dlscale-table/1`` fixtures whose rows carry ``x-parallel`` (the configuration) and whose
@@ -221,6 +225,33 @@ def held_out_by_source(cases: list[Case]) -> list[Row]:
                 continue
             rows.append(_row(c, "fitted-rate", Evidence(assumed_mfu=rates[c.precision_class])))
     return rows
+
+
+def micro_layer_batch(c: Candidate) -> int:
+    """The batch one block runs at a time: the micro-batch of a pipeline, else the rank's batch."""
+    return c.batch_size // c.microbatches if c.pp > 1 else c.batch_size
+
+
+def from_micro_layer(cases: list[Case], records: list[dict[str, Any]], fused_fp8: bool = True
+                     ) -> tuple[list[Row], list[tuple[Case, str]]]:
+    """Each case predicted from the ``micro layer`` row of its block shape (``micro-layer``), and the cases
+    without one with why. Every published float8 implementation fuses its casts (torchao under torch.compile,
+    Transformer Engine), so a float8 case takes only a compiled fp8 row, never an eager one (``fused_fp8``
+    False: the eager rows too, to show what they would give, not a prediction)."""
+    from dlscale.perfmodel.evidence import layer_timing
+
+    rows, skipped = [], []
+    for c in cases:
+        cand = c.candidate
+        fused = cand.compiled or (fused_fp8 and cand.precision == "fp8")
+        lt = layer_timing(records, c.arch, micro_layer_batch(cand), cand.precision, fused)
+        if lt is None:
+            why = ("no compiled fp8 row (the fp8 rows are eager: unfused casts)" if cand.precision == "fp8"
+                   and layer_timing(records, c.arch, 1, "amp-bf16") else "no row of its block shape")
+            skipped.append((c, why))
+            continue
+        rows.append(_row(c, "micro-layer", Evidence(layer=lt)))
+    return rows, skipped
 
 
 def own_host_samples(stores: dict[str, list[dict[str, Any]]], links: Links) -> list:
