@@ -753,7 +753,7 @@ def test_decode_beside_script_runs_every_variant_on_the_cpu(data_dir, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     switch = sys.getswitchinterval()
-    out = mod.main([data_dir.imgs, "--batch-size", "4", "--batches", "2", "--warmup", "1", "--steps", "2",
+    out = mod.main([data_dir.imgs, "--batch-size", "2", "--batches", "2", "--warmup", "0", "--steps", "1",
                     "--rounds", "1"])
     assert sys.getswitchinterval() == switch  # every variant's thread closed, the interval restored
     assert set(out["median_images_per_s"]) == set(mod.VARIANTS) and all(v > 0 for v in out["median_images_per_s"].values())
