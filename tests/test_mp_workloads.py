@@ -76,11 +76,11 @@ def test_wide_deep_resize_knobs():
     m = _meta(spec)
     assert m.deep.rows == (2 * 1460, 2 * 558, 2 * 335378) and m.deep.dim == 4
     assert m.wide.rows == (2 * 144108, 2 * 447097)
-    with pytest.raises(ConfigError, match=r"fields must be 1..26 .*got 27"):
+    with pytest.raises(ConfigError, match=r"fields.*26.*27"):  # the option, its bound and the value
         get_model("wide-deep", "full").resize(fields=27)
     with pytest.raises(ConfigError, match="no size knob rows"):
         get_model("wide-deep", "full").resize(rows=3)
-    with pytest.raises(ConfigError, match="vocab_scale must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="vocab_scale.*1"):
         get_model("wide-deep", "tiny").resize(vocab_scale=0)
 
 
@@ -125,7 +125,7 @@ def test_fill_rows_does_not_depend_on_the_sharding(monkeypatch):
     assert float(whole.abs().max()) <= 0.05 and whole.std() > 0
     other = _rows.fill_rows(torch.empty(30, 3), 0, 30, seed=11, table=3, kind="uniform", scale=0.05)
     assert not torch.equal(other, whole)  # each table its own stream
-    with pytest.raises(ValueError, match="outside a table of 30 rows"):
+    with pytest.raises(ValueError, match="30"):  # the table's rows named
         _rows.fill_rows(torch.empty(5, 3), 28, 30, 11, 2, "uniform", 0.05)
 
 
@@ -377,7 +377,7 @@ def test_face_full_shape_and_flops():
     assert spec.flops_per_sample == 3 * (bb + 2 * 512 * 85_742)
     big = get_model("face", "full").resize(classes=2_000_000)
     assert big.flops_per_sample - spec.flops_per_sample == 3 * 2 * 512 * (2_000_000 - 85_742)
-    with pytest.raises(ConfigError, match="classes must be an integer >= 2"):
+    with pytest.raises(ConfigError, match="classes.*2"):
         spec.resize(classes=1)
 
 
