@@ -73,7 +73,13 @@ def driver(*argv: str) -> subprocess.CompletedProcess:
 
 # ----------------------------------------------------------------------------- suite sections
 
-@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.stem)
+# the llama suite's load checks activation checkpointing on Llama 1B, 3B and 8B, each built (on the
+# meta device) for it: seconds, out of the quick tier while the check builds the model per case
+BUILDS_FOR_SECONDS = {"llama"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in BUILDS_FOR_SECONDS else p
+                                  for p in sorted(SUITES.glob("*.yaml"))], ids=lambda p: p.stem)
 def test_every_benchmark_suite_loads(path):
     if "framework: jax" in path.read_text() and not HAVE_JAX:
         pytest.skip("JAX is not installed (pip install -e '.[jax]')")
