@@ -319,7 +319,6 @@ def test_two_hosts_node_lost_mid_run(net, tmp_path):
     assert rec["status"] == "failed"
     # node B's ranks are named as lost; node A's other rank may or may not have published its own error
     # before its agent ended it (torchrun stops a node's other ranks on the first failure): both are listed
-    assert "no failure report from ranks " in rec["error"], rec["error"]
     assert f"ranks [2, 3] on node 1, {net.hostnames[1]} {net.addrs[1]} (process killed or node lost)" in rec["error"]
     assert rec["repeats"][0]["process_s"] < 90
 
