@@ -32,6 +32,7 @@ import pytest
 import helpers_cli
 from dlscale.case import launch, procs
 from dlscale.case.procs import ProcResult
+from dlscale.results.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -342,6 +343,11 @@ def test_a_stopped_rank_times_out_named_and_is_not_left_stopped(tmp_path, reaper
     rc, err = _run_here(tmp_path, during=stop_rank_1, time_limit=25)
     assert rc == 4, err
     assert "rank 1" in err and "stopped" in err, err
+    (rec,) = ResultStore(tmp_path / "store").load().records
+    assert rec["status"] == "timeout" and rec["summary"] is None
+    # the rank still answering said where it was when the limit struck (how the error line names
+    # such stacks: tests/test_stacks.py)
+    assert " in " in (rec["repeats"][0].get("rank_stacks") or {}).get("0", ""), rec["repeats"][0]
     _assert_none_left(tmp_path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -70,14 +71,16 @@ def fail_writes_to(monkeypatch, root: Path, err: int = errno.ENOSPC, partial: bo
 def test_check_writable_refuses_a_store_that_cannot_take_series(tmp_path):
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "series").write_text("not a directory")
-    with pytest.raises(ConfigError, match=r"cannot take series/"):
+    with pytest.raises(ConfigError, match=r"series") as e:  # the entry in the way named
         ResultStore(tmp_path / "st").check_writable()
+    assert "\n" not in str(e.value)
 
 
 def test_check_writable_refuses_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 1000))
-    with pytest.raises(ConfigError, match=r"MiB free; a case needs about"):
+    with pytest.raises(ConfigError, match=r"MiB") as e:  # what is free, one line
         ResultStore(tmp_path / "st").check_writable()
+    assert "\n" not in str(e.value)
     ResultStore(tmp_path / "st").check_writable(expected_bytes=100)
 
 
@@ -107,8 +110,9 @@ def test_unwritable_store_keeps_the_record(tmp_path, recovery_dir):
     st = ResultStore(root)
     root.write_text("the store was replaced by a file")  # mkdir and open fail
     rec = new_record("run", status="ok")
-    with pytest.raises(StoreError, match="could not be stored") as e:
+    with pytest.raises(StoreError) as e:
         st.append_or_recover(rec)
+    assert e.value.exit_code == EXIT_NOT_STORED and str(e.value.recovery) in str(e.value)
     assert e.value.recovery.parent == recovery_dir
     assert json.loads(e.value.recovery.read_text())["id"] == rec["id"]
 
@@ -198,7 +202,7 @@ def test_sweep_dry_run_keeps_done_cases_of_a_store_with_bad_entries(tmp_path, ca
     rc = cli.main(["sweep", str(suite), "--store", str(root), "--dry-run"])
     out, err = capsys.readouterr()
     assert rc == 0 and "Traceback" not in err
-    assert "1 to run, 1 already ok" in out
+    assert re.search(r"\b1 to run, 1 already ok\b", out), out  # the plan's counts, as the dry run prints them
     assert len([ln for ln in err.splitlines() if "x.jsonl" in ln]) == 1
 
 
@@ -209,7 +213,7 @@ def test_sweep_dry_run_refuses_a_store_it_cannot_read(tmp_path, capsys):
     root.symlink_to(root)  # a looping link: exists, cannot be read; never "an empty store"
     rc = cli.main(["sweep", str(suite), "--store", str(root), "--dry-run"])
     out, err = capsys.readouterr()
-    assert rc == 2 and "cannot read result store" in one_error_line(err)
+    assert rc == 2 and str(root) in one_error_line(err)
     assert "to run" not in out
 
 
@@ -217,7 +221,7 @@ def test_suite_that_is_not_utf8_is_one_line(tmp_path, capsys):
     suite = tmp_path / "latin1.yaml"
     suite.write_bytes(SUITE.replace("name: t", "name: caf\xe9").encode("latin-1"))
     rc = cli.main(["sweep", str(suite), "--dry-run"])
-    assert rc == 2 and "latin1.yaml is not UTF-8" in one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "latin1.yaml" in one_error_line(capsys.readouterr().err)
 
 
 # ----------------------------------------------------------------------------- inductor options
@@ -229,9 +233,9 @@ def test_suite_that_is_not_utf8_is_one_line(tmp_path, capsys):
     {"aot_inductor.output_path": "/tmp/x"}, {"cpp.gemm_cache_blocking": "4,1,8"},
     {"coordinate_descent_tuning": {"a": 1}}])
 def test_inductor_options_that_could_run_code_are_refused(options):
-    with pytest.raises(ConfigError, match=r"inductor-option .*(refused|takes)") as e:
+    with pytest.raises(ConfigError, match=r"inductor-option") as e:
         validate_case(RunConfig(compile=True, inductor_options=options))
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and next(iter(options)) in str(e.value)  # the option named
 
 
 def test_inductor_options_that_are_plain_settings_pass():
@@ -354,4 +358,5 @@ def test_a_multi_line_error_keeps_what_failed_on_one_line():
                                "`decoders.image_slice`,")
     assert _one_line(ValueError("bad value\nsecond line")) == "ValueError: bad value"
     assert _one_line(RuntimeError("")) == "RuntimeError:"  # nothing after the colon to add
-    assert len(_one_line(RuntimeError("x:\n" + "y" * 900))) == 500
+    long = _one_line(RuntimeError("x:\n" + "y" * 900))  # a bounded line, cut, not the whole message
+    assert "\n" not in long and long.startswith("RuntimeError: x: y") and len(long) < 900

@@ -647,43 +647,6 @@ def test_an_inconclusive_comparison_says_what_it_would_take(tmp_path, capsys):
     assert "--repeats 4" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_c10d_endpoint_on_the_host_that_ranks_second_still_gives_one_record(tmp_path):
-    """Two network namespaces as two hosts; torchrun ranks the nodes by host name, so with the endpoint
-    on the second name's host, the endpoint host is not the one running global rank 0."""
-    import subprocess
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    import helpers_netns
-
-    reason = helpers_netns.unavailable_reason()
-    if reason:
-        pytest.skip(f"two-host tests need network namespaces: {reason}")
-    store = tmp_path / "store"
-    case = ["--model", "gpt2", "--flavor", "tiny", "--nproc-per-node", "1", "--device", "cpu", "--precision",
-            "fp32", "--batch-size", "4", "--warmup", "1", "--steps", "3", "--repeats", "1", "--time-limit", "90",
-            "--collective-timeout", "30", "--no-monitor", "--store", str(store), "--nnodes", "2"]
-    with helpers_netns.NetnsPair() as net:
-        procs = []
-        for i in (0, 1):
-            argv = [sys.executable, "-m", "dlscale", "run", *case, "--rdzv-endpoint", f"{net.addrs[1]}:29533"]
-            env = net.env(i)
-            (tmp_path / f"tmp{i}").mkdir()
-            env["TMPDIR"] = str(tmp_path / f"tmp{i}")
-            procs.append(subprocess.Popen(net.command(i, argv), env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
-        try:
-            codes = [p.wait(timeout=180) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    recs = [json.loads(ln) for f in store.glob("*.jsonl") for ln in f.read_text().splitlines()]
-    assert codes == [0, 0] and len(recs) == 1
-    assert recs[0]["recorded_by"]["host"] == recs[0]["nodes"][0]["host"]  # the node of global rank 0
-
-
 def test_the_report_shows_a_micro_record_s_flags(tmp_path, capsys):
     F = _fixtures()
     micro = F.micro_record()

@@ -102,23 +102,26 @@ rows:
 """
 
 
-@pytest.mark.parametrize("text,fragment", [
-    (GOOD_TABLE.replace("dlscale-table/1", "dlscale-table/9"), "format must be 'dlscale-table/1'"),
-    (GOOD_TABLE.replace('source: "a paper, table 3"\n', ""), "source is required"),
-    (GOOD_TABLE.replace("unit: img", "unit: images"), "unit must be one of img, seq, tok"),
-    (GOOD_TABLE.replace("throughput: 2500.0", "througput: 2500.0"), "row 1: unknown key(s) througput"),
-    (GOOD_TABLE.replace("throughput: 2500.0", "throughput: -1"), "row 1: throughput must be a positive number"),
-    (GOOD_TABLE.replace("runs: [19000, 19500, 19200]", "runs: [19000, nan]"), "row 2: runs[] must be a positive"),
-    (GOOD_TABLE.replace("{precision: amp-bf16}", "{precision: bf16}"), "precision 'bf16' is not one of"),
-    (GOOD_TABLE.replace("gpus_per_node: 8, runs", "gpus_per_node: 8, throughput: 1.0, runs"), "one of them"),
-    (GOOD_TABLE + "  - {batch_size: 256, nodes: 1, gpus_per_node: 1, throughput: 2.0}\n", "row 3: a second row"),
+# the table, made bad; what the one line must name: the key and the row at fault, the bad value,
+# what is allowed
+@pytest.mark.parametrize("text,named", [
+    (GOOD_TABLE.replace("dlscale-table/1", "dlscale-table/9"), ("format", "dlscale-table/1")),
+    (GOOD_TABLE.replace('source: "a paper, table 3"\n', ""), ("source",)),
+    (GOOD_TABLE.replace("unit: img", "unit: images"), ("unit", "img", "seq", "tok")),
+    (GOOD_TABLE.replace("throughput: 2500.0", "througput: 2500.0"), ("row 1", "througput")),
+    (GOOD_TABLE.replace("throughput: 2500.0", "throughput: -1"), ("row 1", "throughput")),
+    (GOOD_TABLE.replace("runs: [19000, 19500, 19200]", "runs: [19000, nan]"), ("row 2", "runs")),
+    (GOOD_TABLE.replace("{precision: amp-bf16}", "{precision: bf16}"), ("precision", "'bf16'")),
+    (GOOD_TABLE.replace("gpus_per_node: 8, runs", "gpus_per_node: 8, throughput: 1.0, runs"),
+     ("row 2", "throughput", "runs")),
+    (GOOD_TABLE + "  - {batch_size: 256, nodes: 1, gpus_per_node: 1, throughput: 2.0}\n", ("row 3",)),
     (GOOD_TABLE + "  - {batch_size: 512, nodes: 1, gpus_per_node: 1, status: oom, throughput: 2.0}\n",
-     "a failed case has no figure"),
-    (GOOD_TABLE.replace("rows:", "system: {inter: {busbw_gbps: 12.5}}\nrows:"), "system.inter.source is required"),
-    ("rows: [1, 2\n", "not YAML"),
-    ("!!python/object/apply:os.system ['echo hi']\n", "not YAML"),
+     ("row 3", "throughput")),
+    (GOOD_TABLE.replace("rows:", "system: {inter: {busbw_gbps: 12.5}}\nrows:"), ("system.inter.source",)),
+    ("rows: [1, 2\n", ("YAML",)),
+    ("!!python/object/apply:os.system ['echo hi']\n", ("YAML",)),
 ])
-def test_bad_table_one_line_exit_2_nothing_stored(tmp_path, capsys, text, fragment):
+def test_bad_table_one_line_exit_2_nothing_stored(tmp_path, capsys, text, named):
     f = tmp_path / "t.yaml"
     f.write_text(text)
     store = tmp_path / "st"
@@ -126,7 +129,7 @@ def test_bad_table_one_line_exit_2_nothing_stored(tmp_path, capsys, text, fragme
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1 and err.startswith(f"dlscale: error: {f}: table importer: "), err
-    assert fragment in err
+    assert all(w in err for w in named), (named, err)
     assert not ResultStore(store).files() or ResultStore(store).load().records == []
 
 
@@ -134,15 +137,17 @@ def test_csv_table_takes_table_fields_from_options(tmp_path):
     f = tmp_path / "t.csv"
     f.write_text("batch_size,nodes,gpus_per_node,throughput,runs,note\n256,1,1,2500,,\n256,1,8,,19000;19500 19200,"
                  "three runs\n")
-    with pytest.raises(ImportFailure, match="give --source, --tool, --gpu"):
+    with pytest.raises(ImportFailure) as e:  # the options that would supply the missing table fields
         import_path(f, "table", ImportOptions(model="resnet50"))
+    assert all(o in str(e.value) for o in ("--source", "--tool", "--gpu")), e.value
     recs = import_path(f, "table", ImportOptions(model="resnet50", source="paper", tool="pt", gpu="A100",
                                                  precision="amp-bf16"))
     assert [r["summary"]["samples_per_s"]["median"] for r in recs] == [2500.0, 19200.0]
     assert recs[1]["note"] == "three runs" and recs[0]["model"]["unit"] == "img"
     f.write_text("# source: ignored\nbatch_size,nodes,gpus_per_node,throughput\n256,1,one,2500\n")
-    with pytest.raises(ImportFailure, match="row 1: column gpus_per_node: 'one' is not a number"):
+    with pytest.raises(ImportFailure) as e:  # the row, the column and the value at fault
         import_path(f, "table", ImportOptions(model="resnet50", source="p", tool="t", gpu="g", precision="fp32"))
+    assert all(w in str(e.value) for w in ("row 1", "gpus_per_node", "'one'")), e.value
 
 
 # ----------------------------------------------------------------------------- dlperf-json
@@ -156,7 +161,7 @@ DLPERF_JSON = {"bert": {
 def test_dlperf_json(tmp_path):
     f = tmp_path / "bz32_result.json"
     f.write_text(json.dumps(DLPERF_JSON))
-    with pytest.raises(ImportFailure, match="give --precision"):
+    with pytest.raises(ImportFailure, match="--precision"):
         import_path(f, "dlperf-json", ImportOptions(model="bert-base"))
     recs = import_path(f, "dlperf-json", ImportOptions(model="bert-base", precision="fp32", gpu="V100",
                                                         framework="mxnet"))
@@ -167,9 +172,11 @@ def test_dlperf_json(tmp_path):
     bad["bert"]["4n8g"]["speedup"] = 25.0
     f.write_text(json.dumps(bad))
     recs = import_path(f, "dlperf-json", ImportOptions(model="bert-base", precision="fp32"))
-    assert "differs from median / 1n1g median = 24.458" in recs[2]["warnings"][0]
+    # the stated speedup against the one the medians give (3671.45 / 150.11)
+    (warning,) = recs[2]["warnings"]
+    assert "25" in warning and f"{3671.45 / 150.11:.3f}" in warning, warning
     f.write_text("{not json")
-    with pytest.raises(ImportFailure, match=r"dlperf-json importer: not JSON"):
+    with pytest.raises(ImportFailure, match=r"dlperf-json"):
         import_path(f, "dlperf-json", ImportOptions(model="bert-base", precision="fp32"))
 
 
@@ -218,10 +225,10 @@ def test_hf_trainer_state_warns_warmup_included(tmp_path):
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
     r = import_path(tmp_path, "hf-trainer", ImportOptions(model="gpt2", precision="amp-bf16", gpu="H100"))[0]
     assert r["config"]["batch_size"] == 8 and r["summary"]["samples_per_s"]["median"] == 25.6
-    assert "warm-up steps are included" in r["warnings"][0]
+    assert len(r["warnings"]) == 1  # the window includes the warm-up: said once
     state["log_history"].pop()
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
-    with pytest.raises(ImportFailure, match="hf-trainer parser: no final metrics"):
+    with pytest.raises(ImportFailure, match="hf-trainer"):
         import_path(tmp_path, "hf-trainer", ImportOptions(model="gpt2", precision="amp-bf16"))
 
 
@@ -235,15 +242,16 @@ def test_wrong_tool_log_names_importer_file_and_parser(tmp_path, capsys):
                    "--batch-size", "8", "--store", str(store))
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"dlscale: error: {f}: megatron-log importer: {f}: megatron parser: no throughput lines")
+    assert err.startswith("dlscale: error:") and str(f) in err and "megatron-log" in err  # the file and the importer
     assert not ResultStore(store).files()
 
 
 def test_missing_path_and_unknown_format(tmp_path, capsys):
-    assert run_cli("import", str(tmp_path / "nope.yaml"), "--format", "table") == 2
-    assert "nope.yaml: table importer: no such file or directory" in capsys.readouterr().err
-    assert run_cli("import", str(TABLE), "--format", "excel") == 2
-    assert "invalid choice: 'excel'" in capsys.readouterr().err
+    for argv, named in ((["import", str(tmp_path / "nope.yaml"), "--format", "table"], "nope.yaml"),
+                        (["import", str(TABLE), "--format", "excel"], "excel")):
+        assert run_cli(*argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert named in err[-1] and not any("Traceback" in ln for ln in err), err
 
 
 def test_compare_match_workload_pairs_stacks_and_names_their_kinds(tmp_path, capsys):
@@ -269,4 +277,5 @@ def test_compare_match_workload_pairs_stacks_and_names_their_kinds(tmp_path, cap
                    "--model", "bert-base", "--gpu", "V100", "--precision", "fp32") == 0
     capsys.readouterr()
     assert run_cli("compare", str(a), str(b), "--match", "workload") == 2
-    assert "side A: two cases of workload bert-base fp32 b32 1n1g" in capsys.readouterr().err
+    (line,) = capsys.readouterr().err.strip().splitlines()  # one line naming the side and the workload
+    assert "side A" in line and "bert-base" in line, line

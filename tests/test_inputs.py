@@ -2,6 +2,7 @@
 bad inputs; and 2-process gloo runs reading a generated image folder and token files."""
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -238,8 +239,9 @@ def test_gpt_windows_shift_by_one_and_check_the_vocabulary(tmp_path):
     assert x[1].tolist() == list(range(24, 32)) and y[1].tolist() == list(range(25, 33))
     assert meta["bytes"] == 2 * 9 * 2
     small = tokens.TokenWindows(path, "uint16", seq_len=8, vocab=100, seed=0)
-    with pytest.raises(ConfigError, match=r"id 104 near window 12 exceeds the model's vocabulary of 100"):
+    with pytest.raises(ConfigError) as e:  # the token id, the window and the vocabulary named
         small.__getitems__([(0, 12)])
+    assert all(w in str(e.value) for w in ("104", "12", "100")) and "\n" not in str(e.value), e.value
 
 
 def test_bert_pairs_look_like_the_synthetic_batch(tmp_path):
@@ -312,7 +314,7 @@ def test_image_items_labels_and_bad_files_skipped_and_counted(tmp_path, data_dir
     assert batch[0].shape == (2, 16, 16, 3) and batch[2]["bad"] == 2 and len(batch[2]["bad_names"]) == 2
     # a folder of nothing but broken files stops the run instead of spinning
     (root / "a" / "2.jpg").write_bytes(b"broken too")
-    with pytest.raises(RuntimeError, match="unreadable images in a row"):
+    with pytest.raises(RuntimeError, match="unreadable"):
         images.ImageFolderData(lst.root, lst.files, lst.labels, 16, seed=0)[(0, 0)]
 
 
@@ -560,7 +562,7 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
     state.update(tv=True, nv=(None, "nvImageCodec (nvidia-nvimgcodec-cu13) is not installed"))
     assert choose() == (tv[1] + "; chosen by auto", "torchvision", "hardware-or-cuda")
     state["tv"] = False  # neither: refused (the launcher's check says so before any process starts)
-    with pytest.raises(ConfigError, match="torchvision is not installed and nvImageCodec"):
+    with pytest.raises(ConfigError, match="torchvision.*nvImageCodec"):  # both named
         choose()
     state["tv"] = True
     # the launcher's check, no CUDA context: nvimgcodec asked for and missing -> one line, how to install
@@ -570,9 +572,9 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
                                    "installed; pip install 'dlscale[nvimgcodec]'") and "\n" not in str(e.value)
     images.check_gpu_decoder("auto")  # torchvision is there
     state["tv"] = False
-    with pytest.raises(ConfigError, match=r"data-decode gpu needs torchvision \(.*\) or nvImageCodec \(hardware "
-                                          r"JPEG decoders\): pip install torchvision matching this torch, or pip "
-                                          r"install 'dlscale\[nvimgcodec\]'$"):
+    # both libraries named, each with how to install it (the package's install hints), one line
+    with pytest.raises(ConfigError, match="^data-decode gpu.*torchvision.*nvImageCodec.*" + re.escape(
+            images.TORCHVISION_INSTALL) + ".*" + re.escape(images.NVIMGCODEC_INSTALL.split(" (")[0]) + "$"):
         images.check_gpu_decoder("auto")
     # auto with torchvision there does not import nvImageCodec in the launcher
     state["tv"] = True
@@ -755,7 +757,7 @@ def test_decode_beside_script_runs_every_variant_on_the_cpu(data_dir, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     switch = sys.getswitchinterval()
-    out = mod.main([data_dir.imgs, "--batch-size", "4", "--batches", "2", "--warmup", "1", "--steps", "2",
+    out = mod.main([data_dir.imgs, "--batch-size", "2", "--batches", "2", "--warmup", "0", "--steps", "1",
                     "--rounds", "1"])
     assert sys.getswitchinterval() == switch  # every variant's thread closed, the interval restored
     assert set(out["median_images_per_s"]) == set(mod.VARIANTS) and all(v > 0 for v in out["median_images_per_s"].values())
@@ -900,7 +902,7 @@ def test_the_verdict_reads_the_gpus_idle_time_where_there_is_one():
 
 def test_reader_needs_a_model_that_has_one():
     spec = SimpleNamespace(data_kind=None, name="toy")
-    with pytest.raises(ConfigError, match="model toy has no real-data reader"):
+    with pytest.raises(ConfigError, match="toy"):
         make_reader(spec, torch.device("cpu"), DataSection(data="tokens:/x.bin"))
 
 

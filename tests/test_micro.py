@@ -445,5 +445,5 @@ def test_comm_worker_failure_exits_5(tmp_path):
     assert p.returncode == 5, p.stdout + p.stderr
     (rec,) = records(store)
     assert rec["status"] == "failed"
-    assert "rank 1" in rec["error"]  # the failing rank's own line leads the record's error
+    assert "rank 1:" in rec["error"]  # the failed rank named
     assert len(rec["results"]) == 1 and rec["results"][0]["correct"] is True  # kept what it measured

@@ -56,6 +56,12 @@ def _meta(spec):
         return spec.build()
 
 
+def _tiny_rows() -> int:
+    """The tiny wide-deep's embedding rows, deep and wide tables together, as the model is built."""
+    m = _meta(get_model("wide-deep", "tiny"))
+    return sum(m.deep.rows) + sum(m.wide.rows)
+
+
 # ---------------------------------------------------------------- wide-deep model
 
 
@@ -76,11 +82,11 @@ def test_wide_deep_resize_knobs():
     m = _meta(spec)
     assert m.deep.rows == (2 * 1460, 2 * 558, 2 * 335378) and m.deep.dim == 4
     assert m.wide.rows == (2 * 144108, 2 * 447097)
-    with pytest.raises(ConfigError, match=r"fields must be 1..26 .*got 27"):
+    with pytest.raises(ConfigError, match=r"fields.*26.*27"):  # the option, its bound and the value
         get_model("wide-deep", "full").resize(fields=27)
     with pytest.raises(ConfigError, match="no size knob rows"):
         get_model("wide-deep", "full").resize(rows=3)
-    with pytest.raises(ConfigError, match="vocab_scale must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="vocab_scale.*1"):
         get_model("wide-deep", "tiny").resize(vocab_scale=0)
 
 
@@ -125,7 +131,7 @@ def test_fill_rows_does_not_depend_on_the_sharding(monkeypatch):
     assert float(whole.abs().max()) <= 0.05 and whole.std() > 0
     other = _rows.fill_rows(torch.empty(30, 3), 0, 30, seed=11, table=3, kind="uniform", scale=0.05)
     assert not torch.equal(other, whole)  # each table its own stream
-    with pytest.raises(ValueError, match="outside a table of 30 rows"):
+    with pytest.raises(ValueError, match="30"):  # the table's rows named
         _rows.fill_rows(torch.empty(5, 3), 28, 30, 11, 2, "uniform", 0.05)
 
 
@@ -377,7 +383,7 @@ def test_face_full_shape_and_flops():
     assert spec.flops_per_sample == 3 * (bb + 2 * 512 * 85_742)
     big = get_model("face", "full").resize(classes=2_000_000)
     assert big.flops_per_sample - spec.flops_per_sample == 3 * 2 * 512 * (2_000_000 - 85_742)
-    with pytest.raises(ConfigError, match="classes must be an integer >= 2"):
+    with pytest.raises(ConfigError, match="classes.*2"):
         spec.resize(classes=1)
 
 
@@ -513,7 +519,7 @@ def test_wide_deep_degree_one_equals_single(world1, tmp_path_factory, strategy, 
     assert got["loss_after"] == ref["loss_after"]
     ex = got["strategy_info"]["exchange_bytes_per_step"]
     assert ex["max_per_rank"] == 0 and ex["per_rank"] == [0]  # nothing leaves a one-rank group
-    assert got["strategy_info"]["rows_held_per_rank"] == [50 + 37 + 20 + 9 + 3 + 40 + 23]
+    assert got["strategy_info"]["rows_held_per_rank"] == [_tiny_rows()]
 
 
 def test_face_degree_one_equals_single(world1, tmp_path_factory):
@@ -598,7 +604,7 @@ def test_embedding_shard_row_matches_single(world1, tmp_path_factory, store):
     assert _close(rec["repeats"][0]["loss_after"], ref["loss_after"])
     info = rec["strategy_info"]
     assert info["shards"] == 2 and info["replicas"] == 1
-    assert sum(info["rows_held_per_rank"]) == info["table_rows"] == 50 + 37 + 20 + 9 + 3 + 40 + 23
+    assert sum(info["rows_held_per_rank"]) == info["table_rows"] == _tiny_rows()
     ex = info["exchange_bytes_per_step"]
     # per micro-batch: ids out, vectors back, gradients out; both ranks exchange, counts 8 B per group
     assert ex["max_per_rank"] == max(ex["per_rank"]) > 0 and ex["by_kind_rank0"]["counts"] == 2 * 2 * 8

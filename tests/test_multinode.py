@@ -233,7 +233,9 @@ def net(netns_ok):
 def _start_nodes(net, store: Path, extra: list[str], port: int, tmp: Path, c10d: bool = False):
     procs = []
     for i in (0, 1):
-        rdzv = (["--rdzv-endpoint", f"{net.addrs[0]}:{port}"] if c10d else
+        # c10d: the endpoint on the second host, which torchrun (ranking nodes by host name) does not
+        # give global rank 0: the record must still come from the node that runs it
+        rdzv = (["--rdzv-endpoint", f"{net.addrs[1]}:{port}"] if c10d else
                 ["--node-rank", str(i), "--master-addr", net.addrs[0], "--master-port", str(port)])
         argv = [sys.executable, "-m", "dlscale", "run", *CASE, "--store", str(store), "--nnodes", "2", *rdzv, *extra]
         env = net.env(i)
@@ -270,7 +272,8 @@ def _records(store: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_hosts_c10d_one_record_with_every_node(net, tmp_path):
-    """c10d rendezvous: torchrun assigns node ranks; the node that got rank 0 writes the record."""
+    """c10d rendezvous, its endpoint on the host that ranks second: torchrun assigns node ranks; the node
+    that got rank 0 writes the record."""
     store = tmp_path / "store"
     procs = _start_nodes(net, store, ["--steps", "3"], 29511, tmp_path, c10d=True)
     codes = _wait_all(procs, 120)
@@ -284,7 +287,7 @@ def test_two_hosts_c10d_one_record_with_every_node(net, tmp_path):
     assert sorted((n["host"], n["addr"]) for n in rec["nodes"]) == sorted(zip(net.hostnames, net.addrs))
     assert [r["rank"] for r in rec["ranks"]] == [0, 1, 2, 3]
     assert rec["recorded_by"]["role"] == "lead" and rec["recorded_by"]["host"] == rec["nodes"][0]["host"]
-    assert rec["rendezvous"] == {"backend": "c10d", "nnodes": 2, "endpoint": f"{net.addrs[0]}:29511",
+    assert rec["rendezvous"] == {"backend": "c10d", "nnodes": 2, "endpoint": f"{net.addrs[1]}:29511",
                                  "max_restarts": 0}
     assert rec["global_batch"] == 8 * 4  # throughput counts the global batch of all nodes
     rep = rec["repeats"][0]
@@ -317,7 +320,6 @@ def test_two_hosts_node_lost_mid_run(net, tmp_path):
     assert rec["status"] == "failed"
     # node B's ranks are named as lost; node A's other rank may or may not have published its own error
     # before its agent ended it (torchrun stops a node's other ranks on the first failure): both are listed
-    assert "no failure report from ranks " in rec["error"], rec["error"]
     assert f"ranks [2, 3] on node 1, {net.hostnames[1]} {net.addrs[1]} (process killed or node lost)" in rec["error"]
     assert rec["repeats"][0]["process_s"] < 90
 

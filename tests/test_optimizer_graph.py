@@ -153,7 +153,7 @@ def test_refused_cases(fields, words):
 def test_refused_without_cuda():
     cfg = RunConfig(model="gpt2", flavor="tiny", device="cpu", strategy="ddp", optimizer_graph=True)
     validate_case(cfg)  # possible in itself ...
-    with pytest.raises(ConfigError, match="needs a CUDA device, got cpu"):
+    with pytest.raises(ConfigError, match="CUDA.*cpu"):  # what it needs, what it got
         validate_for_launch(cfg)  # ... but not on this machine's CPU
 
 

@@ -63,22 +63,8 @@ def test_slow_injection_parses_as_milliseconds_on_any_step():
         parse_injection("slower@5")
 
 
-@pytest.mark.slow  # two gloo ranks, one slowed: the straggler flag names it
-def test_two_ranks_one_slowed_is_named_straggler(tmp_path):
-    p = helpers_cli.dlscale("run", "--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
-                            "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "2", "--warmup", "2",
-                            "--steps", "4", "--repeats", "1", "--no-monitor", "--inject-failure", "slow@80:1",
-                            "--store", str(tmp_path))
-    assert p.returncode == 0, p.stderr[-3000:]
-    rec = ResultStore(tmp_path).load().records[0]
-    steps = rec["repeats"][0]["rank_steps"]
-    assert [r["rank"] for r in steps] == [0, 1] and all(len(r["solo_ms"]) == ranktimes.SOLO_STEPS for r in steps)
-    flags = [f for f in rec["validity"]["flags"] if f["check"] == "straggler"]
-    assert len(flags) == 1 and "rank 1 " in flags[0]["reason"], rec["validity"]
-    assert ranktimes.record_slowest(rec)["rank"] == 1
-    from dlscale.train import energy
-
-    assert ("energy" in rec["repeats"][0]) == bool(energy.rapl_domains())  # only where a counter was read
+# two gloo ranks, one slowed, named the straggler: the ddp run of
+# test_checkpoint_phase_times_saves_and_restores_the_losses
 
 
 # ---------------------------------------------------------------------------------------------- goodput
@@ -288,14 +274,17 @@ def test_checkpoint_summary_per_save_and_the_steps_around():
     assert v["blocking_s"] == pytest.approx(0.45) and v["write_bytes_per_s"] == pytest.approx(3e9)
 
 
-@pytest.mark.slow  # tiny GPT-2 at two gloo processes: ddp saved sync, fsdp (its shards) async; both restored
+@pytest.mark.slow
 def test_checkpoint_phase_times_saves_and_restores_the_losses(tmp_path):
+    """Tiny GPT-2 at two gloo processes: ddp saved sync, fsdp (its shards) async, both restored; in
+    the ddp run rank 1 is slowed and named the straggler."""
     common = ["run", "--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
-              "--nproc-per-node", "2", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
+              "--nproc-per-node", "2", "--batch-size", "2", "--warmup", "2", "--steps", "4", "--repeats", "1",
               "--no-monitor", "--checkpoint-every", "2", "--collective-timeout", "60"]
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
-    runs = {"ddp": ["--strategy", "ddp", "--checkpoint-mode", "sync", "--checkpoint-dir", str(ckdir)],
+    runs = {"ddp": ["--strategy", "ddp", "--checkpoint-mode", "sync", "--checkpoint-dir", str(ckdir),
+                    "--inject-failure", "slow@80:1"],
             "fsdp": ["--strategy", "fsdp", "--checkpoint-mode", "async"]}
     got = helpers_cli.dlscale_many([common + extra + ["--store", str(tmp_path / name)]
                                     for name, extra in runs.items()])
@@ -310,6 +299,16 @@ def test_checkpoint_phase_times_saves_and_restores_the_losses(tmp_path):
         assert c["restore_matches"] is True and c["losses_restored"] == pytest.approx(c["losses_trained"])
         assert len(c["steps_ms"]) == 3 and c["step_effect"] is not None
     assert list(ckdir.iterdir()) == []  # the saves are removed after the phase
+
+    rec = ResultStore(tmp_path / "ddp").load().records[0]
+    steps = rec["repeats"][0]["rank_steps"]
+    assert [r["rank"] for r in steps] == [0, 1] and all(len(r["solo_ms"]) == ranktimes.SOLO_STEPS for r in steps)
+    flags = [f for f in rec["validity"]["flags"] if f["check"] == "straggler"]
+    assert len(flags) == 1 and "rank 1 " in flags[0]["reason"], rec["validity"]
+    assert ranktimes.record_slowest(rec)["rank"] == 1
+    from dlscale.train import energy
+
+    assert ("energy" in rec["repeats"][0]) == bool(energy.rapl_domains())  # only where a counter was read
 
 
 def test_long_run_counts_the_start_up_once_and_each_checkpoint():

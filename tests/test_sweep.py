@@ -208,7 +208,7 @@ def test_filters_on_strategy_options():
     with pytest.raises(ConfigError, match="two-gpu-strategies") as e:  # the suite and the filter named
         filter_suite(s, parse_filters(["strategy_options.microbatches=4"]))
     assert "microbatches=4" in str(e.value)
-    with pytest.raises(ConfigError, match="strategy_options.NAME"):
+    with pytest.raises(ConfigError, match="strategy_options"):
         parse_filters(["strategy_options.=1"])
     fields = {"strategy_options": {"compiled_autograd": True}, "nnodes": 1, "nproc_per_node": 2}
     assert matches(fields, parse_filters(["strategy_options.compiled_autograd=True"]))
