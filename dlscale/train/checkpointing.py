@@ -64,7 +64,9 @@ def _blocks_hold_batchnorm(spec) -> bool:
     if key not in _BATCHNORM:
         import torch
 
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        # a meta build draws no random numbers; no fork_rng, whose restore would reset the RNG of a
+        # case training in another thread of this process meanwhile
+        with torch.device("meta"):
             blocks = spec.blocks(spec.build())
         _BATCHNORM[key] = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for b in blocks for m in b.modules())
     return _BATCHNORM[key]
