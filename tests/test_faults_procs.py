@@ -418,3 +418,19 @@ def test_multinode_rendezvous_waits_for_peers_only_the_join_timeout():
         "--rdzv-conf", "join_timeout=20"]
     assert Rendezvous(nnodes=2, master_addr="h", join_timeout=20.0).torchrun_args()[-2:] == [
         "--rdzv-conf", "timeout=20"]
+
+
+def test_an_interrupt_lost_in_a_fork_hook_ends_the_command_at_the_next_start(tmp_path):
+    """A KeyboardInterrupt that Python drops (raised inside an at-fork hook) is raised again where the
+    next process would start, and none starts; the command ends as for any interrupt."""
+    marker = tmp_path / "started"
+    with procs.interrupts():
+        try:
+            procs._raise_interrupt(signal.SIGINT, None)  # the handler ran; its exception was swallowed
+        except KeyboardInterrupt:
+            pass
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            procs.spawn([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], time_limit=10)
+    assert not marker.exists()
+    with procs.interrupts():  # the next command starts afresh
+        procs.raise_if_interrupted()

@@ -259,21 +259,30 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0, tree: _Tree | None = N
 
 # ----------------------------------------------------------------------------- signals and temp folders
 
-_ENDING = {"interrupted": False, "depth": 0}  # one interrupt per command: further signals let its clean-up finish
+# one interrupt per command: further signals let its clean-up finish
+_ENDING: dict = {"interrupted": False, "depth": 0, "name": ""}
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001
     if _ENDING["interrupted"]:
         return  # a burst: a second KeyboardInterrupt would abort the finally blocks ending the first
-    _ENDING["interrupted"] = True
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    _ENDING.update(interrupted=True, name=signal.Signals(signum).name)
+    raise KeyboardInterrupt(_ENDING["name"])
+
+
+def raise_if_interrupted() -> None:
+    """Raise the command's interrupt again where it was lost: Python drops an exception raised while
+    it runs an at-fork or finaliser hook (a signal landing as a process forks), and a later signal is
+    ignored as part of the burst, so the command would run on. Checked where a process starts."""
+    if _ENDING["interrupted"] and _ENDING["depth"] > 0:
+        raise KeyboardInterrupt(_ENDING["name"])
 
 
 @contextlib.contextmanager
-def interrupts(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt inside, as Ctrl-C does: the ``finally`` blocks
-    that end processes and remove temp folders run, and the command exits 130. Main thread only
-    (elsewhere signal handlers cannot be set); nests."""
+def interrupts(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt inside (once; see ``raise_if_interrupted``):
+    the ``finally`` blocks that end processes and remove temp folders run, and the command exits 130.
+    Main thread only (elsewhere signal handlers cannot be set); nests."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -382,6 +391,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
     preexec = _pdeathsig_preexec(os.getpid(), prctl) if prctl is not None else None
     tail: deque[str] = deque(maxlen=tail_lines)
     with interrupts():
+        raise_if_interrupted()
         started, start = time.time(), time.monotonic()
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=full_env, cwd=cwd, start_new_session=True, bufsize=1,
@@ -398,6 +408,7 @@ def spawn(cmd: Sequence[str], time_limit: float, env: dict[str, str] | None = No
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
+            raise_if_interrupted()  # a signal that landed while Popen forked
             timed_out, stopped = _wait(proc, tree, start + time_limit, on_deadline)
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: never leave workers behind
             kill_tree(proc, grace=2.0, tree=tree)
