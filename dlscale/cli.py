@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from dlscale import ConfigError, DlscaleError, __version__
+from dlscale.case.procs import EXIT_INTERRUPTED, interrupts
 from dlscale.results.storeargs import resolve_store_args
 
 COMMAND_MODULES = (
@@ -114,7 +116,6 @@ def store_hint(parser: argparse.ArgumentParser, message: str) -> str:
         return ""
     if "--store" not in parser._option_string_actions:
         return ""
-    import os
 
     words = [w for w in message.split(":", 1)[1].split() if not w.startswith("-")
              and (os.path.isdir(w) or w.endswith((".jsonl", "/")))]  # what looks like a store, not a typo
@@ -151,7 +152,6 @@ def check_store_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dlscale.case.procs import EXIT_INTERRUPTED, interrupts
 
     # SIGTERM and SIGHUP end every command as Ctrl-C does (its processes too); the handler stays while
     # the outcome is printed, so a burst of signals ends in 130, never in death by SIGTERM (143)

@@ -6,10 +6,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from dlscale.results import validity
 from dlscale.case.config import RunConfig, resolve_device
-from dlscale.fmt import fmt_bytes, fmt_num, fmt_stdev
 from dlscale.case.progress import PhasePrinter
+from dlscale.fmt import fmt_bytes, fmt_num, fmt_stdev
+from dlscale.inputs.spec import BUFFER_MARGIN
+from dlscale.quality.lines import repeat_line, summary_line
+from dlscale.results import validity
+from dlscale.train.checkpoint_timing import console_line
 
 MISSING = "-"  # terminals: a plain dash keeps the columns aligned everywhere
 WARN_MARK, NOTE_MARK = "!", "?"
@@ -42,7 +45,6 @@ def progress_printer(cfg: RunConfig) -> Callable[[str, Any], None]:
                 if e.get("data"):
                     print(f"#     {data_line(e['data'])}", flush=True)
                 if e.get("quality"):  # --until (dlscale/quality)
-                    from dlscale.quality.lines import repeat_line
 
                     print(f"#     {repeat_line(e['quality'])}", flush=True)
             else:
@@ -132,8 +134,6 @@ def data_line(d: dict[str, Any]) -> str:
     loader = d.get("loader") or {}
     bad = f", {d['bad_files_total']} unreadable file(s) skipped" if d.get("bad_files_total") else ""
     if d.get("wait_may_be_understated"):
-        from dlscale.inputs.spec import BUFFER_MARGIN
-
         bad += (f"; the window took {d.get('window_batches')} batches, under {BUFFER_MARGIN}x the "
                 f"{d.get('prefetch_buffer_batches')} the loader held ready: the wait may be understated (more --steps)")
     return (f"data: waited {wait} of the window ({verdict}); loader {loader.get('workers')} worker(s)/rank, "
@@ -220,8 +220,6 @@ def print_result(rec: dict[str, Any], store_root: str | Path | None = None) -> N
     if rec.get("status") == "ok":
         for line in validity_lines(rec):
             print(line)
-    from dlscale.train.checkpoint_timing import console_line
-    from dlscale.quality.lines import summary_line
 
     for line in (summary_line(rec.get("quality")), batch_search_line(rec.get("batch_search")),
                  breakdown_line(rec.get("breakdown")), console_line(rec)):

@@ -8,6 +8,7 @@ not zero.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 MISSING = "—"  # a value that is not there (None, NaN, or no spread from one repeat)
@@ -19,8 +20,6 @@ GIB, MIB, KIB = 2.0 ** 30, 2.0 ** 20, 2.0 ** 10
 def yaml_number_hint(v: Any) -> str:
     """For a string YAML 1.1 left as text although it reads as a number ('1e300': no dot, no exponent
     sign), how to write it so that it is one; else ''."""
-    import re
-
     m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+))[eE]([-+]?)(\d+)", v.strip()) if isinstance(v, str) else None
     if not m:
         return ""
@@ -122,8 +121,6 @@ def md_text(v: Any) -> str:
 def md_code(v: Any) -> str:
     """A user string as one inline code span, whatever backticks it holds (CommonMark: a fence longer
     than any run of backticks inside; padded where the text starts or ends with one)."""
-    import re
-
     text = "".join(c if c.isprintable() else " " for c in str(v))
     fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
@@ -132,8 +129,6 @@ def md_code(v: Any) -> str:
 
 def _md_safe_line(line: str) -> str:
     """One line with every ``<`` outside code spans escaped (never a raw HTML tag or autolink)."""
-    import re
-
     out, i, n = [], 0, len(line)
     while i < n:
         c = line[i]
@@ -165,7 +160,6 @@ def md_safe(doc: str) -> str:
         elif fenced:
             out.append(line)
         else:  # a table row's cells are split before code spans are read: each cell on its own
-            import re
 
             parts = re.split(r"(?<!\\)(\|)", line) if line.lstrip().startswith("|") else [line]
             out.append("".join(p if p == "|" else _md_safe_line(p) for p in parts))

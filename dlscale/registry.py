@@ -9,6 +9,8 @@ import importlib
 import pkgutil
 from typing import Generic, TypeVar
 
+from dlscale import ConfigError
+
 T = TypeVar("T")
 
 
@@ -50,8 +52,6 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """The entry ``name``; an unknown name is a ConfigError listing the known ones."""
-        from dlscale import ConfigError
-
         self.load()
         if name not in self._entries:
             raise ConfigError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}")

@@ -161,3 +161,66 @@ def test_no_function_over_60_lines_or_7_parameters():
                 over.append(f"{key} ({lines} lines, {params} parameters)")
     assert not over, over
     assert not fixed, f"no longer over the limits, remove from ALLOWED_OVER: {sorted(fixed)}"
+
+
+import pytest  # noqa: E402  (this part of the file came later)
+
+HEAVY = ("torch", "jax", "transformers", "matplotlib", "triton", "torchvision", "torchao")
+# what the CLI's start-up and every `--help` load, and the packages meant to run without torch
+LIGHT = ("dlscale.cli", "dlscale.commands", "dlscale.report", "dlscale.results", "dlscale.planner", "dlscale.perfmodel")
+
+
+def _function_level_imports(tree: ast.AST):
+    """The import statements inside a function (at any depth below one)."""
+    def walk(node, inside):
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+            yield from walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    return list(walk(tree, False))
+
+
+def unexplained_imports(source: str, tree: ast.Module | None = None) -> list[int]:
+    """Lines of function-level imports of dlscale or of a package outside the standard library that
+    carry no ``#`` comment on their line or the line above (the reason they are not at the top)."""
+    import sys
+
+    lines = source.splitlines()
+    out = []
+    for node in _function_level_imports(tree or ast.parse(source)):
+        name = node.names[0].name if isinstance(node, ast.Import) else ("." if node.level else "") + (node.module or "")
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__":
+            continue
+        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+        if "#" not in "".join(lines[node.lineno - 1:node.end_lineno]) and not above.startswith("#"):
+            out.append(node.lineno)
+    return out
+
+
+def test_unexplained_imports_reads_comments():
+    src = ("import torch\ndef f():\n    import torch\n    import json\n    from dlscale import x  # why\n"
+           "    # why\n    from dlscale.y import (\n        z)\n    from . import w\n")
+    assert unexplained_imports(src) == [3, 9]
+
+
+def test_function_level_imports_say_why():
+    bare = {name: found for name, path in _modules().items() if (found := unexplained_imports(path.read_text(), _tree(path)))}
+    assert not bare, f"a function-level import needs a one-line reason (or belongs at the top): {bare}"
+
+
+@pytest.mark.slow
+def test_cli_and_light_packages_import_no_heavy_dependency():
+    import subprocess
+    import sys
+
+    mods = [m for m in _modules() if m.startswith(LIGHT)]
+    assert "dlscale.cli" in mods and any(m.startswith("dlscale.commands.") for m in mods)
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r}: importlib.import_module(m)\n"
+            "import dlscale.cli; dlscale.cli.build_parser()\n"  # every subcommand's parser: what --help loads
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PKG.parent).stdout.strip()
+    assert out == "[]", out

@@ -115,8 +115,8 @@ def measure_max_batch(case, spawner, *, files_root=None, command: str | None = N
     (``batch_search`` set), stored by the caller. ``case``: resolved (dlscale/case/resolve.py), or a
     RunConfig resolved here; its batch size is "max"; one node only. The probes' shape (few steps,
     one repeat) is checked once; each probe and the final run reuse the resolution."""
-    from dlscale.case import launch
-    from dlscale.case.resolve import ResolvedCase, resolve
+    from dlscale.case import launch  # torch: keeps start-up light
+    from dlscale.case.resolve import ResolvedCase, resolve  # torch: keeps start-up light
 
     case = case if isinstance(case, ResolvedCase) else resolve(case)
     cfg = case.cfg

@@ -36,6 +36,7 @@ micro-benchmark into the store; ``gpus: N`` skips it where fewer GPUs are visibl
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -213,7 +214,7 @@ def _one_device(cfg: RunConfig, loop: str) -> None:
 
 def _check_torch(run: "BareRun") -> None:
     """benchmarks/bare_loop.py: single on one device or ddp on several, eager or compiled."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     cfg = run.cfg
     _check_plain(cfg)
@@ -249,7 +250,7 @@ def mp_knobs(cfg: RunConfig) -> dict[str, Any]:
     """The model's size knobs a model-parallel case sets through its strategy's options (classes,
     vocab_scale, ...): what the plain loop resizes the model by. The other options choose how to
     shard, which at one device changes nothing the plain loop computes."""
-    from dlscale.strategies import embedding_shard, partial_fc
+    from dlscale.strategies import embedding_shard, partial_fc  # torch: keeps start-up light
 
     knobs = {"embedding-shard": embedding_shard.KNOBS, "partial-fc": tuple(partial_fc.OPTIONS)}.get(cfg.strategy, ())
     return {k: v for k, v in sorted(cfg.strategy_options.items()) if k in knobs and v is not None}
@@ -332,8 +333,6 @@ LOOPS: dict[str, Loop] = {
 
 def missing_packages(runs: Iterable[BareRun]) -> str | None:
     """Why these bare runs cannot start here (a loop's package not importable), else None."""
-    import importlib.util
-
     for run in runs:
         missing = [p for p in LOOPS[run.loop].packages if importlib.util.find_spec(p) is None]
         if missing:

@@ -12,8 +12,9 @@ import json
 import shlex
 from typing import Any
 
-from dlscale import ConfigError
+from dlscale import ConfigError, DlscaleError
 from dlscale.case.config import BATCH_MAX, DEFAULTS, FIELDS, SECTION_OF, RunConfig, choices_of
+from dlscale.cli import build_parser
 
 
 def parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
@@ -158,9 +159,6 @@ def command_line(cfg: RunConfig) -> str:
 
 def check_round_trip(cfg: RunConfig) -> None:
     """``to_cli_args`` must rebuild ``cfg``: parse what it gives and compare (before a job runs it)."""
-    from dlscale import DlscaleError
-    from dlscale.cli import build_parser
-
     ns = build_parser().parse_args(["run", *to_cli_args(cfg)])
     got = config_from_args(ns).to_dict()
     want = cfg.to_dict()

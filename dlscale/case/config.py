@@ -458,15 +458,15 @@ def choices_of(name: str) -> tuple:
     import torch, which config and the CLI's start-up do not)."""
     c = FIELDS[name].choices
     if c == "models":
-        from dlscale.models import model_names
+        from dlscale.models import model_names  # torch: keeps start-up light
 
         return tuple(model_names())
     if c == "strategies":
-        from dlscale.strategies import strategy_names
+        from dlscale.strategies import strategy_names  # torch: keeps start-up light
 
         return (AUTO_STRATEGY, *strategy_names())
     if c == "flavors":
-        from dlscale.models import all_flavors
+        from dlscale.models import all_flavors  # torch: keeps start-up light
 
         return tuple(all_flavors())
     return tuple(c or ())
@@ -582,7 +582,7 @@ def validate_case(cfg: RunConfig, device: str | None = None) -> None:
     strategy gets enough processes, and its own degrees/options are possible (``device``: the
     resolved device type, where validate_for_launch knows it, for the checks that depend on it)."""
     from dlscale.models import get_model  # the registries import torch; config imports without it
-    from dlscale.strategies import get_strategy
+    from dlscale.strategies import get_strategy  # torch: keeps start-up light
 
     model = get_model(cfg.model, cfg.flavor)
     strat = get_strategy(cfg.strategy)

@@ -226,7 +226,7 @@ def local_addr(peer: str | None = None) -> str | None:
 
 def _device_name(device) -> str:
     if getattr(device, "type", None) == "cuda":
-        import torch
+        import torch  # torch: keeps start-up light
 
         return torch.cuda.get_device_name(device)
     return "cpu"
@@ -242,7 +242,7 @@ def after_init(denv, result: dict[str, Any]) -> None:
     node_dir = os.environ.get(NODE_DIR_ENV)
     if not node_dir:
         return
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     mine = {"rank": denv.rank, "local_rank": denv.local_rank, "node_rank": _node_rank_from_env(),
             "host": socket.gethostname(), "addr": local_addr(), "device": str(denv.device),
@@ -264,7 +264,7 @@ def restart_store(denv, timeout_s: float) -> dict[str, Any]:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if not attempt.isdigit() or int(attempt) == 0 or "MASTER_ADDR" not in os.environ:
         return {}
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), denv.world_size,
@@ -289,7 +289,7 @@ def on_failure(denv, result: dict[str, Any], wait_s: float = 0.5) -> None:
           "status": result.get("status"), "error": result.get("error"), "time": time.time()}
     report: dict[str, Any] = {"self": me, "first": None, "seen": []}
     try:
-        import torch.distributed as dist
+        import torch.distributed as dist  # optional: torch
 
         if dist.is_initialized():
             store = dist.distributed_c10d._get_default_store()
@@ -457,7 +457,7 @@ def measure_node(case, spawner, *, files_root=None, command: str | None = None,
     it (``recorded_by.role``: "lead" on the node running global rank 0, which stores it;
     "follower" elsewhere, whose series files are removed since its record is not stored).
     """
-    from dlscale.case import launch
+    from dlscale.case import launch  # torch: keeps start-up light
 
     rdzv = spawner.rdzv
     with tempfile.TemporaryDirectory(prefix=procs.temp_prefix("node")) as tmp:  # a SIGKILL's: procs.clean_stale_tempdirs

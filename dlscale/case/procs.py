@@ -100,7 +100,7 @@ def _prctl():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
+        import ctypes  # ctypes: keeps the CLI start-up light
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl
@@ -165,7 +165,7 @@ class _Tree:
 
     def refresh(self) -> None:
         try:
-            import psutil
+            import psutil  # optional: psutil
 
             root = psutil.Process(self.pid)
             for p in [root] + root.children(recursive=True):
@@ -234,7 +234,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0, tree: _Tree | None = N
     tree.signal_all(signal.SIGCONT)  # a stopped process acts on nothing but SIGKILL otherwise
     top = [proc.pid]
     try:
-        import psutil
+        import psutil  # optional: psutil
 
         top += [c.pid for c in psutil.Process(proc.pid).children()]
     except Exception:  # noqa: BLE001 - the root is gone (or no psutil): SIGKILL does the rest

@@ -34,8 +34,12 @@ from typing import Any, Iterable
 
 from dlscale import ConfigError
 from dlscale.case import benchsuite
-from dlscale.case.config import AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, RunConfig, check_value, expected, validate_case
-from dlscale.case.config import SETTINGS as CONFIG_SETTINGS
+from dlscale.case.config import (
+    AXES, BATCH_MAX, DEFAULTS, DEVICES, FIELDS, SETTINGS as CONFIG_SETTINGS, RunConfig, check_value,
+    expected, validate_case,
+)
+from dlscale.fmt import yaml_number_hint
+from dlscale.inputs import files_pending
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dlscale/
 SUITES_DIR = PACKAGE_DIR / "suites"
@@ -149,8 +153,6 @@ class _Where:
 
 
 def _show(v: Any) -> str:
-    from dlscale.fmt import yaml_number_hint
-
     return repr(v) if not isinstance(v, str) else f"'{v}'{yaml_number_hint(v)}"
 
 
@@ -405,7 +407,7 @@ def _unique_key_loader() -> Any:
     global _LOADER
     if _LOADER is not None:
         return _LOADER
-    import yaml
+    import yaml  # yaml: keeps the CLI start-up light
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -438,7 +440,7 @@ def add_max_cases_option(parser) -> None:
 
 def load_suite(name_or_path: str | os.PathLike, max_cases: int = MAX_CASES) -> Suite:
     """Load a shipped suite by name ("quick") or a suite file by path, validated and expanded."""
-    import yaml
+    import yaml  # yaml: keeps the CLI start-up light
 
     if max_cases < 1:
         raise ConfigError(f"--max-cases must be >= 1, got {max_cases}")
@@ -531,9 +533,7 @@ def load_bench_suite(name_or_path: str | os.PathLike) -> Suite:
     """A benchmark suite (benchmarks/run.py), loaded and validated as `dlscale sweep` does, except that the data sets its
     ``before`` commands are still to make (their ``creates`` paths) are checked against the models
     only: their files do not exist before the driver has run those commands."""
-    import yaml
-
-    from dlscale.inputs import files_pending
+    import yaml  # yaml: keeps the CLI start-up light
 
     try:
         raw = yaml.safe_load(resolve_suite_path(name_or_path).read_text(encoding="utf-8"))

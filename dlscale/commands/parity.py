@@ -5,14 +5,14 @@ import argparse
 import sys
 
 from dlscale import ConfigError
+from dlscale.report.cli import DEFAULT_STORE, _add_filters, _Help, _warn, _write
+from dlscale.report.data import Filters, load_records
+from dlscale.results.storeargs import add_store_arguments
 
 FORMATS = ("md", "json")
 
 
 def register(sub) -> None:
-    from dlscale.report.cli import DEFAULT_STORE, _add_filters, _Help
-    from dlscale.results.storeargs import add_store_arguments
-
     p = sub.add_parser("parity", formatter_class=_Help,
                        help="loss parity: every strategy's losses beside single's on the same global batch",
                        description="For each workload (model, flavor, precision, device type, seed, global batch, "
@@ -31,9 +31,7 @@ def register(sub) -> None:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from dlscale.report import parity as view
-    from dlscale.report.cli import _warn, _write
-    from dlscale.report.data import Filters, load_records
+    from dlscale.report import parity as view  # keeps the CLI start-up light
 
     if args.tolerance is not None and not args.tolerance > 0:
         raise ConfigError(f"--tolerance must be a relative difference > 0, got {args.tolerance:g}")

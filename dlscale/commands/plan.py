@@ -3,11 +3,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 
 from dlscale import ConfigError
+from dlscale.case.config import PRECISIONS
+from dlscale.cli import deprecated_alias
+from dlscale.commands.perf_args import (
+    device_memory, non_negative_float, positive_float, positive_int,
+)
+from dlscale.perfmodel.evidence import evidence_from_records
+from dlscale.perfmodel.inputs import _comm_micro, _micro_link
+from dlscale.perfmodel.strategies import Evidence
+from dlscale.report.cli import _warn
+from dlscale.report.data import load_records
+from dlscale.results import metrics
 from dlscale.train.checkpoint_timing import STATE_BYTES_PER_PARAM, plan_estimate
-from dlscale.commands.perf_args import non_negative_float, positive_float, positive_int
+from dlscale.train.checkpointing import MODES
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -18,7 +31,6 @@ def memory_size(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"memory size must look like 80GiB, 141GB or 8e10 (bytes), got {text!r}")
-    from dlscale.commands.perf_args import device_memory  # the bound predict and cost share
 
     return device_memory(float(m.group(1)) * _UNITS[m.group(2).lower()], text)
 
@@ -48,10 +60,6 @@ def _check_args(p) -> None:
 
 
 def register(sub) -> None:
-    from dlscale.train.checkpointing import MODES
-    from dlscale.cli import deprecated_alias
-    from dlscale.case.config import PRECISIONS
-
     p = sub.add_parser("plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        help="predict memory per device, fit, largest batch and throughput of every strategy",
                        description="For each strategy and degree the job allows (ddp, zero1, fsdp zero2/zero3, "
@@ -104,8 +112,6 @@ def _store_records(args) -> list:
     """The records of --store (none without it)."""
     if args.store is None:
         return []
-    from dlscale.report.cli import _warn
-    from dlscale.report.data import load_records
 
     loaded = load_records(args.store)
     _warn(loaded.warnings())
@@ -116,7 +122,6 @@ def _intra_link(args, records) -> tuple[float, float, str]:
     """(bus bandwidth B/s, latency s, where it came from) of the intra-node link."""
     if args.intra_busbw is not None:
         return args.intra_busbw * 1e9, 0.0, f"--intra-busbw {args.intra_busbw:g} GB/s"
-    from dlscale.perfmodel.inputs import _comm_micro, _micro_link
 
     micro = _comm_micro(records, "cuda")
     if micro is not None:
@@ -126,8 +131,7 @@ def _intra_link(args, records) -> tuple[float, float, str]:
 
 
 def _machine(args, records=()):
-    from dlscale.results import metrics
-    from dlscale.planner.plan import Machine
+    from dlscale.planner.plan import Machine  # keeps the CLI start-up light
 
     if args.gpus % args.nodes:
         raise ConfigError(f"--nnodes {args.nodes} must divide the job's {args.gpus} GPUs")
@@ -152,11 +156,8 @@ def _machine(args, records=()):
 
 def _evidence(args, spec, machine, records):
     """The store's measurements of the model (--store), or only the assumed MFU."""
-    from dlscale.perfmodel.strategies import Evidence
-
     if args.store is None:
         return Evidence(assumed_mfu=args.mfu)
-    from dlscale.perfmodel.evidence import evidence_from_records
 
     return evidence_from_records(records, spec.name, spec.flavor, machine.peak_flops, machine.links,
                                  args.batch_size, args.mfu)
@@ -165,8 +166,6 @@ def _evidence(args, spec, machine, records):
 def _visible_gpus() -> int:
     """NVIDIA GPUs this machine has (the driver's list, narrowed by CUDA_VISIBLE_DEVICES): which rows dlscale can
     run here. Read without importing torch, so that planning stays quick."""
-    import os
-
     try:
         n = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
@@ -179,11 +178,7 @@ def _visible_gpus() -> int:
 
 def cmd_check(args) -> int:
     """--check STORE: the plan beside the measured peaks; exit 1 when a measured case is outside."""
-    import sys
-
-    from dlscale.planner import plancheck
-    from dlscale.report.cli import _warn
-    from dlscale.report.data import load_records
+    from dlscale.planner import plancheck  # keeps the CLI start-up light
 
     given = [f for f, v in (("--model", args.model), ("--nproc-per-node", args.gpus), ("--gpu-memory", args.gpu_memory),
                             ("--strategy", args.strategy)) if v is not None]
@@ -216,10 +211,10 @@ def job_shape(args) -> None:
 
 
 def cmd_plan(args) -> int:
-    from dlscale.planner.memplan import Workload
-    from dlscale.models import default_flavor, get_model
-    from dlscale.planner.plan import Grid, plan_rows
-    from dlscale.strategies import strategy_names
+    from dlscale.planner.memplan import Workload  # keeps the CLI start-up light
+    from dlscale.models import default_flavor, get_model  # torch: keeps start-up light
+    from dlscale.planner.plan import Grid, plan_rows  # keeps the CLI start-up light
+    from dlscale.strategies import strategy_names  # torch: keeps start-up light
 
     job_shape(args)
     if args.check is not None:
@@ -266,7 +261,7 @@ def checkpoint_line(c: dict) -> str:
 
 
 def render(spec, args, machine, rows) -> str:
-    from dlscale.planner.plan import gib
+    from dlscale.planner.plan import gib  # keeps the CLI start-up light
 
     assumed = any(r["basis"] == "assumed-mfu" for r in rows)
     head = (f"# plan: {spec.name} {spec.flavor} ({spec.arch.param_count() / 1e9:.2f} B parameters), {args.gpus} GPU(s) "

@@ -10,12 +10,16 @@ import argparse
 import json
 
 from dlscale import ConfigError
-from dlscale.commands.perf_args import (DeprecatedAlias, add_workload_args, int_list, options_from_args,
-                                        query_from_args, shapes_type)
+from dlscale.case.caseargs import parse_options
+from dlscale.commands.perf_args import (
+    DeprecatedAlias, add_workload_args, int_list, options_from_args, query_from_args, shapes_type,
+)
 from dlscale.perfmodel.predict import predict_workload
-from dlscale.perfmodel.predict_strategy import SHARDED
+from dlscale.perfmodel.predict_strategy import SHARDED, predict_strategy, render_strategy
+from dlscale.perfmodel.render import (
+    plot_prediction, plot_validation, render_prediction, render_validation,
+)
 from dlscale.perfmodel.strategies import FAMILIES
-from dlscale.perfmodel.render import plot_prediction, plot_validation, render_prediction, render_validation
 from dlscale.perfmodel.validate import validate
 from dlscale.report.data import load_records
 
@@ -61,9 +65,6 @@ def register(sub) -> None:
 
 def _predict_strategy(args, query, opts) -> int:
     """--strategy fsdp|hsdp|tensor|pipeline|hybrid: the strategy model over the shapes."""
-    from dlscale.case.caseargs import parse_options
-    from dlscale.perfmodel.predict_strategy import predict_strategy, render_strategy
-
     if args.plot:
         raise ConfigError(f"--plot draws the data-parallel model; not with --strategy {args.strategy}")
     if not args.shapes:

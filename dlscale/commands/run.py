@@ -4,9 +4,16 @@ from __future__ import annotations
 import json
 import sys
 
-from dlscale.results import envinfo
 from dlscale.case.caseargs import add_case_arguments, config_from_args
+from dlscale.case.config import DEFAULTS, resolve_device
+from dlscale.case.multinode import (
+    add_rendezvous_arguments, is_multinode, measure_node, rendezvous_from_args, was_recorded,
+)
 from dlscale.case.procs import EXIT_INTERRUPTED
+from dlscale.cli import STATUS_EXIT
+from dlscale.external.cli import add_external_arguments, check_external_only, cmd_run_external
+from dlscale.results import envinfo
+from dlscale.results.store import ResultStore, StoreError
 
 
 def register(sub) -> None:
@@ -21,9 +28,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output")
     p.add_argument("--list", action="store_true", help="list models and strategies, then exit")
-    from dlscale.case.multinode import add_rendezvous_arguments
     add_rendezvous_arguments(p)  # --node-rank --master-addr/-port --rdzv-endpoint --max-restarts
-    from dlscale.external.cli import add_external_arguments
     add_external_arguments(p)  # --command --parser --metric --unit --seq-len --cwd --stack
     p.set_defaults(func=cmd_run)
 
@@ -39,8 +44,9 @@ def cmd_env(args) -> int:
 
 
 def _list() -> int:
+    # torch: keeps start-up light
     from dlscale.models import default_flavor, get_model, model_flavors, model_names
-    from dlscale.strategies import get_strategy, strategy_names
+    from dlscale.strategies import get_strategy, strategy_names  # torch: keeps start-up light
 
     for m in model_names():
         spec = get_model(m, default_flavor(m))
@@ -54,12 +60,10 @@ def _machine_defaults(args) -> str | None:
     """Flavour and precision when not given: the full model in amp-bf16 on a GPU; on a machine
     without one the tiny flavour in fp32 (a full model, or bf16 emulated on a CPU, runs for many
     minutes a case). Returns the note that says so, or None."""
-    from dlscale.case.config import DEFAULTS, resolve_device
-
     cpu = resolve_device(args.device) == "cpu"
     chosen = []
     if args.flavor is None:
-        from dlscale.models import default_flavor, model_flavors
+        from dlscale.models import default_flavor, model_flavors  # torch: keeps start-up light
 
         args.flavor = "tiny" if cpu and "tiny" in model_flavors(args.model) else default_flavor(args.model)
         if args.flavor == "tiny":
@@ -71,15 +75,12 @@ def _machine_defaults(args) -> str | None:
 
 
 def cmd_run(args) -> int:
-    from dlscale import console
-    from dlscale.case import launch
-    from dlscale.case.multinode import rendezvous_from_args
-    from dlscale.case.resolve import resolve
-    from dlscale.results.store import ResultStore
+    from dlscale import console  # keeps the CLI start-up light
+    from dlscale.case import launch  # torch: keeps start-up light
+    from dlscale.case.resolve import resolve  # torch: keeps start-up light
 
     if args.list:
         return _list()
-    from dlscale.external.cli import check_external_only, cmd_run_external
     # SIGTERM/SIGHUP arrive here as KeyboardInterrupt: cli.main holds the one signal guard of the command
     if args.external_command is not None:  # an external training command (dlscale/external/)
         try:
@@ -125,12 +126,9 @@ def cmd_run(args) -> int:
 
 
 def _measure_and_store(args, case, rdzv, spawner, store, quiet: bool, events) -> int:
-    from dlscale import console
-    from dlscale.case import launch
-    from dlscale.case.batchsearch import measure_max_batch
-    from dlscale.cli import STATUS_EXIT
-    from dlscale.case.multinode import is_multinode, measure_node, was_recorded
-    from dlscale.results.store import StoreError
+    from dlscale import console  # keeps the CLI start-up light
+    from dlscale.case import launch  # torch: keeps start-up light
+    from dlscale.case.batchsearch import measure_max_batch  # keeps the CLI start-up light
 
     if case.cfg.batch_search:
         rec = measure_max_batch(case, spawner, files_root=store.root, on_event=events,

@@ -35,10 +35,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale import ConfigError, DlscaleError
-from dlscale.case.caseargs import add_case_arguments, check_round_trip, config_from_args, to_cli_args
-from dlscale.case.config import RunConfig
-from dlscale.case.procs import ProcResult, spawn
+from dlscale import ConfigError, DlscaleError, frameworks
+from dlscale.case import multinode
+from dlscale.case.caseargs import (
+    add_case_arguments, check_round_trip, config_from_args, to_cli_args,
+)
+from dlscale.case.config import RunConfig, validate_case
+from dlscale.case.procs import ProcResult, spawn, temp_prefix
+from dlscale.case.suite import add_max_cases_option, load_suite
+from dlscale.cli import STATUS_EXIT, deprecated_alias
+from dlscale.results.store import ResultStore, StoreError
 
 MODES = ("torchrun", "srun")
 # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (and UNLIMITED / INFINITE)
@@ -113,8 +119,6 @@ def check_script_input(cases: list[RunConfig], job: SlurmJob) -> None:
 
 
 def register(sub) -> None:
-    from dlscale.cli import deprecated_alias
-
     p = sub.add_parser("slurm", help="write an sbatch job for a case or a suite, and submit it",
                        description="Write an sbatch script that runs the case (or every case of SUITE) on an "
                        "allocation of --nnodes x --nproc-per-node processes (one per GPU) and submit it with "
@@ -147,7 +151,6 @@ def register(sub) -> None:
     p.add_argument("--python", default=sys.executable, help="python on the compute nodes that has dlscale")
     p.add_argument("--script", default=None, help="where to write the job script (default STORE/slurm/)")
     p.add_argument("--dry-run", action="store_true", help="print the job script; write and submit nothing")
-    from dlscale.case.suite import add_max_cases_option
     add_max_cases_option(p)
     p.set_defaults(func=cmd_slurm)
 
@@ -172,7 +175,6 @@ def cases_from_args(args) -> list[RunConfig]:
     """
     if not args.suite:
         return [config_from_args(args)]
-    from dlscale.case.suite import load_suite
 
     loaded = load_suite(args.suite, max_cases=args.max_cases)
     loaded = loaded.with_overrides(device=args.device if args.device != "auto" else None,
@@ -189,8 +191,6 @@ def cases_from_args(args) -> list[RunConfig]:
 
 def checked_cases(args) -> list[RunConfig]:
     """cases_from_args, each checked as a login node can (no GPU needed) and for the job's mode."""
-    from dlscale.case.config import validate_case
-
     cases = cases_from_args(args)
     for c in cases:
         if c.batch_search and args.mode != "torchrun":
@@ -298,8 +298,6 @@ def render_script(cases: list[RunConfig], job: SlurmJob) -> str:
 
 
 def cmd_slurm(args) -> int:
-    from dlscale.results.store import ResultStore
-
     cases = checked_cases(args)
     per_node = args.nproc_per_node
     if args.port is not None and not 0 < args.port < 65536:
@@ -344,8 +342,6 @@ def cmd_slurm(args) -> int:
 
 def slurm_task_env(cfg: RunConfig, port: int, env: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
     """torch.distributed's variables for this Slurm task (rank = SLURM_PROCID ...)."""
-    from dlscale.case import multinode
-
     if "SLURM_PROCID" not in env:
         raise ConfigError("slurm-task runs inside a Slurm job step (srun); use `dlscale slurm --mode srun`")
     multinode.check_slurm_allocation(cfg.nnodes, cfg.nproc_per_node, mode="srun",
@@ -366,8 +362,6 @@ class SrunTaskSpawner:
     (a fresh MASTER_PORT each repeat, so a repeat never meets the last one's store)."""
 
     def __init__(self, task_env: dict[str, str], base_port: int, node_dir: str, verbose: bool = False):
-        from dlscale.case import multinode
-
         self.env = {**task_env, multinode.NODE_DIR_ENV: node_dir}
         self.base_port, self.verbose, self.repeat = base_port, verbose, 0
 
@@ -375,8 +369,6 @@ class SrunTaskSpawner:
         return 1
 
     def start(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> ProcResult:
-        from dlscale import frameworks
-
         for p in Path(self.env["DLSCALE_NODE_DIR"]).glob("failure*.json"):
             p.unlink()  # the last repeat's failure reports
         run_env = {**self.env, **env, "MASTER_PORT": str(self.base_port + self.repeat)}
@@ -391,9 +383,7 @@ class SrunTaskSpawner:
 
 
 def cmd_task(args) -> int:
-    from dlscale.case import launch, multinode
-    from dlscale.cli import STATUS_EXIT
-    from dlscale.results.store import ResultStore
+    from dlscale.case import launch, multinode  # torch: keeps start-up light
 
     cfg = config_from_args(args)
     base_port = args.port or multinode.slurm_master_port()
@@ -409,8 +399,6 @@ def cmd_task(args) -> int:
             print(f"dlscale slurm-task rank {rank}: repeat {entry['repeat'] + 1}/{cfg.repeats} {entry['status']}"
                   + (f": {err}" if err else ""), file=sys.stderr, flush=True)
 
-    from dlscale.case.procs import temp_prefix
-
     with tempfile.TemporaryDirectory(prefix=temp_prefix("task")) as node_dir:
         spawner = SrunTaskSpawner(task_env, base_port, node_dir, args.verbose)
         rec = launch.measure(cfg, spawner, files_root=store.root if rank == 0 else None,
@@ -424,7 +412,6 @@ def cmd_task(args) -> int:
                       "master_port": base_port, "job_id": os.environ.get("SLURM_JOB_ID")}
     rec.recorded_by = {"host": socket.gethostname(), "addr": multinode.local_addr(task_env["MASTER_ADDR"]),
                        "node_rank": int(task_env["GROUP_RANK"]), "role": "lead"}
-    from dlscale.results.store import StoreError
 
     try:
         store.append_or_recover(rec.to_dict())

@@ -27,13 +27,18 @@ from typing import Any
 
 from dlscale import ConfigError, DlscaleError, inputs
 from dlscale.case.caseargs import command_line
-from dlscale.case.config import RunConfig
+from dlscale.case.config import RunConfig, check_cpu_processes, resolve_device
+from dlscale.case.suite import (
+    MATCH_KEYS, add_max_cases_option, display_path, filter_suite, load_suite, parse_filters,
+    shipped_suites,
+)
 from dlscale.fmt import fmt_hms
+from dlscale.report.data import Loaded, baseline_fields, build_report, freeze, load_records
 from dlscale.results.record import newest_per_key
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 5
 from dlscale.case.procs import EXIT_INTERRUPTED  # noqa: E402
-from dlscale.results.store import EXIT_NOT_STORED  # noqa: E402
+from dlscale.results.store import EXIT_NOT_STORED, LoadResult, ResultStore, StoreError
 RESULT_STATUSES = ("ok", "oom", "unsupported")  # statuses that count as a result for the exit code
 
 
@@ -64,7 +69,6 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the cases and what the sweep would do; run nothing")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="override the suite's device (default: the suite's; it is part of each case's identity)")
-    from dlscale.case.suite import MATCH_KEYS
     p.add_argument("--filter", action="append", metavar="KEY=VALUE[,VALUE]",
                    help="only cases matching (repeatable; different keys must all match, values of one key "
                         f"any): {', '.join(MATCH_KEYS)}, strategy_options.NAME (an option as the case sets it)")
@@ -76,7 +80,6 @@ def register(sub) -> None:
                    help="override the suite's timed steps per repeat (part of a case's identity: resume with the same value)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="override the suite's repeats per case (not part of a case's identity)")
-    from dlscale.case.suite import add_max_cases_option
     add_max_cases_option(p)
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="stream the workers' output to stderr")
@@ -124,8 +127,6 @@ def done_keys(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def _cpu_processes_refused(nproc_per_node: int) -> str:
     """Why `run` would refuse this many CPU processes on this machine ("" when it would not): the
     sweep skips such a case at planning, as it skips one that needs more GPUs than are here."""
-    from dlscale.case.config import check_cpu_processes
-
     try:
         check_cpu_processes(nproc_per_node)
     except ConfigError as e:
@@ -178,7 +179,7 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
     else:
         err = " ".join(str(rec.get("error") or "").split())
         result = err[:140] + ("…" if len(err) > 140 else "")
-    from dlscale.console import validity_suffix
+    from dlscale.console import validity_suffix  # keeps the CLI start-up light
 
     return (f"{head} {status.upper() if status != 'ok' else 'ok':<8} {what}: {result}{validity_suffix(rec)} "
             f"[{seconds:.1f} s]")
@@ -186,7 +187,7 @@ def case_line(n: int, total: int, p: Planned, rec: dict[str, Any] | None, second
 
 def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:
     """Measure one planned case; the Record carries where it came from (``sweep``)."""
-    from dlscale.case import batchsearch, launch
+    from dlscale.case import batchsearch, launch  # torch: keeps start-up light
 
     spawner = launch.TorchrunSpawner(on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None)
     if p.cfg.batch_search:
@@ -200,9 +201,7 @@ def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:
 
 def summary_tables(store_root, keys: set[str]) -> str:
     """The report's DLPerf tables (Markdown) for the records of these case keys."""
-    from dlscale.report import render
-    from dlscale.report.data import Loaded, baseline_fields, build_report, freeze, load_records
-    from dlscale.results.store import LoadResult
+    from dlscale.report import render  # numpy: keeps start-up light
 
     try:
         loaded = load_records(store_root)
@@ -236,8 +235,6 @@ def summary_tables(store_root, keys: set[str]) -> str:
 
 def _selected(args):
     """The suite (with the command line's overrides) and the indices of the cases to consider."""
-    from dlscale.case.suite import filter_suite, load_suite, parse_filters, shipped_suites
-
     if not args.suite:
         raise ConfigError(f"sweep needs a SUITE: a shipped name ({', '.join(shipped_suites())}) or a .yaml path")
     suite = load_suite(args.suite, max_cases=args.max_cases)
@@ -251,11 +248,9 @@ def _selected(args):
 def _visible_gpus(suite, indices: list[int], dry_run: bool) -> int | None:
     """GPUs on this machine when a selected case runs on CUDA (None: a CPU sweep, or a dry run
     without GPUs, which lists every case as if they were there)."""
-    from dlscale.case.config import resolve_device
-
     if "cuda" not in {resolve_device(suite.cases[i].device) for i in indices}:
         return None
-    import torch
+    import torch  # torch: keeps start-up light
 
     if torch.cuda.is_available():
         return torch.cuda.device_count()
@@ -290,9 +285,6 @@ def _report_end(suite, store, planned: list[Planned], results: list, n_done: int
 
 
 def cmd_sweep(args) -> int:
-    from dlscale.results.store import ResultStore
-    from dlscale.case.suite import load_suite, shipped_suites
-
     if args.list:
         for name in shipped_suites():
             s = load_suite(name)
@@ -308,9 +300,6 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
-    from dlscale.results.store import StoreError
-    from dlscale.case.suite import display_path
-
     loaded = store.load()
     if loaded.warning():
         print(f"dlscale: warning: {loaded.warning()}", file=sys.stderr)
@@ -334,7 +323,7 @@ def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
         store.check_writable()
 
     results: list[tuple[Planned, dict[str, Any] | None]] = []
-    from dlscale.case import launch
+    from dlscale.case import launch  # torch: keeps start-up light
 
     try:  # SIGTERM and SIGHUP arrive as Ctrl-C (cli.main's signal guard): the running case's processes end
         _sweep_loop(todo, suite, store, args.verbose, results)
@@ -354,10 +343,8 @@ def _sweep(args, suite, indices: list[int], gpus: int | None, store) -> int:
 
 
 def _sweep_loop(todo: list[Planned], suite, store, verbose: bool, results: list) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dlscale.results.store import StoreError
+    from rich.console import Console  # rich: keeps start-up light
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # rich: keeps start-up light
 
     total = len(todo)
     if not total:

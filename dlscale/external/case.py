@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.case.config import DEVICES, PRECISIONS
 from dlscale.external.parsers import UNITS, ParseOptions, get_parser
+from dlscale.importers.records import check_int
 
 # fields that say how the case was run, not what it measures (left out of case_key)
 PROCEDURE_FIELDS = ("repeats", "time_limit", "label", "monitor", "sample_interval")
@@ -71,9 +73,7 @@ class ExternalCase:
     sample_interval: float = 0.1
 
     def __post_init__(self) -> None:
-        from dlscale.case.config import DEVICES, PRECISIONS
-        from dlscale.importers.records import check_int
-        from dlscale.monitor import validate_interval
+        from dlscale.monitor import validate_interval  # keeps the CLI start-up light
 
         def _positive_int(name, value, minimum=1):
             return check_int(value, name, minimum)
@@ -120,7 +120,7 @@ class ExternalCase:
         """dlscale's ModelSpec when ``model`` names a registered model with a ``full`` flavour (its
         unit, sequence, FLOPs). A model whose flavours are sizes (llama: 1b, 3b, 8b) names no one
         shape, so it is free text here: the command may train any of them."""
-        from dlscale.models import get_model, model_flavors, model_names
+        from dlscale.models import get_model, model_flavors, model_names  # torch: keeps start-up light
 
         if self.model not in model_names() or "full" not in model_flavors(self.model):
             return None

@@ -14,7 +14,11 @@ import sys
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.external.parsers import UNITS
+from dlscale.case.caseargs import parse_options
+from dlscale.cli import STATUS_EXIT
+from dlscale.external.case import ExternalCase, split_command
+from dlscale.external.parsers import UNITS, parser_names
+from dlscale.results.store import ResultStore
 
 # run options that drive dlscale's own worker: meaningless for another program's command
 NATIVE_ONLY = (("flavor", "full", "--flavor"), ("compile_mode", "default", "--compile-mode"),
@@ -32,8 +36,6 @@ NATIVE_ONLY = (("flavor", "full", "--flavor"), ("compile_mode", "default", "--co
 
 def add_external_arguments(p: argparse.ArgumentParser) -> None:
     """The --command options of `dlscale run` (docs/external.md)."""
-    from dlscale.external.parsers import parser_names
-
     g = p.add_argument_group("external command (--command: any training program; docs/external.md)")
     # dest: "command" is the CLI's subcommand name (dlscale/cli.py)
     g.add_argument("--command", dest="external_command", default=None, metavar="CMD",
@@ -67,11 +69,7 @@ def _check_native_only(args: argparse.Namespace) -> None:
 
 
 def case_from_args(args: argparse.Namespace):
-    from dlscale.case.caseargs import parse_options
-    from dlscale.external.case import ExternalCase
-
     _check_native_only(args)
-    from dlscale.external.case import split_command
 
     split_command(args.external_command)  # an empty or unsplittable command first: nothing else matters then
     if args.parser is None:
@@ -126,10 +124,8 @@ def progress_printer(case):
 
 
 def cmd_run_external(args: argparse.Namespace) -> int:
-    from dlscale import console
-    from dlscale.cli import STATUS_EXIT
-    from dlscale.external.measure import measure_external
-    from dlscale.results.store import ResultStore
+    from dlscale import console  # keeps the CLI start-up light
+    from dlscale.external.measure import measure_external  # importlib: keeps the CLI start-up light
 
     case = case_from_args(args)
     store = ResultStore(args.store)

@@ -9,16 +9,19 @@ the authority for this repeat (the command's steps are its own, not dlscale's).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from dlscale.case.procs import ProcResult, spawn
 from dlscale.external.case import ExternalCase
 from dlscale.external.parsers import LogLine, ParseError, ParseResult, ParseTimeout, get_parser
-from dlscale.case.procs import ProcResult, spawn
+from dlscale.monitor import HardwareSampler
 
 # what an out-of-memory failure prints in the common stacks (PyTorch, JAX/XLA, DeepSpeed)
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|RESOURCE_EXHAUSTED: Out of memory|CUBLAS_STATUS_ALLOC_FAILED"
@@ -52,8 +55,6 @@ def classify(proc: ProcResult, res: ParseResult | None, parse_error: str | None,
             line = next((ln for ln in reversed(tail.splitlines()) if OOM.search(ln)), last[0])
             return "oom", f"out of memory: {line.strip()[:300]}", None
         if proc.returncode is not None and proc.returncode < 0:
-            import signal
-
             try:
                 name = signal.Signals(-proc.returncode).name
             except ValueError:
@@ -83,8 +84,6 @@ class ExternalSpawner:
 
     def start(self, case: ExternalCase, workdir: Path, env: dict[str, str] | None = None) -> ProcResult:
         """Run the next repeat; write its rank-0-like dict to ``workdir/rank0.json``."""
-        import json
-
         repeat = getattr(self, "_next", 0)
         self._next = repeat + 1
         proc, ranks = self(repeat, env=env)
@@ -149,7 +148,6 @@ class ExternalSpawner:
     def _sampler(self, repeat: int):
         if not self.case.monitor:
             return None
-        from dlscale.monitor import HardwareSampler
 
         path = self.series_path(repeat)
         # pid: dlscale itself, so the RSS sum covers the command's whole process tree

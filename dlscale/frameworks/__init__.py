@@ -51,7 +51,7 @@ def validate(cfg: Any) -> None:
     if cfg.framework == "torch":
         return
     require(cfg.framework)
-    from dlscale.frameworks.jax.strategies import validate as jax_validate
+    from dlscale.frameworks.jax.strategies import validate as jax_validate  # keeps the CLI start-up light
 
     jax_validate(cfg)
 
@@ -64,7 +64,7 @@ def unsupported_reason(cfg: Any, env: dict[str, Any], torch_check=None) -> str |
     """
     if cfg.framework == "torch":
         return torch_check(cfg, env) if torch_check else None
-    from dlscale.frameworks.jax.strategies import jax_strategy_check
+    from dlscale.frameworks.jax.strategies import jax_strategy_check  # keeps the CLI start-up light
 
     return jax_strategy_check(cfg)
 
@@ -78,7 +78,7 @@ def versions(name: str) -> dict[str, Any]:
     """
     if name != "jax":
         return {}
-    from importlib import metadata
+    from importlib import metadata  # importlib: keeps the CLI start-up light
 
     out: dict[str, Any] = {}
     for pkg in ("jax", "jaxlib", "optax", "flax"):

@@ -140,7 +140,7 @@ def import_path(path: str | Path, fmt: str, opts: ImportOptions) -> list[dict[st
     recs = imp.records(p, opts)
     if not recs:
         raise imp.fail(p, "no results found")
-    from dlscale.schema import validate_record
+    from dlscale.schema import validate_record  # importlib: keeps the CLI start-up light
 
     for r in recs:
         problem = validate_record(r)

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import stat
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.case.caseargs import parse_options
+from dlscale.importers import ImportOptions, import_path, importer_names
+from dlscale.importers.records import MAX_BATCH, MAX_COUNT, MAX_PARAMS, check_int
+from dlscale.results.store import ResultStore
 
 
 def register(sub) -> None:
-    from dlscale.importers import importer_names
-
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser("import", formatter_class=fmt,
                        help="bring results made elsewhere (published tables, other tools' logs) into the store",
@@ -54,11 +60,6 @@ def register(sub) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from dlscale.case.caseargs import parse_options
-    from dlscale.importers import ImportOptions
-
-    from dlscale.importers.records import MAX_BATCH, MAX_COUNT, MAX_PARAMS, check_int
-
     for name in ("batch_size", "nproc_per_node", "nnodes", "gpus_per_node", "seq_len", "params"):
         v = getattr(args, name)
         if v is not None:
@@ -103,11 +104,6 @@ def _table_key(r: dict[str, Any]) -> tuple:
 def path_checksum(path: str) -> str | None:
     """sha256 of a regular file, or of a folder's regular files (relative names and contents, in
     name order); None for anything else (nothing is read twice from a pipe)."""
-    import hashlib
-    import os
-    import stat
-    from pathlib import Path
-
     root = Path(path)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
     h = hashlib.sha256()
@@ -137,9 +133,6 @@ def split_imported(records: list[dict[str, Any]], stored: list[dict[str, Any]]) 
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from dlscale.importers import import_path
-    from dlscale.results.store import ResultStore
-
     opts = options_from_args(args)
     store = ResultStore(args.store)
     records = import_path(args.path, args.format, opts)  # validates every record; raises before storing

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.importers import ImportOptions, Importer, register_importer
+from dlscale.importers import Importer, ImportOptions, register_importer
 from dlscale.importers._logs import case_record, parse_options, parse_runs
+from dlscale.importers.records import registered_unit
 
 CASE = re.compile(r"^(\d+)n(\d+)g$")
 BATCH = re.compile(r"(?:^|[_\-.])(?:b|bs|bz)(\d+)(?=[_\-.]|$)")
@@ -76,8 +77,6 @@ class DLPerfLogs(Importer):
         o = dataclasses.replace(opts, nnodes=nodes, nproc_per_node=per_node, batch_size=batch, precision=precision)
         popts = parse_options(o)
         if popts.seq_len is None and o.model:
-            from dlscale.importers.records import registered_unit
-
             popts.seq_len = registered_unit(o.model)[1]
         results = parse_runs("dlperf", files, popts)
         rec = case_record(self.name, folder, o, results, files, unit_default="seq")

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.results import metrics
 from dlscale.case.config import MAX_BATCH, PRECISIONS
 from dlscale.external.parsers import UNITS
+from dlscale.fmt import yaml_number_hint
+from dlscale.results import metrics
 from dlscale.results.store import STATUSES, new_record
 
 FORMAT_ID = "dlscale-table/1"
@@ -35,8 +36,6 @@ def check_precision(value: Any, where: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    from dlscale.fmt import yaml_number_hint
-
     text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else \
         f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     return (text if len(text) <= 80 else text[:77] + "...") + yaml_number_hint(value)
@@ -61,7 +60,7 @@ def check_rate(value: Any, name: str) -> float:
 
 def registered_unit(model: str) -> tuple[str | None, int | None, float | None]:
     """(unit, seq_len, flops per sample) of a registered dlscale model, else Nones."""
-    from dlscale.models import get_model, model_names
+    from dlscale.models import get_model, model_names  # torch: keeps start-up light
 
     if model not in model_names():
         return None, None, None

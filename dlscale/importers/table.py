@@ -273,7 +273,7 @@ def csv_table(path: Path, opts: ImportOptions) -> dict[str, Any]:
 
 def load_table(path: str | Path) -> dict[str, Any]:
     """A YAML table file, parsed with yaml.safe_load (never executed)."""
-    import yaml
+    import yaml  # yaml: keeps the CLI start-up light
 
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from dlscale import ConfigError
 from dlscale.inputs.spec import INPUT_BOUND_SHARE, DataSpec, check_fields, input_verdict, parse_data
+from dlscale.results import envinfo
 
 __all__ = ["INPUT_BOUND_SHARE", "DataSpec", "case_words", "check_case", "check_fields", "check_machine", "describe",
            "merge_ranks", "open_source", "parse_data"]
@@ -55,7 +56,7 @@ def config_words(cfg: dict) -> str:
 def open_source(*args, **kwargs):
     """The rank's batch source (dlscale.inputs.source.open_source; imported here on first use,
     so that parsing a config does not import torch)."""
-    from dlscale.inputs.source import open_source as _open
+    from dlscale.inputs.source import open_source as _open  # torch: keeps start-up light
 
     return _open(*args, **kwargs)
 
@@ -91,8 +92,8 @@ def check_case(cfg) -> None:
     spec = parse_data(cfg.data)
     if spec.synthetic:
         return
-    from dlscale.inputs import dataset_info, images
-    from dlscale.models import get_model
+    from dlscale.inputs import dataset_info, images  # torch: keeps start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     model = get_model(cfg.model, cfg.flavor)
     kind = model.data_kind
@@ -132,17 +133,15 @@ def check_machine(cfg, device_type: str) -> None:
     if device_type != "cuda":
         raise ConfigError("data-decode gpu needs a CUDA device; use --data-decode cpu")
     if cfg.data_decoder == "dali":
-        from dlscale.inputs import dali
+        from dlscale.inputs import dali  # torch: keeps start-up light
 
         dali.check_launcher()
     else:
-        from dlscale.inputs.images import check_gpu_decoder
+        from dlscale.inputs.images import check_gpu_decoder  # torch: keeps start-up light
 
         check_gpu_decoder(cfg.data_decoder)
     if cfg.data_decode_process:
-        from dlscale.results.envinfo import mps_daemon
-
-        if mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
+        if envinfo.mps_daemon() is False:  # a warning, not a refusal: measuring the time-sliced case is legitimate
             mps_only = [o for o, on in (("--data-decode-sm-share", cfg.data_decode_sm_share),
                                         ("--data-decode-priority", cfg.data_decode_priority != "normal")) if on]
             capped = f" ({', '.join(mps_only)}: no effect)" if mps_only else ""
@@ -156,8 +155,8 @@ def describe(cfg) -> dict[str, Any] | None:
     spec = parse_data(cfg.data)
     if spec.synthetic:
         return None
-    from dlscale.inputs import dataset_info
-    from dlscale.models import get_model
+    from dlscale.inputs import dataset_info  # ctypes: keeps the CLI start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     return dataset_info.identity(spec, get_model(cfg.model, cfg.flavor).seq_len).to_dict()
 

@@ -6,6 +6,9 @@ import json
 import re
 
 from dlscale import ConfigError
+from dlscale.case.config import RunConfig
+from dlscale.inputs import check_case
+from dlscale.inputs.spec import parse_data
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 _MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
@@ -104,7 +107,7 @@ def _add_text_corpus(ms, fmt) -> None:
 
 
 def cmd_make_corpus(args) -> int:
-    from dlscale.inputs.corpus import CorpusOptions, make_text_corpus
+    from dlscale.inputs.corpus import CorpusOptions, make_text_corpus  # numpy: keeps start-up light
 
     opts = CorpusOptions(args.out, parse_count(args.size), args.seed, args.tokenizer, args.vocab, args.val_share,
                          args.source)
@@ -125,7 +128,7 @@ def _print(stats: dict, as_json: bool, lines: list[str]) -> None:
 
 
 def cmd_make_images(args) -> int:
-    from dlscale.inputs.make import make_imagenet_like
+    from dlscale.inputs.make import make_imagenet_like  # numpy: keeps start-up light
 
     st = make_imagenet_like(args.out, parse_count(args.size), args.classes, args.seed, args.jobs, args.quality)
     _print(st, args.json, [
@@ -138,7 +141,7 @@ def cmd_make_images(args) -> int:
 
 
 def cmd_make_tokens(args) -> int:
-    from dlscale.inputs.make import make_tokens
+    from dlscale.inputs.make import make_tokens  # numpy: keeps start-up light
 
     st = make_tokens(args.out, parse_count(args.size), args.dtype, args.vocab, args.seed)
     _print(st, args.json, [f"wrote {st['tokens']} {st['dtype']} tokens (ids < {st['vocab']}) to {st['file']} "
@@ -147,20 +150,16 @@ def cmd_make_tokens(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from dlscale.inputs import dataset_info
-    from dlscale.inputs.spec import parse_data
+    from dlscale.inputs import dataset_info  # ctypes: keeps the CLI start-up light
 
     spec = parse_data(args.spec)
     if spec.synthetic:
         raise ConfigError("synthetic data has no files to describe; give imagefolder:PATH or tokens:PATH")
     seq = None
     if args.model:
-        from dlscale.case.config import RunConfig
-        from dlscale.inputs import check_case
-
         cfg = RunConfig(model=args.model, flavor=args.flavor, data=args.spec, batch_size=1)
         check_case(cfg)
-        from dlscale.models import get_model
+        from dlscale.models import get_model  # torch: keeps start-up light
 
         seq = get_model(args.model, args.flavor).seq_len
     elif spec.kind == "tokens":

@@ -118,7 +118,7 @@ def _byte_ids(texts: list[bytes]) -> np.ndarray:
 
 def _train_bpe(texts: list[bytes], vocab: int, out: Path):
     try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # optional: tokenizers
     except ImportError:
         raise ConfigError("--tokenizer bpe needs Hugging Face tokenizers (pip install tokenizers); "
                           "--tokenizer bytes needs nothing") from None

@@ -114,10 +114,10 @@ class _Dali:
 
 def _import() -> _Dali:
     try:
-        import nvidia.dali as dali
-        import nvidia.dali.fn as fn
-        import nvidia.dali.types as types
-        from nvidia.dali.plugin.pytorch import feed_ndarray
+        import nvidia.dali as dali  # optional: nvidia
+        import nvidia.dali.fn as fn  # optional: nvidia
+        import nvidia.dali.types as types  # optional: nvidia
+        from nvidia.dali.plugin.pytorch import feed_ndarray  # optional: nvidia
     except ImportError as e:
         raise ConfigError(f"data-decoder dali: DALI does not import ({type(e).__name__}: {str(e)[:120]}); "
                           f"{install_hint()}") from None

@@ -98,7 +98,7 @@ def token_count(spec: DataSpec) -> int:
 def _max_token(path: str, dtype: str, size: int, mtime_ns: int) -> tuple[int, str]:
     """Largest id in the file: every id up to VOCAB_FULL_SCAN bytes, else evenly spaced chunks
     (the loader then checks every batch it reads). (max id, "full" | "sampled")."""
-    import numpy as np
+    import numpy as np  # numpy: keeps start-up light
 
     mm = np.memmap(path, dtype=dtype, mode="r")
     n = len(mm)
@@ -191,7 +191,7 @@ def _token_fingerprint(path: str, size: int, mtime_ns: int) -> tuple[str, str]:
 
 def _memory() -> tuple[int | None, int | None]:
     try:
-        import psutil
+        import psutil  # optional: psutil
 
         vm = psutil.virtual_memory()
         return int(vm.total), int(vm.available)

@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import torch
 
+from dlscale.case import procs
+
 PREFETCH_FACTOR = 2  # batches each DataLoader worker keeps ready (DataLoader's default)
 
 SLOTS_AHEAD = 2  # batches finished ahead of the step, as the input thread's DEVICE_DEPTH
@@ -71,7 +73,7 @@ class DecoderSpec:
         return env
 
     def build(self, device: torch.device):
-        from dlscale.inputs.images import GpuDecoder
+        from dlscale.inputs.images import GpuDecoder  # triton: keeps start-up light
 
         return GpuDecoder(device, self.size, self.channels_last, decode=self.decode, name=self.name,
                           decoder=self.decoder)
@@ -126,8 +128,6 @@ def data_loader(plan: LoaderPlan, cuda: bool):
 
 def _serve(job: _Job, ready, free) -> None:
     """The decode process: DataLoader -> GpuDecoder -> slots, until told to stop or orphaned."""
-    from dlscale.case import procs
-
     procs.die_with_parent()
     os.environ.update(job.spec.mps_env())  # before any CUDA call of this process
     it = None
@@ -245,7 +245,7 @@ class DecodeProcess:
     def processes(self) -> list:
         """psutil Processes of the loader: the decode process and its DataLoader workers."""
         try:
-            import psutil
+            import psutil  # optional: psutil
         except ImportError:
             return []
         out = []

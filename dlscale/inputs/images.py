@@ -66,7 +66,7 @@ JPEG_MAGIC = b"\xff\xd8"
 def pil():
     """Pillow, or a ConfigError saying how to install it."""
     try:
-        from PIL import Image
+        from PIL import Image  # optional: PIL
     except ImportError:
         raise ConfigError("imagefolder data needs Pillow: pip install 'dlscale[data]' (or pip install pillow)") \
             from None
@@ -75,7 +75,7 @@ def pil():
 
 def decoder_name() -> str:
     Image = pil()
-    from PIL import features
+    from PIL import features  # optional: PIL
 
     turbo = features.version("libjpeg_turbo") if features.check_feature("libjpeg_turbo") else None
     lib = f"libjpeg-turbo {turbo}" if turbo else f"libjpeg {features.version('jpg')}"
@@ -308,7 +308,7 @@ DecodeFn = Callable[[list[torch.Tensor]], list[Any]]
 def _torchvision():
     """torchvision, or None where it does not import."""
     try:
-        import torchvision
+        import torchvision  # optional: torchvision
         from torchvision.io import decode_jpeg  # noqa: F401
     except ImportError:
         return None
@@ -321,7 +321,7 @@ def torchvision_decoder(device: torch.device) -> tuple[DecodeFn, str]:
     if torchvision is None:
         raise ConfigError("data-decode gpu needs torchvision (nvJPEG through torchvision.io.decode_jpeg): "
                           f"{TORCHVISION_INSTALL}")
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode, decode_jpeg  # torchvision: keeps start-up light
 
     def decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
@@ -345,7 +345,7 @@ def _import_nvimgcodec():
         os.dup2(tmp.fileno(), 2)
         try:
             try:
-                from nvidia import nvimgcodec
+                from nvidia import nvimgcodec  # optional: nvidia
                 err = None
             except (ImportError, OSError) as e:
                 nvimgcodec, err = None, e

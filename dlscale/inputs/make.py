@@ -70,7 +70,7 @@ def _field(rng: np.random.Generator, h: int, w: int, alpha: float) -> np.ndarray
 
 def image_bytes(seed: int, index: int, quality: int = QUALITY) -> bytes:
     """One ImageNet-like JPEG, a pure function of (seed, index)."""
-    from PIL import Image
+    from PIL import Image  # optional: PIL
 
     rng = np.random.default_rng((seed, index))
     w, h = image_size(rng)
@@ -93,7 +93,7 @@ def _class_name(c: int) -> str:
 def _write_chunk(args: tuple[str, int, int, int, int, int]) -> tuple[int, int, int, int]:
     out, seed, start, stop, classes, quality = args
     total = wsum = hsum = 0
-    from PIL import Image
+    from PIL import Image  # optional: PIL
 
     for i in range(start, stop):
         data = image_bytes(seed, i, quality)

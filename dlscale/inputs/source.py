@@ -29,13 +29,19 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
+import psutil
 import torch
+import torch.distributed as dist
 
 from dlscale import ConfigError
-from dlscale.inputs import dataset_info, images, tokens
-from dlscale.inputs.decode_process import PREFETCH_FACTOR, DecodeProcess, DecoderSpec, LoaderPlan, data_loader
+from dlscale.inputs import dali, dataset_info, images, tokens
+from dlscale.inputs.decode_process import (
+    PREFETCH_FACTOR, DecodeProcess, DecoderSpec, LoaderPlan, data_loader,
+)
 from dlscale.inputs.sampler import GlobalBatchSampler
-from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data
+from dlscale.inputs.spec import (
+    BUFFER_MARGIN, INPUT_BOUND_SHARE, DataSpec, check_split, input_verdict, parse_data,
+)
 
 if TYPE_CHECKING:
     from dlscale.case.config import DataSection
@@ -252,7 +258,7 @@ class LoaderSource:
 
     def _loader_processes(self):
         try:
-            import psutil
+            import psutil  # optional: psutil
         except ImportError:
             return None
         if self.remote is not None:
@@ -279,7 +285,6 @@ class LoaderSource:
         bytes its workers read from storage (/proc/PID/io read_bytes: page-cache hits excluded)."""
         if self._procs is None:  # no psutil
             return _Snapshot(len(self._metas), None, None)
-        import psutil
 
         cpu: float | None = 0.0
         storage: int | None = 0 if self._procs else None
@@ -421,8 +426,6 @@ def resolve_workers(requested: int | None, kind: str, decode: str, local_world: 
 
 
 def _barrier(device: torch.device) -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         if device.type == "cuda":
             dist.barrier(device_ids=[device.index if device.index is not None else torch.cuda.current_device()])
@@ -494,8 +497,6 @@ def process_reader(ds, spec: DecoderSpec, paths: list[str], kind: str, cpu_image
 def dali_reader(ds, size: int, channels_last: bool, device: torch.device, paths: list[str], kind: str) -> Reader:
     """The Reader of ``--data-decoder dali``: ``collate_bytes`` batches from the workers, decoded,
     cropped and normalised by DALI's pipeline (the stage), copied to torch on the input thread."""
-    from dlscale.inputs import dali
-
     dec = dali.DaliDecoder(device, size, channels_last)
     return Reader(ds, images.collate_bytes, dec.finish, dec.name, "DALI pipeline", paths, kind, dec.kind,
                   dec.backend, stage=dec.feed)

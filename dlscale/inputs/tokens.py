@@ -17,6 +17,7 @@ file too large to scan whole up front fails at the first window holding a bad id
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,6 @@ class _TokenFile(torch.utils.data.Dataset):
     def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int):
         self.path, self.dtype, self.seq_len, self.vocab, self.seed = path, dtype, seq_len, vocab, seed
         self.itemsize = np.dtype(dtype).itemsize
-        import os
 
         self.n_tokens = os.stat(path).st_size // self.itemsize
         self._mm = None  # opened in the process that reads (a DataLoader worker), not pickled

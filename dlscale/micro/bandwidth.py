@@ -38,7 +38,7 @@ def run_bandwidth(sizes: Sequence[int], ops: Sequence[str] = OPS, device: str = 
     pct_of_peak against the datasheet table in dlscale.micro.peaks (null when unknown), status
     "ok" or "oom" (with reason).
     """
-    import torch
+    import torch  # torch: keeps start-up light
 
     for op in ops:
         bandwidth_bytes(op, 1)
@@ -69,7 +69,7 @@ def run_bandwidth(sizes: Sequence[int], ops: Sequence[str] = OPS, device: str = 
 
 
 def _time_op(op: str, size: int, dev, gen, timing: common.Timing) -> dict[str, Any]:
-    import torch
+    import torch  # torch: keeps start-up light
 
     numel = size // 4
     a = torch.randn(numel, generator=gen, device=dev)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from dlscale.models import gpt2, llama
+
 
 class Attention(nn.Module):
     """Multi-head attention through SDPA; ``cross``: queries from x, keys and values from memory."""
@@ -85,18 +87,14 @@ class Layer(nn.Module):
 def llama_block(d: int, ff: int, heads: int, kv_heads: int, max_seq: int) -> nn.Module:
     """dlscale's Llama block (RMSNorm, grouped-query attention with rotary embeddings, SwiGLU) at this
     shape, with Llama 3.1's rotary scaling and tables for ``max_seq`` positions."""
-    from dlscale.models.llama import Block, LlamaConfig, RopeScaling, rope_tables
-
-    cfg = LlamaConfig(hidden=d, n_layers=1, n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ff, seq_len=max_seq,
-                      tied=False, rope_scaling=RopeScaling(8.0))
-    block = Block(cfg)
-    block.attn.rope = rope_tables(cfg)
+    cfg = llama.LlamaConfig(hidden=d, n_layers=1, n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ff, seq_len=max_seq,
+                            tied=False, rope_scaling=llama.RopeScaling(8.0))
+    block = llama.Block(cfg)
+    block.attn.rope = llama.rope_tables(cfg)
     return block
 
 
 def gpt_block(d: int, heads: int, dropout: float) -> nn.Module:
     """dlscale's GPT-2 block (pre-LN, fused qkv, tanh-GELU MLP of 4 x d, causal): GPT-3 is the same
     block (its alternating sparse attention aside, which the usual benchmarks leave out too)."""
-    from dlscale.models.gpt2 import Block, GPTConfig
-
-    return Block(GPTConfig(n_layers=1, n_heads=heads, hidden=d, dropout=dropout))
+    return gpt2.Block(gpt2.GPTConfig(n_layers=1, n_heads=heads, hidden=d, dropout=dropout))

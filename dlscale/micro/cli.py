@@ -1,10 +1,12 @@
 """``dlscale micro matmul|bandwidth|layer|comm|io``: registration with the top-level CLI."""
 from __future__ import annotations
 
+from dlscale.micro import bandwidth, comm, io, layer, matmul
+
+from dlscale.micro.common import watched
+
 
 def register(subparsers) -> None:
-    from dlscale.micro import bandwidth, comm, io, layer, matmul
-
     p = subparsers.add_parser(
         "micro", help="micro-benchmarks: matmul, memory bandwidth, one transformer layer, collectives, input",
         description="Micro-benchmarks that show what the hardware delivers: dense matmul TFLOPS, "
@@ -15,7 +17,6 @@ def register(subparsers) -> None:
     sub.required = True
     for mod in (matmul, bandwidth, layer, comm, io):
         mod.add_parser(sub)
-    from dlscale.micro.common import watched
 
     for name, parser in sub.choices.items():  # every micro-benchmark watches its cores' load (validity)
         parser.set_defaults(func=watched(parser.get_default("func")))

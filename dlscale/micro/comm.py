@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from dlscale import ConfigError
+from dlscale.case.procs import spawn_torchrun
+from dlscale.cli import deprecated_alias
 from dlscale.micro import common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
@@ -131,7 +133,7 @@ def run_comm(sweep: CommSweep, nproc: int, device: str = "auto", timing: common.
         raise ConfigError(f"nproc-per-node must be >= 1, got {nproc}")
     device = common.resolve_device(device)
     if device == "cuda":
-        import torch
+        import torch  # torch: keeps start-up light
 
         if nproc > torch.cuda.device_count():
             raise ConfigError(f"nproc-per-node {nproc} exceeds the {torch.cuda.device_count()} GPU(s) "
@@ -162,8 +164,6 @@ def _spawn_workers(worker_args: list[str], nproc: int, time_limit: float,
                    on_line: Callable[[str], None] | None) -> tuple[Any, dict[str, Any], list[str]]:
     """torchrun of the worker module: its process result, what rank 0 wrote (empty: nothing) and the
     ranks' ``[comm-error]`` lines."""
-    from dlscale.case.procs import spawn_torchrun
-
     fd, out_path = tempfile.mkstemp(prefix="dlscale-comm-", suffix=".json")
     os.close(fd)
     os.unlink(out_path)  # the worker creates it; absent = the worker wrote nothing
@@ -215,7 +215,6 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="fp32", help=f"element type: {', '.join(DTYPE_BYTES)}")
     p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0, metavar="SECONDS",
                    help="process-group timeout: a collective stalled this long fails")
-    from dlscale.cli import deprecated_alias
     deprecated_alias(p, "--timeout", "--collective-timeout", dest="timeout", type=float)
     p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
                    help="wall-clock limit of the whole torchrun run; the process tree is killed after it")
@@ -244,7 +243,7 @@ def main(args) -> int:
     max_bytes = common.parse_bytes(max_arg, "max-bytes")
     size_sweep(min_bytes, max_bytes, args.factor)
     if device == "cuda":
-        import torch
+        import torch  # torch: keeps start-up light
 
         if args.nproc_per_node > torch.cuda.device_count():
             raise ConfigError(f"nproc-per-node {args.nproc_per_node} exceeds the "

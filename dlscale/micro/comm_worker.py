@@ -29,13 +29,13 @@ PATTERN_MAX = 3  # fill pattern p = 1, 2, 3, 1, 2, 3, ...
 
 
 def _torch_dtype(dtype: str):
-    import torch
+    import torch  # torch: keeps start-up light
 
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
 
 def _pattern(count: int, tdt, dev):
-    import torch
+    import torch  # torch: keeps start-up light
 
     tile = torch.tensor([1.0, 2.0, 3.0], dtype=tdt, device=dev)
     return tile.repeat((count + 2) // 3)[:count]
@@ -53,8 +53,8 @@ class _Case:
     """Buffers, the collective call and the check of one (op, chunk count)."""
 
     def __init__(self, op: str, count: int, n: int, rank: int, dtype: str, dev):
-        import torch
-        import torch.distributed as dist
+        import torch  # torch: keeps start-up light
+        import torch.distributed as dist  # torch: keeps start-up light
 
         tdt = _torch_dtype(dtype)
         self.op, self.n, self.rank, self.count = op, n, rank, count
@@ -97,7 +97,7 @@ class _Case:
         self.exact = self.max_value <= EXACT_INT_LIMIT[dtype]
 
     def check(self) -> bool:
-        import torch
+        import torch  # torch: keeps start-up light
 
         for actual, p, scale in self.expected:
             want = p * scale
@@ -116,8 +116,8 @@ class _Ranks:
     """What the ranks agree on together: any rank out of memory, every rank correct, the slowest time."""
 
     def __init__(self, dev):
-        import torch
-        import torch.distributed as dist
+        import torch  # torch: keeps start-up light
+        import torch.distributed as dist  # torch: keeps start-up light
 
         self.dist, self.dev = dist, dev
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
@@ -154,8 +154,8 @@ def run_collectives(ops: Sequence[str], sizes: Sequence[int], dtype: str = "fp32
     Every rank must call it with the same arguments; every rank gets the same rows. ``device``:
     the torch device of this rank (default: the current CUDA device for NCCL, else CPU).
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # torch: keeps start-up light
+    import torch.distributed as dist  # torch: keeps start-up light
 
     if device is None:
         nccl = dist.get_backend() == "nccl"
@@ -234,7 +234,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _meta(backend: str, n: int, dev) -> dict[str, Any]:
     """What the record says of the run: backend, world size, device, torch and NCCL versions."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     meta: dict[str, Any] = {"backend": backend, "world_size": n, "device_name": common.device_name(dev),
                             "torch": torch.__version__, "nccl": None}
@@ -282,9 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
-    from dlscale.train.worker import dist_env_from_environ
+    from dlscale.train.worker import dist_env_from_environ  # torch: keeps start-up light
 
     denv = dist_env_from_environ(args.device)  # the training worker's rank/device/backend rules
     dev, backend = denv.device, denv.backend

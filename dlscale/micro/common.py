@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import gc
 import math
 import os
 import re
@@ -13,7 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from dlscale import ConfigError
+from dlscale.cli import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_TIMEOUT, deprecated_alias
 from dlscale.fmt import fmt_cell
+from dlscale.results import envinfo, validity
+from dlscale.results.envinfo import cpu_model
+from dlscale.results.store import ResultStore, new_record
 
 DEVICES = ("auto", "cuda", "cpu")
 ROW_STATUSES = ("ok", "unsupported", "oom", "failed")
@@ -113,7 +118,7 @@ def check_nproc(nproc: int, what: str) -> None:
 
 def resolve_device(requested: str) -> str:
     """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda" without a GPU -> ConfigError."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     if requested not in DEVICES:
         raise ConfigError(f"unknown device {requested!r}; choose one of: {', '.join(DEVICES)}")
@@ -125,7 +130,7 @@ def resolve_device(requested: str) -> str:
 
 
 def torch_device(device: str):
-    import torch
+    import torch  # torch: keeps start-up light
 
     if device == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
@@ -134,12 +139,11 @@ def torch_device(device: str):
 
 def device_name(device) -> str:
     """GPU name (what the peak tables match on) or the CPU model."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     dev = torch.device(device) if isinstance(device, str) else device
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    from dlscale.results.envinfo import cpu_model
 
     return cpu_model()
 
@@ -148,7 +152,7 @@ def memory_bytes(device: str) -> int | None:
     """What one device can hold: the GPU's total memory, or the host's RAM for the CPU (None: unknown)."""
     try:
         if device == "cuda":
-            import torch
+            import torch  # torch: keeps start-up light
 
             return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -167,7 +171,7 @@ def check_fits(need: int, device: str, what: str) -> None:
 
 def cache_bytes(device) -> int:
     """Last-level cache size: L2 of a GPU, the largest CPU cache from sysfs (32 MiB if unknown)."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     dev = torch.device(device) if isinstance(device, str) else device
     if dev.type == "cuda":
@@ -187,7 +191,7 @@ def cache_bytes(device) -> int:
 # timing
 
 def synchronize(device) -> None:
-    import torch
+    import torch  # torch: keeps start-up light
 
     dev = torch.device(device) if isinstance(device, str) else device
     if dev.type == "cuda":
@@ -206,7 +210,7 @@ def measure(fn: Callable[[], Any], device, warmup: int, iters: int,
     ``warmup + iters`` calls are made (what collectives need: every rank the same count).
     Returns median/min/max seconds per call, the sample count and ``inner``.
     """
-    import torch
+    import torch  # torch: keeps start-up light
 
     dev = torch.device(device) if isinstance(device, str) else device
     for _ in range(warmup):
@@ -254,7 +258,7 @@ class Timing:
     min_sample_s: float | None = None
 
     def measure(self, fn: Callable[[], Any], device) -> dict[str, float | int]:
-        import torch
+        import torch  # torch: keeps start-up light
 
         dev = torch.device(device) if isinstance(device, str) else device
         least = self.min_sample_s if self.min_sample_s is not None else (1e-3 if dev.type == "cuda" else 0.0)
@@ -285,29 +289,27 @@ class LoadWatch:
     children's) and everyone else's."""
 
     def __init__(self) -> None:
-        import os
-
-        import psutil
+        import psutil  # psutil: keeps the CLI start-up light
 
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             list(range(psutil.cpu_count() or 1))
         self.t0, self.busy0, self.own0 = time.monotonic(), self._busy(), self._own()
 
     def _busy(self) -> float:
-        import psutil
+        import psutil  # psutil: keeps the CLI start-up light
 
         per = psutil.cpu_times(percpu=True)
         return sum(cpu_busy_s(per[i]) for i in self.cpus if i < len(per))
 
     @staticmethod
     def _own() -> float:
-        import psutil
+        import psutil  # psutil: keeps the CLI start-up light
 
         t = psutil.Process().cpu_times()
         return t.user + t.system + t.children_user + t.children_system
 
     def result(self) -> dict[str, Any]:
-        import torch
+        import torch  # torch: keeps start-up light
 
         wall = max(time.monotonic() - self.t0, 1e-9)
         other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0))
@@ -336,7 +338,7 @@ _UNSUPPORTED_TEXT = ("not implemented", "not supported", "unsupported", "no kern
 
 def classify_error(exc: BaseException) -> str:
     """"oom" for an allocation failure, "unsupported" for a missing kernel, else "failed"."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     oom_type = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", None)
     if isinstance(exc, MemoryError) or (oom_type is not None and isinstance(exc, oom_type)):
@@ -357,9 +359,7 @@ def error_reason(exc: BaseException, limit: int = 300) -> str:
 
 
 def free_memory(device) -> None:
-    import gc
-
-    import torch
+    import torch  # torch: keeps start-up light
 
     gc.collect()
     dev = torch.device(device) if isinstance(device, str) else device
@@ -382,8 +382,6 @@ def record_status(rows: Iterable[dict[str, Any]]) -> str:
 
 def exit_code(status: str) -> int:
     """0 for ok and all-unsupported (the device lacks it: not an error of the run)."""
-    from dlscale.cli import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_TIMEOUT
-
     return {"ok": EXIT_OK, "unsupported": EXIT_OK, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT}.get(
         status, EXIT_FAILED)
 
@@ -416,11 +414,6 @@ class Outcome:
 
 
 def make_record(out: Outcome, env: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    from dlscale.results import envinfo
-    from dlscale.results.store import new_record
-
-    from dlscale.results import validity
-
     watch = _WATCH.get()
     rec = new_record("micro", micro=out.micro, status=out.status, error=out.error, config=out.config,
                      env=env if env is not None else envinfo.capture(), results=out.rows, plot=out.plot,
@@ -436,16 +429,12 @@ def failed_reasons(rows: Iterable[dict[str, Any]], label: Callable[[dict[str, An
 
 
 def append_record(store_dir: str, record: dict[str, Any]) -> str:
-    from dlscale.results.store import ResultStore
-
     store = ResultStore(store_dir)
     store.append_or_recover(record)  # StoreError (exit 7) names the file that keeps the record
     return str(store.file)
 
 
 def check_store(store_dir: str) -> None:
-    from dlscale.results.store import ResultStore
-
     ResultStore(store_dir).check_writable()
 
 
@@ -456,8 +445,8 @@ def _cell(value: Any) -> str:
 def print_table(title: str, columns: Sequence[tuple[str, str]], rows: Sequence[dict[str, Any]],
                 formatters: dict[str, Callable[[Any], str]] | None = None) -> None:
     """A rich table: ``columns`` = [(row field, header with unit)]; a row's reason goes last."""
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # rich: keeps start-up light
+    from rich.table import Table  # rich: keeps start-up light
 
     console = Console()
     if not console.is_terminal:
@@ -486,8 +475,6 @@ def add_common_options(p: argparse.ArgumentParser, warmup_defaults: tuple[int, i
                        iters_defaults: tuple[int, int], nproc_help: str | None = None) -> None:
     """--nproc-per-node, --device, --warmup, --steps, --store (defaults: (GPU, CPU) pairs); --iters
     is the old spelling of --steps."""
-    from dlscale.cli import deprecated_alias
-
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help=nproc_help or "processes (devices) to use; this micro-benchmark measures one "
                                       "device in this process, so only 1 is accepted")

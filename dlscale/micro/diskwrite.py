@@ -12,6 +12,8 @@ import tempfile
 import time
 from typing import Any
 
+from dlscale import ConfigError
+
 CHUNK = 64 << 20
 
 
@@ -40,8 +42,6 @@ def measure_write(folder: str, total_bytes: int, chunk: int = CHUNK) -> dict[str
 
 def check(folder: str | None, mb: float) -> None:
     """--write-dir and --write-mb before anything runs: one-line ConfigError."""
-    from dlscale import ConfigError
-
     if folder is None:
         return
     if not mb > 0:

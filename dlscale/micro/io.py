@@ -24,8 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.fmt import fmt_cell
 from dlscale import ConfigError
+from dlscale.case.config import DataSection
+from dlscale.fmt import fmt_cell
+from dlscale.inputs.spec import parse_data
 from dlscale.micro import common, diskwrite
 
 PIPELINES = ("image-cpu", "image-gpu", "gpt", "bert")
@@ -34,7 +36,7 @@ BATCH = {"image-cpu": 256, "image-gpu": 256, "gpt": 16, "bert": 128}  # the GPU 
 
 
 def _cpus() -> int:
-    from dlscale.inputs.source import _cpus as cpus
+    from dlscale.inputs.source import _cpus as cpus  # torch: keeps start-up light
 
     return cpus()
 
@@ -64,7 +66,7 @@ def measure_pipeline(case: PipelineCase, seconds: float, device: str) -> dict[st
         row.update(status="unsupported", reason="image-gpu decodes on a CUDA device; none here")
         return row
     if decode == "gpu":
-        from dlscale.inputs.images import torchvision_decoder
+        from dlscale.inputs.images import torchvision_decoder  # torch: keeps start-up light
 
         try:
             torchvision_decoder(dev)
@@ -88,11 +90,9 @@ def measure_pipeline(case: PipelineCase, seconds: float, device: str) -> dict[st
 
 def _start(case: PipelineCase, decode: str, dev):
     """The input source ``dlscale run --data`` would start for this case, its workers warmed up."""
-    from dlscale.case.config import DataSection
-    from dlscale.inputs.sampler import GlobalBatchSampler
-    from dlscale.inputs.source import make_reader, start_source
-    from dlscale.inputs.spec import parse_data
-    from dlscale.models import get_model
+    from dlscale.inputs.sampler import GlobalBatchSampler  # numpy: keeps start-up light
+    from dlscale.inputs.source import make_reader, start_source  # torch: keeps start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     spec = parse_data(case.data)
     section = DataSection(data=case.data, data_decode=decode)
@@ -132,8 +132,8 @@ def _take(src, batch: int, seconds: float, dev) -> dict[str, Any]:
 
 def _generated(tmp: str, pipelines: list[str], images: int, tokens: int, flavor: str) -> dict[str, str]:
     """Data specs of a temporary ImageNet-like set and token file for the pipelines asked for."""
-    from dlscale.inputs.make import make_imagenet_like, make_tokens
-    from dlscale.models import get_model
+    from dlscale.inputs.make import make_imagenet_like, make_tokens  # numpy: keeps start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     out: dict[str, str] = {}
     if any(p.startswith("image") for p in pipelines):
@@ -220,8 +220,6 @@ def _measure_all(args, pipelines: list[str], by_kind: dict[str, str], workers: l
 
 
 def main(args) -> int:
-    from dlscale.inputs.spec import parse_data
-
     device = common.resolve_device(args.device)
     if not args.seconds > 0:
         raise ConfigError(f"--seconds must be > 0, got {args.seconds}")

@@ -15,10 +15,14 @@ import sys
 import contextlib
 import importlib.util
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.cli import deprecated_alias
 from dlscale.micro import common
+from dlscale.micro.matmul import float32_precision
+from dlscale.results.metrics import peak_flops
 
 KINDS = ("bert", "gpt2", "t5-encoder", "t5-decoder", "llama", "gpt3")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")  # rows and the peak table use the compute dtype's name
@@ -121,7 +125,7 @@ def build_layer(kind: str, size: str, dropout: float = 0.0, max_seq: int = 8192)
     """The nn.Module of one layer; forward(x) or, for t5-decoder, forward(x, memory). ``max_seq``: the
     longest sequence a Llama block's rotary tables cover."""
     shape = check_layer(kind, size, dropout)
-    from dlscale.micro import blocks
+    from dlscale.micro import blocks  # torch: keeps start-up light
 
     if kind == "llama":
         return blocks.llama_block(shape.d_model, shape.d_ff, shape.heads, shape.kv, max_seq)
@@ -141,18 +145,18 @@ def row_precision(cli: str, device: str, capability: tuple[int, int] | None) -> 
 
 
 def _capability(device: str) -> tuple[int, int] | None:
-    import torch
+    import torch  # torch: keeps start-up light
 
     return tuple(torch.cuda.get_device_capability()) if device == "cuda" else None
 
 
 def precision_support(precision: str, dev) -> str | None:
-    import torch
+    import torch  # torch: keeps start-up light
 
     if precision == "tf32" and dev.type != "cuda":
         return "tf32 is a CUDA tensor-core mode; there is no tf32 on CPU"
     if precision == "fp8":
-        from dlscale.train import fp8
+        from dlscale.train import fp8  # keeps the CLI start-up light
 
         return fp8.device_reason(dev.type, dev.index if dev.type == "cuda" else None) or (
             "precision fp8 needs torchao (float8 training); pip install 'dlscale[fp8]'"
@@ -167,9 +171,7 @@ def precision_support(precision: str, dev) -> str | None:
 def to_float8(layer, dev) -> dict[str, Any]:
     """Swap the layer's Linears for torchao's Float8Linear as `dlscale run --precision fp8` swaps a model's
     blocks' (dlscale/train/fp8.py: one recipe, one filter); what it converted."""
-    from types import SimpleNamespace
-
-    from dlscale.train import fp8
+    from dlscale.train import fp8  # keeps the CLI start-up light
 
     whole = SimpleNamespace(blocks=lambda m: [m])  # the layer is the model's one block
     return fp8.convert(layer, whole, SimpleNamespace(precision="fp8"), dev)["fp8"]
@@ -179,9 +181,7 @@ def to_float8(layer, dev) -> dict[str, Any]:
 def precision_context(precision: str, dev):
     """fp32/tf32: fp32 math with TF32 off/on; bf16/fp16: autocast (fp32 weights, AMP-style); fp8: bf16
     autocast around the float8 Linears (as `dlscale run --precision fp8`)."""
-    import torch
-
-    from dlscale.micro.matmul import float32_precision
+    import torch  # torch: keeps start-up light
 
     with float32_precision("tf32" if precision == "tf32" else "fp32"):
         if precision in ("bf16", "fp16", "fp8"):
@@ -219,7 +219,6 @@ def run_layer(case: LayerCase, device: str = "auto", timing: common.Timing | Non
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; choose from: auto, {', '.join(PRECISIONS)}")
     shape = check_layer(case.kind, case.size, case.dropout)
-    from dlscale.results.metrics import peak_flops
 
     # fp8 against the bf16 peak, as dlscale run reports an fp8 run's MFU: it compares with the bf16 row
     peak, peak_src = peak_flops(common.device_name(dev), "bf16" if precision == "fp8" else precision)
@@ -249,7 +248,7 @@ class _Bench:
     and how each pass is timed."""
 
     def __init__(self, case: LayerCase, shape: LayerShape, precision: str, dev, timing: common.Timing):
-        import torch
+        import torch  # torch: keeps start-up light
 
         self.case, self.d_model, self.precision, self.dev, self.timing = case, shape.d_model, precision, dev, timing
         self.layer = self.float8 = self.run = None
@@ -285,7 +284,7 @@ class _Bench:
             common.free_memory(self.dev)
 
     def _time_pass(self, which: str, batch: int, seq: int) -> dict[str, Any]:
-        import torch
+        import torch  # torch: keeps start-up light
 
         layer, run, precision, dev = self.layer, self.run, self.precision, self.dev
         inputs = [torch.randn(batch, seq, self.d_model, device=dev, requires_grad=True)]
@@ -322,7 +321,6 @@ def add_parser(sub) -> None:
                     "forward and forward+backward; TFLOPS from the analytic matmul FLOPs (docs/micro.md: "
                     "forward 24*b*s*h^2 + 4*b*s^2*h for d_ff = 4h, T5 decoder adds cross-attention, Llama "
                     "counts its grouped K/V and three SwiGLU matrices, forward+backward = 3 x forward).")
-    from dlscale.cli import deprecated_alias
 
     p.add_argument("--model", dest="kind", default="bert", help=f"layer family: {', '.join(KINDS)}")
     deprecated_alias(p, "--kind", "--model", dest="kind")

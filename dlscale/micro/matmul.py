@@ -9,6 +9,7 @@ from typing import Any, Iterable, Sequence
 
 from dlscale import ConfigError
 from dlscale.micro import common
+from dlscale.results.metrics import peak_flops
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 GPU_SIZES = (1024, 2048, 4096, 8192)
@@ -36,7 +37,7 @@ def default_dtypes(device: str) -> list[str]:
 
 def dtype_support(dtype: str, dev) -> str | None:
     """Why ``dtype`` cannot run on ``dev`` (None when it can or must be tried)."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     if dev.type != "cuda":
         if dtype == "tf32":
@@ -51,7 +52,7 @@ def dtype_support(dtype: str, dev) -> str | None:
 @contextlib.contextmanager
 def float32_precision(dtype: str):
     """TF32 on for "tf32", off (IEEE fp32) for "fp32"; restored afterwards."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
@@ -62,14 +63,14 @@ def float32_precision(dtype: str):
 
 
 def torch_dtype(dtype: str):
-    import torch
+    import torch  # torch: keeps start-up light
 
     return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
             "bf16": torch.bfloat16}[dtype]
 
 
 def _random(shape: tuple[int, int], dtype, dev, gen):
-    import torch
+    import torch  # torch: keeps start-up light
 
     # random normal data (never zeros: some kernels and power states shortcut on them)
     return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
@@ -84,7 +85,7 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
     reads its inputs from memory the way a large model's layers do. Rows carry ``status``
     "ok", "unsupported" (with ``reason``), "oom" or "failed".
     """
-    import torch
+    import torch  # torch: keeps start-up light
 
     for d in dtypes:
         if d not in DTYPES:
@@ -97,7 +98,6 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
     gen.manual_seed(0)
     shapes = list(shapes)
     rows: list[dict[str, Any]] = []
-    from dlscale.results.metrics import peak_flops
 
     for dtype in dtypes:
         peak, peak_src = peak_flops(name, dtype)
@@ -136,7 +136,7 @@ def run_matmul(shapes: Iterable[tuple[int, int, int]], dtypes: Sequence[str], de
 def _time_shape(shape: tuple[int, int, int], dtype: str, dev, gen, cache: int,
                 timing: common.Timing) -> dict[str, Any]:
     """Allocate the buffers (freed on return, also on an exception) and time one (M, N, K) shape."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     m, n, k = shape
     with float32_precision(dtype):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+import psutil
+
 from dlscale.monitor import nvml
 
 # The process tree whose RSS is summed is re-listed this often (listing children scans /proc).
@@ -19,8 +21,6 @@ class Collector:
     """Takes samples.  Used by the sampler process and by the live table (in-process)."""
 
     def __init__(self, interval_s: float, gpu_indices=None, pid=None, use_nvml: bool = True):
-        import psutil
-
         self.psutil = psutil
         self.interval_s = interval_s
         self.errors: list[str] = []

@@ -276,7 +276,7 @@ def open_gpus(gpu_indices, errors: list[str]) -> NvmlGpus:
     """Initialise NVML and a reader for each wanted GPU (None: every GPU); problems go to ``errors`` and,
     joined, to the result's ``error``."""
     try:
-        import pynvml
+        import pynvml  # optional: pynvml
 
         pynvml.nvmlInit()
     except Exception as e:

@@ -14,8 +14,10 @@ from typing import Any, Iterable, Mapping
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Shape, positive
-from dlscale.perfmodel.inputs import (ModelOptions, Query, Workload, build_model, group_workloads, model_info,
-                                      shape_of, usable)
+from dlscale.perfmodel.inputs import (
+    ModelOptions, Query, Workload, build_model, group_workloads, model_info, only_one, shape_of,
+    usable,
+)
 from dlscale.perfmodel.predict import Prediction, predict_workload
 from dlscale.report.data import Row, median_repeat_entry, num, rec_created
 
@@ -103,7 +105,7 @@ class Price:
 def load_prices(path: str) -> list[dict[str, Any]]:
     """Entries of a price file: each with name, gpu (a regular expression matched against the GPU name,
     case-insensitive), usd_per_gpu_hour > 0 and source. Bad file -> ConfigError."""
-    import yaml
+    import yaml  # yaml: keeps the CLI start-up light
 
     p = BUILTIN_PRICES if path == "builtin" else Path(path)
     try:
@@ -226,8 +228,6 @@ class CostOption:
 
 def pick_workload_any(records: list[dict[str, Any]], query: Query) -> Workload:
     """The one workload with ok records matching ``query`` (cost does not need a 1-device record)."""
-    from dlscale.perfmodel.inputs import only_one
-
     recs = usable(records, query)
     workloads = group_workloads(recs)
     have = [k for k, w in workloads.items() if any(r.ok for r in w.rows)]

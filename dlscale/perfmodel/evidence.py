@@ -22,8 +22,8 @@ def _num(x: Any) -> float | None:
 def record_candidate(rec: dict[str, Any]) -> Candidate | None:
     """The Candidate of a stored run (or imported) record, None where its strategy has no layout or the model
     no transformer architecture."""
-    from dlscale.planner.memplan import layout_for_run
-    from dlscale.models import get_model
+    from dlscale.planner.memplan import layout_for_run  # keeps the CLI start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     cfg = rec.get("config") or {}
     try:
@@ -32,7 +32,7 @@ def record_candidate(rec: dict[str, Any]) -> Candidate | None:
         # one device of a strategy that shards or splits still runs its machinery (FSDP's units, DTensor): kept
         name = str(cfg.get("strategy")) if world > 1 or cfg.get("strategy") in ONE_DEVICE_KEPT else "single"
         if name == "single":
-            from dlscale.planner.memplan import Layout
+            from dlscale.planner.memplan import Layout  # keeps the CLI start-up light
             layout = Layout("single")
         else:
             layout = layout_for_run(spec, name, world, int(cfg.get("nnodes") or 1), dict(cfg.get("strategy_options") or {}))
@@ -80,7 +80,7 @@ def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_
                device_type: str = "cuda", floors: dict[bool, float] | None = None) -> list[Reference]:
     """Every ok measured record of ``model``/``flavor`` on ``device_type`` as a Reference (newest per case);
     ``floors``: the block floor of each compile setting (``block_floor``), set on each reference's machine."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     arch = get_model(model, flavor).arch
     out: dict[tuple, Reference] = {}
@@ -160,7 +160,7 @@ def record_samples(records: list[dict[str, Any]], source: str, links: Any, peak_
                    floor: Callable[[str, str, bool], float]) -> list[HostSample]:
     """The samples of one store: each ok fsdp / tensor run with the newest single-device run of its workload in
     the same store; ``floor(model, flavor, compiled)``: the block floor their machines take."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     singles: dict[tuple, Reference] = {}
     runs = []
@@ -212,7 +212,7 @@ def store_evidence(records: list[dict[str, Any]], q: StoreQuery, store: list[dic
     """Everything ``records`` hold for the strategy model of ``q.model``: measured references, the block floors,
     the ``micro layer`` timings (by precision and compile setting) and the strategies' host costs, the last two
     read from ``store`` (default: the same records) since they are not the model's runs."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     store = records if store is None else store
     arch = get_model(q.model, q.flavor).arch

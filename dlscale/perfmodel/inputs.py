@@ -424,9 +424,9 @@ def registry_param_numels(model: str, flavor: str) -> tuple[int, ...] | None:
     """Parameter sizes (elements) of a registered model in registration order, built on the meta device
     (no memory, no weights); None when dlscale does not know the model or it cannot be built so."""
     try:
-        import torch
+        import torch  # optional: torch
 
-        from dlscale.models import get_model
+        from dlscale.models import get_model  # torch: keeps start-up light
 
         spec = get_model(model, flavor)
         with torch.device("meta"):

@@ -8,10 +8,15 @@ from typing import Any
 
 from dlscale import ConfigError
 from dlscale.perfmodel.core import Shape, error_pct
-from dlscale.perfmodel.evidence import StoreQuery, record_candidate, store_evidence, store_host_samples
+from dlscale.perfmodel.evidence import (
+    StoreQuery, record_candidate, record_tokens_per_s, store_evidence, store_host_samples,
+)
 from dlscale.perfmodel.host import fit_host_costs
 from dlscale.perfmodel.inputs import ModelOptions, Query, links_for, pick_workload
-from dlscale.perfmodel.strategies import FAMILIES, Candidate, Evidence, Machine, StepPrediction, predict
+from dlscale.perfmodel.strategies import (
+    FAMILIES, Candidate, Evidence, Machine, StepPrediction, predict,
+)
+from dlscale.results import metrics
 
 SHARDED = ("fsdp", "hsdp", "tensor", "pipeline", "hybrid")
 
@@ -48,7 +53,7 @@ class StrategyPrediction:
 def shape_candidate(spec: Any, strategy: str, options: dict[str, Any], shape: Shape, base_cfg: dict[str, Any]
                     ) -> Candidate:
     """The Candidate of ``strategy -o options`` on ``shape``, the step settings of the base record."""
-    from dlscale.planner.memplan import layout_for_run
+    from dlscale.planner.memplan import layout_for_run  # keeps the CLI start-up light
 
     if strategy not in FAMILIES:
         raise ConfigError(f"the performance model has no strategy {strategy!r}; it models {', '.join(FAMILIES)}")
@@ -65,8 +70,6 @@ def shape_candidate(spec: Any, strategy: str, options: dict[str, Any], shape: Sh
 
 
 def _measured(records: list[dict[str, Any]], cand: Candidate, shape: Shape, seq_len: int) -> tuple[float, str] | None:
-    from dlscale.perfmodel.evidence import record_tokens_per_s
-
     best = None
     for rec in records:
         cfg = rec.get("config") or {}
@@ -90,8 +93,7 @@ def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     """One row per shape for ``opts.strategy -o options``: the strategy model's prediction from the records of
     the workload (their measured points as the compute rate's evidence) and the measured point where one exists.
     A measured point of the same configuration and shape is not used as evidence for its own row."""
-    from dlscale.results import metrics
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     w = pick_workload(records, query, store, opts.strategy)
     base = w.baseline or max(w.rows, key=lambda r: r.devices)

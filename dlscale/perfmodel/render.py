@@ -129,11 +129,11 @@ def render_validation(val: Validation, title: str) -> str:
 def write_plot(path: str, series: list[tuple[str, list[tuple[int, float, float, float]]]],
                measured: list[tuple[int, float]], title: str) -> None:
     """Speedup against GPUs: predicted lines with their bands, the ideal line, measured points."""
-    import matplotlib
+    import matplotlib  # matplotlib: keeps start-up light
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    import matplotlib.pyplot as plt  # matplotlib: keeps start-up light
+    import matplotlib.ticker  # matplotlib: keeps start-up light
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     xs_all = sorted({p[0] for _, pts in series for p in pts} | {x for x, _ in measured})
@@ -175,10 +175,10 @@ def plot_prediction(pred: Prediction, path: str) -> None:
 
 def plot_validation(val: Validation, path: str) -> None:
     """Predicted against measured samples/s of every point, with the bands (log-log), by protocol."""
-    import matplotlib
+    import matplotlib  # matplotlib: keeps start-up light
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: keeps start-up light
 
     fig, ax = plt.subplots(figsize=(5.6, 5.2))
     lo = min((min(r.measured, r.low) for r in val.rows), default=1.0)

@@ -422,7 +422,7 @@ def recompute_extra(arch: Any, checkpointing: str) -> float:
         return 0.0
     if checkpointing == "full":
         return 1.0 / 3.0
-    from dlscale.planner.memplan import _MATMULS, family
+    from dlscale.planner.memplan import _MATMULS, family  # keeps the CLI start-up light
 
     dims = {"h": arch.hidden, "A": arch.attn_dim, "kv": arch.kv_dim, "f": arch.ffn_hidden}
     sizes = [sum(n * dims[d] for d, n in out.items()) for out in _MATMULS[family(arch)]]

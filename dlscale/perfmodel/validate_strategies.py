@@ -23,8 +23,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from dlscale.perfmodel.core import Link, Links, error_pct
-from dlscale.perfmodel.strategies import (Candidate, Evidence, Machine, Reference, calibrate, predict, throughput)
+from dlscale.perfmodel.evidence import (
+    block_floor, layer_timing, record_candidate, record_samples, record_tokens_per_s,
+)
+from dlscale.perfmodel.host import fit_host_costs
+from dlscale.perfmodel.strategies import (
+    Candidate, Evidence, Machine, Reference, calibrate, predict, throughput,
+)
 
 H100_PEAK = 989.4e12  # dense bf16 of the H100 / H200 SXM datasheets (the rate is fitted; the peak scales MFU only)
 PARALLEL_KEYS = ("dp_replicate", "dp_shard", "tp", "pp", "zero", "microbatches", "schedule", "virtual",
@@ -74,7 +82,7 @@ class Row:
 # ----------------------------------------------------------------------------- reading
 
 def _arch(model: dict[str, Any], seq_len: int) -> Any:
-    from dlscale.models import BlockLayout, TransformerArch
+    from dlscale.models import BlockLayout, TransformerArch  # torch: keeps start-up light
 
     layout = BlockLayout(attention="attn", mlp="mlp", colwise=(), rowwise=(), norms=(), fused_qkv=None)
     # Llama-style unless the table says otherwise (GPT-3: GELU, LayerNorm, biases, tied, learned positions)
@@ -95,8 +103,6 @@ def _links(system: dict[str, Any]) -> Links:
 
 def table_cases(path: Path) -> list[Case]:
     """The cases of one table file (none unless it carries ``x-model``)."""
-    import yaml
-
     text = path.read_text()
     if "x-model" not in text:  # most tables are data-parallel ones: skip them before the (slow) YAML parse
         return []
@@ -128,8 +134,7 @@ def published_cases(dirs: Iterable[Path]) -> list[Case]:
 def own_cases(stores: dict[str, list[dict[str, Any]]], links: Links) -> list[tuple[Case, Reference]]:
     """Each ok multi-GPU fsdp/hsdp/tensor/pipeline/hybrid record of a store with the 1-GPU record of its workload
     (model, flavour, batch, precision, compile, checkpointing), as (case, the 1-GPU reference)."""
-    from dlscale.models import get_model
-    from dlscale.perfmodel.evidence import record_candidate, record_tokens_per_s
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     ones: dict[tuple, tuple[str, Reference]] = {}  # the newest 1-GPU record of each workload, any store
     multi = []
@@ -163,8 +168,6 @@ def _with_floor(stores: dict[str, list[dict[str, Any]]], key: tuple, case: Case,
                 ) -> tuple[Case, Reference]:
     """The case and its reference on a machine with the block floor measured in the other stores (never its own:
     a pipeline record's timed pieces are part of the run predicted)."""
-    from dlscale.perfmodel.evidence import block_floor
-
     others = [r for name, recs in stores.items() if name != case.source for r in recs]
     model, flavor, _, _, compiled, _, device = key
     floor, _ = block_floor(others, model, flavor or "full", compiled, device)
@@ -238,8 +241,6 @@ def from_micro_layer(cases: list[Case], records: list[dict[str, Any]], fused_fp8
     without one with why. Every published float8 implementation fuses its casts (torchao under torch.compile,
     Transformer Engine), so a float8 case takes only a compiled fp8 row, never an eager one (``fused_fp8``
     False: the eager rows too, to show what they would give, not a prediction)."""
-    from dlscale.perfmodel.evidence import layer_timing
-
     rows, skipped = [], []
     for c in cases:
         cand = c.candidate
@@ -256,8 +257,6 @@ def from_micro_layer(cases: list[Case], records: list[dict[str, Any]], fused_fp8
 
 def own_host_samples(stores: dict[str, list[dict[str, Any]]], links: Links) -> list:
     """Every store's host samples (``evidence.record_samples``), their block floor measured in the other stores."""
-    from dlscale.perfmodel.evidence import block_floor, record_samples
-
     out = []
     for name, records in stores.items():
         others = [r for n, recs in stores.items() if n != name for r in recs]
@@ -268,8 +267,6 @@ def own_host_samples(stores: dict[str, list[dict[str, Any]]], links: Links) -> l
 
 def own_rows(pairs: list[tuple[Case, Reference]], samples: list = ()) -> list[Row]:
     """Each case from its 1-GPU reference, the host costs fitted on the samples of the other stores."""
-    from dlscale.perfmodel.host import fit_host_costs
-
     return [_row(case, "from-1-gpu", Evidence((ref,), host_costs=fit_host_costs(samples, exclude_source=case.source)))
             for case, ref in pairs]
 

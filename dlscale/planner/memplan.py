@@ -206,7 +206,7 @@ class Workload:
     device_type: str = "cuda"
 
     def __post_init__(self) -> None:
-        from dlscale.models import TransformerArch
+        from dlscale.models import TransformerArch  # torch: keeps start-up light
 
         if not isinstance(self.spec.arch, TransformerArch):
             raise ConfigError(f"plan models transformer architectures; {self.spec.name} has none "

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.planner.memplan import GiB
+from dlscale.planner.memplan import GiB, Workload, layout_for_run, plan_memory, planned_as
 
 TOLERANCE = 0.10  # the target: the plan within 10 % of the measured peak
 
@@ -58,8 +58,7 @@ def _describe(cfg: dict[str, Any], world: int) -> str:
 
 def plan_record(rec: dict[str, Any]) -> tuple[float, str, str]:
     """(predicted peak bytes, its instant, a note) of a stored run's case; ConfigError when it has no plan."""
-    from dlscale.planner.memplan import Workload, layout_for_run, plan_memory, planned_as
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     cfg = rec["config"]
     if cfg.get("grad_accum", 1) != 1:

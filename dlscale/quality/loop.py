@@ -18,11 +18,13 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dlscale.case import progress
+from dlscale.inputs.spec import parse_data
+from dlscale.quality.target import eval_data_text, horizon, lr_at, parse_target, peak_lr
 from dlscale.results import parity
 from dlscale.train import precision
-from dlscale.quality.target import eval_data_text, horizon, lr_at, parse_target, peak_lr
 
 # the share of --time-limit (at least RESERVE_S) kept for start-up before the loop and the
 # checks and record after it, so the loop stops itself before the launcher's kill
@@ -67,8 +69,7 @@ class Evaluator:
     """The validation loss of the model as it is now, the same on every rank."""
 
     def __init__(self, cfg, spec, par, module, denv):
-        from dlscale.inputs import tokens
-        from dlscale.inputs.spec import parse_data
+        from dlscale.inputs import tokens  # triton: keeps start-up light
 
         self.par, self.module, self.denv, self.cfg = par, module, denv, cfg
         data = parse_data(eval_data_text(cfg))
@@ -212,7 +213,6 @@ def train_until(cfg, denv, result: dict[str, Any], par, spec, hooks: Hooks) -> _
     val = evaluate()
     st.curve.append(_point(st, val, None, 0.0))
     progress.phase("until", "start", denv.rank)
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: _apply_lr(opt, st.lr))
     try:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale import MAX_SEED, ConfigError
+from dlscale.inputs import _pending
+from dlscale.inputs.spec import parse_data
 from dlscale.results import metrics
 
 METRICS = {"val_loss": "<=", "val_acc": ">="}  # metric -> the comparison that means "good enough"
@@ -100,7 +102,6 @@ def eval_data_text(cfg) -> str:
     """The validation split's --data text: --eval-data, else val.bin beside the training file."""
     if cfg.eval_data is not None:
         return cfg.eval_data
-    from dlscale.inputs.spec import parse_data
 
     train = parse_data(cfg.data)
     return f"tokens:{os.path.join(os.path.dirname(train.path), VAL_FILE)}:{train.dtype}"
@@ -117,9 +118,8 @@ def check_case(cfg) -> None:
     """The target against the model, and the validation split against the evaluation (exit 2)."""
     if cfg.until is None:
         return
-    from dlscale.inputs import dataset_info
-    from dlscale.inputs.spec import parse_data
-    from dlscale.models import get_model
+    from dlscale.inputs import dataset_info  # ctypes: keeps the CLI start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     if cfg.optimizer_graph:
         raise ConfigError("--until sets the learning rate every step; --optimizer-graph replays a captured update "
@@ -134,7 +134,6 @@ def check_case(cfg) -> None:
         raise ConfigError(f"--until evaluates token files; --data {cfg.data} is not tokens:PATH")
     text = eval_data_text(cfg)
     spec = parse_data(text)
-    from dlscale.inputs import _pending
 
     if _pending(spec.path) or _pending(parse_data(cfg.data).path):  # a suite's before command makes both
         return

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from dlscale import ConfigError
+from dlscale.case.suite import parse_filters
 from dlscale.report.data import Filters, Loaded, build_report, load_records
+from dlscale.results.store import ResultStore
 from dlscale.results.storeargs import add_store_arguments, add_two_store_arguments
 
 FORMATS = ("md", "csv", "json", "html")
@@ -119,8 +121,6 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store_files(loaded: Loaded) -> set[str]:
-    from dlscale.results.store import ResultStore
-
     return {os.path.realpath(f) for f in ResultStore(loaded.store).files()}
 
 
@@ -146,7 +146,7 @@ def _warn(lines: list[str]) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dlscale.report import render
+    from dlscale.report import render  # numpy: keeps start-up light
 
     if args.group_by == "label" and args.format not in ("md", "json"):
         raise ConfigError(f"--group-by label renders md or json, not {args.format}")
@@ -154,7 +154,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     _warn(loaded.warnings())
     report = build_report(loaded, Filters.from_args(args))
     if args.group_by == "label":
-        from dlscale.report import bylabel
+        from dlscale.report import bylabel  # numpy: keeps start-up light
 
         text = bylabel.to_markdown(report) if args.format == "md" else bylabel.to_json(report)
         _write(args.output or "-", text, [loaded])
@@ -162,7 +162,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = args.output or (DEFAULT_HTML if args.format == "html" else "-")
     plots, links = [], {}
     if args.plots_dir or (args.format == "html" and not args.no_plots):
-        from dlscale.report.plots import render_plots, write_plots
+        from dlscale.report.plots import render_plots, write_plots  # numpy: keeps start-up light
 
         plots = render_plots(report, ("png", "svg") if args.plots_dir else ("png",))
         if args.plots_dir:
@@ -175,7 +175,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     elif args.format == "json":
         text = render.to_json(report)
     else:
-        from dlscale.report.html import to_html
+        from dlscale.report.html import to_html  # numpy: keeps start-up light
 
         text = to_html(report, [] if args.no_plots else plots, output=output)
     _write(output, text, [loaded])
@@ -183,7 +183,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dlscale.report import compare as cmp
+    from dlscale.report import compare as cmp  # numpy: keeps start-up light
 
     if args.store_b is None and (args.label_a is None or args.label_b is None) \
             and not (args.filter_a or args.filter_b or (args.framework_a and args.framework_b)):
@@ -216,8 +216,7 @@ FRAMEWORK_SIDES = {"torch": {"framework": ["torch"], "compile": [False]},
 
 def _pairing(args: argparse.Namespace) -> tuple[tuple[list, list], tuple[str, ...]]:
     """--filter-a/--filter-b (as `dlscale sweep --filter`) and --ignore, checked."""
-    from dlscale.report.compare import IGNORABLE
-    from dlscale.case.suite import parse_filters
+    from dlscale.report.compare import IGNORABLE  # numpy: keeps start-up light
 
     sides = []
     for side in ("a", "b"):

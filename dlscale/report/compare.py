@@ -20,20 +20,23 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dlscale import ConfigError, inputs
-from dlscale.results import validity
-from dlscale.case.config import DEFAULTS, FIELDS, PROCEDURE_FIELDS, workload_fields
+from dlscale.case.config import DEFAULTS, FIELDS, MAX_SEED, PROCEDURE_FIELDS, workload_fields
+from dlscale.case.suite import matches
 from dlscale.fmt import MISSING, md_code, md_safe
-from dlscale.report import sources
-from dlscale.report import datacols
-from dlscale.report.data import (Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
-                                 repeat_samples, select_cases)
-from dlscale.report.table import Cell, Column, Table, md_table, verdict_cell
+from dlscale.report import datacols, sources
+from dlscale.report.data import (
+    Filters, Loaded, Row, case_key_of, freeze, rec_config, rec_device_type, rec_label,
+    repeat_samples, select_cases,
+)
 from dlscale.report.stats import bootstrap_ratio_ci, mann_whitney, min_two_sided_p, repeats_for
+from dlscale.report.table import Cell, Column, Table, md_table, verdict_cell
+from dlscale.results import validity
 
 # fields --ignore may leave out of the pairing: those of the case identity
 IGNORABLE = tuple(n for n in FIELDS if n not in PROCEDURE_FIELDS)
@@ -78,8 +81,6 @@ def check_options(resamples: int, confidence_pct: float, seed: int, min_change_p
     would never fire), and a slowdown is at most 100 % (B's throughput falls to 0), so a gate or a
     --min-change of 100 % or more with the gate could never flag one.
     """
-    from dlscale.case.config import MAX_SEED
-
     if isinstance(resamples, bool) or not 100 <= resamples <= MAX_RESAMPLES:
         raise ConfigError(f"--resamples must be from 100 to {MAX_RESAMPLES}, got {resamples}")
     if not 50.0 <= confidence_pct < 100.0:  # false for NaN too
@@ -188,8 +189,6 @@ def _rows_by_case(name: str, selected: list[Row], ignore: Sequence[str]) -> dict
 
 def _side(name: str, loaded: Loaded, label: str | None, filters: Filters, case_filters: Sequence = (),
           ignore: Sequence[str] = (), match: str = "case") -> Side:
-    from dlscale.case.suite import matches
-
     recs = [r for r in loaded.records if r.get("kind") in sources.CASE_KINDS and filters.match_run(r)
             and (not filters.strategies or rec_config(r).get("strategy") in filters.strategies)
             and (label is None or str(rec_label(r)) == label) and matches(rec_config(r), list(case_filters))]
@@ -233,8 +232,6 @@ def _medians(pair: Pair, opts: Options) -> None:
     """The pair's medians and ratio: of samples/s (B ÷ A), or of seconds to the target, as a
     speedup (A's time ÷ B's), so that above 1 is B faster either way."""
     if opts.metric == TTQ:
-        import statistics
-
         xa, xb = pair.samples_a, pair.samples_b
         pair.median_a = statistics.median(xa) if xa else None
         pair.median_b = statistics.median(xb) if xb else None

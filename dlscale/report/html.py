@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Sequence
 
 import dlscale
+from dlscale.report import account, frameworks, parity, quality, sidebyside, sources, table
 from dlscale.report.cells import html_escape as _e
-from dlscale.report.table import Column, Table
 from dlscale.report.data import SELECTION_RULE, Report
 from dlscale.report.plots import Plot
-from dlscale.report import account, parity, sidebyside, table
-from dlscale.report import frameworks, quality, sources
-from dlscale.report.render import (_anchor, ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, commands, env_value,
-                                   environments, dlperf_table, group_notes, micro_table,
-                                   micro_title, parity_view, quality_view, trace_path)
+from dlscale.report.render import (
+    ENV_KEYS, METHOD_TEXT, STATUS_TEXT, TRACE_HINT, WARN_MARK, _anchor, commands, dlperf_table,
+    env_value, environments, group_notes, micro_table, micro_title, parity_view, quality_view,
+    trace_path,
+)
+from dlscale.report.table import Column, Table
+from dlscale.tune.report import html_section as tune_section
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --head:#eef1f6; --accent:#2457a6; }
@@ -127,7 +129,6 @@ def to_html(report: Report, plots: Sequence[Plot] = (), output: str | None = Non
     body.append(sources.html_section(report))
     body += sidebyside.to_html(side)
     body += _quality(report, by_key)
-    from dlscale.tune.report import html_section as tune_section  # the store's `dlscale tune` results
 
     body += tune_section(report.records)
     body += _parity(par)

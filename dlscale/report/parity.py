@@ -16,12 +16,16 @@ import functools
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from dlscale.results import parity
+from dlscale.case.benchsuite import mp_knobs
 from dlscale.fmt import md_code, md_heading, md_safe
+from dlscale.report.data import (
+    Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases,
+)
 from dlscale.report.table import Column, Table, markdown, verdict_cell
-from dlscale.report.data import Filters, Loaded, Row, rec_config, rec_created, rec_device_type, rec_label, select_cases
+from dlscale.results import parity
 
 PASS, FAIL, EXPECTED, NOT_COMPARABLE, NO_LOSS, REFERENCE = (
     "pass", "FAIL", "expected to differ", "not comparable", "no losses", "reference")
@@ -33,10 +37,10 @@ def batch_statistics(model: str, flavor: str) -> bool | None:
     """Does the model normalise over batch statistics (BatchNorm)? Built on the meta device (no
     memory, no compute); None for a model this installation does not know."""
     try:
-        import torch
-        from torch.nn.modules.batchnorm import _BatchNorm
+        import torch  # optional: torch
+        from torch.nn.modules.batchnorm import _BatchNorm  # optional: torch
 
-        from dlscale.models import get_model
+        from dlscale.models import get_model  # torch: keeps start-up light
 
         spec = get_model(model, flavor)
         with torch.device("meta"):
@@ -96,10 +100,6 @@ def splits_batch(rec: dict[str, Any]) -> bool:
 def model_knobs(rec: dict[str, Any]) -> dict[str, Any]:
     """The strategy options that resize the model (embedding-shard's vocab_scale, partial-fc's
     classes, ...): a case so resized trains another model than the default-size `single`."""
-    from types import SimpleNamespace
-
-    from dlscale.case.benchsuite import mp_knobs
-
     cfg = rec_config(rec)
     opts = cfg.get("strategy_options")
     return mp_knobs(SimpleNamespace(strategy=cfg.get("strategy"), strategy_options=opts if isinstance(opts, dict)

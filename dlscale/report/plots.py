@@ -10,7 +10,9 @@ line plot from its ``plot`` spec.
 from __future__ import annotations
 
 import io
+import math
 import re
+import statistics
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,7 @@ class Plot:
 
 
 def _figure(width: float = 5.6, height: float = 3.8):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: keeps start-up light
 
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_subplot()
@@ -106,8 +108,6 @@ def _gpu_stat(sample: dict[str, Any], key: str) -> tuple[float, float, float]:
 def _over_time_series(samples: list[dict[str, Any]]) -> tuple[list, int, list, list]:
     """(per-sample GPU util (mean, min, max), GPUs, the % series, the MB/s series) of a series file; each
     series (label, values, colour, line style), one that no sample reports left out."""
-    import math
-
     gpu = [_gpu_stat(s, "util_pct") for s in samples]
     gpu_mem = [_gpu_stat(s, "mem_util_pct")[0] for s in samples]
     cpu = [_nan(s.get("cpu_util_pct")) for s in samples]
@@ -128,9 +128,7 @@ def _over_time_series(samples: list[dict[str, Any]]) -> tuple[list, int, list, l
 def over_time_plot(g: Group, row: Row, rel: str, samples: list[dict[str, Any]],
                    formats: Sequence[str]) -> Plot | None:
     """GPU and CPU utilisation (%) and disk/network MB/s against time, from one series file."""
-    import math
-
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: keeps start-up light
 
     t0 = samples[0]["t"]
     x = [s["t"] - t0 for s in samples]
@@ -265,7 +263,7 @@ def _efficiency_plot(g: Group, sp: list[Row], formats: Sequence[str]) -> Plot:
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_ylim(0, top * (1.12 if flagged_any else 1.0))
     if flagged_any:
-        from matplotlib.patches import Patch
+        from matplotlib.patches import Patch  # matplotlib: keeps start-up light
 
         ax.legend(handles=[Patch(facecolor="#fbe3c8", edgecolor=FLAG_COLOR, hatch="//",
                                  label="flagged: not a sound number (reasons in the table's notes)")],
@@ -320,7 +318,6 @@ def _step_time_plot(g: Group, ok: list[Row], formats: Sequence[str]) -> Plot | N
     timed = [(r, reps) for r, reps in timed if reps]
     if not timed:
         return None
-    import statistics
 
     fig, ax = _figure()
     data = [[t for rep in reps for t in rep] for _, reps in timed]
@@ -472,7 +469,7 @@ def write_plots(plots: Sequence[Plot], directory: str | Path) -> dict[str, list[
 
 def quality_plots(groups: Sequence["quality.QGroup"], formats: Sequence[str]) -> list[Plot]:
     """Per workload: validation loss against samples and against training seconds, a line per repeat."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: keeps start-up light
 
     out = []
     for g in groups:

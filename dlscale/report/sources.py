@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 
+from dlscale import ConfigError
+from dlscale.fmt import md_code
 from dlscale.report import table as table_model
 from dlscale.report.cells import html_escape as _e
-from dlscale.report.table import Cell, Column, Table
 from dlscale.report.fields import rec_config, rec_device_type
+from dlscale.report.table import Cell, Column, Table
 
 if TYPE_CHECKING:
     from dlscale.report.data import Group, Report, Row
@@ -258,7 +260,6 @@ def provenance_lines(report: "Report") -> list[str]:
                 counts[key] += 1
     if not seen:
         return []
-    from dlscale.fmt import md_code
 
     out = ["## Imported results", "", "Figures made elsewhere, as their sources state them (never measured here):", ""]
     for key, prov in seen.items():
@@ -283,8 +284,6 @@ def describe(rec: dict[str, Any]) -> str:
 def rows_by_workload(side: str, rows: list["Row"]) -> dict[tuple, "Row"]:
     """compare --match workload: one row per (model, precision, batch, nodes, devices, device type);
     two cases of one workload on a side (eager and compiled, two stacks) are ambiguous: ConfigError."""
-    from dlscale import ConfigError
-
     out: dict[tuple, "Row"] = {}
     for r in rows:
         c = rec_config(r.record)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dlscale
+from dlscale.frameworks import versions
 
 
 def _run(cmd: list[str], timeout: float = 10.0) -> str | None:
@@ -56,7 +57,7 @@ def gpu_info() -> dict[str, Any]:
     """GPU names, memory, driver via NVML where present; nulls where not."""
     info: dict[str, Any] = {"driver": None, "gpus": [], "nvml": False}
     try:
-        import pynvml
+        import pynvml  # optional: pynvml
 
         pynvml.nvmlInit()
     except Exception:
@@ -101,7 +102,7 @@ def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def mps_daemon() -> bool | None:
     """Whether NVIDIA's MPS control daemon runs on this host: then the CUDA contexts of processes
     that share a GPU run at once instead of by time slices (None: not known)."""
-    import psutil
+    import psutil  # psutil: keeps the CLI start-up light
 
     try:
         return any(p.info["name"] == "nvidia-cuda-mps-control" for p in psutil.process_iter(["name"]))
@@ -124,7 +125,7 @@ PACKAGES = ("numpy", "jax", "jaxlib", "optax", "transformers", "accelerate", "to
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     """{package: installed version, or None when it is not installed}."""
-    from importlib import metadata
+    from importlib import metadata  # importlib: keeps the CLI start-up light
 
     out: dict[str, str | None] = {}
     for name in names:
@@ -139,8 +140,8 @@ def capture(include_topology: bool = True, framework: str = "torch",
             device_type: str | None = None) -> dict[str, Any]:
     """Environment of this host: versions, devices, host, CPU, topology; for framework jax also
     jax/jaxlib/optax/flax versions and the backend the workers are told to use."""
-    import psutil
-    import torch
+    import psutil  # psutil: keeps the CLI start-up light
+    import torch  # torch: keeps start-up light
 
     env: dict[str, Any] = {
         "dlscale": dlscale.__version__,
@@ -173,8 +174,6 @@ def capture(include_topology: bool = True, framework: str = "torch",
                        for i in range(torch.cuda.device_count())]
     env["framework"] = framework
     if framework == "jax":
-        from dlscale.frameworks import versions
-
         # the backend the JAX worker is pinned to (jax_platforms); never initialised here, where
         # it would take the GPUs' memory from the workers
         env["jax"] = {**versions("jax"), "backend": {"cuda": "gpu", "cpu": "cpu"}.get(device_type or "", None)}

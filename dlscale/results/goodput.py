@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from dlscale.results.record import median_repeat_with
+from dlscale.train.checkpoint_timing import report_values
 
 TRAINING = ("window",)
 WITH_WARMUP = ("warmup", "window")
@@ -54,8 +55,6 @@ def long_run(hours: float, rec: dict[str, Any] | None, interval_min: float | Non
     startup = sum(float(rep["phases_s"].get(k) or 0.0) for k in STARTUP)
     out: dict[str, Any] = {"startup_s": startup, "checkpoints": 0, "checkpoint_blocking_s": None}
     if interval_min:
-        from dlscale.train.checkpoint_timing import report_values
-
         out["checkpoints"] = math.floor(hours * 60.0 / interval_min)
         out["checkpoint_blocking_s"] = report_values(rec)["blocking_s"]
         if out["checkpoint_blocking_s"] is None:

@@ -69,7 +69,7 @@ def global_loss(loss, par, denv) -> float | None:
     """
     if loss is None:
         return None
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     t = loss.detach().float().reshape(1).clone()
     if denv.world_size > 1 and par.dp_size > 1 and not par.loss_global:

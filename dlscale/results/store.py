@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlscale import MAX_BATCH, ConfigError, DlscaleError
+from dlscale.case.procs import uninterrupted
 
 SCHEMA = "dlscale.record/1"
 DEFAULT_FILE = "results.jsonl"
@@ -267,8 +268,6 @@ class ResultStore:
     def append_uninterrupted(self, record: dict[str, Any]) -> Path:
         """``append_or_recover`` with the interrupting signals held off (main thread only), so a
         signal never tears the record line."""
-        from dlscale.case.procs import uninterrupted
-
         with uninterrupted():
             return self.append_or_recover(record)
 

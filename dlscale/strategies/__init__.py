@@ -25,8 +25,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dlscale import ConfigError
+from dlscale.models import get_model
 from dlscale.planner.layout import Layout, ParallelDims
 from dlscale.registry import Registry
 
@@ -228,8 +230,6 @@ def get_strategy(name: str) -> StrategyInfo:
 
 def resolve_spec(cfg):
     """The model a case trains: its registered flavour, resized by the strategy where it says so."""
-    from dlscale.models import get_model
-
     spec = get_model(cfg.model, cfg.flavor)
     hook = get_strategy(cfg.strategy).model_spec
     return hook(spec, cfg) if hook is not None else spec
@@ -239,8 +239,6 @@ def make_optimizer(params, spec, cfg, device: torch.device) -> torch.optim.Optim
     """The model's default optimizer: AdamW or SGD with momentum, fused on CUDA (foreach on CPU)."""
     params = [p for p in params if p.requires_grad]
     if spec.optimizer == "sgd":
-        from torch.distributed.tensor import DTensor
-
         # fused: one kernel pass over parameters, gradients and momentum; DTensor has no fused SGD
         fused = device.type == "cuda" and not any(isinstance(p, DTensor) for p in params)
         return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,

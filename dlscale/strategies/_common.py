@@ -13,8 +13,11 @@ import inspect
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from dlscale import ConfigError
+from dlscale.models import TransformerArch
+from dlscale.strategies import make_optimizer
 from dlscale.train import precision
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -73,8 +76,6 @@ def parse_option_dict(strategy: str, given: dict[str, Any], defaults: dict[str, 
 
 def optimizer_recipe(spec, cfg, device: torch.device) -> tuple[type, dict[str, Any]]:
     """(optimizer class, constructor kwargs) of ``make_optimizer`` for this model and device."""
-    from dlscale.strategies import make_optimizer
-
     probe = torch.zeros(1, device=device, requires_grad=True)
     opt = make_optimizer([probe], spec, cfg, device)
     cls = type(opt)
@@ -90,8 +91,6 @@ def autocast(cfg, device: torch.device):
 
 def is_transformer(spec) -> bool:
     """Models with a typed transformer architecture (shape and block layout): gpt2, bert-base, llama."""
-    from dlscale.models import TransformerArch
-
     return isinstance(spec.arch, TransformerArch)
 
 
@@ -131,8 +130,6 @@ class ShardLocalOptimizer:
     _step_supports_amp_scaling = False  # GradScaler unscales first, then calls step()
 
     def __init__(self, params, make):
-        from torch.distributed.tensor import DTensor
-
         self._dtensor = DTensor  # resolved once: _local runs for every parameter and gradient each step
         self.param_groups = [{"params": [p for p in params if p.requires_grad]}]
         self._make = make  # list of tensors -> the model's optimizer over them

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from torch.distributed.device_mesh import init_device_mesh
+
 from dlscale.planner.layout import DIMS, ParallelDims
 
 __all__ = ["DIMS", "ParallelDims", "ParallelMesh"]
@@ -32,8 +34,6 @@ class ParallelMesh:
     @classmethod
     def build(cls, dims: ParallelDims, device_type: str) -> "ParallelMesh":
         """The job's one DeviceMesh (every rank calls it once, in the same order)."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         return cls(dims, init_device_mesh(device_type, dims.shape, mesh_dim_names=DIMS))
 
     def __getitem__(self, name):

@@ -22,8 +22,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
+from dlscale.models import get_model
 
 
 def probe(spec) -> nn.Module:
@@ -34,8 +36,6 @@ def probe(spec) -> nn.Module:
 
 @functools.lru_cache(maxsize=32)
 def _probed(model: str, flavor: str, knobs: tuple[tuple[str, Any], ...]) -> nn.Module:
-    from dlscale.models import get_model
-
     return probe(resized(get_model(model, flavor), dict(knobs)))
 
 
@@ -107,7 +107,6 @@ def data_parallel(model: nn.Module, ignore: list[str], denv) -> nn.Module:
     the model itself when there is one rank (no data parallelism to do)."""
     if denv.world_size == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
     return DDP(model, device_ids=[denv.local_rank] if denv.device.type == "cuda" else None,

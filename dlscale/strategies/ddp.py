@@ -26,15 +26,17 @@ import functools
 
 import torch
 
+from torch._dynamo import compiled_autograd
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.adamw import adamw
 from torch.optim.sgd import sgd
 
 from dlscale import ConfigError
+from dlscale.planner.layout import Layout
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import parse_options
-from dlscale.planner.layout import Layout
+from dlscale.train.compiling import inductor_options, uses_cudagraphs
 
 OPTIONS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
            "static_graph": False, "comm_hook": "none", "compiled_autograd": False, "optimizer_in_backward": False}
@@ -46,8 +48,6 @@ def options(cfg) -> dict:
     if opts["bucket_cap_mb"] <= 0:
         raise ConfigError(f"strategy ddp option bucket_cap_mb must be > 0, got {opts['bucket_cap_mb']}")
     if opts["compiled_autograd"]:
-        from dlscale.train.compiling import uses_cudagraphs
-
         if not cfg.compile:
             raise ConfigError("strategy ddp option compiled_autograd needs --compile (it compiles the backward "
                               "that torch.compile's forward graph leaves to eager autograd)")
@@ -183,9 +183,5 @@ class _BucketUpdate:
 def _compiled_autograd(cfg):
     """A context manager for the backward: compiled autograd with torch.compile (the case's inductor
     options), one compiler for every step (its graphs are cached after the first)."""
-    from torch._dynamo import compiled_autograd
-
-    from dlscale.train.compiling import inductor_options
-
     compiler = torch.compile(options=inductor_options(cfg) or None)
     return functools.partial(compiled_autograd._enable, compiler)

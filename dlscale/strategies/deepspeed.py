@@ -100,7 +100,7 @@ def dims(world: int, nnodes: int, opts: dict):
                    caps=Capabilities(precisions=("fp32", "amp-bf16", "amp-fp16")))
 def parallelize(model, spec, cfg, denv):
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if denv.device.type == "cuda" else "cpu")
-    import deepspeed
+    import deepspeed  # optional: deepspeed
 
     opts = options(cfg)
     optimizer = make_optimizer(model.parameters(), spec, cfg, denv.device)

@@ -37,6 +37,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dlscale import ConfigError
 from dlscale.train.precision import compute_dtype
@@ -58,8 +59,6 @@ def options(cfg, name: str = "fsdp", defaults: dict | None = None) -> dict:
 
 def mp_policy(cfg, enabled: bool):
     """The MixedPrecisionPolicy for --precision (None: keep everything fp32)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     dtype = compute_dtype(cfg.precision)
     if not enabled or dtype is None:
         return None
@@ -87,8 +86,6 @@ def apply_fsdp(model, spec, cfg, mesh, units: Units, blocks: list | None = None,
     default (a pipeline stage passes its own); ``units_first``: modules made units of their own
     before the blocks (a last pipeline stage's head modules, which the schedule's loss function
     calls outside the stage's forward: as units they gather their parameters when called)."""
-    from torch.distributed.fsdp import fully_shard
-
     kwargs = {"reshard_after_forward": units.shard == "zero3"}
     if mesh is not None:
         kwargs["mesh"] = mesh

@@ -35,17 +35,21 @@ from __future__ import annotations
 import contextlib
 
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
+from dlscale.models import get_model
+from dlscale.planner.layout import Layout
 from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_option_dict, parse_options
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
 from dlscale.strategies.fsdp import CHOICES as FSDP_CHOICES, Units, apply_fsdp, fsdp_no_sync
-from dlscale.strategies.pipeline import (CHOICES as PP_CHOICES, PipelineJob, PipelinePlace, PipelineShape,
-                                         build_pipeline, validate_pipeline)
+from dlscale.strategies.pipeline import (
+    CHOICES as PP_CHOICES, PipelineJob, PipelinePlace, PipelineShape, build_pipeline,
+    validate_pipeline,
+)
 from dlscale.strategies.tensor import apply_tensor_parallel, replicate_rest, validate_tp
-from dlscale.planner.layout import Layout
 
 OPTIONS = {"dp": None, "tp": 1, "pp": 1, "dp_shard": "ddp", "shard": "zero3", "mixed_precision": True,
            "sequence_parallel": False, "schedule": "1f1b", "microbatches": 4, "virtual": 2,
@@ -54,8 +58,6 @@ CHOICES = {"dp_shard": ("ddp", "fsdp"), **FSDP_CHOICES, **PP_CHOICES}
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options("hybrid", cfg, OPTIONS, CHOICES)
     dims = parallel_dims(cfg.world_size, cfg.nnodes, opts)
     opts["dp"] = dims.dp
@@ -95,8 +97,6 @@ def parallel_dims(world: int, nnodes: int, given: dict) -> ParallelDims:
 
 
 def check(cfg, env) -> str | None:
-    from dlscale.models import get_model
-
     opts = options(cfg)
     spec = get_model(cfg.model, cfg.flavor)
     if opts["tp"] > 1 and not is_transformer(spec):
@@ -106,8 +106,6 @@ def check(cfg, env) -> str | None:
 
 def _grad_allreduce_hooks(params, group, n: int):
     """Average each gradient over ``group`` once it is accumulated; returns a no_sync context."""
-    from torch.distributed.tensor import DTensor
-
     state = {"sync": True}
 
     def hook(p):

@@ -49,18 +49,28 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.pipelining import (
+    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor import DTensor
 
 from dlscale import ConfigError
-from dlscale.train.precision import needs_grad_scaler
-from dlscale.strategies import Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, staged
-from dlscale.strategies._common import autocast, parse_options, unique_params
+from dlscale.models import get_model
 from dlscale.planner.layout import Layout, ParallelDims, split_blocks
+from dlscale.strategies import (
+    Capabilities, Hooks, Parallelized, make_optimizer, register_strategy, staged,
+)
+from dlscale.strategies._common import autocast, parse_options, unique_params
+from dlscale.train.compiling import inductor_options
+from dlscale.train.precision import needs_grad_scaler
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OPTIONS = {"schedule": "1f1b", "microbatches": 4, "virtual": 2, "balance": "time"}
@@ -145,8 +155,6 @@ def validate_pipeline(name: str, cfg, spec, pp: int, shape: PipelineShape) -> No
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options("pipeline", cfg, OPTIONS, CHOICES)
     validate_pipeline("pipeline", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, PipelineShape.of(opts))
     return opts
@@ -245,8 +253,6 @@ def time_pieces(model: nn.Module, spec, cfg, device: torch.device, batch_size: i
     gradient; best of ``reps`` after one warm-up. The model comes back as it was: gradients
     dropped, buffers (BatchNorm statistics) and the RNG restored.
     """
-    import time
-
     k = spec.embed_args
     batch = spec.make_batch(batch_size, torch.device("cpu"), torch.Generator().manual_seed(0))
     batch = tuple(t.to(device) for t in batch)
@@ -519,8 +525,6 @@ def build_pipeline(model, spec, cfg, denv, job: PipelineJob) -> Parallelized:
             job.prepare_stage(m)
     ties = _ties(model, modules, tied_names, place, n_stages)
     if cfg.compile:
-        from dlscale.train.compiling import inductor_options
-
         options = inductor_options(cfg) or None  # CUDA graphs were refused before launch
         for m in modules:
             for b in m.blocks:
@@ -584,8 +588,6 @@ def _tie_group(tie_ranks: list[int], pp_groups: list[list[int]] | None):
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local tensor of a DTensor (an alias: in-place changes reach the DTensor), else ``t``."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(t, DTensor):
         with torch.no_grad():
             return t.to_local()
@@ -597,9 +599,6 @@ class _PipelineStep:
     accumulation, data-parallel replicas), tied-weight sums, clipping, the optimizer, the loss."""
 
     def __init__(self, cfg, device, spec, job: PipelineJob, stages: _LocalStages, ties: _Ties):
-        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleaved1F1B)
-
         place, shape, modules = job.place, job.shape, stages.modules
         self.cfg, self.device, self.params, self._modules = cfg, device, stages.params, modules
         self.n_embed = spec.embed_args
@@ -730,8 +729,6 @@ class _PipelineStep:
 
 def _allreduce_mean(grads: list[torch.Tensor], n: int, group) -> None:
     """Average gradients over the data-parallel replicas (one flat all-reduce per dtype)."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
     by_dtype: dict[Any, list[torch.Tensor]] = {}
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
@@ -749,8 +746,6 @@ def _clip_pipeline(params, skip: set, max_norm: float, pp_group) -> None:
     Sharded gradients (DTensors of tensor parallel or FSDP) contribute their whole norm: each
     parameter's norm is made whole over its mesh (one small all-reduce per sharded parameter).
     """
-    from torch.distributed.tensor import DTensor
-
     device = params[0].device
     sq = torch.zeros(1, device=device, dtype=torch.float32)
     for p in params:

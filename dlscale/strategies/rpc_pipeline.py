@@ -32,21 +32,30 @@ gets the model's optimizer eagerly (its TorchScript functional optimizers, depre
 """
 from __future__ import annotations
 
-import os
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import torch
 import torch.distributed as dist
+import torch.distributed.autograd as dist_autograd
 from torch import nn
+from torch.distributed import rpc
+from torch.distributed.optim import DistributedOptimizer
+from torch.distributed.rendezvous import register_rendezvous_handler
+from torch.distributed.rpc import RRef
 
+from dlscale.models import get_model
 from dlscale.strategies import Capabilities, Hooks, Parallelized, register_strategy, staged
 from dlscale.strategies._common import autocast, optimizer_recipe, parse_options, unique_params
-from dlscale.strategies.pipeline import (PipelineJob, PipelinePlace, PipelineShape, StageModule, _free_unowned,
-                                         _split, validate_pipeline)
+from dlscale.strategies.pipeline import (
+    PipelineJob, PipelinePlace, PipelineShape, StageModule, _free_unowned, _split,
+    validate_pipeline,
+)
 
 NAME = "rpc-pipeline"
 OPTIONS = {"microbatches": 4, "balance": "time"}
@@ -54,8 +63,6 @@ SCHEME = "dlscalerpc"
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options(NAME, cfg, OPTIONS)
     validate_pipeline(NAME, cfg, get_model(cfg.model, cfg.flavor), cfg.world_size,
                       PipelineShape("gpipe", opts["microbatches"], 1, opts["balance"]))
@@ -83,8 +90,6 @@ _STAGE: _Stage | None = None
 
 def _forward(x, labels):
     """RPC handler: this rank's stage on an activation (or an RRef to one); the loss on the last stage."""
-    from torch.distributed.rpc import RRef
-
     st = _STAGE
     if isinstance(x, RRef):
         x = x.to_here()
@@ -98,15 +103,11 @@ def _param_rrefs():
 
 
 def _tied_grads(ctx_id: int):
-    import torch.distributed.autograd as dist_autograd
-
     grads = dist_autograd.get_gradients(ctx_id)
     return [grads[p] for p in _STAGE.tied]
 
 
 def _set_tied_grads(ctx_id: int, values):
-    import torch.distributed.autograd as dist_autograd
-
     grads = dist_autograd.get_gradients(ctx_id)
     for p, v in zip(_STAGE.tied, values):
         grads[p].copy_(v)  # the context's own gradient tensor: the optimizer step reads it
@@ -124,8 +125,6 @@ def _step_done():
 def _rendezvous(url: str, timeout: timedelta | None = None, **kwargs):
     """The job's c10d store (torchrun's agent store, or rank 0's under srun) under a prefix of
     its own, so RPC needs no second port and a restarted attempt does not read an old one's keys."""
-    from urllib.parse import parse_qs, urlparse
-
     query = parse_qs(urlparse(url).query)
     rank, world = int(query["rank"][0]), int(query["world_size"][0])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -138,9 +137,6 @@ def _rendezvous(url: str, timeout: timedelta | None = None, **kwargs):
 
 
 def _start_rpc(denv, timeout_s: float) -> dict:
-    from torch.distributed import rpc
-    from torch.distributed.rendezvous import register_rendezvous_handler
-
     try:
         register_rendezvous_handler(SCHEME, _rendezvous)
     except RuntimeError:  # registered by an earlier case in this process
@@ -179,7 +175,6 @@ def _local_optimizer(params, cls, kwargs):
                                      no_compile="stages run inside RPC handlers"))
 def parallelize(model, spec, cfg, denv):
     global _STAGE
-    from torch.distributed import rpc
 
     opts = options(cfg)
     n, rank, device, micro = denv.world_size, denv.rank, denv.device, opts["microbatches"]
@@ -239,9 +234,6 @@ def _serve(rank: int, timeout: float, device):
 
 
 def _distributed_optimizer(n: int, cls, kwargs):
-    from torch.distributed import rpc
-    from torch.distributed.optim import DistributedOptimizer
-
     rrefs = list(_STAGE.param_rrefs)
     for peer in range(1, n):
         rrefs += rpc.rpc_sync(f"stage{peer}", _param_rrefs)
@@ -257,9 +249,6 @@ def _distributed_optimizer(n: int, cls, kwargs):
 def _drive(local: _Stage, micro: int, n_embed: int, optimizer, info: dict):
     """Rank 0's step: every micro-batch's forward issued through the stages asynchronously, then one
     distributed backward and the distributed optimizer's step. ``local``: rank 0's own stage."""
-    from torch.distributed import rpc
-    import torch.distributed.autograd as dist_autograd
-
     stage, cfg, device, tied = local.module, local.cfg, local.device, local.tied
 
     n = info["num_stages"]

@@ -38,12 +38,18 @@ import types
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+    parallelize_module,
+)
 
 from dlscale import ConfigError
+from dlscale.models import get_model
+from dlscale.planner.layout import Layout
 from dlscale.strategies import Hooks, Parallelized, make_optimizer, register_strategy
 from dlscale.strategies._common import is_transformer, parse_options
 from dlscale.strategies._mesh import ParallelDims, ParallelMesh
-from dlscale.planner.layout import Layout
 
 OPTIONS = {"sequence_parallel": False}
 
@@ -61,16 +67,12 @@ def validate_tp(name: str, cfg, spec, tp: int, sequence_parallel: bool) -> None:
 
 
 def options(cfg) -> dict:
-    from dlscale.models import get_model
-
     opts = parse_options("tensor", cfg, OPTIONS)
     validate_tp("tensor", cfg, get_model(cfg.model, cfg.flavor), cfg.world_size, opts["sequence_parallel"])
     return opts
 
 
 def check_tp(cfg, env) -> str | None:
-    from dlscale.models import get_model
-
     spec = get_model(cfg.model, cfg.flavor)
     if not is_transformer(spec):
         return (f"tensor parallelism splits transformer blocks (a TransformerArch with its block layout); "
@@ -153,10 +155,6 @@ def _permute_qkv(linear: nn.Linear, tp: int) -> None:
 def _block_plan(layout, sequence_parallel: bool) -> dict:
     """The DTensor plan of one block from its layout (Megatron column/row split, optionally with
     sequence-parallel norms between the parallel regions)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
-
     if not sequence_parallel:
         return {**{n: ColwiseParallel() for n in layout.colwise}, **{n: RowwiseParallel() for n in layout.rowwise}}
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
@@ -177,9 +175,6 @@ def apply_tensor_parallel(blocks: list[nn.Module], spec, tp_mesh, sequence_paral
     gathers it again, so what runs before and after the blocks (embeddings, heads, the previous
     or next pipeline stage) sees whole sequences.
     """
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
-
     tp = tp_mesh.size()
     arch = spec.arch
     layout = arch.layout
@@ -211,8 +206,6 @@ def replicate_rest(model: nn.Module, mesh) -> int:
     modules take and return plain tensors (hooks wrap the inputs and unwrap the outputs), and
     weights tied between two modules stay one parameter.
     """
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-
     converted: dict[int, nn.Parameter] = {}
     count = 0
 

@@ -17,6 +17,8 @@ could clip or unscale.
 from __future__ import annotations
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlscale import ConfigError
@@ -87,9 +89,6 @@ def parallelize(model, spec, cfg, dist):
                                    overlap_with_ddp=overlap, **kwargs)
     optimizer = zero
     if overlap:
-        from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
         optimizer = _NoopStepOptimizer(zero)
     return Parallelized(module=ddp, optimizer=optimizer, dp_size=dist.world_size, no_sync=ddp.no_sync,

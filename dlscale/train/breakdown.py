@@ -32,8 +32,11 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from dlscale.train import precision
+from dlscale.train.compiling import step_marker
+from dlscale.train.step import optimizer_step
 
 STEPS = 10  # timed steps per phase measurement (each with and, distributed, without gradient sync)
 
@@ -75,9 +78,6 @@ class StepParts:
 
 
 def _phased_steps(parts: StepParts, k: int, sync_off: bool) -> list[list[float]]:
-    from dlscale.train.compiling import step_marker
-    from dlscale.train.step import optimizer_step
-
     par, cfg, device, batches, autocast, fetch = (parts.par, parts.cfg, parts.device, parts.batches,
                                                   parts.autocast, parts.fetch)
     mark_step = step_marker(cfg)
@@ -180,8 +180,6 @@ def profile_steps(step: Callable[[], Any], device: torch.device, path: str | Non
     the trace: kernels, NCCL collectives, memory copies (``Memcpy HtoD`` in a training step means
     data crossing PCIe).
     """
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     # the trace is written when the active cycle completes (on_trace_ready), not at exit
     ready = (lambda prof: prof.export_chrome_trace(path)) if path else None

@@ -92,10 +92,10 @@ def check_machine(cfg) -> None:
     parameters counted on a model built on the meta device: nothing allocated)."""
     if cfg.checkpoint_every is None:
         return
-    import torch
+    import torch  # torch: keeps start-up light
 
-    from dlscale.models import count_parameters
-    from dlscale.strategies import resolve_spec
+    from dlscale.models import count_parameters  # torch: keeps start-up light
+    from dlscale.strategies import resolve_spec  # torch: keeps start-up light
 
     with torch.device("meta"):
         params = count_parameters(resolve_spec(cfg).build())
@@ -121,8 +121,8 @@ def _shard_local_optim(par) -> dict[str, Any]:
     _common.py): its per-shard state as DTensors placed as their parameters, keyed by parameter name, so
     DCP writes each rank's shard (plain tensors would read as replicated and be written once). The DTensors
     view the live state: a load writes into it."""
-    import torch
-    from torch.distributed.tensor import DTensor
+    import torch  # torch: keeps start-up light
+    from torch.distributed.tensor import DTensor  # torch: keeps start-up light
 
     opt = par.optimizer
     names = {id(p): n for n, p in par.module.named_parameters()}
@@ -138,6 +138,7 @@ def _shard_local_optim(par) -> dict[str, Any]:
 
 def _state(par):
     """The model and optimizer state as the strategy shards it (DCP's state_dict API)."""
+    # torch: keeps start-up light
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if hasattr(par.optimizer, "_inner"):  # ShardLocalOptimizer: not a torch optimizer the API knows
@@ -148,6 +149,7 @@ def _state(par):
 
 def _apply(par, state) -> None:
     """Load ``state`` (read by dcp.load into ``_state``'s tensors) into the model and optimizer."""
+    # torch: keeps start-up light
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     if hasattr(par.optimizer, "_inner"):  # its state was loaded in place, through the DTensor views
@@ -167,7 +169,7 @@ def _save(par, folder: Path, mode: str, pg, t0: float) -> dict[str, Any]:
     """One save, training stopped since ``t0`` (before its wait for the previous write): blocking seconds
     (the state gathered, and staged or written), and (async) the future whose callback stamps durable
     completion."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # torch: keeps start-up light
 
     state = _state(par)
     if mode == "sync":
@@ -192,7 +194,7 @@ def _finish(s: dict[str, Any], rank: int) -> dict[str, float]:
 
 def _root(cfg, out_dir: Path | None) -> Path:
     """The phase's folder, the same on every rank (rank 0 names it)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     name = [f"dlscale-checkpoint-{uuid.uuid4().hex[:12]}"]
     dist.broadcast_object_list(name, src=0)
@@ -201,8 +203,8 @@ def _root(cfg, out_dir: Path | None) -> Path:
 
 
 def _reduce(values: list[float], op) -> list[float]:
-    import torch
-    import torch.distributed as dist
+    import torch  # torch: keeps start-up light
+    import torch.distributed as dist  # torch: keeps start-up light
 
     t = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
@@ -213,7 +215,7 @@ def _reduce(values: list[float], op) -> list[float]:
 
 def _restore(par, folder: Path, step, n: int, sync) -> list[float]:
     """Load a save into the model and optimizer, train ``n`` steps, their losses."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # torch: keeps start-up light
 
     state = _state(par)
     dcp.load(state, checkpoint_id=str(folder))
@@ -225,7 +227,7 @@ def _restore(par, folder: Path, step, n: int, sync) -> list[float]:
 
 def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) -> dict[str, Any]:
     """The checkpoint phase on every rank; what rank 0's result keeps (reduced over the ranks)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     every, mode = cfg.checkpoint_every, cfg.checkpoint_mode
     root = _root(cfg, out_dir)

@@ -62,7 +62,7 @@ def _blocks_hold_batchnorm(spec) -> bool:
     flavour and blocks function in a process (every case of a sweep asks)."""
     key = (spec.name, spec.flavor, getattr(spec.blocks, "__qualname__", repr(spec.blocks)))
     if key not in _BATCHNORM:
-        import torch
+        import torch  # torch: keeps start-up light
 
         # a meta build draws no random numbers; no fork_rng, whose restore would reset the RNG of a
         # case training in another thread of this process meanwhile
@@ -75,7 +75,7 @@ def _blocks_hold_batchnorm(spec) -> bool:
 @functools.lru_cache(maxsize=None)
 def _ops():
     """(ops whose outputs selective checkpointing keeps, the matmuls among them)."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     aten = torch.ops.aten
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -90,6 +90,7 @@ def _ops():
 def _selective_context():
     """A fresh pair of contexts per block call: the matmul count restarts for each forward and each
     recomputation, so both make the same choices."""
+    # torch: keeps start-up light
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     save, mms = _ops()
@@ -106,7 +107,7 @@ def _selective_context():
 
 
 def _wrap(block, mode: str) -> None:
-    from torch.utils.checkpoint import checkpoint
+    from torch.utils.checkpoint import checkpoint  # torch: keeps start-up light
 
     inner = block.forward
     kwargs = {"use_reentrant": False}

@@ -90,7 +90,7 @@ def check_options(options: dict[str, Any]) -> None:
     note). The mode is checked by RunConfig."""
     if not options:
         return
-    from torch._inductor import config
+    from torch._inductor import config  # torch: keeps start-up light
 
     known = config.get_config_copy()
     for key, value in options.items():
@@ -156,7 +156,7 @@ def step_marker(cfg):
     last one may be reused (its loss was read, or dropped, before the call)."""
     if not uses_cudagraphs(cfg):
         return None
-    import torch
+    import torch  # torch: keeps start-up light
 
     return torch.compiler.cudagraph_mark_step_begin
 
@@ -164,7 +164,7 @@ def step_marker(cfg):
 def check_strategy(cfg) -> None:
     """CUDA graphs only where the compiled region holds no collective (a strategy's
     ``cudagraph_safe``; see the module's note)."""
-    from dlscale.strategies import get_strategy, strategy_names
+    from dlscale.strategies import get_strategy, strategy_names  # torch: keeps start-up light
 
     if uses_cudagraphs(cfg) and not get_strategy(cfg.strategy).cudagraph_safe:
         safe = [s for s in strategy_names() if get_strategy(s).cudagraph_safe]
@@ -175,7 +175,7 @@ def check_strategy(cfg) -> None:
 
 def inductor_options(cfg) -> dict[str, Any]:
     """The options torch.compile gets: the mode's, then the user's over them."""
-    from torch._inductor import list_mode_options
+    from torch._inductor import list_mode_options  # torch: keeps start-up light
 
     mode = {} if cfg.compile_mode == "default" else list_mode_options(cfg.compile_mode)
     return {**mode, **cfg.inductor_options}
@@ -183,6 +183,6 @@ def inductor_options(cfg) -> dict[str, Any]:
 
 def compile_module(module, cfg):
     """torch.compile ``module`` as the config says."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     return torch.compile(module, options=inductor_options(cfg) or None)

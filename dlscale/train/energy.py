@@ -11,6 +11,7 @@ The readers take their NVML module and their sysfs root as arguments so tests dr
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import statistics
@@ -128,7 +129,7 @@ def _nvml_handles(uuids: list[str] | None, count: int):
     """pynvml and the handles of the node's ranks' GPUs (by UUID; else the first ``count``); (None, [])
     where NVML does not load."""
     try:
-        import pynvml
+        import pynvml  # optional: pynvml
 
         pynvml.nvmlInit()
         if uuids:
@@ -215,8 +216,6 @@ def measured_power(rec: dict[str, Any]) -> tuple[float | None, str]:
 def prefer_measured(options: list, records: list[dict[str, Any]]) -> list:
     """``cost``'s options with the power from the measured energy where their record has it; the sampled
     mean power otherwise (each option's ``power_source`` says which)."""
-    import dataclasses
-
     by_id = {str(r.get("id")): r for r in records if isinstance(r, dict)}
     out = []
     for o in options:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import importlib.util
 
+from dlscale import ConfigError
+
 RECIPE = "tensorwise"
 MIN_CAPABILITY = (8, 9)
 
 
 def _tp_degree(cfg) -> int:
     """The case's tensor-parallel degree, from the degrees its strategy declares."""
-    from dlscale import ConfigError
     from dlscale.strategies import get_strategy  # the registry imports torch: not at the CLI's start
 
     try:
@@ -60,7 +61,7 @@ def device_reason(device_type: str, index: int | None = None) -> str | None:
     if device_type != "cuda":
         return (f"precision fp8 needs a CUDA GPU of compute capability >= {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
                 f"(float8 tensor cores); this case runs on the {device_type}")
-    import torch
+    import torch  # torch: keeps start-up light
 
     if not torch.cuda.is_available():
         return None  # the launcher sees no GPU (a remote node's case): each worker checks its own
@@ -74,7 +75,7 @@ def device_reason(device_type: str, index: int | None = None) -> str | None:
 
 def _filter(block_ids: set[int]):
     """Convert Linears inside the blocks whose both dimensions are multiples of 16."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     def keep(module, fqn: str) -> bool:
         return (id(module) in block_ids and isinstance(module, torch.nn.Linear)
@@ -92,8 +93,8 @@ def convert(model, spec, cfg, device=None, check_device: bool = True) -> dict:
         reason = device_reason(device.type, device.index if device.type == "cuda" else None)
         if reason:
             raise RuntimeError(reason)
-    import torchao
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    import torchao  # optional: torchao
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # optional: torchao
 
     blocks = spec.blocks(model) if spec.blocks else []
     inside = {id(m) for b in blocks for m in b.modules()}

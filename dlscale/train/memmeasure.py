@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from dlscale.train import checkpointing as ac
+
 
 def _alive_bytes(model, optimizer, batch) -> int:
     seen: dict[int, int] = {}
@@ -27,10 +29,9 @@ def _alive_bytes(model, optimizer, batch) -> int:
 def step_peak(spec, batch_size: int, precision: str = "amp-bf16", checkpointing: str = "none",
               compiled: bool = False, device: str = "cpu", warmup: int = 1) -> dict:
     """{"peak_bytes", "start_bytes", "loss"}: the peak allocated during one training step."""
-    import torch
+    import torch  # torch: keeps start-up light
 
-    from dlscale.train import checkpointing as ac
-    from dlscale.strategies import make_optimizer
+    from dlscale.strategies import make_optimizer  # torch: keeps start-up light
 
     dev = torch.device(device)
     torch.manual_seed(0)
@@ -60,7 +61,7 @@ def step_peak(spec, batch_size: int, precision: str = "amp-bf16", checkpointing:
         loss = step()
         torch.cuda.synchronize(dev)
         return {"peak_bytes": torch.cuda.max_memory_allocated(dev), "start_bytes": start, "loss": float(loss)}
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # torch: keeps start-up light
 
     start = _alive_bytes(model, opt, batch)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

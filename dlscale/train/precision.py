@@ -20,7 +20,7 @@ def compute_dtype(precision: str) -> Any:
     name = _COMPUTE[precision]
     if name is None:
         return None
-    import torch
+    import torch  # torch: keeps start-up light
 
     return getattr(torch, name)
 
@@ -34,7 +34,7 @@ def grad_scaler(precision: str, device_type: str):
     """torch's GradScaler where the precision needs one, else None."""
     if not needs_grad_scaler(precision):
         return None
-    import torch
+    import torch  # torch: keeps start-up light
 
     return torch.amp.GradScaler(device_type)
 
@@ -44,7 +44,7 @@ def autocast(precision: str, device_type: str):
     dtype = compute_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext()
-    import torch
+    import torch  # torch: keeps start-up light
 
     return torch.autocast(device_type, dtype=dtype)
 
@@ -54,7 +54,7 @@ def autocast_factory(precision: str, device_type: str):
     dtype = compute_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext
-    import torch
+    import torch  # torch: keeps start-up light
 
     return lambda: torch.autocast(device_type, dtype=dtype)
 

@@ -61,7 +61,7 @@ class SoloInputs:
 def solo_steps(run: SoloInputs, device, n: int = SOLO_STEPS) -> list[float] | None:
     """``n`` forward/backward steps of ``run.module`` under ``par.no_sync`` (no optimizer step), each timed
     to a device sync (ms); the gradients are dropped after. None where the strategy runs its own step."""
-    import torch
+    import torch  # torch: keeps start-up light
 
     par, autocast, before_step = run.par, run.autocast, run.before_step
     if par.step is not None:
@@ -89,7 +89,7 @@ def solo_steps(run: SoloInputs, device, n: int = SOLO_STEPS) -> list[float] | No
 def gather(mine: RankSteps) -> list[dict[str, Any]] | None:
     """Every rank's ``RankSteps`` as dicts on rank 0 (a collective: every rank calls it, after the window);
     None on the other ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: keeps start-up light
 
     world = dist.get_world_size()
     got: list[Any] = [None] * world

@@ -34,12 +34,16 @@ if __name__ == "__main__":  # first of all: end with torchrun's agent (or srun's
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dlscale.case import multinode, progress
+from dlscale.monitor import HardwareSampler
+from dlscale.quality.loop import Hooks, train_until
 from dlscale.results import metrics, parity
 from dlscale.train import checkpointing, energy, fp8, precision  # noqa: E402
 from dlscale.case import stacks
 from dlscale.train import checkpoint_timing, ranktimes  # noqa: E402
+from dlscale.train.breakdown import measure_breakdown, profile_steps
 from dlscale.train.compiling import compile_module, step_marker  # noqa: E402
 from dlscale.train.step import GraphedOptimizerStep, optimizer_step  # noqa: E402
 from dlscale.case.config import RunConfig, parse_injection, resolve_device  # noqa: E402
@@ -307,7 +311,6 @@ def _start_sampler(cfg: RunConfig, denv: DistEnv, out_dir: Path | None):
     """One hardware sampler per node (local rank 0), in its own process; never fatal."""
     if not cfg.monitor or denv.local_rank != 0 or out_dir is None:
         return None
-    from dlscale.monitor import HardwareSampler
 
     # the series is per node; os.getppid() is torchrun's agent, so RSS covers all local ranks
     sampler = HardwareSampler(cfg.sample_interval, gpu_indices=_local_gpu_uuids(denv),
@@ -491,8 +494,6 @@ def window_steps(cfg, warmup_step_s: list[float], denv) -> int:
 
 def _until_loop(r: _Rank) -> None:
     """--until: train to the target (dlscale/quality/loop.py), then what follows the main window."""
-    from dlscale.quality.loop import Hooks, train_until
-
     cfg, denv, result, par, source = r.cfg, r.denv, r.result, r.par, r.source
     fetch = r.fetch
     meter = _window_counters(source, denv)  # loader and energy counters, as around the main window
@@ -565,15 +566,11 @@ def _after_window(r: _Rank, fetch: Callable | None, inject: _Injected | None = N
                                                            lambda: _sync(device))
         progress.phase("checkpoint", "end", denv.rank)
     if cfg.breakdown:
-        from dlscale.train.breakdown import measure_breakdown
-
         progress.phase("breakdown", "start", denv.rank)
         result["breakdown"] = measure_breakdown(par, cfg, device, batches, _autocast(cfg, device),
                                                 denv.world_size, fetch=fetch)
         progress.phase("breakdown", "end", denv.rank)
     if cfg.profile:
-        from dlscale.train.breakdown import profile_steps
-
         trace = str(out_dir / "trace.json") if (out_dir is not None and denv.rank == 0) else None
         progress.phase("profile", "start", denv.rank)
         result["profile"] = profile_steps(step, device, trace, fetch=fetch)
@@ -594,7 +591,6 @@ def _model_state_memory(step, device: torch.device) -> int | None:
     stepped (e.g. DeepSpeed's own).
     """
     seen: list[int] = []
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     handle = register_optimizer_step_pre_hook(
         lambda opt, args, kwargs: seen.append(torch.cuda.memory_allocated(device)))

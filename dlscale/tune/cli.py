@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
 from dlscale import ConfigError
+from dlscale.case.caseargs import add_case_arguments, command_line, config_from_args
+from dlscale.case.config import FIELDS, check_cpu_processes, resolve_device
+from dlscale.case.procs import EXIT_INTERRUPTED
+from dlscale.commands.perf_args import positive_float, positive_int, shapes_type
+from dlscale.commands.plan import memory_size
+from dlscale.fmt import fmt_bytes, fmt_hms, fmt_num
 from dlscale.report.data import rec_label
-from dlscale.tune.space import AXIS_FIELDS
+from dlscale.results import metrics
+from dlscale.results.store import LoadResult, ResultStore
+from dlscale.tune.space import AXIS_FIELDS, Axes, parse_axis
 
 DEFAULT_BUDGET = "20m"
 DEFAULT_TOP = 3
@@ -32,9 +41,6 @@ def duration(text: str) -> float:
 def _add_axes(p: argparse.ArgumentParser) -> None:
     """The searched fields, with `dlscale run`'s option names: a comma list or repeated; each
     restricts its axis (one value pins it)."""
-    from dlscale.commands.perf_args import positive_int
-    from dlscale.case.config import FIELDS
-
     g = p.add_argument_group("axes (as `dlscale run` names them; a comma list or repeated; default: searched)")
     for name in AXIS_FIELDS:
         o = FIELDS[name]
@@ -47,10 +53,6 @@ def _add_axes(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    from dlscale.case.caseargs import add_case_arguments
-    from dlscale.commands.perf_args import positive_float, positive_int, shapes_type
-    from dlscale.commands.plan import memory_size
-
     p = sub.add_parser("tune", help="find the fastest configuration that fits, by measurement",
                        description="Search strategies and degrees, per-device batch and gradient accumulation, "
                        "activation checkpointing, compile and precision: prune with the memory plan, rank with the "
@@ -86,17 +88,13 @@ def register(sub) -> None:
 
 
 def axes_from_args(args):
-    from dlscale.tune.space import Axes, parse_axis
-
     values = {name: parse_axis(name, getattr(args, f"axis_{name}")) for name in AXIS_FIELDS}
     return Axes(**values, global_batch=args.global_batch)
 
 
 def base_config(args):
     """The case every candidate varies: `dlscale run`'s options without the axes."""
-    from dlscale.case.caseargs import config_from_args
-    from dlscale.case.config import resolve_device
-    from dlscale.models import default_flavor, get_model, model_flavors
+    from dlscale.models import default_flavor, get_model, model_flavors  # torch: keeps start-up light
 
     get_model(args.model, default_flavor(args.model))  # an unknown model: one line naming the registered ones
     if args.flavor is None:
@@ -114,19 +112,18 @@ def base_config(args):
 
 def machine_of(args, cfg, device_type: str, precision: str):
     """The devices as the plan and the ranking see them."""
-    from dlscale.results import metrics
-    from dlscale.tune.rank import TuneMachine
+    from dlscale.tune.rank import TuneMachine  # keeps the CLI start-up light
 
     memory, peak = args.gpu_memory, None
     if device_type == "cuda":
-        import torch
+        import torch  # torch: keeps start-up light
 
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but no CUDA GPU is visible; use --device cpu")
         memory = memory or float(torch.cuda.get_device_properties(0).total_memory)
         peak, _ = metrics.peak_flops(torch.cuda.get_device_name(0), metrics.precision_dtype(precision, "cuda"))
     elif memory is None:
-        import psutil
+        import psutil  # psutil: keeps the CLI start-up light
 
         memory = psutil.virtual_memory().total / cfg.nproc_per_node  # the processes share the RAM
     return TuneMachine(device_type, cfg.world_size, cfg.nnodes, float(memory), peak)
@@ -134,9 +131,8 @@ def machine_of(args, cfg, device_type: str, precision: str):
 
 def plan_candidates(args, stored: list | None = None):
     """Everything before a measurement: axes, candidates, pruning, ranking (ConfigError: bad input)."""
-    from dlscale.case.config import check_cpu_processes, resolve_device
-    from dlscale.tune import prune, space
-    from dlscale.tune.rank import evidence_for, rank
+    from dlscale.tune import prune, space  # keeps the CLI start-up light
+    from dlscale.tune.rank import evidence_for, rank  # keeps the CLI start-up light
 
     given = axes_from_args(args)
     base = base_config(args)
@@ -165,17 +161,13 @@ def plan_candidates(args, stored: list | None = None):
 def _stored(store_dir):
     """The store's records, read once for the ranking and the resume (an empty load where the
     store does not exist yet)."""
-    import os
-
-    from dlscale.results.store import LoadResult, ResultStore
-
     if not store_dir or not os.path.isdir(store_dir):
         return LoadResult()
     return ResultStore(store_dir).load()
 
 
 def _has_plan(cfg) -> bool:
-    from dlscale.tune.prune import workload_of
+    from dlscale.tune.prune import workload_of  # keeps the CLI start-up light
 
     try:
         workload_of(cfg)
@@ -185,14 +177,12 @@ def _has_plan(cfg) -> bool:
 
 
 def _dry_run(label: str, cands, ranked) -> int:
-    from dlscale.fmt import fmt_bytes, fmt_num
-
     print(f"# dlscale tune {label}: {len(cands)} candidate(s), {len(ranked)} to rank (--dry-run: nothing measured)")
     for r in ranked:
         c = r.candidate
         print(f"{r.rank:>4}  {c.describe()}  predicted {fmt_num(r.predicted_samples_per_s, 1, group=True)} "
               f"samples/s  planned {fmt_bytes(c.planned_peak)}")
-    from dlscale.tune.result import pruned_groups
+    from dlscale.tune.result import pruned_groups  # keeps the CLI start-up light
 
     for g in pruned_groups(cands):
         cases = g["cases"]
@@ -202,12 +192,9 @@ def _dry_run(label: str, cands, ranked) -> int:
 
 
 def cmd_tune(args) -> int:
-    from dlscale.case import launch
-    from dlscale.case.caseargs import command_line
-    from dlscale.fmt import fmt_hms
-    from dlscale.case.progress import PhasePrinter
-    from dlscale.results.store import ResultStore
-    from dlscale.tune import result, search
+    from dlscale.case import launch  # torch: keeps start-up light
+    from dlscale.case.progress import PhasePrinter  # keeps the CLI start-up light
+    from dlscale.tune import result, search  # keeps the CLI start-up light
 
     targets = _targets(args)
     loaded = _stored(args.store)
@@ -241,13 +228,12 @@ def cmd_tune(args) -> int:
     res = result.build(s, cands, records, targets)
     print(result.to_json(res) if args.format == "json" else result.to_markdown(res), end="")
     if s.interrupt is not None:
-        from dlscale.case.procs import EXIT_INTERRUPTED
         return EXIT_INTERRUPTED
     return 0 if res.best is not None else 5
 
 
 def _targets(args):
-    from dlscale.tune.result import Targets
+    from dlscale.tune.result import Targets  # keeps the CLI start-up light
 
     if not args.target_shapes:
         if args.intra_busbw or args.inter_busbw or args.price_per_gpu_hour:

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError
+from dlscale.case.batchsearch import default_cap
+from dlscale.case.config import resolve_device
+from dlscale.planner.memplan import Workload, plan_memory
 
 KEEP_BATCHES = 3  # without a requested batch: the largest per-device batches that fit, per configuration
 OOM_MARGIN = 1.05  # after an OOM, the plan scaled so that the case it missed is 5 % over the capacity
@@ -56,9 +59,7 @@ class Headroom:
 
 def workload_of(cfg) -> Any:
     """The plan's Workload of a case (ConfigError: the model has no memory plan)."""
-    from dlscale.case.config import resolve_device
-    from dlscale.planner.memplan import Workload
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     return Workload(get_model(cfg.model, cfg.flavor), cfg.precision, cfg.activation_checkpointing,
                     compiled=cfg.compile, device_type=resolve_device(cfg.device))
@@ -66,8 +67,6 @@ def workload_of(cfg) -> Any:
 
 def planned_peak(cand) -> float | None:
     """The plan's bytes per device for a candidate, None where there is none."""
-    from dlscale.planner.memplan import plan_memory
-
     if cand.layout is None:
         return None
     try:
@@ -118,8 +117,6 @@ def keep_largest_batches(cands: list, given_batch: bool) -> None:
 def default_batches(device_type: str, planned: bool) -> tuple[int, ...]:
     """Per-device batches tried when none is asked for: powers of two up to the batch search's cap
     where the memory plan prunes them; a few small ones where there is no plan."""
-    from dlscale.case.batchsearch import default_cap
-
     cap = default_cap(device_type)
     if not planned:
         return (8, 16, 32)

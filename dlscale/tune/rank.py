@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale import ConfigError
+from dlscale.perfmodel import strategies as sm
+from dlscale.perfmodel.core import Link, Links
+from dlscale.perfmodel.evidence import evidence_from_records
 
 CPU_NOMINAL_FLOPS = 1e11  # no peak is known for a CPU: the ranking needs an order, not the figure
 
@@ -40,9 +43,7 @@ class Ranked:
 def predict(cand, machine: TuneMachine, evidence=None) -> tuple[float, str] | None:
     """Predicted samples/s of the whole job for one candidate and the basis of its compute, None where
     the model cannot price it (no transformer architecture, no memory layout, a configuration it refuses)."""
-    from dlscale.models import get_model
-    from dlscale.perfmodel import strategies as sm
-    from dlscale.perfmodel.core import Link, Links
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     cfg = cand.cfg
     arch = getattr(get_model(cfg.model, cfg.flavor), "arch", None)
@@ -63,9 +64,6 @@ def predict(cand, machine: TuneMachine, evidence=None) -> tuple[float, str] | No
 def evidence_for(records: list, cfg, machine: TuneMachine):
     """What the store holds for the model (measured records, micro layer timings), as the model's
     evidence; the assumed MFU where it holds nothing."""
-    from dlscale.perfmodel.core import Link, Links
-    from dlscale.perfmodel.evidence import evidence_from_records
-
     links = Links(intra={0: Link(machine.intra_busbw)}, inter=Link(machine.inter_busbw))
     try:
         return evidence_from_records(records, cfg.model, cfg.flavor, machine.peak_flops or CPU_NOMINAL_FLOPS,

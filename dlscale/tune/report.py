@@ -5,9 +5,11 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from dlscale.report.data import rec_label
+from dlscale.report.data import Row, rec_label
 from dlscale.report.table import Cell, Column, Table, html
 from dlscale.results.record import newest_per_key
+from dlscale.tune.result import _verdict
+from dlscale.tune.search import Measurement
 from dlscale.tune.space import LABEL_PREFIX
 
 
@@ -25,10 +27,7 @@ def stored_tunes(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
 
 def tune_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The measured cases of one tune, the fastest valid first, each with compare's verdict against it."""
-    from dlscale.report.compare import Pair
-    from dlscale.report.data import Row
-    from dlscale.tune.result import _verdict
-    from dlscale.tune.search import Measurement
+    from dlscale.report.compare import Pair  # numpy: keeps start-up light
 
     meas = [(Row(r), Measurement(None, r).invalid) for r in recs]
     meas.sort(key=lambda x: (x[1] is not None, -(x[0].median or 0.0)))

@@ -3,13 +3,19 @@ noise-aware verdict, what was pruned and why, the model's ranking against the me
 the finalists predicted at the target shapes. A table (Markdown) and JSON."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import ConfigError, DlscaleError
-from dlscale.fmt import fmt_bytes, md_table
-from dlscale.report.data import rec_label
+from dlscale.case.caseargs import command_line
+from dlscale.fmt import fmt_bytes, fmt_num, md_table
+from dlscale.perfmodel.cost import Amount, training_cost
+from dlscale.perfmodel.inputs import ModelOptions, Query
+from dlscale.perfmodel.predict import predict_workload
+from dlscale.report.data import Row, baseline_fields, freeze, rec_label, repeat_samples
+from dlscale.results import validity
 
 FINALISTS = 3  # the winner and two runners-up are predicted at the target shapes
 DDP_LIKE = ("ddp", "single")  # what dlscale/perfmodel's predict path models (one data-parallel rank per device)
@@ -44,10 +50,6 @@ def _summary(rec: dict[str, Any]) -> dict[str, Any]:
 
 def measured_row(m, best=None) -> dict[str, Any]:
     """One measured candidate as the result shows it (``best``: the winner's Measurement, for the verdict)."""
-    from dlscale.results import validity
-    from dlscale.case.caseargs import command_line
-    from dlscale.report.data import Row
-
     row, summ = Row(m.record), _summary(m.record)
     c = m.ranked.candidate
     out = {"case": c.describe(), "case_key": m.record.get("case_key"), "record": m.record.get("id"),
@@ -67,15 +69,12 @@ def measured_row(m, best=None) -> dict[str, Any]:
 
 def _plain(cfg):
     """The case as a user would run it alone: without the tune's label (the case key is the same)."""
-    import dataclasses
-
     return dataclasses.replace(cfg, label=None)
 
 
 def _verdict(best, other) -> dict[str, Any]:
     """compare's test of this candidate (B) against the winner (A)."""
-    from dlscale.report.compare import Options, Pair, judge
-    from dlscale.report.data import Row, repeat_samples
+    from dlscale.report.compare import Options, Pair, judge  # numpy: keeps start-up light
 
     a, b = Row(best.record), Row(other.record)
     p = judge(Pair(a, b, repeat_samples(a.record), repeat_samples(b.record)), Options())
@@ -131,10 +130,6 @@ def predict_targets(m, records: list[dict[str, Any]], targets: Targets) -> dict[
     """One finalist at the target shapes: dlscale/perfmodel's data-parallel prediction (band and
     basis) from this tune's records of its workload. Other strategies: a note, and this function is
     where a model of them plugs in."""
-    from dlscale.perfmodel.inputs import ModelOptions, Query
-    from dlscale.perfmodel.predict import predict_workload
-    from dlscale.report.data import baseline_fields, freeze
-
     c = m.ranked.candidate
     out: dict[str, Any] = {"case": c.describe(), "record": m.record.get("id"), "rows": [], "note": None}
     if c.cfg.strategy not in DDP_LIKE:
@@ -154,8 +149,6 @@ def predict_targets(m, records: list[dict[str, Any]], targets: Targets) -> dict[
         cell = {k: row.get(k) for k in ("shape", "devices", "samples_per_s", "samples_per_s_low",
                                         "samples_per_s_high", "efficiency", "basis")}
         if targets.price_per_gpu_hour and row.get("samples_per_s"):
-            from dlscale.perfmodel.cost import Amount, training_cost
-
             cell["cost_per_million_samples"] = training_cost(row["samples_per_s"], int(row["devices"]),
                                                              targets.price_per_gpu_hour,
                                                              Amount(samples=1e6))["cost_per_million_samples"]
@@ -202,8 +195,6 @@ def to_json(res: TuneResult) -> str:
 
 
 def _num(v: Any, digits: int = 1) -> str:
-    from dlscale.fmt import fmt_num
-
     return fmt_num(v, digits, group=True)
 
 

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dlscale import DlscaleError
+from dlscale.console import validity_suffix
 from dlscale.fmt import fmt_hms
+from dlscale.report.data import Row, rec_label
+from dlscale.results import validity
 from dlscale.results.record import newest_per_key
-from dlscale.report.data import rec_label
 from dlscale.results.store import StoreError
 from dlscale.tune.prune import Headroom, prune_memory
 
@@ -43,16 +45,12 @@ class Measurement:
     # the record never changes once measured: its median and verdict are read once, not per access
     @functools.cached_property
     def median(self) -> float | None:
-        from dlscale.report.data import Row
-
         row = Row(self.record)
         return row.median if row.ok else None
 
     @functools.cached_property
     def invalid(self) -> str | None:
         """Why this measurement cannot be the answer (None: it can)."""
-        from dlscale.results import validity
-
         if self.record.get("status") != "ok":
             return f"status {self.record.get('status')}: {' '.join(str(self.record.get('error') or '').split())[:160]}"
         if self.median is None:
@@ -208,8 +206,6 @@ def _check_headroom(search: Search, m: Measurement) -> None:
 
 def progress_line(search: Search, m: Measurement, left: int) -> str:
     """One line per candidate: what it gave, the time spent and left against the budget."""
-    from dlscale.console import validity_suffix
-
     c = m.ranked.candidate
     unit = ((m.record.get("model") or {}).get("unit") or "sample")
     what = f"{m.median:,.1f} {unit}/s" if m.median is not None else str(m.record.get("status")).upper()

@@ -15,8 +15,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale import ConfigError
-from dlscale.case.config import AUTO_STRATEGY, FIELDS, RunConfig, check_value, choices_of, workload_fields
+from dlscale import ConfigError, frameworks
+from dlscale.case.config import (
+    AUTO_STRATEGY, FIELDS, RunConfig, check_value, choices_of, validate_case, workload_fields,
+)
 
 AXIS_FIELDS = ("strategy", "batch_size", "grad_accum", "activation_checkpointing", "compile", "compile_mode",
                "precision")
@@ -140,9 +142,9 @@ def tune_id(base: RunConfig, axes: Axes) -> str:
 
 def layouts_for(spec, strategy: str, cfg: RunConfig) -> list[tuple[Any, dict]]:
     """(Layout or None, strategy options) of each way ``strategy`` can spread the model here."""
-    from dlscale.planner.memplan import candidate_layouts
-    from dlscale.models import TransformerArch
-    from dlscale.strategies import get_strategy
+    from dlscale.planner.memplan import candidate_layouts  # keeps the CLI start-up light
+    from dlscale.models import TransformerArch  # torch: keeps start-up light
+    from dlscale.strategies import get_strategy  # torch: keeps start-up light
 
     world, nodes = cfg.world_size, cfg.nnodes
     if isinstance(spec.arch, TransformerArch):
@@ -187,11 +189,9 @@ def runnable_reason(cfg: RunConfig, device_type: str, memo: dict | None = None) 
     """Why this case cannot run here (as `dlscale run` would refuse or record it unsupported), or None.
     ``memo``: the checkpointing check by (strategy, mode), made once: it builds the model on the meta
     device (seconds for an 8B model), and nothing else of the case changes its answer."""
-    from dlscale import frameworks
-    from dlscale.train import checkpointing, fp8
-    from dlscale.case.config import validate_case
-    from dlscale.models import get_model
-    from dlscale.strategies import get_strategy
+    from dlscale.train import checkpointing, fp8  # keeps the CLI start-up light
+    from dlscale.models import get_model  # torch: keeps start-up light
+    from dlscale.strategies import get_strategy  # torch: keeps start-up light
 
     memo = {} if memo is None else memo
     key = (cfg.strategy, cfg.activation_checkpointing)
@@ -225,7 +225,7 @@ def _variants(axes: Axes) -> list[dict[str, Any]]:
 
 def generate(base: RunConfig, axes: Axes, device_type: str, default_batches: tuple, label: str) -> list[Candidate]:
     """Every candidate of the (defaulted) axes, labelled ``label``, the ones that cannot run marked with why."""
-    from dlscale.models import get_model
+    from dlscale.models import get_model  # torch: keeps start-up light
 
     spec = get_model(base.model, base.flavor)
     out: list[Candidate] = []

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from dlscale import DlscaleError
+from dlscale import ConfigError, DlscaleError
 from dlscale.registry import Registry
 
 # what one sample is, in the table format and the records (docs/records.md)
@@ -297,8 +297,6 @@ def float_of(text: str) -> float:
 
 def read_log(path: str) -> list[LogLine]:
     """A saved log's lines (no arrival times); unreadable bytes replaced, never fatal."""
-    from dlscale import ConfigError
-
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             return [LogLine(line.rstrip("\n")) for line in f]

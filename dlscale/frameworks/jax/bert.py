@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from dlscale.frameworks.jax import layers as L
 from dlscale.frameworks.jax.models import JaxModel, tensors_to_numpy
 from dlscale.models import ModelSpec
+from dlscale.models.bert import _CONFIGS
 
 LN_EPS = 1e-12
 STD = 0.02
@@ -23,7 +24,6 @@ def make(spec: ModelSpec) -> JaxModel:
     a = spec.arch
     H, I, nl, nh, V = a.hidden, a.ffn_hidden, a.n_layers, a.n_heads, a.vocab
     rate = float(a.dropout)
-    from dlscale.models.bert import _CONFIGS
 
     cfg = _CONFIGS[spec.flavor]
     P, TV = cfg.max_positions, cfg.type_vocab

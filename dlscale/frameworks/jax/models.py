@@ -56,6 +56,6 @@ def tensors_to_numpy(batch: tuple) -> tuple[np.ndarray, ...]:
 
 def count_params(params) -> int:
     """Parameters in a tree of arrays or ShapeDtypeStructs (tied weights are stored once)."""
-    import jax
+    import jax  # optional: jax
 
     return int(sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)))

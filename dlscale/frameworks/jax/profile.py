@@ -107,7 +107,7 @@ def read_trace(log_dir: Path) -> dict | None:
 
 def profile_steps(step, state, batches, trace_path: Path | None, steps: int = PROFILE_STEPS):
     """Run ``steps`` more steps under the profiler; (new state, {"top_ops", "steps", "trace"})."""
-    import jax
+    import jax  # optional: jax
 
     tmp = Path(tempfile.mkdtemp(prefix="dlscale-jax-profile-"))
     try:

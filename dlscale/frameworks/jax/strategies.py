@@ -30,7 +30,7 @@ OPTIONS: dict[str, dict[str, Any]] = {"single": {}, "ddp": {}, "fsdp": {}}
 
 def jax_strategy_check(cfg) -> str | None:
     """Why ``cfg`` cannot run under JAX (the case is recorded unsupported), or None."""
-    from dlscale.frameworks.jax.models import _MODULES
+    from dlscale.frameworks.jax.models import _MODULES  # torch: keeps start-up light
 
     if cfg.strategy not in STRATEGIES:
         return (f"strategy {cfg.strategy} has no JAX implementation in dlscale "
@@ -57,7 +57,7 @@ def validate(cfg) -> None:
 
 def fsdp_spec(shape: tuple[int, ...], n: int):
     """PartitionSpec sharding the largest dimension of ``shape`` that ``n`` divides over ``data``."""
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import PartitionSpec as P  # optional: jax
 
     dims = sorted((d for d in range(len(shape)) if shape[d] % n == 0 and shape[d] >= n),
                   key=lambda d: -shape[d])

@@ -33,7 +33,10 @@ from typing import Any, Callable
 
 _STARTED = time.time()
 
-from dlscale.case import procs, stacks
+from dlscale.case import multinode, procs, stacks
+from dlscale.frameworks.jax.models import count_params, get_jax_model
+from dlscale.frameworks.jax.profile import profile_steps
+from dlscale.monitor import HardwareSampler
 from dlscale.results import metrics  # noqa: E402
 
 if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (procs.py)
@@ -41,6 +44,7 @@ if __name__ == "__main__":  # end with the launcher even when it is SIGKILLed (p
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (CPU only: the synthetic batch is the torch spec's, so both frameworks see it)
+from torch.distributed import TCPStore
 
 from dlscale.case.config import RunConfig, parse_injection, resolve_device  # noqa: E402
 
@@ -59,8 +63,6 @@ def rank_env() -> tuple[int, int, int, int]:
         world = int(e["WORLD_SIZE"])
         return int(e["RANK"]), world, int(e.get("LOCAL_RANK", 0)), int(e.get("LOCAL_WORLD_SIZE", world))
     if "SLURM_PROCID" in e:
-        from dlscale.case import multinode
-
         multinode.slurm_rendezvous_env()
         return (int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0)),
                 int(e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE", "1").split("(")[0])))
@@ -78,8 +80,6 @@ def coordinator_address(rank: int, timeout: float) -> str:
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("MASTER_PORT", "29500"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        from torch.distributed import TCPStore
-
         store = TCPStore(addr, port, is_master=False, timeout=_dt.timedelta(seconds=timeout))
         key = f"{COORDINATOR_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         if rank == 0:
@@ -90,7 +90,7 @@ def coordinator_address(rank: int, timeout: float) -> str:
 
 def configure_jax(device_type: str, rank: int, world: int, local_rank: int, timeout: float) -> None:
     """Platform, collectives and process group, before JAX creates its backends."""
-    import jax
+    import jax  # optional: jax
 
     jax.config.update("jax_platforms", "cuda" if device_type == "cuda" else "cpu")
     if device_type == "cpu":
@@ -118,7 +118,6 @@ def _gpu_indices(local_world: int) -> list | None:
 def _start_sampler(cfg: RunConfig, local_rank: int, local_world: int, device_type: str, rank: int, out_dir: Path):
     if not cfg.monitor or local_rank != 0:
         return None
-    from dlscale.monitor import HardwareSampler
 
     gpus = _gpu_indices(local_world) if device_type == "cuda" else None
     gpus = [int(g) if isinstance(g, str) and g.isdigit() else g for g in gpus] if gpus else gpus
@@ -132,7 +131,7 @@ def _start_sampler(cfg: RunConfig, local_rank: int, local_world: int, device_typ
 def _peak_memory(device_type: str) -> dict[str, int | None]:
     if device_type == "cuda":
         try:
-            import jax
+            import jax  # optional: jax
 
             stats = jax.local_devices()[0].memory_stats() or {}
         except Exception:  # noqa: BLE001 - the backend is gone or never came up
@@ -151,7 +150,7 @@ def _value(x) -> float | None:
 
 def _scale_reading(state) -> metrics.ScaleReading | None:
     """The fp16 loss scale and its growth tracker (finite steps since it last changed) from the state."""
-    from dlscale.frameworks.jax import train as T
+    from dlscale.frameworks.jax import train as T  # optional: jax, optax
 
     scale, good = _value(state.scale), _value(state.good_steps)
     return None if scale is None else metrics.ScaleReading(scale, None if good is None else int(good),
@@ -172,10 +171,9 @@ def local_batches(model, cfg: RunConfig, dp_size: int, dp_rank: int) -> list[tup
 
 def train(cfg: RunConfig, device_type: str, ids: tuple[int, int, int, int], result: dict[str, Any],
           out_dir: Path) -> None:
-    import jax
+    import jax  # optional: jax
 
-    from dlscale.frameworks.jax import train as T
-    from dlscale.frameworks.jax.models import count_params, get_jax_model
+    from dlscale.frameworks.jax import train as T  # optional: jax, optax
 
     rank, world, local_rank, local_world = ids
     dev = jax.local_devices()[0]
@@ -226,9 +224,9 @@ def _measure(run: _Run) -> None:
 
 def _compile_and_warm_up(run: _Run):
     """(the compiled step, the state after the warm-up steps); their times and the strategy's info."""
-    import jax
+    import jax  # optional: jax
 
-    from dlscale.frameworks.jax import layers, train as T
+    from dlscale.frameworks.jax import layers, train as T  # optional: jax, optax
 
     cfg, s, result = run.cfg, run.s, run.result
     t_c = time.perf_counter()
@@ -256,8 +254,8 @@ def _compile_and_warm_up(run: _Run):
 
 def _timed_window(run: _Run, step, state):
     """The timed steps and the figures of the window; returns the state after them."""
-    import jax
-    from jax.experimental import multihost_utils
+    import jax  # optional: jax
+    from jax.experimental import multihost_utils  # optional: jax
 
     cfg, batches, result = run.cfg, run.batches, run.result
     n = cfg.steps
@@ -313,8 +311,6 @@ def _after_window(run: _Run, step, state) -> None:
         result["breakdown"] = None
         result["breakdown_note"] = "the step-time breakdown measures torch phases; not available under JAX"
     if cfg.profile:
-        from dlscale.frameworks.jax.profile import profile_steps
-
         trace = run.out_dir / "trace.json" if run.rank == 0 else None
         state, result["profile"] = profile_steps(step, state, batches, trace)
 
@@ -370,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         configure_jax(device_type, rank, ids[1], ids[2], cfg.collective_timeout)
-        import jax
+        import jax  # optional: jax
 
         jax.devices()  # backends (and the distributed client) up here, not inside the build
         result["marks"]["process_group"] = time.time()
@@ -390,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlscale jax worker rank {rank}: {result['status']}: {result['error']}", file=sys.stderr, flush=True)
         os._exit(code)  # peers may wait in a collective: no teardown that could hang
     if ids[1] > 1:
-        import jax
+        import jax  # optional: jax
 
         jax.distributed.shutdown()
     sys.stdout.flush()
