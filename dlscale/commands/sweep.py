@@ -201,7 +201,7 @@ def _run_one(p: Planned, suite, root, verbose: bool, on_probe) -> Any:
 
 def summary_tables(store_root, keys: set[str]) -> str:
     """The report's DLPerf tables (Markdown) for the records of these case keys."""
-    from dlscale.report import render  # numpy: keeps start-up light
+    from dlscale.report import render, table  # numpy: keeps start-up light
 
     try:
         loaded = load_records(store_root)
@@ -227,8 +227,7 @@ def summary_tables(store_root, keys: set[str]) -> str:
     for g in report.groups:
         if g.own_rows and all(id(r.record) in borrowed for r in g.own_rows):
             continue
-        out += [f"### {g.title}", "", render.md_table(render.table_columns(g), [render.table_cells(g, r) for r in g.rows]),
-                ""]
+        out += [f"### {g.title}", "", table.md_table(render.dlperf_table(g)), ""]
         out += [f"- {n}" for n in render.group_notes(g)] + [""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -11,7 +11,6 @@ from typing import Any, Callable, Sequence
 
 from dlscale.results import validity
 from dlscale.fmt import MISSING, fmt_stdev, md_code, md_generated, md_heading, md_safe, md_text
-from dlscale.fmt import md_table  # noqa: F401  (commands/sweep.py reads it here)
 from dlscale.inputs.spec import BUFFER_MARGIN, INPUT_BOUND_SHARE
 from dlscale.report import account, lostcols, parity, sidebyside, sources, table
 from dlscale.report import frameworks, quality
@@ -217,15 +216,6 @@ def dlperf_columns(group: Group) -> list[Column]:
 def dlperf_values(group: Group, row: Row) -> list[Any]:
     """The DLPerf row's values under ``dlperf_columns``."""
     return _row_values(group, row, _metrics(group)[1])
-
-
-def table_columns(group: Group) -> list[str]:
-    return [c.title for c in dlperf_columns(group)]
-
-
-def table_cells(group: Group, row: Row) -> list[str]:
-    """The DLPerf row's texts."""
-    return [c.text(v) for c, v in zip(dlperf_columns(group), dlperf_values(group, row))]
 
 
 def flag_notes(group: Group) -> list[str]:
