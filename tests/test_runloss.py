@@ -226,6 +226,19 @@ def test_checkpoint_options_are_checked_before_anything_runs(tmp_path):
     validate_case(_ckpt_cfg(checkpoint_every=2, checkpoint_mode="async"))
 
 
+def test_restore_check_allows_gpu_drift_after_the_first_step_only():
+    from dlscale.train.checkpoint_timing import DRIFT_RTOL_GPU, RESTORE_RTOL, restore_check
+
+    trained = [2.0, 1.0]
+    drift = [2.0, 1.0 + DRIFT_RTOL_GPU / 2]  # the second loss moved by half the GPU's drift tolerance
+    assert restore_check(trained, drift, "cuda") == (True, pytest.approx(DRIFT_RTOL_GPU / 2))
+    assert restore_check(trained, drift, "cpu")[0] is False
+    first_off = [2.0 * (1 + 10 * RESTORE_RTOL), 1.0]  # the first step reads only the restored weights
+    assert restore_check(trained, first_off, "cuda")[0] is False
+    assert restore_check(trained, [2.0, 1.0 + 2 * DRIFT_RTOL_GPU], "cuda")[0] is False
+    assert restore_check(trained, trained, "cpu") == (True, 0.0)
+
+
 def test_checkpoint_options_leave_the_case_key_as_it_was(tmp_path):
     plain = _ckpt_cfg()
     timed = _ckpt_cfg(checkpoint_every=3, checkpoint_mode="async", checkpoint_dir=str(tmp_path))

@@ -9,7 +9,8 @@ DCP's planner writes once, not once per replica), written with ``torch.distribut
 * ``sync``: ``dcp.save``: training is blocked until the files are written and synced (FileSystemWriter
   fsyncs each file) and rank 0 committed the metadata; blocking time = time to durable completion.
 * ``async``: ``dcp.async_save``: training is blocked while the state is staged (copied to host memory)
-  and the save planned; the write runs in a thread (with a gloo group of its own) while the next steps
+  (into pinned host buffers on a GPU, kept across the phase's saves as trainers keep them) and the save
+  planned; the write runs in a thread (with a gloo group of its own) while the next steps
   train; durable completion is when its future resolves (a callback takes the time). One write is in
   flight at a time: a save first waits for the previous one, and that wait counts as blocking.
 
@@ -36,7 +37,10 @@ from dlscale.results.record import median_repeat_with
 MODES = ("sync", "async")
 SAVES = 2
 STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments: the most a registered optimizer keeps
-RESTORE_RTOL = 1e-5  # GPU kernels need not be bitwise deterministic; the CPU's are
+RESTORE_RTOL = 1e-5  # the first step after the load reads only the restored weights: equal on any device
+# the steps after it: a GPU's backward kernels (atomic adds) need not be bitwise deterministic; a lost
+# optimizer state moves the loss by far more (Adam's first step after a reset is a full-rate step)
+DRIFT_RTOL_GPU = 1e-3
 
 
 # ----------------------------------------------------------------------------- checks before the case
@@ -165,7 +169,29 @@ def _own_bytes(folder: Path, rank: int) -> int:
     return sum(p.stat().st_size for p in names if p.exists())
 
 
-def _save(par, folder: Path, mode: str, pg, t0: float) -> dict[str, Any]:
+def restore_check(trained: list[float], restored: list[float], device_type: str) -> tuple[bool, float]:
+    """Whether the losses trained again from the save equal those first trained: the first within
+    ``RESTORE_RTOL``, the later ones within it on a CPU and ``DRIFT_RTOL_GPU`` on a GPU; and the largest
+    relative difference."""
+    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(trained, restored)]
+    later = RESTORE_RTOL if device_type == "cpu" else DRIFT_RTOL_GPU
+    ok = all(r <= (RESTORE_RTOL if i == 0 else later) for i, r in enumerate(rel))
+    return ok, max(rel, default=0.0)
+
+
+def _stager(mode: str, device_type: str):
+    """async: one stager for the phase, so its host buffers (pinned on a GPU) are made once and reused;
+    DCP's default makes pageable copies at every save."""
+    if mode != "async":
+        return None
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # torch: keeps start-up light
+
+    gpu = device_type == "cuda"
+    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=gpu))
+
+
+def _save(par, folder: Path, mode: str, pg, t0: float, stager=None) -> dict[str, Any]:
     """One save, training stopped since ``t0`` (before its wait for the previous write): blocking seconds
     (the state gathered, and staged or written), and (async) the future whose callback stamps durable
     completion."""
@@ -176,7 +202,7 @@ def _save(par, folder: Path, mode: str, pg, t0: float) -> dict[str, Any]:
         dcp.save(state, checkpoint_id=str(folder))
         t = time.perf_counter()
         return {"folder": folder, "t0": t0, "blocking_s": t - t0, "done": [t], "future": None}
-    fut = dcp.async_save(state, checkpoint_id=str(folder), process_group=pg)
+    fut = dcp.async_save(state, checkpoint_id=str(folder), process_group=pg, async_stager=stager)
     blocking = time.perf_counter() - t0
     done: list[float] = []
     fut.add_done_callback(lambda f: done.append(time.perf_counter()))
@@ -190,6 +216,10 @@ def _finish(s: dict[str, Any], rank: int) -> dict[str, float]:
             time.sleep(0.001)
     return {"blocking_s": s["blocking_s"], "durable_s": s["done"][0] - s["t0"],
             "bytes": float(_own_bytes(s["folder"], rank))}
+
+
+def _device_type(par) -> str:
+    return next(par.module.parameters()).device.type
 
 
 def _root(cfg, out_dir: Path | None) -> Path:
@@ -234,13 +264,14 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
     # async: the write's collectives run in a thread while training's run on the default group; a group of
     # their own (gloo: DCP's background collectives are on the CPU) keeps the two from interleaving
     pg = dist.new_group(backend="gloo") if mode == "async" else None
+    stager = _stager(mode, _device_type(par))
     segments, saves, done, after_losses = [_timed_steps(step, every, sync)], [], [], []
     try:
         for k in range(SAVES):
             t = time.perf_counter()
             if saves:  # one write in flight at a time (as trainers do): training waits for the last one
                 done.append(_finish(saves[-1], denv.rank))
-            saves.append(_save(par, root / f"save{k}", mode, pg, t))
+            saves.append(_save(par, root / f"save{k}", mode, pg, t, stager))
             segments.append(_timed_steps(step, every, sync, after_losses if k == SAVES - 1 else None))
         done.append(_finish(saves[-1], denv.rank))
         dist.barrier()
@@ -248,15 +279,20 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
         restored = _restore(par, saves[-1]["folder"], step, n, sync) if static else None
         worst = _reduce([x for d in done for x in (d["blocking_s"], d["durable_s"])], dist.ReduceOp.MAX)
         written = _reduce([d["bytes"] for d in done], dist.ReduceOp.SUM)
-        restore = {"losses_trained": after_losses[:n], "losses_restored": restored, "restore_matches": None}
+        restore = {"losses_trained": after_losses[:n], "losses_restored": restored, "restore_matches": None,
+                   "restore_max_rel_diff": None}
         if restored is not None:
-            ok = all(abs(a - b) <= RESTORE_RTOL * max(abs(a), 1e-12) for a, b in zip(after_losses[:n], restored))
+            ok, rel = restore_check(after_losses[:n], restored, _device_type(par))
             restore["restore_matches"] = bool(_reduce([float(ok)], dist.ReduceOp.MIN)[0])
+            restore["restore_max_rel_diff"] = _reduce([rel], dist.ReduceOp.MAX)[0]
     finally:
+        if stager is not None:
+            stager.close()
         dist.barrier()
         if denv.rank == 0:
             shutil.rmtree(root, ignore_errors=True)
-    return {"mode": mode, "every": every, **summarise(segments, worst, written), **restore}
+    staging = None if mode == "sync" else ("pinned" if _device_type(par) == "cuda" else "pageable")
+    return {"mode": mode, "every": every, "staging": staging, **summarise(segments, worst, written), **restore}
 
 
 def summarise(segments: list[list[float]], worst: list[float], written: list[float]) -> dict[str, Any]:
@@ -319,4 +355,6 @@ def console_line(rec: dict[str, Any]) -> str | None:
     return (f"# checkpoint ({c.get('mode')}, every {c.get('every')} steps, median of {len(c.get('saves') or [])} "
             f"saves): blocking {v['blocking_s']:.3g} s, durable {v['durable_s']:.3g} s, {nbytes / 1e6:.3g} MB at "
             f"{(v['write_bytes_per_s'] or 0) / 1e6:.3g} MB/s; steps after it {eff}; "
-            f"{restore.get(c.get('restore_matches'), 'restore not checked')}")
+            f"{restore.get(c.get('restore_matches'), 'restore not checked')}"
+            + (f" (largest relative difference {c['restore_max_rel_diff']:.1e})"
+               if c.get("restore_max_rel_diff") is not None else ""))
