@@ -420,6 +420,16 @@ def test_micro_records_are_flagged_as_runs_are(rec, flags):
     assert {f.check for f in v.flags} == flags and v.sound is (not flags)
 
 
+def test_collectives_on_one_rank_are_flagged_as_no_link_measured():
+    from dlscale.results import validity
+
+    def comm(n):
+        return {**_micro_rec([0.01, 0.02], device="cuda"), "micro": "comm", "nranks": n}
+
+    assert {f.check for f in validity.assess_micro(comm(1)).flags} == {"one_rank"}
+    assert not validity.assess_micro(comm(2)).flags
+
+
 def test_a_micro_record_without_a_load_says_what_it_could_not_check():
     from dlscale.results import validity
 

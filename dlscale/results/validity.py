@@ -555,6 +555,13 @@ def _micro_spread(rec, t: Thresholds, v: Validity) -> None:
                             t.max_cv))
 
 
+def _micro_one_rank(rec, v: Validity) -> None:
+    """Collectives on one rank move nothing between devices: what they time is each call's floor."""
+    if rec.get("micro") == "comm" and _num(rec.get("nranks")) == 1:
+        v.flags.append(Flag("one_rank", "one rank: no data crosses a link, so the times are each call's "
+                            "floor and the bandwidths are not a link's", WARN, 1, 2))
+
+
 def _micro_load(rec, t: Thresholds, v: Validity) -> None:
     load = rec.get("load") if isinstance(rec.get("load"), dict) else None
     if load is None or _num(load.get("other_cpu_pct_mean")) is None:
@@ -578,6 +585,7 @@ def assess_micro(record: dict[str, Any], thresholds: Thresholds = THRESHOLDS) ->
     CPU use while it measured and oversubscribed threads (CPU runs; the GPU checks need a sampler)."""
     v = Validity(thresholds=asdict(thresholds))
     _micro_spread(record, thresholds, v)
+    _micro_one_rank(record, v)
     if str(record.get("device")) == "cpu":
         _micro_load(record, thresholds, v)
     return v
