@@ -92,7 +92,10 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
 
     t0, m0 = time.time(), time.monotonic()
     threads = torch.get_num_threads()
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or threads))  # as the worker's OMP_NUM_THREADS
+    # as the worker's OMP_NUM_THREADS; unset, one thread (as torchrun gives each of several workers):
+    # this process shares the cores with the suite's other workers, and torch's default (a thread
+    # per core) on busy cores makes a tiny step several times slower
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
     denv = DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo")
     result = worker.new_result(denv, t0)
     worker.write_started(workdir, 0)

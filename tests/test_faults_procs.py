@@ -112,13 +112,13 @@ def _agent(tmp_path: Path) -> psutil.Process:
     return next(p for p in _ours(tmp_path) if "torch.distributed.run" in " ".join(p.cmdline()))
 
 
-def _wait_training(tmp_path: Path, timeout: float = 90) -> dict[int, psutil.Process]:
-    """Both ranks started and past their warm-up's start (the sampler's series exists)."""
+def _wait_training(tmp_path: Path, timeout: float = 90, ranks: int = 2) -> dict[int, psutil.Process]:
+    """Every rank started and past its warm-up's start (the sampler's series exists)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if list((tmp_path / "tmp").glob("dlscale-case-*/series-rank0.jsonl")):
             w = _workers(tmp_path)
-            if len(w) == 2:
+            if len(w) == ranks:
                 time.sleep(1.0)
                 return w
         time.sleep(0.2)
@@ -163,13 +163,17 @@ def reaper(tmp_path):
 
 
 OOM_TEST = "test_a_cpu_allocation_failure_is_oom"
+# a fault that needs no peer (a signal to dlscale or the agent, an allocation failure) is dealt to a
+# case of one rank: its processes end (or fail) as each of several do; a peer's view of a stopped or
+# hung rank: the two-rank cases below
+ONE_RANK = ("--nproc-per-node", "1")
 HUNG_TEST = "test_a_hung_rank_is_a_timeout_naming_it_not_a_failure_of_its_peer"
 
 
 def _start_oom(folder: Path) -> subprocess.Popen:
     """The out-of-memory case: under a 3 GiB address-space limit, the activations of 256 Ki sequences
     cannot be allocated."""
-    return _start(folder, "--batch-size", str(2 ** 18), "--no-monitor", mem_limit=3 << 30, steps=2)
+    return _start(folder, "--batch-size", str(2 ** 18), "--no-monitor", *ONE_RANK, mem_limit=3 << 30, steps=2)
 
 
 def _start_hung(folder: Path) -> subprocess.Popen:
@@ -221,9 +225,9 @@ def _deal(folder: Path, sig: signal.Signals) -> SimpleNamespace:
     followed: its exit code and stderr (none for SIGKILL), and the AssertionError of the processes
     still alive after the usual wait (10 s after a SIGKILL, 15 s after dlscale ended), or None."""
     case = SimpleNamespace(folder=folder, rc=None, err="", left=None)
-    dl = _start(folder)
+    dl = _start(folder, *ONE_RANK)
     try:
-        _wait_training(folder)
+        _wait_training(folder, ranks=1)
         if sig == signal.SIGKILL:
             dl.kill()
             dl.wait()
@@ -277,10 +281,10 @@ def signalled(request, tmp_path_factory):
 @pytest.mark.slow
 def test_sigkill_of_the_agent_ends_the_workers(tmp_path, reaper):
     def kill_agent() -> None:
-        _wait_training(tmp_path)
+        _wait_training(tmp_path, ranks=1)
         _agent(tmp_path).send_signal(signal.SIGKILL)
 
-    rc, err = _run_here(tmp_path, during=kill_agent)
+    rc, err = _run_here(tmp_path, *ONE_RANK, during=kill_agent)
     assert rc == 5, err
     _assert_none_left(tmp_path)
     # a rank killed by a signal is named from torchrun's report: test_classify_names_a_rank_killed_by_a_signal

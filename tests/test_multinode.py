@@ -299,9 +299,11 @@ def test_two_hosts_c10d_one_record_with_every_node(net, tmp_path):
 
 @pytest.mark.slow
 def test_two_hosts_node_lost_mid_run(net, tmp_path):
-    """Every process of node B is SIGKILLed mid-run: node A ends well within its limit, failed."""
+    """Every process of node B is SIGKILLed mid-run: node A ends well within its limit, failed. One
+    rank per node (the rendezvous of two ranks per node: the c10d test above)."""
     store = tmp_path / "store"
-    procs = _start_nodes(net, store, ["--steps", "400"], 29513, tmp_path)
+    per_node = 1
+    procs = _start_nodes(net, store, ["--steps", "400", "--nproc-per-node", str(per_node)], 29513, tmp_path)
     deadline = time.monotonic() + 90
     while not list((tmp_path / "tmp0").glob("dlscale-node-*/world.json")):  # training has begun
         assert time.monotonic() < deadline and procs[0].poll() is None, _logs(tmp_path)
@@ -318,9 +320,9 @@ def test_two_hosts_node_lost_mid_run(net, tmp_path):
     assert took < 40, f"node A needed {took:.1f} s after node B was lost"
     rec, = _records(store)
     assert rec["status"] == "failed"
-    # node B's ranks are named as lost; node A's other rank may or may not have published its own error
-    # before its agent ended it (torchrun stops a node's other ranks on the first failure): both are listed
-    assert f"ranks [2, 3] on node 1, {net.hostnames[1]} {net.addrs[1]} (process killed or node lost)" in rec["error"]
+    # node B's ranks are named as lost, with the node's host and address
+    lost = list(range(per_node, 2 * per_node))
+    assert f"ranks {lost} on node 1, {net.hostnames[1]} {net.addrs[1]} (process killed or node lost)" in rec["error"]
     assert rec["repeats"][0]["process_s"] < 90
 
 

@@ -156,10 +156,10 @@ def _dp(strategy: str, nproc: int, opts: tuple[str, ...], extra: tuple[str, ...]
 @pytest.mark.parametrize("strategy, nproc, opts, extra", [
     _dp("zero1", 2, ()),
     # zero3 (the default), per-block fully_shard: the clipping test's run below (clipping is the
-    # optimizer step's, the same on every strategy; its own `single` reference); zero2 per block
-    # (hsdp) and in one unit of both blocks: the other runs here and below
+    # optimizer step's, the same on every strategy; its own `single` reference); zero2 in one unit
+    # of both blocks: that test's one-rank run
     _dp("fsdp", 2, (), CLIP),
-    # hsdp's zero2 path: the zero2 fsdp run below; FSDP over dp with TP within: the 3-D llama run
+    # hsdp's zero2 path: the one-rank zero2 fsdp run below; FSDP over dp with TP within: the 3-D llama run
 ])
 def test_data_parallel_matches_single(store, strategy, nproc, opts, extra):
     # per-rank batch 2 x dp 2 = global 4
@@ -170,19 +170,25 @@ def test_data_parallel_matches_single(store, strategy, nproc, opts, extra):
     assert got is not None and _close(got, want), (got, want)
 
 
+# zero2, both tiny blocks in one unit (a list), torch's optimizer on the DTensors: on one rank, trained
+# in this process (the wrapping and the optimizer's path; what crosses ranks: the zero3 run on two)
+FSDP_ONE_RANK = ("shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false")
+
+
 @pytest.mark.slow
 @cases(case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, extra=CLIP),
-       case("gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false", extra=CLIP),
+       case("gpt2", "fsdp", 1, 4, *FSDP_ONE_RANK, extra=CLIP),
        case("gpt2", "single", 1, 4))
 def test_fsdp_optimizer_on_shards_clips_the_global_norm(store):
-    """The optimizer on local shards (fsdp's default) with global-norm clipping tight enough to
-    clip: the same training as `single` and as torch's optimizer on the DTensors; a shard-local
-    norm would clip each rank differently and drift. zero3 per block (fsdp's defaults), and zero2
-    with both tiny blocks in one unit (a list)."""
+    """The optimizer on local shards (fsdp's default) over two ranks with global-norm clipping tight
+    enough to clip: the same training as `single`; a shard-local norm would clip each rank
+    differently and drift. zero3 per block (fsdp's defaults) on two processes; zero2 with both
+    blocks in one unit and torch's optimizer on the DTensors (clipped by DTensor's own norm) on one."""
     ref = _rep(_run(store, "gpt2", "single", 1, 4, extra=CLIP))["loss_after"]
     shards = _run(store, "gpt2", "fsdp", 2, 2, extra=CLIP)
-    dtensors = _rep(_run(store, "gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false",
-                         extra=CLIP))
+    one = _run(store, "gpt2", "fsdp", 1, 4, *FSDP_ONE_RANK, extra=CLIP)
+    assert one["strategy_info"]["block_units"] == 1 and one["strategy_info"]["reshard_after_forward"] is False
+    dtensors = _rep(one)
     assert shards["strategy_info"]["optimizer_on_shards"] is True
     got = _rep(shards)["loss_after"]
     assert _close(got, ref) and _close(dtensors["loss_after"], ref), (got, dtensors["loss_after"], ref)
@@ -330,7 +336,7 @@ def test_deepspeed_zero3_matches_zero1(store):
 PARITY_RUNS = [
     case("gpt2", "single", 1, 4), case("gpt2", "zero1", 2, 2),
     case("gpt2", "single", 1, 4, extra=CLIP), case("gpt2", "fsdp", 2, 2, extra=CLIP),
-    case("gpt2", "fsdp", 2, 2, "shard=zero2", "blocks_per_unit=2", "optimizer_on_shards=false", extra=CLIP),
+    case("gpt2", "fsdp", 1, 4, *FSDP_ONE_RANK, extra=CLIP),
     case("gpt2", "pipeline", 2, 4, "microbatches=2"), case("gpt2", "tensor", 2, 4, "sequence_parallel=true"),
     case("resnet50", "single", 1, 4), case("resnet50", "model", 2, 4),
     case("resnet50", "pipeline", 2, 4, "schedule=interleaved", "microbatches=1"),
