@@ -457,14 +457,16 @@ def _tune_records(store: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 4 cases x 2 repeats of 2 processes, and the one the interrupt stopped
+@pytest.mark.timeout(600)  # 2 cases x 2 repeats of 2 processes, and the one the interrupt stopped
 def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(tmp_path):
     from tests.helpers_cli import dlscale
 
     store = tmp_path / "store"
     args = ["tune", "--model", "gpt2", "--flavor", "tiny", "--device", "cpu", "--nproc-per-node", "2",
-            "--strategy", "ddp,zero1", "--batch-size", "2,8", "--activation-checkpointing", "none",
-            "--warmup", "1", "--steps", "3", "--no-monitor", "--top", "4", "--store", str(store), "--format", "json"]
+            "--strategy", "ddp", "--batch-size", "2,8", "--activation-checkpointing", "none",
+            "--warmup", "1", "--steps", "3", "--no-monitor", "--top", "2", "--store", str(store), "--format", "json"]
+    # two candidates (ddp at two batches): the search over strategies, its ranking and resuming from
+    # the store are pure tests above; this one measures, is interrupted and resumes for real
     # Ctrl-C once the first candidate is stored: the tune keeps it and prints the best so far
     proc = subprocess.Popen([sys.executable, "-m", "dlscale", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -485,7 +487,7 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
     keys = [r["case_key"] for r in ok]
     seen = [(r["case_key"], r["config"]["strategy"], r["config"]["batch_size"], r["created"], r["label"])
             for r in _tune_records(store)]
-    assert len(set(keys)) == len(keys) == 4, (seen, err[-3000:], done.stderr[-3000:])  # each measured once
+    assert len(set(keys)) == len(keys) == len(res["measured"]) == 2, (seen, err[-3000:], done.stderr[-3000:])
     assert {r["case_key"] for r in before} <= {m["case_key"] for m in res["measured"] if m["resumed"]}
     medians = {m["case_key"]: m["median"] for m in res["measured"]}
     assert res["best"]["median"] == max(medians.values())
@@ -494,7 +496,7 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
     again = dlscale(*args)  # everything is in the store now: nothing is measured
     assert again.returncode == 0
     assert all(m["resumed"] for m in json.loads(again.stdout)["measured"])
-    assert len([r for r in _tune_records(store) if r["status"] == "ok"]) == 4
+    assert len([r for r in _tune_records(store) if r["status"] == "ok"]) == len(keys)
 
 
 def test_newest_per_key_keeps_the_newest_record_of_each_key():
