@@ -69,11 +69,16 @@ def test_sample_interval_out_of_range_is_exit_2(tmp_path, capsys, interval):
 
 
 @pytest.mark.slow
-def test_no_monitor_leaves_utilisation_empty(tmp_path):
-    p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
-            "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
-            "--no-monitor", "--store", str(tmp_path))
+def test_no_monitor_leaves_utilisation_empty(tmp_path, single_in_process):
+    # the case trains in this process (conftest.py): the configuration the launcher hands its worker is
+    # the one seen here, the record is made from what train() returns without a sampler
+    handed = []
+    with single_in_process(lambda cfg: handed.append(cfg.monitor) or True):
+        p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+                "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
+                "--no-monitor", "--store", str(tmp_path))
     assert p.returncode == 0, p.stderr[-2000:]
+    assert handed == [False]
     rec = ResultStore(tmp_path).load().records[0]
     assert rec["utilisation"] is None and rec["repeats"][0]["series"] == []
 
