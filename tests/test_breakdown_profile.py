@@ -16,7 +16,7 @@ def run(*args):
 def test_breakdown_profile_and_utilisation_in_record(tmp_path):
     p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
             "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size", "4", "--warmup", "2",
-            "--steps", "6", "--repeats", "2", "--breakdown", "--profile", "--sample-interval", "0.05",
+            "--steps", "6", "--repeats", "1", "--breakdown", "--profile", "--sample-interval", "0.05",
             "--store", str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:]
     rec = ResultStore(tmp_path).load().records[0]
@@ -53,8 +53,22 @@ def test_breakdown_profile_and_utilisation_in_record(tmp_path):
     names = {e.get("name", "") for e in events}
     assert any(n.startswith("ProfilerStep#") for n in names)
     assert any(n.startswith("aten::") for n in names)
-    assert rec["median_repeat"] in (0, 1)
-    assert len(list((tmp_path / "traces").iterdir())) == 1  # only the median repeat's trace is kept
+    assert list((tmp_path / "traces").iterdir()) == [trace]
+
+
+@pytest.mark.slow
+def test_only_the_median_repeats_trace_is_kept(tmp_path, single_in_process):
+    """Which repeat's trace stays is the launcher's choice: two repeats trained in this process
+    (conftest.py), the same profiler in each, one trace in the store, the median repeat's."""
+    with single_in_process():
+        p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu", "--strategy",
+                "single", "--batch-size", "2", "--warmup", "1", "--steps", "3", "--repeats", "2", "--profile",
+                "--no-monitor", "--store", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rec = ResultStore(tmp_path).load().records[0]
+    assert rec["median_repeat"] in (0, 1) and all(r["profile_top_ops"] for r in rec["repeats"])
+    assert rec["profile_top_ops"] == rec["repeats"][rec["median_repeat"]]["profile_top_ops"]
+    assert list((tmp_path / "traces").iterdir()) == [tmp_path / rec["trace"]]
 
 
 @pytest.mark.parametrize("interval", ["0.005", "11"])
@@ -69,11 +83,16 @@ def test_sample_interval_out_of_range_is_exit_2(tmp_path, capsys, interval):
 
 
 @pytest.mark.slow
-def test_no_monitor_leaves_utilisation_empty(tmp_path):
-    p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
-            "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
-            "--no-monitor", "--store", str(tmp_path))
+def test_no_monitor_leaves_utilisation_empty(tmp_path, single_in_process):
+    # the case trains in this process (conftest.py): the configuration the launcher hands its worker is
+    # the one seen here, the record is made from what train() returns without a sampler
+    handed = []
+    with single_in_process(lambda cfg: handed.append(cfg.monitor) or True):
+        p = run("--model", "gpt2", "--flavor", "tiny", "--precision", "fp32", "--device", "cpu",
+                "--strategy", "single", "--batch-size", "2", "--warmup", "1", "--steps", "2", "--repeats", "1",
+                "--no-monitor", "--store", str(tmp_path))
     assert p.returncode == 0, p.stderr[-2000:]
+    assert handed == [False]
     rec = ResultStore(tmp_path).load().records[0]
     assert rec["utilisation"] is None and rec["repeats"][0]["series"] == []
 

@@ -616,31 +616,34 @@ def test_ambiguous_workload(store, capsys):
 def test_host_floor_check_reproduces_the_measured_table_and_the_floor_band():
     """benchmarks/host_floor_check.py on the stored H200 runs (docs/results/stores/h200-2026-11-29/host-floor:
     call1-3, three calls with their synthetic runs; r1-r3, three rounds of 4, 8 and 16 cores in one call) prints the
-    errors docs/results/h200.md gives and the band model.HOST_FLOOR_BAND holds."""
-    import subprocess
+    errors docs/results/h200.md gives and the band model.HOST_FLOOR_BAND holds. One call of the script, in this
+    process (it reads stores and calls ``dlscale predict``): each run's rows are its own, whatever runs follow."""
+    import contextlib
+    import importlib.util
+    import io
     import sys
     from pathlib import Path
+    from unittest import mock
 
     from dlscale.perfmodel.model import HOST_FLOOR_BAND
     root = Path(__file__).resolve().parent.parent
     d = root / "docs/results/stores/h200-2026-11-29/host-floor"
     runs = [f"{d / 'call1'},{d / 'synthetic-call1/store'}", f"{d / 'call2'},{d / 'synthetic-call1/store'}",
             f"{d / 'call3'},{d / 'synthetic-call4/store'}"]
-    out = subprocess.run([sys.executable, "benchmarks/host_floor_check.py", *runs], capture_output=True, text=True,
-                         check=True, cwd=root).stdout
-    rows = [line for line in out.splitlines() if line.startswith("| call")]
-    # each run is predicted on its own host and on fewer cores: as many "fewer cores" rows as the others
-    assert rows and 2 * sum("| fewer cores" in r for r in rows) == len(rows)
-    for err in ("-7.4 %", "+7.9 %", "-21.1 %", "-5.4 %", "+2.4 %", "+22.3 %", "+0.8 %"):
-        assert err in out
-    assert "22 floor-bound prediction(s)" in out
-    e = d
-    runs += [f"{e / r},{d / 'synthetic-call4/store'}" for r in ("r1", "r2", "r3")]
-    out = subprocess.run([sys.executable, "benchmarks/host_floor_check.py", *runs], capture_output=True, text=True,
-                         check=True, cwd=root).stdout
-    rows = [line for line in out.splitlines() if line.startswith(("| r1 ", "| r2 ", "| r3 "))]
-    assert rows and 2 * sum("| fewer cores" in r for r in rows) == len(rows)
-    for err in ("+2.5 %", "-11.6 %", "+15.4 %", "+16.2 %", "-6.9 %"):
+    runs += [f"{d / r},{d / 'synthetic-call4/store'}" for r in ("r1", "r2", "r3")]
+    spec = importlib.util.spec_from_file_location("host_floor_check", root / "benchmarks" / "host_floor_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    buf = io.StringIO()
+    with mock.patch.object(sys, "argv", ["host_floor_check.py", *runs]), contextlib.redirect_stdout(buf):
+        assert script.main() == 0
+    out = buf.getvalue()
+    for names in (("| call",), ("| r1 ", "| r2 ", "| r3 ")):
+        rows = [line for line in out.splitlines() if line.startswith(names)]
+        # each run is predicted on its own host and on fewer cores: as many "fewer cores" rows as the others
+        assert rows and 2 * sum("| fewer cores" in r for r in rows) == len(rows)
+    for err in ("-7.4 %", "+7.9 %", "-21.1 %", "-5.4 %", "+2.4 %", "+22.3 %", "+0.8 %",  # call1-3
+                "+2.5 %", "-11.6 %", "+15.4 %", "+16.2 %", "-6.9 %"):  # r1-r3
         assert err in out
     assert "37 floor-bound prediction(s): mean |error| 8.1 %, max 22.3 %" in out
     assert f"[{HOST_FLOOR_BAND[0]}, {HOST_FLOOR_BAND[1]}]" in out

@@ -364,8 +364,11 @@ def test_sweep_killed_mid_case_resumes_without_loss_or_duplicates(tmp_path, caps
     suite = write(tmp_path, RESUME_SUITE)
     store = tmp_path / "st"
     log = open(tmp_path / "sweep.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dlscale", "sweep", str(suite), "--store", str(store)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    # `python -m dlscale sweep`, its first case (batch 2) trained in that process (tests/tools/dlscale_here.py):
+    # the second, the one the signal strikes, starts its torchrun and worker as always
+    here = Path(__file__).resolve().parent / "tools" / "dlscale_here.py"
+    proc = subprocess.Popen([sys.executable, str(here), "--here", "batch_size=2", "sweep", str(suite), "--store",
+                             str(store)], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         _wait(lambda: len(records(store)) >= 1, 150, "the first case's record")
         # the second case is running once the sweep has a torchrun child again

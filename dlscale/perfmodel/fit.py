@@ -108,58 +108,75 @@ def page_folds(datasets: Datasets) -> dict[str, str]:
     return {name: page_of(name, records) for name, records in datasets.items()}
 
 
-def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], net_terms: Sequence[str],
-             exclude: Iterable[str] = ()) -> FitRows:
-    skip = set(exclude)
+def dataset_rows(name: str, records: list[dict[str, Any]], opts: ModelOptions, node_terms: Sequence[str],
+                 net_terms: Sequence[str]) -> FitRows:
+    """One dataset's residual rows: they do not depend on which other datasets a fit leaves out."""
+    grp = page_of(name, records)
     node: list[tuple[list[float], float, str]] = []
     net: list[tuple[list[float], float, str]] = []
-    for name, records in datasets.items():
-        if name in skip:
+    for w in group_workloads(usable(records, Query())).values():
+        measured = w.measured(opts.strategy)
+        inferred = w.baseline is None  # t_1 inferred from the node: its node point says nothing of the law
+        if ((inferred and w.node_reference(opts.strategy) is None) or not measured
+                or series_flags(w, opts.strategy)):
+            continue  # a series above ideal scaling is a measurement problem, not evidence for the law
+        try:
+            m = build_model(w, records, opts, calibrate_on=[]).model
+        except ConfigError:  # a workload the model cannot describe adds nothing to the fit
             continue
-        grp = page_of(name, records)
-        for w in group_workloads(usable(records, Query())).values():
-            measured = w.measured(opts.strategy)
-            inferred = w.baseline is None  # t_1 inferred from the node: its node point says nothing of the law
-            if ((inferred and w.node_reference(opts.strategy) is None) or not measured
-                    or series_flags(w, opts.strategy)):
-                continue  # a series above ideal scaling is a measurement problem, not evidence for the law
+        t1 = m.t1_s
+        for sh, row in measured.items():
+            p = measured_point(row)
             try:
-                m = build_model(w, records, opts, calibrate_on=[]).model
-            except ConfigError:  # a workload the model cannot describe adds nothing to the fit
+                if sh.nodes == 1:
+                    if inferred:
+                        continue
+                    r = m.node_loss_s(p.step_s, sh.gpus_per_node) / p.step_s
+                    feats = node_features(node_terms, t1, sh.gpus_per_node, m.compiled)
+                    node.append(([f / p.step_s for f in feats], r, grp))
+                elif Shape(1, sh.gpus_per_node) in measured or sh.gpus_per_node == 1:
+                    t_node = (measured_point(measured[Shape(1, sh.gpus_per_node)]).step_s
+                              if sh.gpus_per_node > 1 else t1)
+                    node_ex = m.exposed(Shape(1, sh.gpus_per_node)).exposed_s
+                    r = (p.step_s - t_node - (m.exposed(sh).exposed_s - node_ex)) / p.step_s
+                    feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh),
+                                         m.node_loss_s(t_node, sh.gpus_per_node))
+                    net.append(([f / p.step_s for f in feats], r, grp))
+            except ConfigError:  # a missing link: the point adds nothing
                 continue
-            t1 = m.t1_s
-            for sh, row in measured.items():
-                p = measured_point(row)
-                try:
-                    if sh.nodes == 1:
-                        if inferred:
-                            continue
-                        r = m.node_loss_s(p.step_s, sh.gpus_per_node) / p.step_s
-                        feats = node_features(node_terms, t1, sh.gpus_per_node, m.compiled)
-                        node.append(([f / p.step_s for f in feats], r, grp))
-                    elif Shape(1, sh.gpus_per_node) in measured or sh.gpus_per_node == 1:
-                        t_node = (measured_point(measured[Shape(1, sh.gpus_per_node)]).step_s
-                                  if sh.gpus_per_node > 1 else t1)
-                        node_ex = m.exposed(Shape(1, sh.gpus_per_node)).exposed_s
-                        r = (p.step_s - t_node - (m.exposed(sh).exposed_s - node_ex)) / p.step_s
-                        feats = net_features(net_terms, t_node, sh.nodes, m.inter_exposed_s(sh),
-                                             m.node_loss_s(t_node, sh.gpus_per_node))
-                        net.append(([f / p.step_s for f in feats], r, grp))
-                except ConfigError:  # a missing link: the point adds nothing
-                    continue
     return FitRows(node, net)
 
 
-def fit_law(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str] = ("ln_gpus",),
-            net_terms: Sequence[str] = ("ln_nodes",), exclude: Iterable[str] = (),
-            band: Mapping[str, object] | None = None, source: str = "") -> OverheadLaw:
-    rows = fit_rows(datasets, opts, node_terms, net_terms, exclude)
+def joined(rows: Iterable[FitRows]) -> FitRows:
+    out = FitRows([], [])
+    for r in rows:
+        out.node += r.node
+        out.net += r.net
+    return out
+
+
+def fit_rows(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], net_terms: Sequence[str],
+             exclude: Iterable[str] = ()) -> FitRows:
+    skip = set(exclude)
+    return joined(dataset_rows(name, records, opts, node_terms, net_terms)
+                  for name, records in datasets.items() if name not in skip)
+
+
+def law_from_rows(rows: FitRows, node_terms: Sequence[str], net_terms: Sequence[str],
+                  band: Mapping[str, object] | None = None, source: str = "") -> OverheadLaw:
     cn = (l1_nnls([r[0] for r in rows.node], [r[1] for r in rows.node], FitRows.weights(rows.node))
           if rows.node else np.zeros(len(node_terms)))
     cm = (l1_nnls([r[0] for r in rows.net], [r[1] for r in rows.net], FitRows.weights(rows.net))
           if rows.net else np.zeros(len(net_terms)))
     return OverheadLaw({k: round(float(c), 5) for k, c in zip(node_terms, cn)},
                        {k: round(float(c), 5) for k, c in zip(net_terms, cm)}, dict(band or {}), source)
+
+
+def fit_law(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str] = ("ln_gpus",),
+            net_terms: Sequence[str] = ("ln_nodes",), exclude: Iterable[str] = (),
+            band: Mapping[str, object] | None = None, source: str = "") -> OverheadLaw:
+    return law_from_rows(fit_rows(datasets, opts, node_terms, net_terms, exclude), node_terms, net_terms, band,
+                         source)
 
 
 def leave_one_out(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[str], net_terms: Sequence[str],
@@ -169,11 +186,13 @@ def leave_one_out(datasets: Datasets, opts: ModelOptions, node_terms: Sequence[s
     fold_of = dict(folds) if folds is not None else page_folds(datasets)
     val = Validation(law=f"terms {', '.join(node_terms)}; {', '.join(net_terms)}, refitted without the predicted set")
     laws: dict[str, OverheadLaw] = {}
+    # each dataset's rows once: a fold's fit joins those of the datasets outside it
+    rows = {name: dataset_rows(name, records, opts, node_terms, net_terms) for name, records in datasets.items()}
     for name, records in datasets.items():
         fold = fold_of.get(name, name)
         if fold not in laws:
-            out = [n for n in datasets if fold_of.get(n, n) == fold]
-            laws[fold] = fit_law(datasets, opts, node_terms, net_terms, exclude=out, band=dict(band or {}))
+            kept = (r for n, r in rows.items() if fold_of.get(n, n) != fold)
+            laws[fold] = law_from_rows(joined(kept), node_terms, net_terms, dict(band or {}))
         try:
             v = validate(records, Query(), replace(opts, law=laws[fold]))
         except ConfigError as e:
