@@ -36,6 +36,23 @@ def test_loads_the_package_once_and_lists_sorted_names(tmp_path, monkeypatch):
     assert widgets_a.REG.get("alpha") == 3
 
 
+def test_a_name_imports_its_own_module_only(tmp_path, monkeypatch):
+    reg_line = "from {p} import REG\nREG.add({n!r}, {v})\n"
+    _package(tmp_path, monkeypatch, "widgets_b", {
+        "one_two": reg_line.format(p="widgets_b", n="one-two", v=1),
+        "other": reg_line.format(p="widgets_b", n="three", v=3),
+        "helpers": "raise RuntimeError('skip names a module that is not an entry')\n",
+    })
+    import widgets_b
+
+    assert widgets_b.REG.get("one-two") == 1  # one-two lives in one_two.py
+    assert "widgets_b.other" not in sys.modules
+    assert widgets_b.REG.get("three") == 3  # in a module of another name: every module is imported
+    assert not widgets_b.REG.has("helpers") and not widgets_b.REG.has("four")
+    with pytest.raises(ConfigError, match="four"):
+        widgets_b.REG.get("four")
+
+
 def test_unknown_and_twice_registered_names():
     reg: Registry[int] = Registry("gadget", "dlscale.models")
     reg._loaded = True  # no package modules for this one

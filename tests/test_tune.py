@@ -493,8 +493,9 @@ def test_a_tune_finds_the_faster_by_measurement_and_resumes_after_an_interrupt(t
     assert len(set(keys)) == len(keys) == len(res["measured"]) == 2, (seen, err[-3000:], done.stderr[-3000:])
     assert {r["case_key"] for r in before} <= {m["case_key"] for m in res["measured"] if m["resumed"]}
     medians = {m["case_key"]: m["median"] for m in res["measured"]}
+    # the best is the measured fastest (which batch wins is the machine's: one candidate ran under
+    # torchrun, the resumed one in this process)
     assert res["best"]["median"] == max(medians.values())
-    assert "--batch-size 8" in res["best"]["command"]  # 4x the samples per step of the same process
 
     again = dlscale(*args)  # everything is in the store now: nothing is measured
     assert again.returncode == 0

@@ -472,6 +472,16 @@ def choices_of(name: str) -> tuple:
     return tuple(c or ())
 
 
+def _is_choice(name: str, value) -> bool:
+    """``value in choices_of(name)``, but a strategy is looked up by its own module: listing them all
+    imports every strategy's torch modules (a second of each worker's start)."""
+    if FIELDS[name].choices == "strategies":
+        from dlscale.strategies import has_strategy  # torch: keeps start-up light
+
+        return value == AUTO_STRATEGY or (isinstance(value, str) and has_strategy(value))
+    return value in choices_of(name)
+
+
 def _num(x: float) -> str:
     """A bound or value in a message: whole numbers in full (4294967295, not 4.29497e+09)."""
     if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
@@ -522,7 +532,7 @@ def check_value(name: str, value: Any) -> Any:
         raise ConfigError(f"{what} must be <= {_num(o.maximum)}{why}, got {_num(value)}")
     if o.validator is not None:
         o.validator(value)
-    if o.choices is not None:
+    if o.choices is not None and not _is_choice(name, value):
         allowed = choices_of(name)
         if value not in allowed:
             noun = {"models": "model", "strategies": "strategy", "flavors": "flavor"}.get(str(o.choices), what)

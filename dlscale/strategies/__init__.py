@@ -20,12 +20,12 @@ CUDA graphs), which the rest of the package reads instead of testing strategy na
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from dlscale import ConfigError
 from dlscale.models import get_model
@@ -224,6 +224,10 @@ def strategy_names() -> list[str]:
     return _STRATEGIES.names()
 
 
+def has_strategy(name: str) -> bool:
+    return _STRATEGIES.has(name)
+
+
 def get_strategy(name: str) -> StrategyInfo:
     return _STRATEGIES.get(name)
 
@@ -235,12 +239,19 @@ def resolve_spec(cfg):
     return hook(spec, cfg) if hook is not None else spec
 
 
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor, without importing DTensor's module (most of a second) where no
+    strategy of the process has: then nothing can be one."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
 def make_optimizer(params, spec, cfg, device: torch.device) -> torch.optim.Optimizer:
     """The model's default optimizer: AdamW or SGD with momentum, fused on CUDA (foreach on CPU)."""
     params = [p for p in params if p.requires_grad]
     if spec.optimizer == "sgd":
         # fused: one kernel pass over parameters, gradients and momentum; DTensor has no fused SGD
-        fused = device.type == "cuda" and not any(isinstance(p, DTensor) for p in params)
+        fused = device.type == "cuda" and not any(is_dtensor(p) for p in params)
         return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay,
                                fused=fused or None, foreach=None if fused else True)
     fused = device.type == "cuda"

@@ -13,7 +13,6 @@ import inspect
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from dlscale import ConfigError
 from dlscale.models import TransformerArch
@@ -130,6 +129,8 @@ class ShardLocalOptimizer:
     _step_supports_amp_scaling = False  # GradScaler unscales first, then calls step()
 
     def __init__(self, params, make):
+        from torch.distributed.tensor import DTensor  # torch: only FSDP's processes need its module
+
         self._dtensor = DTensor  # resolved once: _local runs for every parameter and gradient each step
         self.param_groups = [{"params": [p for p in params if p.requires_grad]}]
         self._make = make  # list of tensors -> the model's optimizer over them

@@ -26,7 +26,6 @@ import functools
 
 import torch
 
-from torch._dynamo import compiled_autograd
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.adamw import adamw
@@ -183,5 +182,7 @@ class _BucketUpdate:
 def _compiled_autograd(cfg):
     """A context manager for the backward: compiled autograd with torch.compile (the case's inductor
     options), one compiler for every step (its graphs are cached after the first)."""
+    from torch._dynamo import compiled_autograd  # torch: dynamo is a second to import; only this option needs it
+
     compiler = torch.compile(options=inductor_options(cfg) or None)
     return functools.partial(compiled_autograd._enable, compiler)
