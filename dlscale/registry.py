@@ -1,7 +1,8 @@
 """Registries by name: models, strategies, importers and external-run parsers each keep one.
 
-Entries register themselves when their module is imported; a registry imports every module of its
-package (one file an entry) the first time it is asked for names or an entry.
+Entries register themselves when their module is imported (one file an entry). Asked for one entry, a
+registry imports the module named after it; asked for the names, or for a name no such module
+registers, it imports every module of its package.
 """
 from __future__ import annotations
 
