@@ -533,10 +533,8 @@ def check_value(name: str, value: Any) -> Any:
     if o.validator is not None:
         o.validator(value)
     if o.choices is not None and not _is_choice(name, value):
-        allowed = choices_of(name)
-        if value not in allowed:
-            noun = {"models": "model", "strategies": "strategy", "flavors": "flavor"}.get(str(o.choices), what)
-            raise ConfigError(f"unknown {noun} {value!r}; choose one of: {', '.join(allowed)}")
+        noun = {"models": "model", "strategies": "strategy", "flavors": "flavor"}.get(str(o.choices), what)
+        raise ConfigError(f"unknown {noun} {value!r}; choose one of: {', '.join(choices_of(name))}")
     return value
 
 

@@ -179,16 +179,23 @@ def restore_check(trained: list[float], restored: list[float], device_type: str)
     return ok, max(rel, default=0.0)
 
 
-def _stager(mode: str, device_type: str):
-    """async: one stager for the phase, so its host buffers (pinned on a GPU) are made once and reused;
-    DCP's default makes pageable copies at every save."""
+def _staging(mode: str, device_type: str) -> str | None:
+    """async's host buffers: pinned on a GPU, pageable on a CPU (pinning needs a GPU); sync has none."""
     if mode != "async":
+        return None
+    return "pinned" if device_type == "cuda" else "pageable"
+
+
+def _stager(staging: str | None):
+    """async: one stager for the phase, so its host buffers are made once and reused; DCP's default
+    makes pageable copies at every save."""
+    if staging is None:
         return None
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # torch: keeps start-up light
 
-    gpu = device_type == "cuda"
-    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=gpu))
+    pinned = staging == "pinned"
+    return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=pinned))
 
 
 def _save(par, folder: Path, mode: str, pg, t0: float, stager=None) -> dict[str, Any]:
@@ -264,7 +271,9 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
     # async: the write's collectives run in a thread while training's run on the default group; a group of
     # their own (gloo: DCP's background collectives are on the CPU) keeps the two from interleaving
     pg = dist.new_group(backend="gloo") if mode == "async" else None
-    stager = _stager(mode, _device_type(par))
+    device_type = _device_type(par)
+    staging = _staging(mode, device_type)
+    stager = _stager(staging)
     segments, saves, done, after_losses = [_timed_steps(step, every, sync)], [], [], []
     try:
         for k in range(SAVES):
@@ -282,7 +291,7 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
         restore = {"losses_trained": after_losses[:n], "losses_restored": restored, "restore_matches": None,
                    "restore_max_rel_diff": None}
         if restored is not None:
-            ok, rel = restore_check(after_losses[:n], restored, _device_type(par))
+            ok, rel = restore_check(after_losses[:n], restored, device_type)
             restore["restore_matches"] = bool(_reduce([float(ok)], dist.ReduceOp.MIN)[0])
             restore["restore_max_rel_diff"] = _reduce([rel], dist.ReduceOp.MAX)[0]
     finally:
@@ -291,7 +300,6 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
         dist.barrier()
         if denv.rank == 0:
             shutil.rmtree(root, ignore_errors=True)
-    staging = None if mode == "sync" else ("pinned" if _device_type(par) == "cuda" else "pageable")
     return {"mode": mode, "every": every, "staging": staging, **summarise(segments, worst, written), **restore}
 
 
