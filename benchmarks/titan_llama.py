@@ -187,6 +187,11 @@ def _common(args: argparse.Namespace, data: Path) -> list[str]:
             "--compile.enable" if args.compile else "--compile.no-enable"]
 
 
+def _selective_op(args: argparse.Namespace) -> list[str]:
+    # dlscale's selective is torchtitan's op-level policy; 0.2's default checkpoints every 2nd block
+    return ["--activation-checkpoint.selective-ac-option", "op"] if args.activation_checkpointing == "selective" else []
+
+
 def titan_argv(args: argparse.Namespace, data: Path, rest: list[str]) -> list[str]:
     """torchtitan's command line for the workload, in the release's own option names."""
     dump = str(Path(args.out) / "titan")
@@ -196,7 +201,7 @@ def titan_argv(args: argparse.Namespace, data: Path, rest: list[str]) -> list[st
                 "--lr-scheduler.warmup-steps", "2", "--training.dataset", "c4_test",
                 "--training.dataset-path", str(data.parent),
                 "--training.dataloader.num-workers", str(args.data_workers), *_common(args, data),
-                "--activation-checkpoint.mode", args.activation_checkpointing, *rest]
+                "--activation-checkpoint.mode", args.activation_checkpointing, *_selective_op(args), *rest]
     argv = ["--module", "titan_llama", "--config", f"llama_{args.flavor}", "--dump-folder", dump,
             "--dataloader.dataset-path", str(data.parent), "--dataloader.num-workers", str(args.data_workers),
             *_common(args, data)]

@@ -362,3 +362,19 @@ def test_plan_estimates_a_save_from_the_state_and_the_bandwidth():
     assert e["bytes_per_node"] == e["state_bytes"] / 4
     assert e["sync_save_s"] == pytest.approx(e["bytes_per_node"] / 1.5e9)
     assert ct.plan_estimate(10, 1, None)["sync_save_s"] is None
+
+
+def test_the_phase_stager_stays_open_when_a_save_closes_it():
+    # some torch releases' async_save closes the stager it is given after each save
+    import torch
+
+    from dlscale.train.checkpoint_timing import _stager
+
+    stager = _stager("pageable")
+    state = {"w": torch.arange(4.0), "step": 3, "kind": torch.float32.__class__}
+    stager.close()
+    staged = stager.stage(state)
+    assert torch.equal(staged["w"], state["w"]) and staged["w"].data_ptr() != state["w"].data_ptr()
+    stager.release()
+    with pytest.raises(Exception):  # released: its copy tables are gone
+        stager.stage(state)

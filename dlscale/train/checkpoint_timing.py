@@ -194,8 +194,26 @@ def _stager(staging: str | None):
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # torch: keeps start-up light
 
     pinned = staging == "pinned"
-    return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=pinned))
+    return PhaseStager(DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=pinned)))
+
+
+class PhaseStager:
+    """The phase's stager, open across its saves. Some torch releases' ``async_save`` closes the stager
+    it is given after the save, which empties its copy tables (the next save fails); the phase releases
+    it once, at its end."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):  # stage, synchronize_staging, should_synchronize_after_execute
+        return getattr(self.inner, name)
+
+    def close(self) -> None:
+        """DCP's call after a save: the buffers stay for the next one."""
+
+    def release(self) -> None:
+        self.inner.close()
 
 
 def _save(par, folder: Path, mode: str, pg, t0: float, stager=None) -> dict[str, Any]:
@@ -296,7 +314,7 @@ def run_phase(cfg, denv, par, step, out_dir: Path | None, static: bool, sync) ->
             restore["restore_max_rel_diff"] = _reduce([rel], dist.ReduceOp.MAX)[0]
     finally:
         if stager is not None:
-            stager.close()
+            stager.release()
         dist.barrier()
         if denv.rank == 0:
             shutil.rmtree(root, ignore_errors=True)
