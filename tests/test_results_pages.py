@@ -135,31 +135,52 @@ def test_one_h200_core_table_is_the_records():
 
 PEERS = "h200-2026-12-02"
 # row label on the page -> (store, record kind, flavor, activation checkpointing); the selection, not the figures
-PEER_ROWS = {
+PEER_ROWS = {  # row -> (store, kind, flavor, checkpointing); an external's flavour is its command's --flavor
     "1B, torchtitan 0.2.2 trainer, b4": ("titan.jsonl", "external", None, None),
     "1B, dlscale, b4": ("titan.jsonl", "run", "1b", "none"),
+    "3B, torchtitan 0.2.2 trainer, b4": ("titan-large.jsonl", "external", "3b", None),
+    "3B, dlscale, b4 (same call)": ("titan-large.jsonl", "run", "3b", "none"),
     "3B, Hugging Face `LlamaForCausalLM`, b4": ("llama-3b-bare.jsonl", "run", "3b", "none"),
-    "3B, dlscale, b4": ("llama-3b.jsonl", "run", "3b", "none"),
+    "3B, dlscale, b4 (same call as Hugging Face)": ("llama-3b.jsonl", "run", "3b", "none"),
     "3B, dlscale, selective checkpointing, b4": ("llama-3b.jsonl", "run", "3b", "selective"),
-    "8B, dlscale, selective checkpointing, b2": ("llama-8b.jsonl", "run", "8b", "selective"),
+    "8B, torchtitan 0.2.2 trainer, selective (op), b2": ("titan-large.jsonl", "external", "8b", None),
+    "8B, dlscale, selective checkpointing, b2 (same call)": ("titan-large.jsonl", "run", "8b", "selective"),
+    "8B, dlscale, selective checkpointing, b2 (with the 3B call)": ("llama-8b.jsonl", "run", "8b", "selective"),
 }
+# dlscale's row -> the size's fastest peer, whose ratio the table bolds
+PEER_OF = {"1B, dlscale, b4": "1B, torchtitan 0.2.2 trainer, b4",
+           "3B, dlscale, b4 (same call)": "3B, torchtitan 0.2.2 trainer, b4",
+           "8B, dlscale, selective checkpointing, b2 (same call)": "8B, torchtitan 0.2.2 trainer, selective (op), b2"}
+
+
+def _peer_record(store: str, kind: str, flavor: str | None, ckpt: str | None) -> dict:
+    def fits(r):
+        if r["kind"] != kind or r["status"] != "ok":
+            return False
+        if flavor is None:
+            return True
+        if kind == "external":
+            return f"--flavor {flavor} " in r["command"] + " "
+        return (r["config"]["flavor"], r["config"]["activation_checkpointing"]) == (flavor, ckpt)
+
+    (rec,) = [r for r in _lines(f"{PEERS}/{store}") if fits(r)]
+    return rec
 
 
 def test_one_h200_llama_peers_table_is_the_records():
-    """Each row of the Llama peers table: tokens/s from its record, and dlscale's ratio to the peer above it."""
+    """Each row of the Llama peers table: tokens/s from its record, and dlscale's ratio to the size's fastest peer."""
     page = (ROOT / "docs" / "results" / "h200.md").read_text()
     section = page[page.index("## Llama 1B, 3B and 8B against their peers"):]
     section = section[:section.index("\n## ", 1)]
     table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
              for line in section.splitlines() if line.startswith("| ") and not line.startswith("| case")}
     assert set(table) == set(PEER_ROWS)
-    tps = {}
-    for label, (store, kind, flavor, ckpt) in PEER_ROWS.items():
-        (rec,) = [r for r in _lines(f"{PEERS}/{store}") if r["kind"] == kind and r["status"] == "ok"
-                  and (flavor is None or (r["config"]["flavor"], r["config"]["activation_checkpointing"])
-                       == (flavor, ckpt))]
-        tps[label] = rec["summary"]["tokens_per_s"]
+    tps = {label: _peer_record(*where)["summary"]["tokens_per_s"] for label, where in PEER_ROWS.items()}
+    for label in PEER_ROWS:
         assert table[label][0] == f"{tps[label]:,.0f}", label
-    for dl, peer in (("1B, dlscale, b4", "1B, torchtitan 0.2.2 trainer, b4"),
-                     ("3B, dlscale, b4", "3B, Hugging Face `LlamaForCausalLM`, b4")):
+    for dl, peer in PEER_OF.items():
         assert table[dl][2] == f"**{tps[dl] / tps[peer]:.3f}**"
+    fastest = {peer.split(",")[0]: peer for peer in PEER_OF.values()}  # "3B" -> its torchtitan row
+    for label, cells in table.items():
+        ratio = tps[label] / tps[fastest[label.split(",")[0]]]
+        assert cells[2].strip("*") == ("1" if label in fastest.values() else f"{ratio:.3f}"), label
