@@ -351,6 +351,31 @@ def test_rank_correlation_by_hand():
     assert result.spearman([(1, 1), (2, 2)]) is None
     assert result.spearman([(5, 30), (5, 20), (5, 10)]) is None  # the model does not order them
     assert result.spearman([(2, 30), (2, 20), (1, 10)]) == pytest.approx(3 ** 0.5 / 2)
+
+
+def test_no_correlation_says_why():
+    from types import SimpleNamespace
+
+    def why(predicted, measured):
+        rows = [{"valid": True, "predicted": p, "median": m} for p, m in zip(predicted, measured)]
+        res = SimpleNamespace(rows=rows)
+        return result._correlation(res, {"rank_correlation": result.spearman(list(zip(predicted, measured)))})
+
+    assert why([5, 5, 5], [1, 2, 3]) != why([1, 2], [1, 2]) != why([1, 2, 3], [4, 4, 4])
+    assert why([1, 2, 3], [1, 2, 3]) == "1.00"
+
+
+def test_a_ranking_on_the_assumed_mfu_is_flagged():
+    s = _search(n=2)
+    a, b = s.ranked
+    s.measured += [search.Measurement(a, _record(a.candidate.cfg, [100.0, 101.0])),
+                   search.Measurement(b, _record(b.candidate.cfg, [50.0, 51.0]))]
+    res = result.build(s, [a.candidate, b.candidate], [], None)
+    assert "assumed-mfu" in result.to_dict(res)["rank_basis"]
+    assumed = result.to_markdown(res)
+    s.ranked = [dataclasses.replace(r, basis="strategy model (measured)") for r in s.ranked]
+    measured = result.to_markdown(result.build(s, [a.candidate, b.candidate], [], None))
+    assert assumed.count("⚠") == measured.count("⚠") + 1 and "micro layer" in assumed and "micro layer" not in measured
     assert result.average_ranks([5, 7, 5, 1]) == [2.5, 1.0, 2.5, 4.0]
 
 

@@ -194,6 +194,20 @@ def to_json(res: TuneResult) -> str:
     return json.dumps(to_dict(res), indent=1, default=str) + "\n"
 
 
+def _correlation(res: TuneResult, d: dict[str, Any]) -> str:
+    if d["rank_correlation"] is not None:
+        return _num(d["rank_correlation"], 2)
+    predicted = [r["predicted"] for r in res.rows if r["valid"] and r["predicted"]]
+    if len(predicted) < 3:
+        return "n/a (under 3 valid)"
+    return "n/a (the model ordered nothing: equal predictions)" if len(set(predicted)) == 1 else "n/a (equal measurements)"
+
+
+def _workload(res: TuneResult) -> str:
+    cfg = res.candidates[0].cfg if res.candidates else None
+    return f"{cfg.model} ({cfg.flavor})" if cfg is not None else "the model"
+
+
 def _num(v: Any, digits: int = 1) -> str:
     return fmt_num(v, digits, group=True)
 
@@ -254,8 +268,12 @@ def to_markdown(res: TuneResult) -> str:
         out += ["## Measured", "", _measured_table(res), "",
                 "gap: median ÷ the best's − 1; verdict: compare's test against the best (docs/reports.md); "
                 f"predicted: {d['rank_basis']} (samples/s); rank correlation (Spearman) of the model's order and the "
-                f"measured one: {_num(d['rank_correlation'], 2) if d['rank_correlation'] is not None else 'n/a (under 3 valid)'}.",
-                ""]
+                f"measured one: {_correlation(res, d)}.", ""]
+        if "assumed-mfu" in (d["rank_basis"] or ""):
+            out += [f"⚠ The model ranked on an assumed MFU: the store holds no measurement of {_workload(res)}, so "
+                    "it predicts the same rate for every batch and precision. `dlscale micro layer` records of its "
+                    "block at its sequence length (each precision; --compile as the candidates) in the store give "
+                    "it measured rates (docs/tune.md).", ""]
     if res.targets:
         out += _target_lines(res)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(d["pruned_counts"].items())) or "none"
