@@ -103,6 +103,13 @@ def _legacy_gather_ce(layers) -> None:
 LEGACY = {"matmul-f32-out": _legacy_matmul_f32_out, "gather-ce": _legacy_gather_ce}
 
 
+def mesh_devices(devices: list, world: int) -> list:
+    """The devices of the data-parallel mesh: every process's one device under torchrun; a lone
+    process only its first, since it sees every visible GPU and a mesh over them all would split
+    its batch across them (one process's throughput from several GPUs)."""
+    return list(devices) if world > 1 else list(devices)[:1]
+
+
 def main() -> None:
     args = parse_args()
     import jax
@@ -145,9 +152,7 @@ def main() -> None:
         tx = optax.chain(optax.add_decayed_weights(spec.weight_decay), optax.sgd(spec.lr, momentum=0.9))
     else:
         tx = optax.adamw(spec.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=spec.weight_decay)
-    # one device a process: a single process sees every visible GPU, and a mesh over them all would
-    # split its batch across them (one process's throughput from several GPUs)
-    mesh = Mesh(np.array(jax.devices() if world > 1 else jax.devices()[:1]), ("data",))
+    mesh = Mesh(np.array(mesh_devices(jax.devices(), world)), ("data",))
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
     def put(tree):  # the same host values on every process -> one replicated global array each

@@ -5,14 +5,14 @@ only, nothing allocated), the tiny models' loss equal to torch's from the same w
 (a structural check stronger than counts), the FLOPs are the torch spec's, strategy checks, the
 fp16 loss-scale rule, and the one-line error when JAX is missing.
 
-Slow tier (2-process gloo runs through `dlscale run`, module-scoped so each case runs once):
-JAX dp and fsdp against JAX single on the same global batch. REL as in test_strategies: fp32 on
-the CPU, the runs differ only in the order of the gradient all-reduce's and the loss mean's
-summation (measured ~1e-7 relative after 3 AdamW steps). XLA's CPU compile dominates each run
-(the step and the eval-loss program, once per process); the tests ask XLA for its cheapest
-backend optimisation (the numbers are not performance figures). Three 1- and 2-process runs, the
-cases the selected tests name (``@cases``) two at a time, all when the first is read (tests/helpers_cli.py); on a shared
-2-core machine under load ~10 the slow tier took 6.3 min (one at a time), most of it compiling.
+Slow tier: JAX fsdp on 2 processes (gloo, through `dlscale run`, module-scoped so it runs once)
+against JAX single on the same global batch, the single and the one-device ddp references trained
+by the JAX worker's ``train`` in this process (ddp's layout at one device is single's program, bit
+for bit). REL as in test_strategies: fp32 on the CPU, the runs differ only in the order of the
+gradient reduction's and the loss mean's summation (measured ~1e-7 relative after 3 AdamW steps).
+XLA's CPU compile dominates each run (the step and the eval-loss program, once per process); the
+2-process run asks XLA for its cheapest backend optimisation (the numbers are not performance
+figures).
 All JAX tests skip without the jax extra, except those that check dlscale without it.
 """
 from __future__ import annotations
@@ -387,42 +387,75 @@ def run_case(tmp_path_factory, request):
     ahead.finish(request)
 
 
+_HERE: dict[tuple, dict] = {}
+
+
+def _here(tmp_path_factory, model: str, strategy: str, batch: int, accum: int) -> dict:
+    """The JAX worker's ``train`` of one one-process case in this process (one CPU device, no
+    torchrun, no interpreter to start): what the case's rank file holds."""
+    key = (model, strategy, batch, accum)
+    if key not in _HERE:
+        from dlscale.frameworks.jax import worker
+
+        assert jax.device_count() == 1
+        cfg = RunConfig(framework="jax", model=model, flavor="tiny", strategy=strategy, batch_size=batch,
+                        grad_accum=accum, precision="fp32", warmup=WARMUP, steps=2, repeats=1, device="cpu",
+                        monitor=False)
+        result: dict = {"marks": {}}
+        worker.train(cfg, "cpu", (0, 1, 0, 1), result, tmp_path_factory.mktemp("jax-here"))
+        assert result["status"] == "ok", result
+        _HERE[key] = result
+    return _HERE[key]
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= REL * abs(b)
 
 
+@pytest.mark.slow  # XLA compiles the step and the eval loss twice in this process: seconds
+def test_ddp_on_one_device_is_single(tmp_path_factory):
+    """ddp's replicated layout on a one-device mesh: single's arithmetic, bit for bit, and the whole
+    state on the device (the two-process data-parallel path: test_gpt2_fsdp_on_two_processes_matches_single)."""
+    ref = _here(tmp_path_factory, "gpt2", "single", 4, 2)
+    got = _here(tmp_path_factory, "gpt2", "ddp", 4, 2)
+    assert got["warmup_losses"] == ref["warmup_losses"] and got["loss_after"] == ref["loss_after"]
+    assert got["dp_size"] == 1 and got["strategy_info"]["param_sharding"] == "replicated"
+    assert got["strategy_info"]["state_bytes_per_device"] == ref["strategy_info"]["state_bytes_per_device"]
+    assert ref["warmup_losses"][-1] < ref["warmup_losses"][0]  # it trains
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [pytest.param(s, marks=cases(("gpt2", "single", 1, 4, 2), ("gpt2", s, 2, 2, 2)))
-                                      for s in ("ddp", "fsdp")])
-def test_gpt2_data_parallel_matches_single(run_case, strategy):
-    ref = run_case("gpt2", "single", 1, 4, accum=2)["repeats"][0]
-    rec = run_case("gpt2", strategy, 2, 2, accum=2)  # 2 x 2 ranks = the single run's 4, twice accumulated
+@cases(("gpt2", "fsdp", 2, 2, 2))
+def test_gpt2_fsdp_on_two_processes_matches_single(run_case, tmp_path_factory):
+    """Two processes, one CPU device each (jax.distributed, gloo): the batch split over the data axis,
+    the parameters and optimizer state sharded over it, step by step single's losses."""
+    rec = run_case("gpt2", "fsdp", 2, 2, accum=2)  # 2 x 2 ranks = the single run's 4, twice accumulated
+    ref = _here(tmp_path_factory, "gpt2", "single", 4, 2)
     rep = rec["repeats"][0]
     assert rec["global_batch"] == 8 and rec["strategy_info"]["mesh"] == {"data": 2}
     # JAX reports the global batch's loss on every rank: step by step equal to single's
     for got, want in zip(rep["warmup_losses"], ref["warmup_losses"], strict=True):
         assert _close(got, want), (rep["warmup_losses"], ref["warmup_losses"])
     assert _close(rep["loss_after"], ref["loss_after"])
-    assert ref["warmup_losses"][-1] < ref["warmup_losses"][0]  # it trains
+    # half of the parameters and optimizer state per device, against ddp's replicated whole
+    ddp = _here(tmp_path_factory, "gpt2", "ddp", 4, 2)["strategy_info"]["state_bytes_per_device"]
+    ratio = rec["strategy_info"]["state_bytes_per_device"] / ddp
+    assert 0.45 < ratio < 0.6, ratio
 
 
 @pytest.mark.slow
-@cases(("gpt2", "ddp", 2, 2, 2), ("gpt2", "fsdp", 2, 2, 2))
+@cases(("gpt2", "fsdp", 2, 2, 2))
 def test_records_carry_framework_versions_counts_and_flops(run_case):
     from dlscale.models import get_model
 
-    ddp, fsdp = run_case("gpt2", "ddp", 2, 2, accum=2), run_case("gpt2", "fsdp", 2, 2, accum=2)
-    for rec in (ddp, fsdp):
-        assert rec["config"]["framework"] == "jax" and rec["env"]["framework"] == "jax"
-        assert rec["env"]["jax"]["jax"] == jax.__version__ and rec["env"]["jax"]["backend"] == "cpu"
-        assert rec["model"]["params"] == _torch_count("gpt2", "tiny")
-        assert rec["model"]["flops_per_sample"] == get_model("gpt2", "tiny").flops_per_sample
-        rep = rec["repeats"][0]
-        assert len(rep["step_times_ms"]) == 2 and all(t > 0 for t in rep["step_times_ms"])
-        assert rep["samples_per_s"] > 0 and rep["peak_rss_bytes"] > 0
-    # fsdp holds half of the parameters and optimizer state per device
-    ratio = fsdp["strategy_info"]["state_bytes_per_device"] / ddp["strategy_info"]["state_bytes_per_device"]
-    assert 0.45 < ratio < 0.6, ratio
+    rec = run_case("gpt2", "fsdp", 2, 2, accum=2)
+    assert rec["config"]["framework"] == "jax" and rec["env"]["framework"] == "jax"
+    assert rec["env"]["jax"]["jax"] == jax.__version__ and rec["env"]["jax"]["backend"] == "cpu"
+    assert rec["model"]["params"] == _torch_count("gpt2", "tiny")
+    assert rec["model"]["flops_per_sample"] == get_model("gpt2", "tiny").flops_per_sample
+    rep = rec["repeats"][0]
+    assert len(rep["step_times_ms"]) == 2 and all(t > 0 for t in rep["step_times_ms"])
+    assert rep["samples_per_s"] > 0 and rep["peak_rss_bytes"] > 0
 
 
 def test_unsupported_strategy_is_recorded_without_processes(tmp_path):

@@ -438,14 +438,45 @@ def test_comm_gloo_two_ranks_every_op(tmp_path, monkeypatch):
     assert rec["id"] in p.stdout
 
 
-@pytest.mark.slow
-def test_comm_worker_failure_exits_5(tmp_path):
+def test_comm_worker_failure_exits_5(tmp_path, monkeypatch):
+    """A rank that fails after its first row: the run is failed (exit 5), the failed rank named, the
+    rows written before it kept. The worker is the real one, as rank 0 of a one-rank gloo group in
+    this process in place of torchrun's ranks (the two-rank run: test_comm_gloo_two_ranks_every_op;
+    torchrun's end of a failed rank: tests/test_faults_procs.py)."""
+    import contextlib
+    import io
+    import socket
+
+    import torch.distributed as dist
+
+    from dlscale.case.procs import ProcResult
+    from dlscale.micro import comm, comm_worker
+
+    def one_rank_here(module, args, nproc, time_limit, on_line=None):
+        assert module == comm.WORKER_MODULE and nproc == 2
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(port), "DLSCALE_MICRO_COMM_INJECT_FAILURE": "0"}.items():
+            monkeypatch.setenv(k, v)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), pytest.raises(RuntimeError, match="injected"):
+                comm_worker.main(list(args))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        for line in out.getvalue().splitlines():
+            on_line(line)
+        return ProcResult(1, False, 0.1, out.getvalue(), ["torchrun", module])
+
+    monkeypatch.setattr(comm, "spawn_torchrun", one_rank_here)
     store = tmp_path / "st"
     p = helpers_cli.dlscale("micro", "comm", "--op", "all_reduce", "--nproc-per-node", "2", "--max-bytes", "64",
-                            "--warmup", "0", "--steps", "2", "--device", "cpu", "--store", str(store),
-                            env={"DLSCALE_MICRO_COMM_INJECT_FAILURE": "1"})
+                            "--warmup", "0", "--steps", "2", "--device", "cpu", "--store", str(store))
     assert p.returncode == 5, p.stdout + p.stderr
     (rec,) = records(store)
     assert rec["status"] == "failed"
-    assert "rank 1:" in rec["error"]  # the failed rank named
+    assert "rank 0:" in rec["error"]  # the failed rank named
     assert len(rec["results"]) == 1 and rec["results"][0]["correct"] is True  # kept what it measured
