@@ -212,7 +212,8 @@ def test_over_time_plot_file_and_html(store, tmp_path, capsys):
     assert img.shape[0] > 300 and img.std() > 0.01
     assert (plots / f"{SLUG}__breakdown.png").exists()
     text = html.read_text()
-    assert "utilisation over time (1n2g, median repeat 1)" in text
+    caption = re.search(r"utilisation over time \(([^)]*)\)", text)  # the plot's title: its case and repeat
+    assert caption and "1n2g" in caption[1] and re.search(r"\brepeat 1\b", caption[1]), caption
     # the trace is linked relative to the page, and named with the viewers to open it in
     assert f'href="../results/{TRACE}"' in text and "ui.perfetto.dev" in text and "chrome://tracing" in text
     assert "<script" not in text and 'href="http' not in text
