@@ -106,7 +106,7 @@ def test_torchtitan_window_straddling_warmup_starts_later_and_short_window_warns
     r = get_parser("torchtitan").parse(titan_log([10, 900, 1000, 3000, 4000, 6000, 7000]),
                                        opts(warmup=15, steps=100))
     assert r.skipped_steps == 20  # the (10, 20] line straddles step 15: skipped whole
-    assert r.window_steps == 40 and "fewer than the 100 asked for" in r.warnings[0]
+    assert r.window_steps == 40 and {40, 100} <= numbers(r.warnings[0]), r.warnings  # the steps held and asked
 
 
 def test_megatron_total_samples_over_total_time():
@@ -176,7 +176,7 @@ def test_hf_trainer_live_arrival_times(v5):
 def test_hf_trainer_saved_log_falls_back_to_whole_run_with_warning():
     step_s = [0.5] * 10 + [0.25] * 30
     r = get_parser("hf-trainer").parse(hf_lines(step_s, times=False), opts(warmup=10, steps=20))
-    assert r.samples_per_s == pytest.approx(25.6) and "warm-up steps are included" in r.warnings[0]
+    assert r.samples_per_s == pytest.approx(25.6) and "warm-up" in r.warnings[0], r.warnings  # what it includes
 
 
 def test_hf_trainer_state_json():

@@ -45,6 +45,7 @@ NEW_HEADERS = ["GPU util (%)", "CPU util (%)", "host mem (GiB)", "disk r/w (MB/s
                "exposed comm (%)", "overlap (%)"]
 SERIES = "series/g2-r1-rank0.jsonl"
 TRACE = "traces/g2.json"
+UNSUPPORTED = "strategy has its own step (pipeline schedule)"  # a breakdown's reason, as a record states it
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -93,7 +94,7 @@ def records() -> list[dict]:
     rn = F.run_record("rn2", "resnet50", "fp32", 64, "ddp", 1, 2, [500, 500, 500], unit="img")
     bert = F.run_record("b2", "bert-base", "fp32", 16, "ddp", 1, 2, [50, 50, 50], extra={
         "utilisation": util(None, 55.0, 8, 0, 0, 0, 0, nvml=False),
-        "breakdown": {"supported": False, "reason": "strategy has its own step (pipeline schedule)"}})
+        "breakdown": {"supported": False, "reason": UNSUPPORTED}})
     return [one, two, rn, bert]
 
 
@@ -150,7 +151,7 @@ def test_md_columns_hand_computed(store, capsys):
     assert rows[0][10:] == ["55.0", "8.0", "0.0 / 0.0", "0.0 / 0.0"]
     notes = [ln[2:] for ln in out.splitlines() if ln.startswith("- ")]
     # the unsupported breakdown's reason (as recorded) and the profiler trace by its path in the store
-    assert any(n.startswith("1n2g: ") and "strategy has its own step (pipeline schedule)" in n for n in notes)
+    assert any(n.startswith("1n2g: ") and UNSUPPORTED in n for n in notes)
     assert any(n.startswith("1n2g: ") and str(store / TRACE) in n for n in notes)
 
 
