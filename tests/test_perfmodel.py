@@ -468,7 +468,8 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert {"2", "16"} <= numbers(small["inputs"]["host_input_floor"])  # the cores predicted for and those measured on
     with pytest.raises(SystemExit) as e:
         main(argv + ["--host-cores", "0"])
-    assert e.value.code == 2 and "--host-cores: expected a positive integer" in capsys.readouterr().err
+    err = capsys.readouterr().err  # argparse's refusal: the option and what it takes
+    assert e.value.code == 2 and "--host-cores" in err and "positive" in err, err
 
 
 def test_deprecated_spellings_warn_once(store, capsys):
