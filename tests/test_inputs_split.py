@@ -99,7 +99,7 @@ def test_cpu_share_config_checks_and_case_identity(tmp_path):
     assert workload_fields(cfg.to_dict())["data_cpu_share"] == 0.25
     assert case_words(folder, "gpu", "torchvision", 0.25) == f"data {folder} (gpu decode by torchvision, 0.25 of it on the host)"
     assert case_words(folder, "gpu", "auto", 0.0) == f"data {folder} (gpu decode)"
-    with pytest.raises(ConfigError, match=names("data-cpu-share", "0.3", "--data-decode gpu")):  # the option, value, need
+    with pytest.raises(ConfigError, match=names("data-cpu-share", "0.3", "--data-decode gpu")):  # option, value, need
         RunConfig(model="resnet50", data=folder, data_cpu_share=0.3)
     with pytest.raises(ConfigError, match=names("data-cpu-share", "0.3", "--data imagefolder")):
         RunConfig(model="resnet50", data_cpu_share=0.3)
