@@ -263,7 +263,9 @@ def test_a_batch_dali_fails_on_is_decoded_on_the_host(dali, colours, capfd):
     broken = torch.cat([first[:len(first) // 4], flat[lengths[0]:]])
     batches[1] = (broken, [len(first) // 4, *lengths[1:]], labels, boxes, flips, meta)
     out = _run(dali.DaliDecoder(CPU, SIZE, False), batches, 4)
-    assert "DALI failed on a batch, decoded on the host instead" in capfd.readouterr().err
+    # one warning of ours (DALI's own native logging may share the stream), for the one failed batch
+    warned = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("dlscale:") and "DALI" in ln]
+    assert len(warned) == 1, warned
     metas = [m for _, m in out]
     assert [(m["decode_fallbacks"], m["bad"]) for m in metas] == [(0, 0), (3, 1), (0, 0), (0, 0)]
     for m, ((x, lab), _meta) in enumerate(out):
@@ -282,7 +284,7 @@ def test_dali_failing_batch_after_batch_stops_the_run(dali, colours, monkeypatch
     try:
         with pytest.raises(RuntimeError):  # Pillow cannot read it either: no image of the batch
             dec.finish(next(feed))
-        with pytest.raises(RuntimeError, match="DALI failed on 2 batches in a row"):
+        with pytest.raises(RuntimeError, match=r"DALI.*\b2\b"):  # the count of failed batches in a row
             next(feed)
     finally:
         feed.close()

@@ -1,9 +1,16 @@
 """Log parsers on log text written here in each tool's documented format (hand-computed figures)."""
+import re
+
 import pytest
 
 from dlscale import ConfigError
 from helpers_cli import names
 from dlscale.external.parsers import (LogLine, ParseError, ParseOptions, get_parser, parse_file, parser_names)
+
+
+def numbers(text: str) -> set[int]:
+    """The whole numbers a message states."""
+    return {int(n) for n in re.findall(r"(?<![\d.])\d+(?![\d.])", text)}
 
 
 def opts(**kw):
@@ -99,7 +106,7 @@ def test_torchtitan_window_straddling_warmup_starts_later_and_short_window_warns
     r = get_parser("torchtitan").parse(titan_log([10, 900, 1000, 3000, 4000, 6000, 7000]),
                                        opts(warmup=15, steps=100))
     assert r.skipped_steps == 20  # the (10, 20] line straddles step 15: skipped whole
-    assert r.window_steps == 40 and "fewer than the 100 asked for" in r.warnings[0]
+    assert r.window_steps == 40 and {40, 100} <= numbers(r.warnings[0]), r.warnings  # the steps held and asked
 
 
 def test_megatron_total_samples_over_total_time():
@@ -169,7 +176,7 @@ def test_hf_trainer_live_arrival_times(v5):
 def test_hf_trainer_saved_log_falls_back_to_whole_run_with_warning():
     step_s = [0.5] * 10 + [0.25] * 30
     r = get_parser("hf-trainer").parse(hf_lines(step_s, times=False), opts(warmup=10, steps=20))
-    assert r.samples_per_s == pytest.approx(25.6) and "warm-up steps are included" in r.warnings[0]
+    assert r.samples_per_s == pytest.approx(25.6) and "warm-up" in r.warnings[0], r.warnings  # what it includes
 
 
 def test_hf_trainer_state_json():
@@ -274,11 +281,15 @@ def test_wrong_tool_is_an_error(tmp_path, name):
 
 def test_mxnet_missing_rank_line_is_truncated():
     lines = dlperf_mxnet([19.0] * 10)[:-1]
-    with pytest.raises(ParseError, match="iteration 10 has 1 throughput line"):
+    with pytest.raises(ParseError) as e:
         get_parser("dlperf").parse(lines, opts(warmup=2, steps=8, world_size=2, seq_len=128))
+    # the iteration short of lines, how many it has and how many ranks should have written one
+    assert e.value.parser == "dlperf" and {10, 1, 2} <= numbers(e.value.message), e.value
 
 
 def test_restarted_run_is_not_one_log():
     lines = titan_log([1, 2, 3, 4, 5, 6, 7]) + titan_log([1, 2, 3, 4, 5, 6, 7])
-    with pytest.raises(ParseError, match="not one run's log"):
+    with pytest.raises(ParseError) as e:
         get_parser("torchtitan").parse(lines, opts())
+    # the step where the count starts again and the one before it: a restart, not a truncation
+    assert e.value.parser == "torchtitan" and {1, 60} <= numbers(e.value.message), e.value

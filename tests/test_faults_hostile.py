@@ -151,13 +151,15 @@ def test_a_stopped_rank_killed_after_its_peers_collective_timeout_is_a_timeout_n
 
     ranks = [{"rank": 0, "status": "failed", "error": "RuntimeError: Timed out waiting 8000ms for recv operation"}]
     status, error = launch.classify(ProcResult(1, False, 0.0, _torchrun_killed(1, -9)), ranks, 2)
-    assert status == "timeout" and error.startswith("rank 1 did not reach"), error
+    first = error.split(";")[0]  # the cause comes first: the stalled rank, not its kill nor its peer
+    assert status == "timeout" and first.startswith("rank 1 ") and "SIGKILL" not in first, error
     assert "out-of-memory" not in error
     # a rank killed first (its peer failed otherwise, or not at all) stays the cause
     peer = [{"rank": 0, "status": "failed", "error": "RuntimeError: Connection closed by peer"}]
     for rs in ([], peer):
         status, error = launch.classify(ProcResult(1, False, 0.0, _torchrun_killed(1, -9)), rs, 2)
-        assert status == "failed" and error.startswith("rank 1 was killed by SIGKILL"), error
+        first = error.split(";")[0]
+        assert status == "failed" and first.startswith("rank 1 ") and "SIGKILL" in first, error
 
 
 # ----------------------------------------------------------------------------- imported numbers
@@ -326,7 +328,7 @@ def test_inductor_values_that_name_paths_callables_or_write_files_are_refused(op
 
     with pytest.raises(ConfigError, match=r"inductor-option ") as e:
         check_options(options)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and next(iter(options)) in str(e.value)  # the setting named
 
 
 def test_inductor_plain_values_still_pass():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -62,6 +63,11 @@ def store(tmp_path):
                                    "step_ms": 101.0}))
     s.append(comm_record())
     return str(tmp_path / "res")
+
+
+def numbers(text: str) -> set[str]:
+    """The numbers a message states, as written (sign kept; a thousands separator dropped)."""
+    return set(re.findall(r"[+-]?\d+(?:\.\d+)?", text.replace(",", "")))
 
 
 def run_json(argv, capsys):
@@ -238,7 +244,7 @@ def test_model_calibrated_on_measured_points():
     p = short.predict(Shape(4, 4))
     assert p.net_overhead_s == 0.0 and p.step_s == pytest.approx(0.150)
     assert p.overlap.inter_s == pytest.approx(0.035) and p.overlap.exposed_s == pytest.approx(0.003 + 0.035)
-    assert any("scaled to 0.87 of the modelled one" in n for n in p.notes)  # 0.875
+    assert any("0.87" in numbers(n) for n in p.notes), p.notes  # the scale, 0.875
     # a law whose network term is nothing for this workload (the node's own losses, here 0) cannot carry a
     # measured multi-node point: the default's shape does, t_node x sqrt(ln M)
     flat = model([Measured(Shape(1, 4), 0.103, None, "n4"), Measured(Shape(2, 4), 0.150, None, "2x4")],
@@ -337,7 +343,8 @@ def test_host_input_floor_hand_computed():
     p8 = m.predict(Shape(1, 8))
     assert p8.host_floor_s == pytest.approx(0.32) and p8.step_s == pytest.approx(0.32)
     assert p8.samples_per_s == pytest.approx(800.0) and p8.limiting == "host input"
-    assert "loaders: 0.01 core-s a sample" in p8.evidence and "of the 8 the host leaves" in p8.evidence
+    # the evidence carries the host's source and the cores 8 ranks leave the loaders
+    assert host.source in p8.evidence and str(host.free_cores(8)) in numbers(p8.evidence), p8.evidence
     assert any("host input floor" in n for n in p8.notes) and p8.to_dict()["host_floor_ms"] == pytest.approx(320.0)
     # a floor-bound row takes the floor's measured band, not the law's (this law has none)
     from dlscale.perfmodel.model import HOST_FLOOR_BAND
@@ -398,7 +405,7 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     row = out["rows"][-1]
     assert row["limiting"] == "host input" and row["host_floor_ms"] == pytest.approx(320.0)
     assert row["samples_per_s"] == pytest.approx(800.0)
-    assert "3.20 cores for 320.0 samples/s" in out["inputs"]["host_input_floor"]
+    assert {"3.20", "320.0"} <= numbers(out["inputs"]["host_input_floor"])  # the loaders' cores and the rate
     assert main(argv) == 0
     md = capsys.readouterr().out
     assert "| host input |" in md and "320.0 ms" in md  # the row's limit and the floor it rests on
@@ -413,9 +420,10 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
                      case_key=rec["case_key"] + "-imagefolder"))
     assert main(["predict", str(tmp_path / "both"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "250"]) == 2
     err = capsys.readouterr().err
-    assert "--data" in err and "data=synthetic; data=imagefolder:/d/imgs" in err
+    assert err.count("\n") == 1 and "--data" in err and "data=synthetic" in err and "data=imagefolder:/d/imgs" in err
     assert main(["predict", str(tmp_path / "both"), "--model", "m", "--data", "tokens", "--shapes", "1x2"]) == 2
-    assert "data there: imagefolder:/d/imgs, synthetic" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line naming the data each record there read
+    assert err.count("\n") == 1 and "imagefolder:/d/imgs" in err and "synthetic" in err, err
     for data, sps in (("imagefolder", 320.0), ("imagefolder:/d/imgs", 320.0), ("synthetic", 500.0)):
         got = run_json(["predict", str(tmp_path / "both"), "--model", "m", "--data", data, "--shapes", "1x2",
                         "--intra-busbw", "250"], capsys)
@@ -450,17 +458,18 @@ def test_predict_host_input_floor_from_a_real_data_record(tmp_path, capsys):
     assert syn["inputs"]["host_input_floor"].startswith("none") and syn["rows"][-1]["host_floor_ms"] == 0.0
     busy = ResultStore(tmp_path / "busy")   # loaders on 14 of the 15 cores the loop left: the record may be input-bound
     busy.append(dict(rec, data={"loader_cpu_cores_total": 14.0}))
-    assert "its own step may be input-bound" in run_json(["predict", str(tmp_path / "busy")] + argv[2:],
-                                                         capsys)["inputs"]["host_input_floor"]
+    busy_src = run_json(["predict", str(tmp_path / "busy")] + argv[2:], capsys)["inputs"]["host_input_floor"]
+    assert "input-bound" in busy_src and {"14.00", "15"} <= numbers(busy_src)  # the cores used of those left
     assert "input-bound" not in out["inputs"]["host_input_floor"]
     small = run_json(argv[:4] + ["--shapes", "1x1", "--host-cores", "2"], capsys)
     assert small["rows"][0]["samples_per_s"] == pytest.approx(100.0)   # 1 core left: 1 / 0.01 core-s a sample
     assert small["rows"][0]["measured_samples_per_s"] is None        # measured on 16 cores: not this host's
-    assert any("the prediction is for 2 (--host-cores)" in n for n in small["notes"])
-    assert "the record ran on 16: the floor bounds the 1-device step too" in small["inputs"]["host_input_floor"]
+    assert any("--host-cores" in n and "2" in numbers(n) for n in small["notes"]), small["notes"]
+    assert {"2", "16"} <= numbers(small["inputs"]["host_input_floor"])  # the cores predicted for and those measured on
     with pytest.raises(SystemExit) as e:
         main(argv + ["--host-cores", "0"])
-    assert e.value.code == 2 and "--host-cores: expected a positive integer" in capsys.readouterr().err
+    err = capsys.readouterr().err  # argparse's refusal: the option and what it takes
+    assert e.value.code == 2 and "--host-cores" in err and "positive" in err, err
 
 
 def test_deprecated_spellings_warn_once(store, capsys):
@@ -470,7 +479,8 @@ def test_deprecated_spellings_warn_once(store, capsys):
     err = capsys.readouterr().err
     for old, new in (("--devices", "--shapes"), ("--busbw", "--intra-busbw"),
                      ("--gpus-per-node-max", "--nproc-per-node")):
-        assert f"warning: {old} is deprecated; use {new}" in err
+        said = [ln for ln in err.splitlines() if "warning" in ln and old in ln and new in ln]
+        assert len(said) == 1 and said[0].index(old) < said[0].index(new), err  # the old spelling, then the new
     assert main(["predict", store, "--model", "m", "--devices", "2", "--format", "json"]) == 0
     assert "deprecated" not in capsys.readouterr().err          # once per process
 
@@ -482,7 +492,7 @@ def test_predict_calibrates_on_the_measured_point(store, capsys):
     assert rows["1x2"]["calibration_point"] and rows["1x2"]["samples_per_s"] == pytest.approx(600.0)
     assert rows["1x2"]["basis"] == "measured"
     assert rows["1x2"]["overhead_ms"] == pytest.approx((64 / 600 - 0.102) * 1e3)
-    assert "fitted on the measured 1x2" in out["inputs"]["overhead_source"]
+    assert "1x2" in out["inputs"]["overhead_source"] and "--overhead-ms" not in out["inputs"]["overhead_source"]
     assert rows["1x8"]["basis"] == "from-1-gpu" and rows["1x8"]["overhead_ms"] > rows["1x2"]["overhead_ms"]
 
 
@@ -538,7 +548,8 @@ def test_predict_overlap_prefers_a_breakdown_that_agrees_with_its_window(store, 
     alone.append(comm_record())
     out = run_json(["predict", str(tmp_path / "alone"), "--model", "m", "--shapes", "1x2"], capsys)
     assert out["inputs"]["overlap"] == 0.9
-    assert "+50.0 % off its window's step: breakdown_gap" in out["inputs"]["overlap_source"]
+    src = out["inputs"]["overlap_source"]
+    assert "breakdown_gap" in src and "+50.0" in numbers(src), src  # the key and its value
 
 
 def test_predict_registered_model_buckets(tmp_path, capsys):
@@ -547,7 +558,10 @@ def test_predict_registered_model_buckets(tmp_path, capsys):
     s.append(run_record(1, 320.0, "single", "2025-01-01T00:00:00+00:00", model="resnet50", params=25_557_032))
     out = run_json(["predict", str(tmp_path / "r"), "--model", "resnet50", "--shapes", "1x2",
                     "--intra-busbw", "100"], capsys)
-    assert "registered model" in out["inputs"]["bucket_layout"]
+    from dlscale.perfmodel.inputs import registry_param_numels
+
+    layout = out["inputs"]["bucket_layout"]  # cut over the model's own parameters, not uniform
+    assert "uniform" not in layout and str(len(registry_param_numels("resnet50", "full"))) in numbers(layout)
     assert out["inputs"]["gradient_bytes"] == 25_557_032 * 4
 
 
@@ -559,13 +573,13 @@ def test_predict_says_cpu_and_flavour(tmp_path, capsys):
         rec["device_type"] = "cpu"
         s.append(rec)
     assert main(["predict", str(tmp_path / "cpu"), "--model", "m", "--shapes", "1x2", "--intra-busbw", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "from CPU records, tiny flavour" in out.splitlines()[0]
+    title = capsys.readouterr().out.splitlines()[0]
     out = run_json(["predict", str(tmp_path / "cpu"), "--model", "m", "--flavor", "tiny", "--shapes", "1x2",
                     "--intra-busbw", "5"], capsys)
-    assert out["qualifier"] == "CPU records, tiny flavour" and out["flavor"] == "tiny"
+    assert "CPU" in out["qualifier"] and "tiny" in out["qualifier"] and out["flavor"] == "tiny"
+    assert out["qualifier"] in title  # the markdown's title says it too
     assert main(["predict", str(tmp_path / "cpu"), "--model", "m", "--flavor", "full", "--intra-busbw", "5"]) == 2
-    assert "no run or imported records" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("\n") == 1  # one line: no record of that flavour
 
 
 def test_predict_one_line_errors(store, capsys):
@@ -645,5 +659,6 @@ def test_host_floor_check_reproduces_the_measured_table_and_the_floor_band():
     for err in ("-7.4 %", "+7.9 %", "-21.1 %", "-5.4 %", "+2.4 %", "+22.3 %", "+0.8 %",  # call1-3
                 "+2.5 %", "-11.6 %", "+15.4 %", "+16.2 %", "-6.9 %"):  # r1-r3
         assert err in out
-    assert "37 floor-bound prediction(s): mean |error| 8.1 %, max 22.3 %" in out
+    (summary,) = [line for line in out.splitlines() if "floor-bound" in line]
+    assert {"37", "8.1", "22.3"} <= numbers(summary), summary  # predictions, mean and max |error| (%)
     assert f"[{HOST_FLOOR_BAND[0]}, {HOST_FLOOR_BAND[1]}]" in out

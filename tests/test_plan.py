@@ -14,6 +14,7 @@ from dlscale.planner.layout import ParallelDims
 from dlscale.planner.memplan import (GiB, Layout, Workload, block_bytes_per_token, candidate_layouts, largest_batch,
                              layout_for_run, plan_memory, planned_as)
 from dlscale.models import get_model
+from dlscale.planner.memplan import family
 
 
 def _cli(args):
@@ -98,8 +99,9 @@ def test_plan_fp8_and_selective_small_config_by_hand():
 
 def test_planned_as_says_what_is_borrowed():
     assert planned_as(get_model("llama", "1b").arch, "fp8-compiled", "none") == ""
-    note = planned_as(get_model("gpt2", "tiny").arch, "fp8-compiled", "none")
-    assert "planned as amp-compiled" in note and "upper bound" in note
+    arch = get_model("gpt2", "tiny").arch
+    note = planned_as(arch, "fp8-compiled", "none")  # one line: the regime borrowed, the family, the bound
+    assert "\n" not in note and "amp-compiled" in note and family(arch) in note and "upper bound" in note, note
     assert planned_as(get_model("gpt2", "tiny").arch, "amp-compiled", "none") == ""
 
 

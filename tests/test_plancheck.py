@@ -9,7 +9,7 @@ import json
 from dlscale.planner import plancheck
 from dlscale.cli import main as cli_main
 from dlscale.case.config import RunConfig
-from dlscale.planner.memplan import Workload, layout_for_run, plan_memory
+from dlscale.planner.memplan import Workload, family, layout_for_run, plan_memory
 from dlscale.models import get_model
 
 
@@ -54,7 +54,8 @@ def test_check_compares_each_newest_case_with_its_plan():
     assert set(rows) == {"a", "b", "c"}
     assert rows["a"].predicted_bytes == single and abs(rows["a"].error - 0.05) < 1e-9 and rows["a"].within
     assert abs(rows["b"].error + 0.20) < 1e-9 and rows["b"].within is False
-    assert rows["c"].error is None and rows["c"].within is None and "no allocator peak" in rows["c"].note
+    assert rows["c"].error is None and rows["c"].within is None and rows["c"].measured_bytes is None
+    assert "allocator" in rows["c"].note and "cpu" in rows["c"].note  # what is missing, and on what device
     assert [r.record_id for r in rep.outside] == ["b"]
     assert [s["record_id"] for s in rep.skipped] == ["d"]
     md = plancheck.to_markdown(rep)
@@ -76,7 +77,7 @@ def test_plan_check_command_exit_and_bad_input(tmp_path):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "--model" in err and "--gpu-memory" in err
     (tmp_path / "results.jsonl").write_text(json.dumps(_rec("d", model="resnet50", flavor="full")) + "\n")
     rc, _, err = _cli(["plan", "--check", store])
-    assert rc == 2 and "nothing to check" in err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and store in err, err  # the store, in one line
 
 
 def test_fp8_note_only_where_the_plan_borrows_bf16s_count():
@@ -84,4 +85,5 @@ def test_fp8_note_only_where_the_plan_borrows_bf16s_count():
                            _rec("g", precision="fp8", model="gpt2", measured=1e9)], "S")
     notes = {r.record_id: r.note for r in rep.rows}
     assert notes["l"] == ""  # llama's float8 blocks have a count of their own
-    assert "fp8 activations planned as amp-compiled's" in notes["g"] and "upper bound" in notes["g"]
+    g = notes["g"]  # the regime borrowed for gpt2's float8 activations, and that it bounds from above
+    assert "amp-compiled" in g and family(get_model("gpt2", "tiny").arch) in g and "upper bound" in g, g

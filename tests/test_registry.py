@@ -7,6 +7,7 @@ import pytest
 
 from dlscale import ConfigError
 from dlscale.registry import Registry
+from helpers_cli import names
 
 
 def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]) -> None:
@@ -56,13 +57,17 @@ def test_a_name_imports_its_own_module_only(tmp_path, monkeypatch):
 def test_unknown_and_twice_registered_names():
     reg: Registry[int] = Registry("gadget", "dlscale.models")
     reg._loaded = True  # no package modules for this one
-    reg.add("a", 1)
-    with pytest.raises(RuntimeError, match="gadget 'a' registered twice"):
-        reg.add("a", 2)
-    with pytest.raises(ConfigError, match="unknown gadget 'b'; choose one of: a$"):
-        reg.get("b")
-    with pytest.raises(ConfigError, match="unknown gadget 'b'"):
-        reg.replace("b", 2)
+    reg.add("alpha", 1)
+    reg.add("gamma", 3)
+    with pytest.raises(RuntimeError, match=names("gadget", "alpha")):  # the kind and the name
+        reg.add("alpha", 2)
+    assert reg.get("alpha") == 1  # the first entry stands
+    # one line: the kind, the name asked for and every name there is
+    with pytest.raises(ConfigError, match=names("gadget", "beta", "alpha", "gamma")):
+        reg.get("beta")
+    with pytest.raises(ConfigError, match=names("gadget", "beta")):
+        reg.replace("beta", 2)
+    assert not reg.has("beta")
 
 
 def test_the_project_registries_skip_what_is_not_an_entry():

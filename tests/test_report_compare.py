@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +205,8 @@ def test_an_interrupted_case_is_compared_on_its_finished_repeats_and_flagged(tmp
     assert by[2]["flags"].startswith("interrupted: B: ")  # the flag by its check, on side B
     assert by[4]["status_b"] == "ok" and by[4]["ratio"] == pytest.approx(1.5 / 2) and not by[4]["flags"]
     rc, out, err = cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert "? interrupted: B: a signal ended the case after 2 of the 3" in out, out
+    (note,) = [ln for ln in out.splitlines() if "? interrupted: B: " in ln]  # the flag's note, side B
+    assert {"2", "3"} <= set(re.findall(r"\d+", note.split("B: ", 1)[1])), note  # 2 of the 3 repeats finished
 
 
 def test_the_report_shows_an_interrupted_cases_numbers_with_its_flag(tmp_path, capsys):
@@ -214,11 +216,13 @@ def test_the_report_shows_an_interrupted_cases_numbers_with_its_flag(tmp_path, c
                           created="2024-05-04T10:00:00+00:00")
     nothing = _interrupted("n", 8, [90])
     nothing["repeats"], nothing["summary"] = [], None
-    F.write_store(tmp_path / "s", [_interrupted("i", 2, [80.0, 82.0]), failed, nothing])
+    struck = _interrupted("i", 2, [80.0, 82.0])
+    F.write_store(tmp_path / "s", [struck, failed, nothing])
     rc, out, err = cli(capsys, "report", str(tmp_path / "s"))
     assert rc == 0, err
     row2 = next(ln for ln in out.splitlines() if ln.startswith("| 1 | 2 |"))
     assert "81.00" in row2 and "? few_repeats, interrupted" in row2, row2
-    assert "1n2g ? interrupted: a signal ended the case after 2 of the 3 repeat(s)" in out
-    assert "1n2g interrupted: interrupted by SIGTERM during repeat 3/3" in out
+    (note,) = [ln for ln in out.splitlines() if "1n2g ? interrupted: " in ln]  # the flag's note for its row
+    assert {"2", "3"} <= set(re.findall(r"\d+", note.split("interrupted: ", 1)[1])), note
+    assert f"1n2g interrupted: {struck['error']}" in out  # the record's own error beside its case
     assert "| 1 | 8 | INTERRUPTED |" in out

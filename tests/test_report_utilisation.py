@@ -45,6 +45,7 @@ NEW_HEADERS = ["GPU util (%)", "CPU util (%)", "host mem (GiB)", "disk r/w (MB/s
                "exposed comm (%)", "overlap (%)"]
 SERIES = "series/g2-r1-rank0.jsonl"
 TRACE = "traces/g2.json"
+UNSUPPORTED = "strategy has its own step (pipeline schedule)"  # a breakdown's reason, as a record states it
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -93,7 +94,7 @@ def records() -> list[dict]:
     rn = F.run_record("rn2", "resnet50", "fp32", 64, "ddp", 1, 2, [500, 500, 500], unit="img")
     bert = F.run_record("b2", "bert-base", "fp32", 16, "ddp", 1, 2, [50, 50, 50], extra={
         "utilisation": util(None, 55.0, 8, 0, 0, 0, 0, nvml=False),
-        "breakdown": {"supported": False, "reason": "strategy has its own step (pipeline schedule)"}})
+        "breakdown": {"supported": False, "reason": UNSUPPORTED}})
     return [one, two, rn, bert]
 
 
@@ -150,7 +151,7 @@ def test_md_columns_hand_computed(store, capsys):
     assert rows[0][10:] == ["55.0", "8.0", "0.0 / 0.0", "0.0 / 0.0"]
     notes = [ln[2:] for ln in out.splitlines() if ln.startswith("- ")]
     # the unsupported breakdown's reason (as recorded) and the profiler trace by its path in the store
-    assert any(n.startswith("1n2g: ") and "strategy has its own step (pipeline schedule)" in n for n in notes)
+    assert any(n.startswith("1n2g: ") and UNSUPPORTED in n for n in notes)
     assert any(n.startswith("1n2g: ") and str(store / TRACE) in n for n in notes)
 
 
@@ -212,7 +213,8 @@ def test_over_time_plot_file_and_html(store, tmp_path, capsys):
     assert img.shape[0] > 300 and img.std() > 0.01
     assert (plots / f"{SLUG}__breakdown.png").exists()
     text = html.read_text()
-    assert "utilisation over time (1n2g, median repeat 1)" in text
+    caption = re.search(r"utilisation over time \(([^)]*)\)", text)  # the plot's title: its case and repeat
+    assert caption and "1n2g" in caption[1] and re.search(r"\brepeat 1\b", caption[1]), caption
     # the trace is linked relative to the page, and named with the viewers to open it in
     assert f'href="../results/{TRACE}"' in text and "ui.perfetto.dev" in text and "chrome://tracing" in text
     assert "<script" not in text and 'href="http' not in text
@@ -277,7 +279,8 @@ def test_html_with_over_time_plot_renders_in_chromium(store, tmp_path, capsys):
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={tmp_path / 'ud'}", "--dump-dom", html.as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
-    assert '<img alt="utilisation over time (1n2g, median repeat 1)"' in dom
+    img = re.search(r'<img alt="utilisation over time \(([^)]*)\)"', dom)  # the plot rendered, by its title
+    assert img and "1n2g" in img[1], dom[-2000:]
     assert "<th class=\"\">exposed comm (%)</th>" in dom and "<td class=\"\">10.0</td>" in dom
     assert 'class="trace"' in dom and "ui.perfetto.dev" in dom
     shutil.rmtree(tmp_path / "ud", ignore_errors=True)
