@@ -261,8 +261,12 @@ def _job_output(store: Path, name: str, job: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+@pytest.mark.parametrize("mode", ["srun"])
 def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
+    """One real job (the project's one Slurm run): srun mode, one Slurm task per rank, the job script
+    sbatch runs, the record in the store. torchrun mode's job is the same script around a local
+    `dlscale run` (one task per node starting torchrun): its script, test_multinode_torchrun_script and
+    test_single_node_cpu_script_has_no_gpus_and_no_rendezvous; its CPUs, test_the_job_requests_the_nodes_cpus_unless_told."""
     store = tmp_path / "store"
     name = f"dlscale-test-{mode}"
     # 12 timed steps (not CASE's 2): a window of a few tenths of a second holds utilisation samples
