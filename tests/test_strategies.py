@@ -16,7 +16,9 @@ Each multi-process case costs ~10 s of torchrun start-up on 2 cores (the 8-proce
 Every `single` reference is a real `dlscale run` in the module's store (its one rank trained in
 the test process with one thread, conftest.py ``single_in_process``, not under torchrun): the
 parity view at the end compares each strategy's record with its workload's single record. The cases the selected tests
-name (``@cases``) run two at a time, a few ahead of the tests that read them (helpers_cli.py).
+name (``@cases``) all run when the first is read, two at a time, those of the most processes first
+(helpers_cli.py): the 8-process case then shares the cores with the rest, not with one-rank runs
+that end at once.
 """
 from __future__ import annotations
 
@@ -109,7 +111,7 @@ def store(tmp_path_factory, request, single_in_process) -> Path:
     store, no torchrun); every other strategy starts its real gloo processes."""
     global _AHEAD
     path = tmp_path_factory.mktemp("strategies-store")
-    _AHEAD = RunsAhead(lambda key: _args(path, key))
+    _AHEAD = RunsAhead(lambda key: _args(path, key), ahead=None, cost=lambda key: key[2])  # key[2]: processes
     _AHEAD.start(request)
     with single_in_process():
         yield path
