@@ -261,9 +261,13 @@ def _job_output(store: Path, name: str, job: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
-def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
-    store = tmp_path / "store"
+def test_slurm_job_lands_in_store(slurm, capsys, tmp_path):
+    """One real job (the suite's one Slurm run): srun mode, one Slurm task per rank, the job script
+    sbatch runs, the record in the store. torchrun mode's job is the same script around a local
+    `dlscale run` (one task per node starting torchrun): its script, test_multinode_torchrun_script
+    and test_single_node_cpu_script_has_no_gpus_and_no_rendezvous; its CPUs,
+    test_the_job_requests_the_nodes_cpus_unless_told."""
+    store, mode = tmp_path / "store", "srun"
     name = f"dlscale-test-{mode}"
     # 12 timed steps (not CASE's 2): a window of a few tenths of a second holds utilisation samples
     # (0.1 s apart); 2 tiny steps can fall between two samples, and the record then has none
@@ -282,16 +286,15 @@ def test_slurm_job_lands_in_store(slurm, capsys, tmp_path, mode):
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["label"] == f"slurm-{mode}", out
     assert rec["summary"]["samples_per_s"]["median"] > 0
     assert len(rec["ranks"]) == 2
-    # both modes measure through launch.measure: the utilisation series and the trace as in a local run
+    # measured through launch.measure: the utilisation series and the trace as in a local run
     rep = rec["repeats"][0]
     assert rec["utilisation"]["cpu_util_pct_mean"] is not None, out
     assert rep["series"] and all((store / p).is_file() for p in rep["series"]), out
     assert rec["trace"] and (store / rec["trace"]).is_file(), out
     # srun: two Slurm tasks, rank from SLURM_PROCID and the world from the step's task count as real
     # srun sets them (a step of the wrong count: test_slurm_task_outside_slurm_and_wrong_world); task 0 recorded
-    if mode == "srun":
-        assert rec["rendezvous"]["backend"] == "slurm-srun" and rec["rendezvous"]["job_id"] == job
-        assert rec["nodes"][0]["ranks"] == [0, 1]
+    assert rec["rendezvous"]["backend"] == "slurm-srun" and rec["rendezvous"]["job_id"] == job
+    assert rec["nodes"][0]["ranks"] == [0, 1]
     assert "dlscale slurm: done, exit 0" in out
 
 
