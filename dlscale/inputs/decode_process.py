@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import multiprocessing
 import os
 import queue
 from dataclasses import dataclass
@@ -119,11 +120,15 @@ def _take_free(free, idle: collections.deque, parent: int) -> bool:
 
 def data_loader(plan: LoaderPlan, cuda: bool):
     """The DataLoader of a rank's source (here, or in its decode process): the plan's workers,
-    pinned memory on CUDA, its prefetch batches each, persistent workers."""
+    pinned memory on CUDA, its prefetch batches each, persistent workers. The workers are forked:
+    the decode process is spawned, and a spawned process would spawn them too, each a fresh
+    interpreter importing torch again (they read and decode on the host and never touch CUDA)."""
     w = plan.workers
+    fork = w > 0 and "fork" in multiprocessing.get_all_start_methods()
     return torch.utils.data.DataLoader(plan.dataset, batch_sampler=plan.sampler, num_workers=w,
                                        collate_fn=plan.collate, pin_memory=cuda,
-                                       prefetch_factor=plan.prefetch if w else None, persistent_workers=w > 0)
+                                       prefetch_factor=plan.prefetch if w else None, persistent_workers=w > 0,
+                                       multiprocessing_context="fork" if fork else None)
 
 
 def _serve(job: _Job, ready, free) -> None:
