@@ -832,27 +832,33 @@ AHEAD = [("data", _data_edit, ("--filter", "model=gpt2"),
 
 @pytest.fixture(scope="module", autouse=True)
 def drivers_ahead(request, tmp_path_factory):
-    """The AHEAD suites whose tests are selected, each a ``benchmarks/run.py`` process started when the
-    module starts: they run beside this process's own driver runs (smoke, mp), all mostly one core's
-    work; their one-process torch cases train in the driver's process (tests/tools/driver_here.py,
-    as ``single_in_process`` does here). name -> (its folder, the process, the monotonic start)."""
+    """The AHEAD suites whose tests are selected, run one after the other by one ``benchmarks/run.py``
+    process started when the module starts (tests/tools/driver_here.py --many: one interpreter's
+    imports for all of them, each run with its own output files and exit code): they run beside this
+    process's own driver runs (smoke, mp), all mostly one core's work; their one-process torch cases
+    train in the driver's process (as ``single_in_process`` does here). name -> (its folder, the
+    process, the monotonic start)."""
     selected = {i.name for i in request.session.items if getattr(i, "module", None) is request.module}
-    started = {}
+    started, plan = {}, []
     for name, edit, args, test in AHEAD:
         if test in selected and (name != "jax" or HAVE_JAX):
             tmp = tmp_path_factory.mktemp(name)
             path = tiny_suite(name, tmp, edit)
-            with open(tmp / "driver.out", "w") as out, open(tmp / "driver.err", "w") as err:
-                p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tools" / "driver_here.py"), str(path),
-                                      "--out", str(tmp / "out"), *args], stdout=out, stderr=err, text=True, cwd=ROOT)
-
-
-            started[name] = (tmp, p, time.monotonic())
-    yield started
-    for _, p, _ in started.values():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+            plan.append({"argv": [str(path), "--out", str(tmp / "out"), *args], "stdout": str(tmp / "driver.out"),
+                         "stderr": str(tmp / "driver.err"), "rc": str(tmp / "driver.rc")})
+            started[name] = tmp
+    proc = None
+    if plan:
+        plan_file = tmp_path_factory.mktemp("ahead") / "plan.json"
+        plan_file.write_text(json.dumps(plan))
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tools" / "driver_here.py"), "--many",
+                                 str(plan_file)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    t = time.monotonic()
+    yield {name: (tmp, proc, t) for name, tmp in started.items()}
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _ahead_run(drivers_ahead, tmp_path_factory, name: str):
@@ -865,8 +871,14 @@ def _ahead_run(drivers_ahead, tmp_path_factory, name: str):
         p = drive(tiny_suite(name, tmp, edit), tmp / "out", *args)
         return tmp, p, time.monotonic() - t
     tmp, proc, t = drivers_ahead[name]
-    rc = proc.wait(timeout=600)
-    p = subprocess.CompletedProcess(proc.args, rc, (tmp / "driver.out").read_text(), (tmp / "driver.err").read_text())
+    rc_file, deadline = tmp / "driver.rc", time.monotonic() + 600
+    while not rc_file.exists():  # the runs before it end first; the process ends after the last
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the AHEAD driver process ended (or timed out) before the {name} suite's run ended: "
+                        f"{(proc.stderr.read() if proc.poll() is not None else '')[-2000:]}", pytrace=False)
+        time.sleep(0.1)
+    p = subprocess.CompletedProcess(proc.args, int(rc_file.read_text()), (tmp / "driver.out").read_text(),
+                                    (tmp / "driver.err").read_text())
     return tmp, p, time.monotonic() - t
 
 

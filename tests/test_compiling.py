@@ -139,23 +139,26 @@ def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch, single_
     """A real compiled run: the mode and the option reach torch.compile (an unknown option would
     fail there), the record keeps them, and the losses match the eager run's.
 
-    Inductor writes scalar C++ here (TORCHINDUCTOR_VEC_ISA_OK=0, inherited by the worker): the
-    ~25 kernels of tiny GPT-2's forward, backward and eval graphs then compile in ~1.3 s each
-    instead of ~2.5 s with the vector headers (cold cache, 2 cores: ~40 s for the run instead of
-    ~52 s). The graph capture, lowering, C++ build and the compiled step are the same path."""
-    monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")
+    Both runs train in this process, one after the other (conftest.py single_in_process: the same
+    `dlscale run`, worker ``train`` and record, without a torchrun agent and a worker to import
+    torch for the compiled run). Inductor writes scalar C++ here (cpp.vec_isa_ok off): the ~25
+    kernels of tiny GPT-2's forward, backward and eval graphs then compile in ~1.3 s each instead
+    of ~2.5 s with the vector headers on a cold cache. The graph capture, lowering, C++ build and
+    the compiled step are the same path."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config.cpp, "vec_isa_ok", False)  # read here, not from the env
     common = ["run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
               "--batch-size", "2", "--precision", "fp32", "--warmup", "2", "--steps", "2", "--repeats", "1",
               "--no-monitor", "--store", str(tmp_path / "store"), "--json"]
-    # the compiled run and the eager one at the same time (tests/helpers_cli.py): the eager reference
-    # trains in this process (conftest.py single_in_process, no torchrun start) beside the compile's C++ builds
-    with single_in_process(lambda cfg: not cfg.compile):
-        compiled, eager = helpers_cli.dlscale_many([
-            [*common, "--compile", "--compile-mode", "reduce-overhead",
-             "--inductor-option", "coordinate_descent_tuning=true"], common])
-    for p in (compiled, eager):
-        if isinstance(p, BaseException):
-            raise p
+    try:
+        with single_in_process():
+            compiled = helpers_cli.dlscale(*common, "--compile", "--compile-mode", "reduce-overhead",
+                                           "--inductor-option", "coordinate_descent_tuning=true")
+            eager = helpers_cli.dlscale(*common)
+    finally:
+        torch._dynamo.reset()  # the compiled graphs are not kept for the tests after this one
     rc, out, err = compiled.returncode, compiled.stdout, compiled.stderr
     assert rc == 0, err[-2000:]
     rec = json.loads(out[out.index("{"):])

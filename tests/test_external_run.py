@@ -162,13 +162,13 @@ def test_time_limit_kills_the_whole_tree(tmp_path):
 
 @pytest.fixture(scope="module")
 def torchrun_store(tmp_path_factory, single_in_process):
-    """One plain torchrun script (2 gloo processes) under --command beside a native tiny run; the two
+    """One plain torchrun script (2 worker processes) under --command beside a native tiny run; the two
     at the same time (tests/helpers_cli.py), into one store. The native run is a `single` case,
     trained in this process (conftest.py ``single_in_process``): the report's row beside the
     external one is what it is for."""
     store = tmp_path_factory.mktemp("ext") / "store"
     cmd = (f"{PY} -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 "
-           f"{shlex.quote(str(TOOLS / 'ddp_regex_train.py'))} --steps 12 --batch-size 4")
+           f"{shlex.quote(str(TOOLS / 'torchrun_regex_train.py'))} --steps 12 --batch-size 4")
     with single_in_process():
         done = dlscale_many([
             ["run", "--command", cmd, "--parser", "regex", "--metric", r"samples/sec: (?P<value>[0-9.]+)",
