@@ -135,7 +135,7 @@ def test_cli_bad_compile_options_exit_2_and_store_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch, single_in_process):
+def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, single_in_process):
     """A real compiled run: the mode and the option reach torch.compile (an unknown option would
     fail there), the record keeps them, and the losses match the eager run's.
 
@@ -148,12 +148,11 @@ def test_compiled_run_with_mode_and_option_on_cpu(tmp_path, monkeypatch, single_
     import torch._dynamo
     import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config.cpp, "vec_isa_ok", False)  # read here, not from the env
     common = ["run", "--model", "gpt2", "--flavor", "tiny", "--strategy", "single", "--device", "cpu",
               "--batch-size", "2", "--precision", "fp32", "--warmup", "2", "--steps", "2", "--repeats", "1",
               "--no-monitor", "--store", str(tmp_path / "store"), "--json"]
-    try:
-        with single_in_process():
+    try:  # scalar C++, read from the config, not the env; config.patch restores it
+        with single_in_process(), torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
             compiled = helpers_cli.dlscale(*common, "--compile", "--compile-mode", "reduce-overhead",
                                            "--inductor-option", "coordinate_descent_tuning=true")
             eager = helpers_cli.dlscale(*common)

@@ -149,15 +149,16 @@ def test_layer_fp8_on_cpu_is_unsupported_not_failed(tmp_path):
 
 
 @pytest.mark.slow
-def test_layer_compile_times_the_compiled_block(tmp_path, monkeypatch):
+def test_layer_compile_times_the_compiled_block(tmp_path):
     import torch._inductor.config
 
-    # scalar C++ kernels: each builds in about half the time of the vector ones (as test_compiling's run)
-    monkeypatch.setattr(torch._inductor.config.cpp, "vec_isa_ok", False)
     store = tmp_path / "st"
-    assert cli_main(["micro", "layer", "--device", "cpu", "--model", "llama", "--size", "tiny", "--compile",
-                     "--precision", "fp32", "--batch-size", "1", "--seq-len", "8", "--warmup", "1", "--steps", "1",
-                     "--store", str(store)]) == 0
+    # scalar C++ kernels: each builds in about half the time of the vector ones (as test_compiling's run);
+    # config.patch restores the setting (monkeypatch's undo deletes a config key it read as None)
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+        assert cli_main(["micro", "layer", "--device", "cpu", "--model", "llama", "--size", "tiny", "--compile",
+                         "--precision", "fp32", "--batch-size", "1", "--seq-len", "8", "--warmup", "1",
+                         "--steps", "1", "--store", str(store)]) == 0
     (rec,) = records(store)
     assert [(r["status"], r["compiled"]) for r in rec["results"]] == [("ok", True)] * 2
     assert "fp8_casts" not in rec["results"][0] and rec["config"]["resolved"]["compiled"] is True
