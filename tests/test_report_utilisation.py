@@ -138,17 +138,18 @@ def test_md_columns_hand_computed(store, capsys):
     assert rc == 0, err
     t = md_tables(out)
     head, rows = t[GPT2]
-    assert head[10:] == NEW_HEADERS
-    assert rows[0][10:] == ["90.0", "25.0", "16.0", "50.0 / 10.0", "1.0 / 2.0", MISSING, MISSING]
+    dlperf = head[:-len(NEW_HEADERS)]  # the DLPerf columns every table has
+    assert head[len(dlperf):] == NEW_HEADERS
+    assert rows[0][len(dlperf):] == ["90.0", "25.0", "16.0", "50.0 / 10.0", "1.0 / 2.0", MISSING, MISSING]
     # exposed comm 2.0 ms of a 20.0 ms step = 10.0 %; overlap 0.75 = 75.0 %
-    assert rows[1][10:] == ["80.0", "40.0", "24.0", "100.0 / 20.0", "250.0 / 125.0", "10.0", "75.0"]
+    assert rows[1][len(dlperf):] == ["80.0", "40.0", "24.0", "100.0 / 20.0", "250.0 / 125.0", "10.0", "75.0"]
     # no utilisation, no breakdown: the table keeps its ten DLPerf columns
     head, rows = t[RN50]
-    assert len(head) == 10 and not set(NEW_HEADERS) & set(head) and all(len(r) == 10 for r in rows)
+    assert len(head) == len(dlperf) and not set(NEW_HEADERS) & set(head) and all(len(r) == len(dlperf) for r in rows)
     # without NVML: CPU, memory, disk and net, but no GPU column; unsupported breakdown -> no comm columns
     head, rows = t[BERT]
-    assert head[10:] == ["CPU util (%)", "host mem (GiB)", "disk r/w (MB/s)", "net tx/rx (MB/s)"]
-    assert rows[0][10:] == ["55.0", "8.0", "0.0 / 0.0", "0.0 / 0.0"]
+    assert head[len(dlperf):] == ["CPU util (%)", "host mem (GiB)", "disk r/w (MB/s)", "net tx/rx (MB/s)"]
+    assert rows[0][len(dlperf):] == ["55.0", "8.0", "0.0 / 0.0", "0.0 / 0.0"]
     notes = [ln[2:] for ln in out.splitlines() if ln.startswith("- ")]
     # the unsupported breakdown's reason (as recorded) and the profiler trace by its path in the store
     assert any(n.startswith("1n2g: ") and UNSUPPORTED in n for n in notes)
