@@ -85,7 +85,7 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
     import torch
     import torch.distributed as dist
 
-    from dlscale.case import progress
+    from dlscale.case import progress, rankfiles
     from dlscale.train import worker
     from dlscale.case.procs import ProcResult
     from dlscale.strategies import DistEnv
@@ -98,7 +98,7 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
     denv = DistEnv(0, 1, 0, 1, torch.device("cpu"), "gloo")
     result = worker.new_result(denv, t0)
-    worker.write_started(workdir, 0)
+    rankfiles.write_started(workdir, 0)
     lines: list[str] = []
 
     def phase(name, event, rank=0, **info):

@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 from dlscale import frameworks, inputs
 from dlscale.case import stacks
+from dlscale.case.rankfiles import read_started
 from dlscale.results import envinfo, metrics, validity
 from dlscale.train import energy, fp8
 from dlscale.case.config import RunConfig
@@ -44,18 +45,6 @@ def read_rank_files(out_dir: Path) -> list[dict[str, Any]]:
         except (OSError, json.JSONDecodeError):
             continue
     return ranks
-
-
-def read_started(out_dir: Path) -> dict[int, int]:
-    """rank -> pid of the ranks that started (their ``started-rank<R>.json``, worker.py)."""
-    out = {}
-    for p in out_dir.glob("started-rank*.json"):
-        try:
-            d = json.loads(p.read_text())
-            out[int(d["rank"])] = int(d["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
 
 
 # torchrun's failure summary, one entry per failed local rank ("Root Cause" is the first observed)

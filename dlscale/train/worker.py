@@ -9,7 +9,6 @@ Exit codes: 0 ok, 3 out of memory, 1 any other failure (the rank file says why).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
 import gc
@@ -42,6 +41,7 @@ from dlscale.quality.loop import Hooks, train_until
 from dlscale.results import metrics, parity
 from dlscale.train import checkpointing, energy, fp8, precision  # noqa: E402
 from dlscale.case import stacks
+from dlscale.case.rankfiles import worker_args, write_started
 from dlscale.train import checkpoint_timing, ranktimes  # noqa: E402
 from dlscale.train.breakdown import measure_breakdown, profile_steps
 from dlscale.train.compiling import compile_module, step_marker  # noqa: E402
@@ -63,12 +63,6 @@ def is_oom(e: BaseException) -> bool:
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(e, RuntimeError) and any(m in str(e) for m in _CPU_OOM)
-
-
-def write_started(out_dir: Path, rank: int) -> None:
-    """``started-rank<R>.json``: the rank runs, as this pid (the launcher names stalled ranks by it)."""
-    with contextlib.suppress(OSError):
-        (out_dir / f"started-rank{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
 
 
 def dist_env_from_environ(device_type: str) -> DistEnv:
@@ -658,17 +652,13 @@ def record_failure(result: dict[str, Any], e: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="dlscale training worker (started by torchrun)")
-    ap.add_argument("--config", required=True, help="path of the RunConfig JSON")
-    ap.add_argument("--out", required=True, help="directory for rank<R>.json results")
-    args = ap.parse_args(argv)
-    cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
+    cfg, out_dir = worker_args(argv, "dlscale training worker (started by torchrun)")
     device_type = resolve_device(cfg.device)
     denv = dist_env_from_environ(device_type)
     result = new_result(denv, _STARTED)
-    out = Path(args.out) / f"rank{denv.rank}.json"
-    write_started(Path(args.out), denv.rank)
-    stacks.arm(Path(args.out), denv.rank)  # the launcher asks where this rank is if time runs out
+    out = out_dir / f"rank{denv.rank}.json"
+    write_started(out_dir, denv.rank)
+    stacks.arm(out_dir, denv.rank)  # the launcher asks where this rank is if time runs out
     code = 0
     try:
         progress.phase("rendezvous", "start", denv.rank)
@@ -679,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         multinode.after_init(denv, result)  # multi-node: every rank's host/device -> world.json
         result["marks"]["process_group"] = time.time()
         progress.phase("rendezvous", "end", denv.rank)
-        train(cfg, denv, result, Path(args.out))
+        train(cfg, denv, result, out_dir)
     except Exception as e:
         code = record_failure(result, e)
         result["traceback"] = traceback.format_exc(limit=20)

@@ -17,8 +17,6 @@ process's.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import datetime as _dt
 import json
 import os
@@ -34,6 +32,7 @@ from typing import Any, Callable
 _STARTED = time.time()
 
 from dlscale.case import multinode, procs, stacks
+from dlscale.case.rankfiles import worker_args, write_started
 from dlscale.frameworks.jax.models import count_params, get_jax_model
 from dlscale.frameworks.jax.profile import profile_steps
 from dlscale.monitor import HardwareSampler
@@ -345,11 +344,7 @@ def is_oom(e: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="dlscale JAX training worker (started by torchrun)")
-    ap.add_argument("--config", required=True, help="path of the RunConfig JSON")
-    ap.add_argument("--out", required=True, help="directory for rank<R>.json results")
-    args = ap.parse_args(argv)
-    cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
+    cfg, out_dir = worker_args(argv, "dlscale JAX training worker (started by torchrun)")
     device_type = resolve_device(cfg.device)
     ids = rank_env()
     rank = ids[0]
@@ -359,10 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         "status": "failed", "error": None, "framework": "jax",
         "marks": {"started": _STARTED, "imported": time.time()},
     }
-    out = Path(args.out) / f"rank{rank}.json"
-    with contextlib.suppress(OSError):  # the launcher names stalled ranks by this (launch.py)
-        (Path(args.out) / f"started-rank{rank}.json").write_text(json.dumps({"rank": rank, "pid": os.getpid()}))
-    stacks.arm(Path(args.out), rank)  # the launcher asks where this rank is if time runs out
+    out = out_dir / f"rank{rank}.json"
+    write_started(out_dir, rank)
+    stacks.arm(out_dir, rank)  # the launcher asks where this rank is if time runs out
     code = 0
     try:
         configure_jax(device_type, rank, ids[1], ids[2], cfg.collective_timeout)
@@ -370,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
         jax.devices()  # backends (and the distributed client) up here, not inside the build
         result["marks"]["process_group"] = time.time()
-        train(cfg, device_type, ids, result, Path(args.out))
+        train(cfg, device_type, ids, result, out_dir)
     except Exception as e:  # noqa: BLE001 - every failure is reported in the rank file
         code = EXIT_OOM if is_oom(e) else 1
         result["status"] = "oom" if code == EXIT_OOM else "failed"
