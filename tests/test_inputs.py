@@ -981,7 +981,9 @@ def test_report_shows_the_data_wait(runs):
     p = helpers_cli.dlscale("report", str(runs.store))
     assert p.returncode == 0, p.stderr[-2000:]
     assert "data wait (%)" in p.stdout and "loader CPU (cores)" in p.stdout
-    assert "data imagefolder:" in p.stdout and "data wait = the share of the timed window" in p.stdout
+    from dlscale.report.render import DATA_NOTE
+
+    assert "data imagefolder:" in p.stdout and DATA_NOTE in p.stdout  # the data columns come with their note
 
 
 @pytest.mark.slow
