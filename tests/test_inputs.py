@@ -555,11 +555,11 @@ def test_gpu_decoder_choice_and_its_errors(monkeypatch, no_nvimg_cache):
     state["hw"] = False  # a GPU without hardware JPEG decoders (L40S, RTX): nvImageCodec on CUDA when named
     assert choose("nvimgcodec") == ("nvImageCodec 0.9.0 on cuda:0 (cuda)", "nvimgcodec", "cuda")
     state["tv"] = False  # no torchvision: auto takes nvImageCodec, hardware or not
-    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (cuda); auto: torchvision is not installed", "nvimgcodec",
-                        "cuda")
-    state["hw"] = True
-    assert choose() == ("nvImageCodec 0.9.0 on cuda:0 (hardware); auto: torchvision is not installed",
-                        "nvimgcodec", "hardware")
+    for hw in (False, True):  # the decoder's own name, then why auto took it: torchvision missing
+        state["hw"] = hw
+        name, kind, backend = choose()
+        assert name.startswith(nvdec(cuda)[1] + "; ") and "torchvision" in name.split("; ", 1)[1], name
+        assert (kind, backend) == ("nvimgcodec", nvdec(cuda)[2])
     state.update(tv=True, nv=(None, "nvImageCodec (nvidia-nvimgcodec-cu13) is not installed"))
     assert choose() == (tv[1] + "; chosen by auto", "torchvision", "hardware-or-cuda")
     state["tv"] = False  # neither: refused (the launcher's check says so before any process starts)
