@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,7 @@ from dlscale.case.benchsuite import BareRun, Command, bare_args
 from dlscale.cli import main as dlscale_main
 from dlscale.case.config import RunConfig
 from dlscale.case.suite import load_bench_suite, load_suite, parse_suite
+from helpers_cli import names
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -101,14 +103,16 @@ def test_before_commands_defer_the_data_checks_of_what_they_make(tmp_path):
         "cases": [{"model": "gpt2", "flavor": "tiny", "batch_size": 2, "data": f"tokens:{tok}"}],
         "commands": [{"name": "tokens", "when": "before", "creates": str(tok),
                       "dlscale": ["data", "make", "tokens", "--out", str(tok.parent), "--size", "2k"]}]}))
-    with pytest.raises(ConfigError, match="no such file|does not exist|not found"):
+    with pytest.raises(ConfigError, match=names(str(tok))) as e:  # the file the case reads, missing
         load_suite(path)
+    assert re.search("no such file|does not exist|not found", str(e.value)), e.value
     suite = load_bench_suite(path)  # the file is the command's to make: only the model is checked now
     assert [c.name for c in suite.bench.when("before")] == ["tokens"] and suite.bench.commands[0].creates == str(tok)
     bad = tmp_path / "bad.yaml"  # a model that cannot read tokens is still refused
     bad.write_text(path.read_text().replace("model: gpt2", "model: resnet50"))
-    with pytest.raises(ConfigError, match="trains on images"):
+    with pytest.raises(ConfigError, match=names("resnet50", str(tok), "imagefolder")) as e:  # model, data, need
         load_bench_suite(bad)
+    assert "no such file" not in str(e.value)  # the kind of data refused, not its absence
 
 
 def test_bare_each_takes_the_cases_keys_and_overrides_follow():
@@ -377,6 +381,13 @@ def test_driver_decides_which_commands_run(tmp_path):
     assert RUN.command_line(script, plan)[1:] == [str(ROOT / "benchmarks" / "kernels.py"), str(tmp_path / "out" / "store")]
 
 
+def _side(line: str) -> tuple[str, str]:
+    """(side, filters asked) that a line of ``unmade_compares`` names as matched by nothing."""
+    m = re.search(r"\b([AB])'s \(([^()]*)\)", line)
+    assert m, line
+    return m[1], m[2]
+
+
 def test_driver_says_which_comparisons_a_filter_leaves_without_a_side(tmp_path):
     """data-gpu filtered to one decoder leaves its synthetic cases out: the vs-synthetic tables (and the
     decoder-against-decoder one) cannot be made, unless the store already holds such records."""
@@ -388,7 +399,8 @@ def test_driver_says_which_comparisons_a_filter_leaves_without_a_side(tmp_path):
     assert [line.split(":")[0] for line in said] == ["compare vs-synthetic-torchvision",
                                                       "compare vs-synthetic-nvimgcodec",
                                                       "compare nvimgcodec-vs-torchvision"]
-    assert "side A's (data=synthetic)" in said[0] and "side B's (data_decoder=nvimgcodec)" in said[2]
+    assert _side(said[0]) == ("A", "data=synthetic") and _side(said[2]) == ("B", "data_decoder=nvimgcodec")
+    assert all(f"compare-{line.split(':')[0].split()[1]}.md" in line for line in said)  # the file not made
     # a synthetic record from an earlier call in the same --out: torchvision against synthetic is made;
     # nvImageCodec's side is still missing
     cfg = RunConfig(model="resnet50", batch_size=256, precision="amp-bf16", device="cuda").to_dict()
@@ -396,7 +408,7 @@ def test_driver_says_which_comparisons_a_filter_leaves_without_a_side(tmp_path):
     said = RUN.unmade_compares(RUN.make_plan(args))
     assert [line.split(":")[0] for line in said] == ["compare vs-synthetic-nvimgcodec",
                                                       "compare nvimgcodec-vs-torchvision"]
-    assert "side B's (data=imagefolder:/tmp/dlscale-data/imgs, data_decoder=nvimgcodec)" in said[0]
+    assert _side(said[0]) == ("B", "data=imagefolder:/tmp/dlscale-data/imgs, data_decoder=nvimgcodec")
     whole = RUN.build_parser().parse_args(["data-gpu", "--out", str(tmp_path / "all")])
     assert RUN.unmade_compares(RUN.make_plan(whole)) == []
 
