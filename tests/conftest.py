@@ -123,7 +123,7 @@ def _train_here(cfg, workdir: Path, env: dict[str, str], on_line):
             dist.destroy_process_group()
         torch.set_num_threads(threads)
         result["marks"]["finished"] = time.time()
-        (workdir / "rank0.json").write_text(json.dumps(result, default=str))
+        rankfiles.write_result(workdir, 0, result)
         if hasattr(on_line, "close"):
             on_line.close()
     return ProcResult(code, False, time.monotonic() - m0, "\n".join(lines[-20:]),

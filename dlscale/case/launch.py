@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from dlscale import frameworks, inputs
 from dlscale.case import stacks
-from dlscale.case.rankfiles import read_started
+from dlscale.case.rankfiles import read_results, read_started
 from dlscale.results import envinfo, metrics, validity
 from dlscale.train import energy, fp8
 from dlscale.case.config import RunConfig
@@ -35,16 +35,6 @@ from dlscale.quality import target as quality_target
 from dlscale.results.store import StoreError
 from dlscale.strategies import get_strategy
 
-
-
-def read_rank_files(out_dir: Path) -> list[dict[str, Any]]:
-    ranks = []
-    for p in sorted(out_dir.glob("rank*.json"), key=lambda p: int(p.stem[4:])):
-        try:
-            ranks.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return ranks
 
 
 # torchrun's failure summary, one entry per failed local rank ("Root Cause" is the first observed)
@@ -422,7 +412,7 @@ def _repeat_loop(run: _Repeats, rec: Record, rank_results: list[dict]) -> None:
             run_cfg = quality_target.repeat_config(cfg, i)  # --until: repeats over seeds
             (workdir / "config.json").write_text(json.dumps(run_cfg.to_dict()))
             proc = spawner.start(run_cfg, workdir, env)
-            rank_results[:] = read_rank_files(workdir)
+            rank_results[:] = read_results(workdir)
             started = read_started(workdir)
             rank_stacks = stacks.read(workdir) if proc.timed_out else {}
             series = _keep_artifacts(workdir, run.files_root, rec.id, i, run.staging)

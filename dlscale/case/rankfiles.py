@@ -1,6 +1,7 @@
 """What a worker rank and its launcher share: the worker's command line (the case's RunConfig as
-JSON, the output folder) and ``started-rank<R>.json``, by which the launcher names the ranks that
-started and stalled. Both workers (torch and JAX) use it; no torch here."""
+JSON, the output folder), ``started-rank<R>.json``, by which the launcher names the ranks that
+started and stalled, and ``rank<R>.json``, the rank's result. Both workers (torch and JAX), the
+external spawner and the launcher use it; no torch here."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from dlscale.case.config import RunConfig
 
@@ -37,3 +39,22 @@ def read_started(out_dir: Path) -> dict[int, int]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def write_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
+    """``rank<R>.json``: the rank's result, replaced whole (the launcher never reads half a file)."""
+    out = out_dir / f"rank{rank}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, default=str))
+    os.replace(tmp, out)
+
+
+def read_results(out_dir: Path) -> list[dict[str, Any]]:
+    """The ranks' results in rank order; a file that cannot be read is left out."""
+    ranks = []
+    for p in sorted(out_dir.glob("rank*.json"), key=lambda p: int(p.stem[4:])):
+        try:
+            ranks.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return ranks

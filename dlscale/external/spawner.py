@@ -9,7 +9,6 @@ the authority for this repeat (the command's steps are its own, not dlscale's).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlscale.case.procs import ProcResult, spawn
+from dlscale.case.rankfiles import write_result
 from dlscale.external.case import ExternalCase
 from dlscale.external.parsers import LogLine, ParseError, ParseResult, ParseTimeout, get_parser
 from dlscale.monitor import HardwareSampler
@@ -87,7 +87,7 @@ class ExternalSpawner:
         repeat = getattr(self, "_next", 0)
         self._next = repeat + 1
         proc, ranks = self(repeat, env=env)
-        (Path(workdir) / "rank0.json").write_text(json.dumps(ranks[0], default=str))
+        write_result(Path(workdir), 0, ranks[0])
         return proc
 
     def __call__(self, repeat: int, env: dict[str, str] | None = None) -> tuple[ProcResult, list[dict[str, Any]]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import gc
-import json
 import math
 import os
 import resource
@@ -41,7 +40,7 @@ from dlscale.quality.loop import Hooks, train_until
 from dlscale.results import metrics, parity
 from dlscale.train import checkpointing, energy, fp8, precision  # noqa: E402
 from dlscale.case import stacks
-from dlscale.case.rankfiles import worker_args, write_started
+from dlscale.case.rankfiles import worker_args, write_result, write_started
 from dlscale.train import checkpoint_timing, ranktimes  # noqa: E402
 from dlscale.train.breakdown import measure_breakdown, profile_steps
 from dlscale.train.compiling import compile_module, step_marker  # noqa: E402
@@ -656,7 +655,6 @@ def main(argv: list[str] | None = None) -> int:
     device_type = resolve_device(cfg.device)
     denv = dist_env_from_environ(device_type)
     result = new_result(denv, _STARTED)
-    out = out_dir / f"rank{denv.rank}.json"
     write_started(out_dir, denv.rank)
     stacks.arm(out_dir, denv.rank)  # the launcher asks where this rank is if time runs out
     code = 0
@@ -678,9 +676,7 @@ def main(argv: list[str] | None = None) -> int:
             multinode.on_failure(denv, result)  # multi-node: publish/attribute the failure
         result.update({k: v for k, v in _peak_memory(denv.device).items() if k not in result})
         result["marks"]["finished"] = time.time()
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, default=str))
-        os.replace(tmp, out)
+        write_result(out_dir, denv.rank, result)
     if code:
         print(f"dlscale worker rank {denv.rank}: {result['status']}: {result['error']}", file=sys.stderr,
               flush=True)

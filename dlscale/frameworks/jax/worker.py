@@ -18,7 +18,6 @@ process's.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import resource
 import socket
@@ -32,7 +31,7 @@ from typing import Any, Callable
 _STARTED = time.time()
 
 from dlscale.case import multinode, procs, stacks
-from dlscale.case.rankfiles import worker_args, write_started
+from dlscale.case.rankfiles import worker_args, write_result, write_started
 from dlscale.frameworks.jax.models import count_params, get_jax_model
 from dlscale.frameworks.jax.profile import profile_steps
 from dlscale.monitor import HardwareSampler
@@ -354,7 +353,6 @@ def main(argv: list[str] | None = None) -> int:
         "status": "failed", "error": None, "framework": "jax",
         "marks": {"started": _STARTED, "imported": time.time()},
     }
-    out = out_dir / f"rank{rank}.json"
     write_started(out_dir, rank)
     stacks.arm(out_dir, rank)  # the launcher asks where this rank is if time runs out
     code = 0
@@ -373,9 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         result.update({k: v for k, v in _peak_memory(device_type).items() if result.get(k) is None})
         result["marks"]["finished"] = time.time()
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, default=str))
-        os.replace(tmp, out)
+        write_result(out_dir, rank, result)
     if code:
         print(f"dlscale jax worker rank {rank}: {result['status']}: {result['error']}", file=sys.stderr, flush=True)
         os._exit(code)  # peers may wait in a collective: no teardown that could hang
