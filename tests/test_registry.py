@@ -20,11 +20,13 @@ def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]) -> None:
     monkeypatch.delitem(sys.modules, name, raising=False)
 
 
+REG_LINE = "from {p} import REG\nREG.add({n!r}, {v})\n"  # an entry's module: registers one value
+
+
 def test_loads_the_package_once_and_lists_sorted_names(tmp_path, monkeypatch):
-    reg_line = "from {p} import REG\nREG.add({n!r}, {v})\n"
     _package(tmp_path, monkeypatch, "widgets_a", {
-        "zeta": reg_line.format(p="widgets_a", n="zeta", v=1),
-        "alpha": reg_line.format(p="widgets_a", n="alpha", v=2),
+        "zeta": REG_LINE.format(p="widgets_a", n="zeta", v=1),
+        "alpha": REG_LINE.format(p="widgets_a", n="alpha", v=2),
         "helpers": "raise RuntimeError('skip names a module that is not an entry')\n",
         "_private": "raise RuntimeError('modules named _... are not entries')\n",
     })
@@ -38,10 +40,9 @@ def test_loads_the_package_once_and_lists_sorted_names(tmp_path, monkeypatch):
 
 
 def test_a_name_imports_its_own_module_only(tmp_path, monkeypatch):
-    reg_line = "from {p} import REG\nREG.add({n!r}, {v})\n"
     _package(tmp_path, monkeypatch, "widgets_b", {
-        "one_two": reg_line.format(p="widgets_b", n="one-two", v=1),
-        "other": reg_line.format(p="widgets_b", n="three", v=3),
+        "one_two": REG_LINE.format(p="widgets_b", n="one-two", v=1),
+        "other": REG_LINE.format(p="widgets_b", n="three", v=3),
         "helpers": "raise RuntimeError('skip names a module that is not an entry')\n",
     })
     import widgets_b

@@ -174,9 +174,14 @@ def pruned_summary(candidates: list) -> dict[str, int]:
     return out
 
 
+def _ranked_pairs(res: TuneResult) -> list[tuple[float, float]]:
+    """(predicted, measured median) of the valid measured rows the model predicted."""
+    return [(r["predicted"], r["median"]) for r in res.rows if r["valid"] and r["predicted"]]
+
+
 def to_dict(res: TuneResult) -> dict[str, Any]:
     s = res.search
-    pairs = [(r["predicted"], r["median"]) for r in res.rows if r["valid"] and r["predicted"]]
+    pairs = _ranked_pairs(res)
     return {"label": res.label, "best": res.best, "measured": res.rows, "stopped": s.stopped,
             "budget_s": s.budget_s, "spent_s": s.spent_s, "top": s.top,
             "candidates": len(res.candidates), "runnable": sum(c.pruned is None for c in res.candidates),
@@ -197,7 +202,7 @@ def to_json(res: TuneResult) -> str:
 def _correlation(res: TuneResult, d: dict[str, Any]) -> str:
     if d["rank_correlation"] is not None:
         return _num(d["rank_correlation"], 2)
-    predicted = [r["predicted"] for r in res.rows if r["valid"] and r["predicted"]]
+    predicted = [p for p, _ in _ranked_pairs(res)]
     if len(predicted) < 3:
         return "n/a (under 3 valid)"
     return "n/a (the model ordered nothing: equal predictions)" if len(set(predicted)) == 1 else "n/a (equal measurements)"
