@@ -378,3 +378,18 @@ def test_the_phase_stager_stays_open_when_a_save_closes_it():
     stager.release()
     with pytest.raises(Exception):  # released: its copy tables are gone
         stager.stage(state)
+
+
+def test_the_phase_stager_refills_its_host_copies_at_the_next_save():
+    import torch
+
+    from dlscale.train.checkpoint_timing import _stager
+
+    stager = _stager("pageable")
+    w = torch.zeros(4)
+    first = stager.stage({"w": w})["w"].clone()
+    w.add_(2.0)
+    again = stager.stage({"w": w})
+    assert torch.equal(first, torch.zeros(4)) and torch.equal(again["w"], w)
+    assert again["w"].data_ptr() == stager.stage({"w": w})["w"].data_ptr()  # one host buffer, reused
+    stager.release()

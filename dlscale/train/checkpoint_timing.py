@@ -191,29 +191,40 @@ def _stager(staging: str | None):
     makes pageable copies at every save."""
     if staging is None:
         return None
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # torch: keeps start-up light
-
-    pinned = staging == "pinned"
-    return PhaseStager(DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=pinned)))
+    return PhaseStager(pinned=staging == "pinned")
 
 
 class PhaseStager:
-    """The phase's stager, open across its saves. Some torch releases' ``async_save`` closes the stager
-    it is given after the save, which empties its copy tables (the next save fails); the phase releases
-    it once, at its end."""
+    """DCP's async stager for the phase: one ``StateDictStager``, whose host copies of the state's storages
+    are made at the first save and refilled at the next. ``DefaultStager`` cannot be reused on every torch
+    release (some close its copier after each stage), so the phase drives the copier itself and releases
+    it once, at its end. Pinned buffers are filled with non-blocking copies and awaited here, so the
+    save's blocking time covers the whole copy."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    should_synchronize_after_execute = False
 
-    def __getattr__(self, name: str):  # stage, synchronize_staging, should_synchronize_after_execute
-        return getattr(self.inner, name)
+    def __init__(self, pinned: bool) -> None:
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager  # torch: keeps start-up light
+
+        self.pinned = pinned
+        self.copier = StateDictStager(pin_memory=pinned, share_memory=False)
+
+    def stage(self, state_dict):
+        import torch  # torch: keeps start-up light
+
+        staged = self.copier.stage(state_dict, non_blocking=self.pinned)
+        if self.pinned:
+            torch.cuda.synchronize()
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Staging is synchronous (``stage`` returns the copies)."""
 
     def close(self) -> None:
-        """DCP's call after a save: the buffers stay for the next one."""
+        """DCP's call after a save on some releases: the buffers stay for the next one."""
 
     def release(self) -> None:
-        self.inner.close()
+        self.copier.close()
 
 
 def _save(par, folder: Path, mode: str, pg, t0: float, stager=None) -> dict[str, Any]:
