@@ -233,10 +233,15 @@ def strategies_section(own: dict[str, list[dict]]) -> str:
                          [[r.case.table, r.case.candidate.label, str(r.case.candidate.devices), r.protocol,
                            fmt(r.case.measured, 0), fmt(r.predicted, 0), fmt(r.error_pct, 1, " %"), r.limited_by]
                           for r in rows]), ""]
-    same = [abs(r.error_pct) for r in rows if r.protocol == "from-1-gpu" and f"; {r.case.source} " in r.basis_ref]
+    own_same = [r for r in rows if r.protocol == "from-1-gpu" and f"; {r.case.source} " in r.basis_ref]
+    same = [abs(r.error_pct) for r in own_same]
     if same:
+        fams: dict[str, list[float]] = {}
+        for r in own_same:
+            fams.setdefault(r.case.candidate.strategy, []).append(abs(r.error_pct))
+        by = "; ".join(f"{f} {len(e)}: {sum(e) / len(e):.1f} % / {max(e):.1f} %" for f, e in sorted(fams.items()))
         out.append(f"- from-1-gpu with the 1-GPU record of the same store: {len(same)} point(s), mean |error| "
-                   f"{sum(same) / len(same):.1f} %, max {max(same):.1f} %")
+                   f"{sum(same) / len(same):.1f} %, max {max(same):.1f} % ({by})")
     repeats = vs.repeat_rows(vs.own_cases(own, comm_links()))
     if repeats:
         errs = [abs(r.error_pct) for r in repeats]

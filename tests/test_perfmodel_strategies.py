@@ -115,6 +115,39 @@ def test_never_faster_than_its_compute(cand):
     assert t.step_s == pytest.approx(t.compute_s + t.tp_s + t.p2p_s + t.bubble_s + t.dp_exposed_s)
 
 
+def test_the_once_a_step_update_by_hand():
+    """At a known memory bandwidth the step adds the AdamW update (fp32 parameter, gradient and two moments: read
+    16 B, write 12 B a parameter) and the AMP weight casts (fp32 weight to bf16 for the forward, its bf16 gradient
+    back to fp32: 12 B a matmul weight); none without a bandwidth, none of the casts in fp32; FSDP over 8 does
+    1/8 of both on each device."""
+    bw = 1e12
+    fast = replace(_machine(1), mem_bw_bps=bw)
+    c = Candidate("single", batch_size=2, precision="fp32")
+    assert step_terms(c, ARCH, _machine(1), 0.5).update_s == 0.0
+    fp32 = step_terms(c, ARCH, fast, 0.5)
+    assert fp32.update_s == pytest.approx(ARCH.param_count() * 28 / bw)
+    assert fp32.step_s == pytest.approx(step_terms(c, ARCH, _machine(1), 0.5).step_s + fp32.update_s)
+    weights = ARCH.n_layers * ARCH.block_params() + ARCH.rows * ARCH.hidden  # tied or not, the head's matmul casts
+    amp = step_terms(replace(c, precision="amp-bf16"), ARCH, fast, 0.5)
+    assert amp.update_s - fp32.update_s == pytest.approx(weights * 12 / bw)
+    sharded = step_terms(Candidate("fsdp", dp_shard=8, zero=3, batch_size=2), ARCH, replace(_machine(8), mem_bw_bps=bw),
+                         0.5)
+    assert sharded.update_s == pytest.approx(amp.update_s / 8)
+
+
+def test_the_update_orders_batches_the_rate_alone_ties():
+    """With the rate from a micro layer timing (the same for every batch), the once-a-step update makes a larger
+    batch faster per sample; the block's own casts come off its timing, so the rate rises."""
+    ev = Evidence(layer=LayerTiming(1e-3, 5e10, "row"))
+    fast = replace(_machine(1), mem_bw_bps=1e12)
+    sps = [predict(Candidate("single", batch_size=b), ARCH, fast, ev).tokens_per_s_per_device for b in (1, 2, 4)]
+    assert sps[0] < sps[1] < sps[2]
+    flat = [predict(Candidate("single", batch_size=b), ARCH, _machine(1), ev).tokens_per_s_per_device for b in (1, 4)]
+    assert flat[0] == pytest.approx(flat[1])
+    with_bw = predict(Candidate("single", batch_size=1), ARCH, fast, ev).efficiency
+    assert with_bw == pytest.approx(5e10 / (1e-3 - ARCH.block_params() * 12 / 1e12) / PEAK)
+
+
 # ---------------------------------------------------------------- the compute rate and its basis
 
 def test_a_reference_is_reproduced_and_the_basis_order_holds():
@@ -263,8 +296,9 @@ def test_published_points_from_the_node_and_the_ranking():
 def test_plan_takes_its_compute_rate_from_the_store():
     """With --store, a row of a measured configuration reproduces its record (basis measured), another
     configuration rests on the 1-GPU record (from-1-gpu); none is an assumption."""
-    rc, out, err = _cli(["plan", "--model", "gpt2", "--nproc-per-node", "2", "--gpu-memory", "80GiB", "--batch-size", "16",
-                         "--eager", "--store", STORE, "--format", "json"])
+    # the store's GPUs: on another device the once-a-step update runs at its bandwidth, not the record's
+    rc, out, err = _cli(["plan", "--model", "gpt2", "--nproc-per-node", "2", "--gpu", "H200", "--gpu-memory", "80GiB",
+                         "--batch-size", "16", "--eager", "--store", STORE, "--format", "json"])
     assert rc == 0, err
     rows = {(r["strategy"], r["options"].get("shard"), r["options"].get("microbatches")): r
             for r in json.loads(out)["rows"]}

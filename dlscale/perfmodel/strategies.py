@@ -5,6 +5,7 @@ parallel strategies").
 Per optimizer step and device::
 
     GPU path = compute + communication on the critical path - what the implementation hides
+               + the optimizer update and the weight casts (memory-bound, once a step)
     step     = max(GPU path, host work)
 
 (host work: the block passes at the measured block floor, plus per FSDP unit and per tensor-parallel Linear the
@@ -46,6 +47,10 @@ BAND: dict[str, tuple[float, float]] = {
     "from-1-gpu": (0.22, 0.45), "other-strategy": (0.22, 0.45), "micro-layer": (0.22, 0.45),
     "assumed-mfu": (0.32, 0.34)}
 DEFAULT_MFU = 0.40  # the assumption where nothing is measured (plan's --mfu)
+# HBM bytes of a matmul weight's casts per forward + backward pass, (forward, gradient), whatever the batch: under
+# AMP the fp32 weight is cast for the forward (read 4, write 2; torchao's float8: amax read 4, cast read 4 write 1)
+# and its bf16 gradient cast back to fp32 (read 2, write 4). The output projection stays bf16 under fp8.
+CAST_BYTES = {"amp-bf16": (6.0, 6.0), "amp-fp16": (6.0, 6.0), "fp8": (9.0, 6.0)}
 
 
 # ----------------------------------------------------------------------------- typed inputs
@@ -145,7 +150,8 @@ class Machine:
     ``block_floor_s``: the shortest forward + backward one block of the model takes on this stack whatever its
     FLOPs (the host's time to launch its kernels: an eager model at small micro-batches), from a measured
     block timing (``evidence.block_floor``); 0: none known, a block's time is its FLOPs over the rate.
-    ``host``: the strategies' own host work (``HostCosts``) on this stack."""
+    ``host``: the strategies' own host work (``HostCosts``) on this stack. ``mem_bw_bps``: one device's memory
+    bandwidth (bytes/s), what the once-a-step optimizer update and weight casts run at; 0: unknown, not priced."""
 
     gpus: int
     gpus_per_node: int
@@ -154,6 +160,7 @@ class Machine:
     name: str = ""
     block_floor_s: float = 0.0
     host: HostCosts = field(default_factory=HostCosts)
+    mem_bw_bps: float = 0.0
 
     @property
     def nodes(self) -> int:
@@ -225,10 +232,16 @@ class Terms:
     dp_what: str = ""
     host_s: float = 0.0  # the host's work of the step (kernel launches, FSDP units, DTensor dispatch)
     host_exposed_s: float = 0.0  # by how much it exceeds the GPU's critical path
+    update_s: float = 0.0  # optimizer update and weight casts: once a step, whatever the batch (in step_s)
 
     def losses(self) -> dict[str, float]:
         return {"tensor-parallel collectives": self.tp_s, "pipeline p2p": self.p2p_s, "pipeline bubble": self.bubble_s,
-                self.dp_what or "data-parallel traffic": self.dp_exposed_s, "host work": self.host_exposed_s}
+                self.dp_what or "data-parallel traffic": self.dp_exposed_s, "host work": self.host_exposed_s,
+                "optimizer update and weight casts": self.update_s}
+
+    def with_update(self, update_s: float) -> "Terms":
+        """The step with the optimizer update and weight casts after the backward, on the GPU's path."""
+        return replace(self, update_s=update_s, step_s=self.step_s + update_s)
 
     def with_host(self, host_s: float) -> "Terms":
         """The step as the longer of the GPU's critical path and the host's work: the host launches ahead of
@@ -262,7 +275,7 @@ class StepPrediction:
         return {"strategy": self.candidate.strategy, "config": self.candidate.label, "step_ms": t.step_s * 1e3,
                 "compute_ms": t.compute_s * 1e3, "tp_ms": t.tp_s * 1e3, "p2p_ms": t.p2p_s * 1e3,
                 "bubble_ms": t.bubble_s * 1e3, "dp_comm_ms": t.dp_total_s * 1e3, "dp_exposed_ms": t.dp_exposed_s * 1e3,
-                "host_ms": t.host_s * 1e3,
+                "host_ms": t.host_s * 1e3, "update_ms": t.update_s * 1e3,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_device, "tokens_per_s_per_gpu_low": self.low,
                 "tokens_per_s_per_gpu_high": self.high, "mfu": self.mfu, "basis": self.basis,
                 "evidence": self.evidence, "limited_by": self.limited_by, "efficiency": self.efficiency,
@@ -531,6 +544,38 @@ def host_s(c: Candidate, arch: Any, machine: Machine, block_passes: int, units: 
     return block_passes * per_block + (units * h.fsdp_unit_s if c.zero >= 2 else 0.0)
 
 
+def update_bytes_per_param() -> float:
+    """HBM bytes of the fused AdamW update per parameter (the transformers' optimizer; fp32 master weights and
+    gradients): it reads parameter, gradient and both moments and writes parameter and moments."""
+    from dlscale.planner.memplan import OPTIMIZER_STATE_BYTES  # keeps the CLI start-up light
+
+    return 4.0 + 4.0 + 4.0 + 2.0 * OPTIMIZER_STATE_BYTES["adamw"]
+
+
+def block_cast_bytes(c: Candidate, arch: Any, block_params: float) -> float:
+    """Cast bytes of one forward + backward pass of a block's weights (recomputation casts its share again)."""
+    fwd, grad = CAST_BYTES.get(c.precision, (0.0, 0.0))
+    return block_params * (fwd * (1.0 + 3.0 * recompute_extra(arch, c.checkpointing)) + grad)
+
+
+def update_s(c: Candidate, arch: Any, machine: Machine, p: "_Pieces") -> float:
+    """Seconds of the once-a-step memory-bound work on the busiest device at its memory bandwidth: the optimizer
+    update of the parameters it holds (zero1: 1/dp of them, FSDP: 1/dp_shard) and, per micro-batch, the casts of
+    its block weights and the head's (sharded weights are cast before they are gathered); 0 where the bandwidth
+    is unknown."""
+    if not machine.mem_bw_bps:
+        return 0.0
+    shard = c.dp_shard if c.zero >= 2 else 1
+    held = p.blocks * p.block_params + p.root_params
+    update = held / (c.dp if c.zero == 1 else shard) * update_bytes_per_param()
+    # the output projection's weight, tied to the embedding or not, is cast for its matmul
+    head = arch.rows * arch.hidden / (c.tp if c.head_sharded else 1) if p.has_head else 0.0
+    head_c = replace(c, precision="amp-bf16") if c.precision == "fp8" else c
+    passes = c.microbatches if c.pp > 1 else 1
+    casts = passes * (p.blocks * block_cast_bytes(c, arch, p.block_params) + block_cast_bytes(head_c, arch, head))
+    return (update + casts / shard) / machine.mem_bw_bps
+
+
 def _dp_collectives(c: Candidate, machine: Machine, params: float) -> tuple[float, float, float]:
     """(gather before a unit's forward/backward, reduction after its backward, the zero1 parameter broadcast)
     seconds for ``params`` parameters of one unit on a device."""
@@ -564,7 +609,7 @@ def _flat_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Terms:
     tp = p.blocks * (p.tp_block_f + p.tp_block_b)
     host = host_s(c, arch, machine, p.blocks, len(units) + 1)
     if c.dp == 1:
-        return Terms(compute, tp, step_s=compute + tp).with_host(host)
+        return Terms(compute, tp, step_s=compute + tp).with_update(update_s(c, arch, machine, p)).with_host(host)
     zero3 = c.zero == 3
     g_root, r_root, b_root = _dp_collectives(c, machine, p.root_params)
     per = [_dp_collectives(c, machine, n * p.block_params) for n in units]
@@ -584,7 +629,7 @@ def _flat_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Terms:
     what = {0: "gradient all-reduce", 1: "gradient all-reduce + parameter broadcast"}.get(
         c.zero, "FSDP all-gather/reduce-scatter" + (" + replica all-reduce" if c.dp_replicate > 1 else ""))
     return Terms(compute, tp, dp_total_s=total + bcast, dp_exposed_s=max(0.0, exposed), step_s=busy + max(0.0, exposed),
-                 dp_what=what).with_host(host)
+                 dp_what=what).with_update(update_s(c, arch, machine, p)).with_host(host)
 
 
 def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Terms:
@@ -613,8 +658,9 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     t_pipe = (m + fill) * slot + tied
     terms = Terms(m * mb_compute, m * mb_tp, m * mb_p2p + tied, fill * slot, step_s=t_pipe)
     host = host_s(c, arch, machine, m * p.blocks, -(-p.blocks // c.blocks_per_unit) + 1)
+    upd = update_s(c, arch, machine, p)
     if c.dp == 1:
-        return terms.with_host(host)
+        return terms.with_update(upd).with_host(host)
     stage_params = p.blocks * p.block_params + p.root_params
     g, r, b = _dp_collectives(c, machine, stage_params)
     total = g * (2 if c.zero == 3 else 1) + r + b
@@ -623,7 +669,8 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     else:
         exposed = total
     what = "FSDP all-gather/reduce-scatter" if c.zero >= 2 else "gradient all-reduce"
-    return replace(terms, dp_total_s=total, dp_exposed_s=exposed, step_s=t_pipe + exposed, dp_what=what).with_host(host)
+    return replace(terms, dp_total_s=total, dp_exposed_s=exposed, step_s=t_pipe + exposed,
+                   dp_what=what).with_update(upd).with_host(host)
 
 
 def step_terms(c: Candidate, arch: Any, machine: Machine, efficiency: float) -> Terms:
@@ -719,9 +766,14 @@ def compute_rate(c: Candidate, arch: Any, machine: Machine, evidence: Evidence) 
         return Rate(eff, basis, what, ref.rel_spread or 0.0, tuple(notes))
     lt = evidence.layer_for(c)
     if lt is not None:
-        eff = lt.flops / lt.seconds / machine.peak_flops
+        # the block's timing includes its weights' casts, which the step prices once a step, not per token
+        casts = block_cast_bytes(replace(c, checkpointing="none"), arch, arch.block_params()) / machine.mem_bw_bps \
+            if machine.mem_bw_bps else 0.0
+        seconds = max(0.5 * lt.seconds, lt.seconds - casts)
+        eff = lt.flops / seconds / machine.peak_flops
+        less = f", less {casts * 1e3:.2f} ms of weight casts" if casts else ""
         return Rate(eff, "micro-layer", f"compute rate {100 * eff:.1f} % of peak from a micro layer record "
-                                        f"({lt.seconds * 1e3:.2f} ms fwd+bwd of the block; {lt.ref})")
+                                        f"({lt.seconds * 1e3:.2f} ms fwd+bwd of the block{less}; {lt.ref})")
     return Rate(evidence.assumed_mfu, "assumed-mfu",
                 f"assumed: compute at {100 * evidence.assumed_mfu:.0f} % of peak (nothing of this model measured)")
 

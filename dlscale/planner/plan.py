@@ -35,6 +35,7 @@ class Machine:
     intra_latency_s: float = 0.0
     inter_latency_s: float = 0.0
     intra_source: str = ""
+    mem_bw_bps: float = 0.0  # one device's memory bandwidth (0: unknown; the optimizer update is not priced)
 
     @property
     def per_node(self) -> int:
@@ -50,7 +51,7 @@ class Machine:
         return Links(intra={0: Link(self.intra_busbw, self.intra_latency_s)}, inter=inter)
 
     def perf(self) -> PerfMachine:
-        return PerfMachine(self.gpus, self.per_node, self.peak_flops, self.links)
+        return PerfMachine(self.gpus, self.per_node, self.peak_flops, self.links, mem_bw_bps=self.mem_bw_bps)
 
 
 def runs_here(layout, machine: Machine, visible_gpus: int) -> str:

@@ -30,6 +30,7 @@ class TuneMachine:
     efficiency: float = 0.40
     intra_busbw: float = 300e9  # bytes/s
     inter_busbw: float = 50e9
+    mem_bw_bps: float = 0.0  # one device's memory bandwidth (0: unknown; the optimizer update is not priced)
 
 
 @dataclass
@@ -51,7 +52,7 @@ def predict(cand, machine: TuneMachine, evidence=None) -> tuple[float, str] | No
         return None
     links = Links(intra={0: Link(machine.intra_busbw)}, inter=Link(machine.inter_busbw) if machine.nodes > 1 else None)
     m = sm.Machine(gpus=machine.world, gpus_per_node=max(1, machine.world // machine.nodes),
-                   peak_flops=machine.peak_flops or CPU_NOMINAL_FLOPS, links=links)
+                   peak_flops=machine.peak_flops or CPU_NOMINAL_FLOPS, links=links, mem_bw_bps=machine.mem_bw_bps)
     per_step = cfg.batch_size * cfg.grad_accum  # one optimizer step's samples on a data-parallel rank
     c = sm.Candidate.from_layout(cand.layout, per_step, cfg.activation_checkpointing, cfg.precision, cfg.compile)
     try:
