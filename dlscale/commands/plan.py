@@ -13,7 +13,7 @@ from dlscale.cli import deprecated_alias
 from dlscale.commands.perf_args import (
     device_memory, non_negative_float, positive_float, positive_int,
 )
-from dlscale.micro.peaks import peak_bandwidth
+from dlscale.micro.peaks import bandwidth_bps
 from dlscale.perfmodel.evidence import evidence_from_records
 from dlscale.perfmodel.inputs import _comm_micro, _micro_link
 from dlscale.perfmodel.strategies import Evidence
@@ -152,7 +152,7 @@ def _machine(args, records=()):
                    efficiency=args.mfu, intra_busbw=bw, intra_latency_s=lat,
                    inter_busbw=args.inter_busbw * 1e9 if args.inter_busbw else None,
                    inter_latency_s=args.inter_latency_us * 1e-6, headroom=args.headroom,
-                   intra_source=src, mem_bw_bps=peak_bandwidth(args.gpu)[0] or 0.0)
+                   intra_source=src, mem_bw_bps=bandwidth_bps(args.gpu))
 
 
 def _evidence(args, spec, machine, records):

@@ -45,3 +45,9 @@ def peak_bandwidth(device_name: str | None) -> tuple[float | None, str | None]:
         if all(k in name for k in keys):
             return (value, f"{source} ({what})") if value else (None, None)
     return None, None
+
+
+def bandwidth_bps(device_name: str | None) -> float:
+    """The datasheet bytes/s of a device name, 0.0 where unknown (what the performance model reads as "not
+    priced")."""
+    return peak_bandwidth(device_name)[0] or 0.0

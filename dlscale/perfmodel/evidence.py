@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from dlscale import ConfigError
-from dlscale.micro.peaks import peak_bandwidth
+from dlscale.micro.peaks import bandwidth_bps
 from dlscale.perfmodel.core import Links
 from dlscale.perfmodel.host import HostSample, fit_host_costs
 from dlscale.perfmodel.strategies import DEFAULT_MFU, Candidate, Evidence, LayerTiming, Machine, Reference
@@ -99,7 +99,7 @@ def references(records: Iterable[dict[str, Any]], model: str, flavor: str, peak_
         peak = _num((rec.get("summary") or {}).get("peak_flops")) or peak_flops
         name = str((rec.get("summary") or {}).get("device_name") or "")
         machine = Machine(cand.devices, gpn, peak, links, name, (floors or {}).get(cand.compiled, 0.0),
-                          mem_bw_bps=peak_bandwidth(name)[0] or 0.0)
+                          mem_bw_bps=bandwidth_bps(name))
         out[(cand, gpn)] = Reference(cand, machine, tps, f"record {str(rec.get('id'))[:8]}")
     return list(out.values())
 
@@ -180,7 +180,7 @@ def record_samples(records: list[dict[str, Any]], source: str, links: Any, peak_
         peak = float((rec.get("summary") or {}).get("peak_flops") or peak_flops)
         machine = Machine(cand.devices, int(cfg.get("nproc_per_node") or 1), peak, links,
                           block_floor_s=floor(cfg["model"], cfg.get("flavor") or "full", cand.compiled),
-                          mem_bw_bps=peak_bandwidth((rec.get("summary") or {}).get("device_name"))[0] or 0.0)
+                          mem_bw_bps=bandwidth_bps((rec.get("summary") or {}).get("device_name")))
         ident = f"{source} {str(rec.get('id'))[:8]}"
         if cand.strategy == "single":
             singles[_workload(rec)] = Reference(cand, machine, tps, ident)

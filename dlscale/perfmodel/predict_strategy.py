@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlscale import ConfigError
-from dlscale.micro.peaks import peak_bandwidth
+from dlscale.micro.peaks import bandwidth_bps
 from dlscale.perfmodel.core import Shape, error_pct
 from dlscale.perfmodel.evidence import (
     StoreQuery, record_candidate, record_tokens_per_s, store_evidence, store_host_samples,
@@ -116,7 +116,7 @@ def predict_strategy(records: list[dict[str, Any]], query: Query, opts: ModelOpt
     for sh in shapes:
         cand = shape_candidate(spec, opts.strategy, options, sh, cfg)
         machine = Machine(sh.devices, sh.gpus_per_node, float(peak), links,
-                          mem_bw_bps=peak_bandwidth(summ.get("device_name"))[0] or 0.0)
+                          mem_bw_bps=bandwidth_bps(summ.get("device_name")))
         # the row's own measured point informs neither its compute rate nor its host costs
         row_ev = replace(ev, references=tuple(_others(ev.references, cand, sh.gpus_per_node)),
                          host_costs=fit_host_costs(_others(samples, cand, sh.gpus_per_node)))

@@ -481,6 +481,11 @@ class _Pieces:
     block_params: float
     root_params: float
 
+    @property
+    def held_params(self) -> float:
+        """The parameters of the busiest stage on one device (before any data-parallel sharding)."""
+        return self.blocks * self.block_params + self.root_params
+
 
 def _pieces(c: Candidate, arch: Any, machine: Machine, eff: float) -> _Pieces:
     rate = machine.peak_flops * eff
@@ -566,8 +571,7 @@ def update_s(c: Candidate, arch: Any, machine: Machine, p: "_Pieces") -> float:
     if not machine.mem_bw_bps:
         return 0.0
     shard = c.dp_shard if c.zero >= 2 else 1
-    held = p.blocks * p.block_params + p.root_params
-    update = held / (c.dp if c.zero == 1 else shard) * update_bytes_per_param()
+    update = p.held_params / (c.dp if c.zero == 1 else shard) * update_bytes_per_param()
     # the output projection's weight, tied to the embedding or not, is cast for its matmul
     head = arch.rows * arch.hidden / (c.tp if c.head_sharded else 1) if p.has_head else 0.0
     head_c = replace(c, precision="amp-bf16") if c.precision == "fp8" else c
@@ -661,8 +665,7 @@ def _pipeline_step(c: Candidate, arch: Any, machine: Machine, p: _Pieces) -> Ter
     upd = update_s(c, arch, machine, p)
     if c.dp == 1:
         return terms.with_update(upd).with_host(host)
-    stage_params = p.blocks * p.block_params + p.root_params
-    g, r, b = _dp_collectives(c, machine, stage_params)
+    g, r, b = _dp_collectives(c, machine, p.held_params)
     total = g * (2 if c.zero == 3 else 1) + r + b
     if _dp_overlap(c):
         exposed = (g + r) / max(1, p.blocks) + max(0.0, total - t_pipe) + b

@@ -114,22 +114,23 @@ def machine_of(args, cfg, device_type: str, precision: str):
     """The devices as the plan and the ranking see them."""
     from dlscale.tune.rank import TuneMachine  # keeps the CLI start-up light
 
-    memory, peak, bandwidth = args.gpu_memory, None, None
+    memory, peak, bandwidth = args.gpu_memory, None, 0.0
     if device_type == "cuda":
         import torch  # torch: keeps start-up light
 
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but no CUDA GPU is visible; use --device cpu")
         memory = memory or float(torch.cuda.get_device_properties(0).total_memory)
-        from dlscale.micro.peaks import peak_bandwidth  # keeps the CLI start-up light
+        from dlscale.micro.peaks import bandwidth_bps  # keeps the CLI start-up light
 
-        peak, _ = metrics.peak_flops(torch.cuda.get_device_name(0), metrics.precision_dtype(precision, "cuda"))
-        bandwidth, _ = peak_bandwidth(torch.cuda.get_device_name(0))
+        name = torch.cuda.get_device_name(0)
+        peak, _ = metrics.peak_flops(name, metrics.precision_dtype(precision, "cuda"))
+        bandwidth = bandwidth_bps(name)
     elif memory is None:
         import psutil  # psutil: keeps the CLI start-up light
 
         memory = psutil.virtual_memory().total / cfg.nproc_per_node  # the processes share the RAM
-    return TuneMachine(device_type, cfg.world_size, cfg.nnodes, float(memory), peak, mem_bw_bps=bandwidth or 0.0)
+    return TuneMachine(device_type, cfg.world_size, cfg.nnodes, float(memory), peak, mem_bw_bps=bandwidth)
 
 
 def plan_candidates(args, stored: list | None = None):
